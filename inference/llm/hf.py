@@ -1,0 +1,237 @@
+"""The `hf` backend: transformers in-process, batched with left padding, CPU or GPU."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from inference.errors import ConfigError
+from inference.llm.base import GenerationSettings, UsageMeter
+from inference.llm.models import DEFAULT_MODEL, resolve_model
+from inference.types import Conversation
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class HFBackendConfig:
+    """How to load and batch an in-process transformers model."""
+
+    model: str = field(default=DEFAULT_MODEL, metadata={"help": "embedded name or local folder"})
+    dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on CPU"})
+    device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    adapter: str | None = field(default=None, metadata={"help": "PEFT LoRA adapter folder"})
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+def _pick_device(device: Device) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _pick_dtype(dtype: DType, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+@functools.cache
+def load_causal_lm(
+    model: str, dtype: DType = "auto", device: Device = "auto", adapter: str | None = None
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Load (once per process) a causal LM and its left-padding tokenizer, in eval mode."""
+    path = resolve_model(model)
+    device_name = _pick_device(device)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    lm = AutoModelForCausalLM.from_pretrained(
+        path, dtype=_pick_dtype(dtype, device_name), local_files_only=True
+    )
+    if adapter is not None:
+        from peft import PeftModel
+
+        lm = PeftModel.from_pretrained(lm, adapter)
+    lm.to(device_name).eval()
+    return lm, tokenizer
+
+
+class HFBackend:
+    """LLMBackend on an in-process transformers model (see inference/llm/base.py)."""
+
+    def __init__(self, config: HFBackendConfig = HFBackendConfig()) -> None:
+        self.config = config
+        self.model, self.tokenizer = load_causal_lm(
+            config.model, config.dtype, config.device, config.adapter
+        )
+        self.device = next(self.model.parameters()).device
+        self.meter = UsageMeter()
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model if self.config.adapter is None else self.config.adapter
+
+    # ----- prompt rendering and tokenisation -----
+
+    def render(self, conversation: Conversation) -> str:
+        """The chat-templated prompt text, ending with the assistant prefix."""
+        return self.tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False
+        )
+
+    def prompt_ids(self, conversation: Conversation) -> list[int]:
+        return self.tokenizer(self.render(conversation), add_special_tokens=False)["input_ids"]
+
+    def reply_ids(self, prompt_text: str, prompt_ids: list[int], reply: str) -> list[int]:
+        """Token ids of `reply` as the model would emit it right after `prompt_text`."""
+        joint = self.tokenizer(prompt_text + reply, add_special_tokens=False)["input_ids"]
+        if joint[: len(prompt_ids)] == prompt_ids and len(joint) > len(prompt_ids):
+            return joint[len(prompt_ids):]
+        # The reply merged with the prompt's last token: fall back to tokenising it alone.
+        return self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+
+    def _batches(self, sequences: Sequence[list[int]]) -> Iterator[list[int]]:
+        """Indices of `sequences` grouped into batches of similar length (less padding)."""
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        for start in range(0, len(order), self.config.batch_size):
+            yield order[start:start + self.config.batch_size]
+
+    def _left_pad(self, sequences: Sequence[list[int]]) -> dict[str, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq):] = 1
+        # Positions count real tokens only, so a left-padded row scores like an unpadded one.
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
+                "position_ids": positions.to(self.device)}
+
+    # ----- the three operations -----
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[Conversation],
+        settings: GenerationSettings = GenerationSettings(),
+        *,
+        agent: str = "generator",
+    ) -> list[str]:
+        encoded = [self.prompt_ids(p) for p in prompts]
+        replies: list[str] = [""] * len(prompts)
+        completion_tokens = 0
+        eos_ids = self._stop_token_ids()
+        for batch in self._batches(encoded):
+            inputs = self._left_pad([encoded[i] for i in batch])
+            inputs.pop("position_ids")  # generate derives positions from the mask itself
+            sampling = ({"do_sample": True, "temperature": settings.temperature}
+                        if settings.temperature > 0 else {"do_sample": False})
+            output = self.model.generate(
+                **inputs,
+                max_new_tokens=settings.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=eos_ids,
+                stop_strings=list(settings.stop) or None,
+                tokenizer=self.tokenizer if settings.stop else None,
+                top_p=None, top_k=None,
+                **sampling,
+            )
+            new_tokens = output[:, inputs["input_ids"].shape[1]:]
+            for row, index in enumerate(batch):
+                tokens = new_tokens[row].tolist()
+                produced = next((n for n, t in enumerate(tokens) if t in eos_ids), len(tokens))
+                completion_tokens += produced
+                text = self.tokenizer.decode(tokens[:produced], skip_special_tokens=True)
+                replies[index] = _cut_at_stop(text, settings.stop)
+        self.meter.record(agent, len(prompts), sum(map(len, encoded)), completion_tokens)
+        return replies
+
+    @torch.inference_mode()
+    def label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[dict[str, float]]:
+        if not labels:
+            raise ValueError("label_logprobs needs at least one label")
+        texts = [self.render(p) for p in prompts]
+        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        label_ids = [[self.reply_ids(t, ids, label) for label in labels]
+                     for t, ids in zip(texts, encoded, strict=True)]
+        if any(len(ids) != 1 for row in label_ids for ids in row):
+            # A multi-token label is scored as a whole reply, not from one next-token step.
+            flat_prompts = [p for p in prompts for _ in labels]
+            scores = self.continuation_logprob(flat_prompts, list(labels) * len(prompts),
+                                               agent=agent)
+            return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
+                    for i in range(len(prompts))]
+        results: list[dict[str, float]] = [{} for _ in prompts]
+        for batch in self._batches(encoded):
+            logits = self.model(**self._left_pad([encoded[i] for i in batch]),
+                                logits_to_keep=1).logits[:, -1, :]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            for row, index in enumerate(batch):
+                results[index] = {label: logprobs[row, label_ids[index][k][0]].item()
+                                  for k, label in enumerate(labels)}
+        self.meter.record(agent, len(prompts), sum(map(len, encoded)), 0)
+        return results
+
+    @torch.inference_mode()
+    def continuation_logprob(
+        self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
+        agent: str = "scorer",
+    ) -> list[float]:
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        texts = [self.render(p) for p in prompts]
+        prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        reply_ids = [self.reply_ids(t, ids, c)
+                     for t, ids, c in zip(texts, prompt_ids, continuations, strict=True)]
+        sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
+        scores = [0.0] * len(prompts)
+        for batch in self._batches(sequences):
+            longest_reply = max(len(reply_ids[i]) for i in batch)
+            # Only the last positions predict reply tokens: project just those to the vocabulary.
+            logits = self.model(**self._left_pad([sequences[i] for i in batch]),
+                                logits_to_keep=longest_reply + 1).logits
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            for row, index in enumerate(batch):
+                reply = reply_ids[index]
+                if not reply:
+                    continue
+                # Positions -len(reply)-1 .. -2 predict the reply's tokens.
+                steps = logprobs[row, -len(reply) - 1:-1, :]
+                target = torch.tensor(reply, device=steps.device).unsqueeze(1)
+                scores[index] = steps.gather(1, target).sum().item()
+        self.meter.record(agent, len(prompts), sum(map(len, sequences)), 0)
+        return scores
+
+    def _stop_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        generation_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if isinstance(generation_eos, int):
+            ids.add(generation_eos)
+        elif generation_eos:
+            ids.update(generation_eos)
+        return sorted(i for i in ids if i is not None)
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    cut = min((text.find(s) for s in stop if s and s in text), default=len(text))
+    return text[:cut]
