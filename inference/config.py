@@ -1,0 +1,78 @@
+"""The typed, validated configuration of an evaluation run (`config.yaml` in a run folder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from inference.answers import AnswerExtraction
+from inference.errors import ConfigError
+from inference.filters.judge import JudgeConfig
+from inference.llm.registry import BackendSpec
+from inference.typed_config import from_mapping, to_mapping
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Decoding of the final answer."""
+
+    max_new_tokens: int = field(default=32, metadata={"help": "answer length cap in tokens"})
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's results; `provenance` only records where it ran."""
+
+    dataset: str = field(metadata={"help": "dataset file (see README: Data formats)"})
+    pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={"help": "pipeline names"})
+    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
+    limit: int | None = field(default=None, metadata={"help": "first N examples only"})
+    max_documents: int | None = field(default=None,
+                                      metadata={"help": "read at most N documents per example"})
+    generator: BackendSpec = field(default_factory=BackendSpec,
+                                   metadata={"help": "the model that answers"})
+    filter: BackendSpec | None = field(default=None,
+                                       metadata={"help": "the filter's model; default: generator"})
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    answer_extraction: AnswerExtraction = field(default="first_sentence",
+                                                metadata={"help": "none, first_line, first_sentence"})
+    seed: int = field(default=0, metadata={"help": "seed for any sampling"})
+    provenance: dict = field(default_factory=dict,
+                             metadata={"help": "written by the runner; ignored when comparing"})
+
+    def __post_init__(self) -> None:
+        if not self.pipelines:
+            raise ConfigError("pipelines must name at least one pipeline")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {self.limit}")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
+
+    @property
+    def filter_backend(self) -> BackendSpec:
+        return self.filter or self.generator
+
+    def without_provenance(self) -> RunConfig:
+        return replace(self, provenance={})
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(to_mapping(self), sort_keys=False, allow_unicode=True)
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read a run config YAML strictly (unknown keys and bad values are errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    return from_mapping(RunConfig, data, where=str(path))

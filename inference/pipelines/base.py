@@ -1,0 +1,107 @@
+"""What every pipeline shares: its output record, its context, the registry and the reader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from inference.answers import AnswerExtraction, extract_answer
+from inference.errors import ConfigError
+from inference.filters.base import FilterResult
+from inference.filters.judge import JudgeConfig
+from inference.llm.base import GenerationSettings, LLMBackend
+from inference.prompt_templates import load_template
+from inference.types import Document, Example
+
+
+@dataclass(frozen=True)
+class PipelineOutput:
+    """One question's result: the scored answer, the raw reply, what the generator read."""
+
+    answer: str
+    raw_answer: str
+    documents_read: tuple[Document, ...]
+    filter_result: FilterResult | None = None
+    trace: dict = field(default_factory=dict)
+
+
+DocumentSource = Callable[[Example], Sequence[Document]]
+
+
+def given_documents(example: Example) -> Sequence[Document]:
+    """The default document source: the documents the dataset hands over."""
+    return example.documents
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """Everything a pipeline may use; built once per run and shared by its pipelines."""
+
+    generator: LLMBackend
+    filter_backend: LLMBackend
+    generation: GenerationSettings = GenerationSettings(max_new_tokens=32)
+    judge: JudgeConfig = JudgeConfig()
+    answer_extraction: AnswerExtraction = "first_sentence"
+    documents: DocumentSource = given_documents
+
+
+class Pipeline(Protocol):
+    name: str
+
+    def run(self, example: Example) -> PipelineOutput: ...
+
+
+PipelineFactory = Callable[[PipelineContext], Pipeline]
+PIPELINES: dict[str, PipelineFactory] = {}
+
+
+def register_pipeline(name: str) -> Callable[[PipelineFactory], PipelineFactory]:
+    """Class decorator adding a pipeline to the registry under `name`."""
+
+    def add(factory: PipelineFactory) -> PipelineFactory:
+        PIPELINES[name] = factory
+        return factory
+
+    return add
+
+
+def build_pipeline(name: str, context: PipelineContext) -> Pipeline:
+    """Instantiate the pipeline registered as `name`."""
+    if name not in PIPELINES:
+        raise ConfigError(f"unknown pipeline {name!r} (known: {', '.join(sorted(PIPELINES))})")
+    return PIPELINES[name](context)
+
+
+def question_text(example: Example) -> str:
+    """The question as the model sees it; multiple-choice options are listed under it."""
+    if not example.choices:
+        return example.question
+    options = "\n".join(f"{label}. {text}" for label, text in example.choices.items())
+    return f"{example.question}\n{options}\nAnswer with the letter of the correct option."
+
+
+def format_documents(documents: Sequence[Document]) -> str:
+    """Documents numbered in reading order, each with its title line."""
+    return "\n\n".join(f"[{i}] {d.as_context()}" for i, d in enumerate(documents, start=1))
+
+
+class Reader:
+    """The final generator call shared by all pipelines (MAIN-RAG's Agent-3 among them)."""
+
+    def __init__(self, context: PipelineContext) -> None:
+        self.context = context
+        self.with_documents = load_template("answer_with_documents")
+        self.without_documents = load_template("answer_direct")
+
+    def answer(self, example: Example, documents: Sequence[Document]) -> tuple[str, str]:
+        """(extracted answer, raw reply) from the given documents, or none."""
+        question = question_text(example)
+        if documents:
+            prompt = self.with_documents.messages(question=question,
+                                                  documents=format_documents(documents))
+        else:
+            prompt = self.without_documents.messages(question=question)
+        raw = self.context.generator.generate([prompt], self.context.generation,
+                                              agent="generator")[0]
+        return extract_answer(raw, example.question, self.context.answer_extraction), raw

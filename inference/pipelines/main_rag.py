@@ -1,0 +1,26 @@
+"""`main-rag`: the MAIN-RAG judge filters the documents, then Agent-3 answers from the kept ones."""
+
+from __future__ import annotations
+
+from inference.filters.judge import MainRagJudge
+from inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
+from inference.types import Example
+
+
+@register_pipeline("main-rag")
+class MainRagPipeline:
+    """Predictor + Judge (inference/filters/judge.py) → Final-Predictor on kept documents."""
+
+    name = "main-rag"
+
+    def __init__(self, context: PipelineContext) -> None:
+        self.context = context
+        self.judge = MainRagJudge(context.filter_backend, context.judge)
+        self.reader = Reader(context)
+
+    def run(self, example: Example) -> PipelineOutput:
+        result = self.judge.select(example.question, self.context.documents(example))
+        kept = tuple(result.kept_documents)
+        answer, raw = self.reader.answer(example, kept)
+        return PipelineOutput(answer=answer, raw_answer=raw, documents_read=kept,
+                              filter_result=result)
