@@ -24,7 +24,9 @@ _SENTENCE_END = re.compile(r"(?<![A-Z])(?<!\b[A-Z][a-z])[.!?](?=\s+[A-Z0-9\"'(])
 _EDGE = " \t\"'`*.,;:!"
 
 
-def extract_answer(reply: str, question: str = "", mode: AnswerExtraction = "first_sentence") -> str:
+def extract_answer(
+    reply: str, question: str = "", mode: AnswerExtraction = "first_sentence"
+) -> str:
     """The short answer inside `reply` (see the module docstring for each mode)."""
     text = reply.strip()
     if mode == "none":

@@ -41,8 +41,8 @@ class RunConfig:
                                        metadata={"help": "the filter's model; default: generator"})
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    answer_extraction: AnswerExtraction = field(default="first_sentence",
-                                                metadata={"help": "none, first_line, first_sentence"})
+    answer_extraction: AnswerExtraction = field(
+        default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
     seed: int = field(default=0, metadata={"help": "seed for any sampling"})
     provenance: dict = field(default_factory=dict,
                              metadata={"help": "written by the runner; ignored when comparing"})

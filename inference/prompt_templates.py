@@ -66,8 +66,9 @@ def parse_template(path: Path) -> PromptTemplate:
     if used != set(inputs):
         raise ConfigError(f"prompt template {path}: placeholders {sorted(used)} do not match "
                           f"declared inputs {sorted(inputs)}")
-    return PromptTemplate(name=data["name"], inputs=inputs, system=(data["system"] or "").strip(),
-                          user=data["user"].strip(), sha256=hashlib.sha256(raw.encode()).hexdigest())
+    return PromptTemplate(name=data["name"], inputs=inputs,
+                          system=(data["system"] or "").strip(), user=data["user"].strip(),
+                          sha256=hashlib.sha256(raw.encode()).hexdigest())
 
 
 @functools.cache

@@ -20,12 +20,15 @@ class BackendSpec:
     """Which model answers, and where it runs (in-process `hf`, or a served `openai` endpoint)."""
 
     kind: BackendKind = field(default="hf", metadata={"help": "hf (in-process) or openai (server)"})
-    model: str = field(default=DEFAULT_MODEL,
-                       metadata={"help": "embedded name or local folder (hf); served name (openai)"})
-    endpoint: str | None = field(default=None, metadata={"help": "base URL, e.g. http://127.0.0.1:8000/v1"})
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata={"help": "embedded name or local folder (hf); served name (openai)"})
+    endpoint: str | None = field(
+        default=None, metadata={"help": "base URL, e.g. http://127.0.0.1:8000/v1"})
     api_key_env: str | None = field(default=None, metadata={"help": "env var holding the API key"})
     chat_template_model: str | None = field(
-        default=None, metadata={"help": "openai: local tokenizer rendering chat prompts for scoring"})
+        default=None,
+        metadata={"help": "openai: local tokenizer that renders chat prompts for scoring"})
     dtype: DType = field(default="auto", metadata={"help": "hf: auto, float32, bfloat16, float16"})
     device: Device = field(default="auto", metadata={"help": "hf: auto, cpu, cuda"})
     batch_size: int = field(default=16, metadata={"help": "hf: prompts per forward pass"})

@@ -1,0 +1,179 @@
+"""The `sieverag` command line. Subcommands of `data_gen`, `training` and `serving` are found
+through the `sieverag.commands` entry points, so `inference` imports none of them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from inference.answers import ANSWER_EXTRACTIONS
+from inference.errors import ConfigError, SieveragError
+from inference.llm.models import DEFAULT_MODEL
+
+
+def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--model", default=DEFAULT_MODEL,
+                       help="generator (and filter) model: embedded name or local HF folder "
+                            f"(default {DEFAULT_MODEL})")
+    group.add_argument("--dtype", default="auto",
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights dtype for in-process models (auto: bf16 on GPU, fp32 on CPU)")
+    group.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                       help="device for in-process models")
+    group.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    group.add_argument("--generator-endpoint", help="OpenAI-compatible base URL of a served "
+                       "generator (e.g. http://127.0.0.1:8000/v1); default: in-process")
+    group.add_argument("--generator-model", help="served generator's model name")
+    group.add_argument("--filter-endpoint", help="OpenAI-compatible base URL of a served filter")
+    group.add_argument("--filter-model", help="served filter's model name (e.g. an adapter name)")
+    group.add_argument("--api-key-env", help="environment variable holding the servers' API key")
+    group.add_argument("--chat-template-model", help="local tokenizer folder or embedded name used "
+                       "to render chat prompts for scoring on a served model")
+
+
+def _backend_specs(args: argparse.Namespace) -> dict:
+    from inference.llm.registry import BackendSpec
+
+    local = BackendSpec(kind="hf", model=args.model, dtype=args.dtype, device=args.device,
+                        batch_size=args.batch_size)
+
+    def served(endpoint: str | None, model: str | None, role: str) -> BackendSpec | None:
+        if not endpoint:
+            if model:
+                raise ConfigError(f"--{role}-model needs --{role}-endpoint")
+            return None
+        if not model:
+            raise ConfigError(f"--{role}-endpoint needs --{role}-model (the served model name)")
+        return BackendSpec(kind="openai", model=model, endpoint=endpoint,
+                           api_key_env=args.api_key_env,
+                           chat_template_model=args.chat_template_model)
+
+    generator = served(args.generator_endpoint, args.generator_model, "generator") or local
+    return {"generator": generator,
+            "filter": served(args.filter_endpoint, args.filter_model, "filter")}
+
+
+def _default_out(prefix: str) -> Path:
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _print_summary(out: Path, summaries: dict) -> None:
+    from inference.eval.report import comparison_table
+
+    print(comparison_table(summaries))
+    print(f"\nresults: {out}/summary.json, {out}/report.md, {out}/results/")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from inference.config import GenerationConfig, RunConfig, load_run_config
+    from inference.eval.runner import run_evaluation
+    from inference.filters.judge import JudgeConfig
+
+    if args.config:
+        if args.dataset or args.pipeline:
+            raise ConfigError("--config repeats a run as it was: drop --dataset/--pipeline")
+        config = load_run_config(args.config)
+    else:
+        if not args.dataset or not args.pipeline:
+            raise ConfigError("sieverag eval needs --dataset and --pipeline (or --config)")
+        pipelines = tuple(p.strip() for value in args.pipeline for p in value.split(",")
+                          if p.strip())
+        config = RunConfig(
+            dataset=args.dataset, pipelines=pipelines, dataset_format=args.format,
+            limit=args.limit, max_documents=args.max_documents,
+            generation=GenerationConfig(max_new_tokens=args.max_new_tokens),
+            judge=JudgeConfig(bar_n=args.judge_n),
+            answer_extraction=args.answer_extraction, seed=args.seed, **_backend_specs(args),
+        )
+    from inference.pipelines import PIPELINES
+
+    unknown = [p for p in config.pipelines if p not in PIPELINES]
+    if unknown:
+        raise ConfigError(f"unknown pipeline(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(PIPELINES))})")
+    if not Path(config.dataset).is_file():
+        raise ConfigError(f"dataset file {config.dataset} not found")
+    out = Path(args.out) if args.out else _default_out("eval")
+    summaries = run_evaluation(config, out, progress=not args.quiet)
+    _print_summary(out, summaries)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from inference.config import RunConfig
+    from inference.demo_data import write_demo_dataset
+    from inference.eval.runner import run_evaluation
+
+    out = Path(args.out)
+    dataset = write_demo_dataset(out / "demo.jsonl")
+    config = RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla", "main-rag"),
+                       limit=args.limit, **_backend_specs(args))
+    print(f"demo: {dataset} (invented facts: only documents can answer them)")
+    summaries = run_evaluation(config, out / "run", progress=not args.quiet)
+    _print_summary(out / "run", summaries)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sieverag", description="Filter what a RAG generator reads: evaluate pipelines, "
+        "label data, train and serve the filter.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    evaluate = sub.add_parser("eval", help="run pipelines on a QA dataset and score them",
+                              description="Run pipelines on a dataset; results are resumable.")
+    evaluate.add_argument("--pipeline", action="append",
+                          help="pipeline name(s): direct, vanilla, main-rag "
+                          "(repeat the flag or comma-separate)")
+    evaluate.add_argument("--dataset", help="dataset file (hotpotqa, nq, popqa, squad, arc, "
+                          "triviaqa, or common {question, answers, ctxs} jsonl)")
+    evaluate.add_argument("--format", default="auto", help="dataset format (default: detect)")
+    evaluate.add_argument("--limit", type=int, help="evaluate the first N examples only")
+    evaluate.add_argument("--max-documents", type=int, help="read at most N documents per example")
+    evaluate.add_argument("--max-new-tokens", type=int, default=32, help="answer length cap")
+    evaluate.add_argument("--judge-n", type=float, default=0.0,
+                          help="n of the MAIN-RAG judge bar τq = mean(r) − n·σ(r) (default 0)")
+    evaluate.add_argument("--answer-extraction", default="first_sentence",
+                          choices=ANSWER_EXTRACTIONS, help="how the scored answer is cut from "
+                          "the reply (raw replies are kept too)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed for any sampling")
+    evaluate.add_argument("--config", help="repeat a run from its RUN_DIR/config.yaml")
+    evaluate.add_argument("--out", help="run folder (default runs/eval-TIMESTAMP); rerunning "
+                          "into it resumes")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_backend_flags(evaluate)
+    evaluate.set_defaults(func=cmd_eval)
+
+    demo = sub.add_parser("demo", help="run direct, vanilla and main-rag on the built-in demo set",
+                          description="Write the demo set and compare pipelines on it.")
+    demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
+    demo.add_argument("--limit", type=int, help="first N demo questions only")
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_backend_flags(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    for command in entry_points(group="sieverag.commands"):
+        command.load()(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SieveragError as err:
+        print(f"sieverag: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sieverag: interrupted; finished results are saved, rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The Markdown report of a run, with the judge score-distribution plot (MAIN-RAG style)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from inference.io_utils import write_atomic
+
+TABLE_COLUMNS = (
+    ("em", "EM"),
+    ("f1", "F1"),
+    ("accuracy", "Acc"),
+    ("choice_accuracy", "MC acc"),
+    ("read_precision", "Read P"),
+    ("read_recall", "Read R"),
+    ("read_f1", "Read F1"),
+    ("documents_read_per_question", "Docs read"),
+    ("generator_input_tokens_per_question", "Gen. in-tok/q"),
+    ("input_tokens_per_question", "All in-tok/q"),
+    ("llm_calls_per_question", "LLM calls/q"),
+    ("seconds_per_question", "s/q"),
+)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def comparison_table(summaries: Mapping[str, Mapping]) -> str:
+    """A Markdown table, one row per pipeline, only the columns some pipeline has."""
+    columns = [
+        (k, title)
+        for k, title in TABLE_COLUMNS
+        if any(s.get(k) is not None for s in summaries.values())
+    ]
+    lines = [
+        "| pipeline | n | " + " | ".join(t for _, t in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for name, summary in summaries.items():
+        cells = [_cell(summary.get(k)) for k, _ in columns]
+        lines.append(f"| {name} | {summary['examples']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_judge_scores(records: Sequence[dict], path: Path, title: str) -> bool:
+    """Histogram of judge scores r for gold vs noisy documents with the mean bar τq.
+
+    Returns False (and writes nothing) when the records hold no gold-marked filter scores.
+    """
+    gold = [
+        s["score"]
+        for r in records
+        for s in r.get("filter", {}).get("scores", [])
+        if s.get("is_gold") is True
+    ]
+    noisy = [
+        s["score"]
+        for r in records
+        for s in r.get("filter", {}).get("scores", [])
+        if s.get("is_gold") is False
+    ]
+    bars = [
+        r["filter"]["threshold"]
+        for r in records
+        if r.get("filter", {}).get("threshold") is not None
+    ]
+    if not gold or not noisy:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = 30
+    ax.hist(noisy, bins=bins, alpha=0.6, density=True, label=f"noisy documents (n={len(noisy)})")
+    ax.hist(gold, bins=bins, alpha=0.6, density=True, label=f"relevant documents (n={len(gold)})")
+    if bars:
+        mean_bar = sum(bars) / len(bars)
+        ax.axvline(mean_bar, color="black", linestyle="--", label=f"mean τq = {mean_bar:.2f}")
+    ax.set_xlabel('judge score r = log P("Yes") − log P("No")')
+    ax.set_ylabel("density")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(
+    out_dir: Path,
+    dataset: str,
+    summaries: Mapping[str, Mapping],
+    records: Mapping[str, Sequence[dict]],
+) -> Path:
+    """Write `report.md` (comparison table, per-pipeline usage, score plots)."""
+    parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), ""]
+    for name, summary in summaries.items():
+        parts.append(f"## {name}\n")
+        usage = summary.get("usage_per_question", {})
+        if usage:
+            parts.append("| agent | calls/q | prompt tokens/q | completion tokens/q |")
+            parts.append("|---|---|---|---|")
+            for agent, u in usage.items():
+                parts.append(
+                    f"| {agent} | {u['calls']} | {u['prompt_tokens']} | {u['completion_tokens']} |"
+                )
+            parts.append("")
+        plot = out_dir / f"judge_scores_{name}.png"
+        if plot_judge_scores(records[name], plot, f"{name}: judge scores"):
+            parts.append(f"![judge scores of {name}]({plot.name})\n")
+    path = out_dir / "report.md"
+    write_atomic(path, "\n".join(parts) + "\n")
+    return path

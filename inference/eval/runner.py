@@ -1,0 +1,143 @@
+"""Run pipelines over a dataset: resumable per-example jsonl, summary.json, report.md.
+
+A run folder holds `config.yaml` (the resolved config plus provenance), `results/<pipeline>.jsonl`
+(one line per finished example, appended as it finishes), `summary.json` and `report.md`.
+Rerunning into the same folder skips finished examples; a different config is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from inference.config import RunConfig, load_run_config
+from inference.errors import ConfigError, DatasetError
+from inference.eval.datasets import load_examples
+from inference.eval.records import build_record
+from inference.eval.report import write_report
+from inference.eval.summary import summarize
+from inference.io_utils import JsonlLog, write_atomic
+from inference.llm.base import GenerationSettings, LLMBackend, Usage
+from inference.llm.registry import build_backend
+from inference.pipelines import PipelineContext, build_pipeline
+from inference.prompt_templates import PROMPTS_DIR, load_template
+from inference.types import Document, Example
+
+
+def dataset_fingerprint(path: str | Path) -> str:
+    """sha256 of the dataset file's bytes (first 16 hex digits)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def provenance(config: RunConfig) -> dict:
+    """Where and with what a run was made: prompt hashes, data fingerprint, versions."""
+    versions = {}
+    for package in ("sieverag", "torch", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "dataset_sha256": dataset_fingerprint(config.dataset),
+        "prompt_sha256": {
+            p.stem: load_template(p.stem).sha256[:16] for p in sorted(PROMPTS_DIR.glob("*.yaml"))
+        },
+        "versions": versions,
+    }
+
+
+def _check_same_run(config: RunConfig, out_dir: Path) -> None:
+    existing_path = out_dir / "config.yaml"
+    if not existing_path.exists():
+        return
+    existing = load_run_config(existing_path).without_provenance()
+    if existing != config.without_provenance():
+        raise ConfigError(
+            f"{out_dir} holds a run with a different configuration: use another --out, or "
+            f"repeat that run with `sieverag eval --config {existing_path}`"
+        )
+
+
+def _merged_usage(
+    backends: Sequence[LLMBackend], before: Sequence[dict[str, Usage]]
+) -> dict[str, Usage]:
+    merged: dict[str, Usage] = {}
+    for backend, snapshot in zip(backends, before, strict=True):
+        for agent, usage in backend.meter.since(snapshot).items():
+            merged.setdefault(agent, Usage()).add(usage)
+    return merged
+
+
+def _capped_documents(limit: int | None):
+    def documents(example: Example) -> Sequence[Document]:
+        return example.documents if limit is None else example.documents[:limit]
+
+    return documents
+
+
+def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
+    out_dir = Path(out_dir)
+    examples = load_examples(config.dataset, config.dataset_format, config.limit)
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise DatasetError(f"{config.dataset}: example id {duplicate!r} appears more than once")
+    _check_same_run(config, out_dir)
+    config = replace(config, provenance=provenance(config))
+    write_atomic(out_dir / "config.yaml", config.to_yaml())
+
+    random.seed(config.seed)
+    import torch
+
+    torch.manual_seed(config.seed)
+    generator = build_backend(config.generator)
+    filter_backend = build_backend(config.filter_backend)
+    backends = [generator] if filter_backend is generator else [generator, filter_backend]
+    context = PipelineContext(
+        generator=generator,
+        filter_backend=filter_backend,
+        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
+        judge=config.judge,
+        answer_extraction=config.answer_extraction,
+        documents=_capped_documents(config.max_documents),
+    )
+    all_records: dict[str, list[dict]] = {}
+    for name in config.pipelines:
+        pipeline = build_pipeline(name, context)
+        log = JsonlLog(out_dir / "results" / f"{name}.jsonl")
+        records = [r for r in log.read() if r.get("id") in set(ids)]
+        done = {r["id"] for r in records}
+        todo = [e for e in examples if e.id not in done]
+        for example in tqdm(
+            todo, desc=name, unit="q", disable=not progress, initial=len(done), total=len(examples)
+        ):
+            before = [b.meter.snapshot() for b in backends]
+            start = time.perf_counter()
+            output = pipeline.run(example)
+            record = build_record(
+                example, output, _merged_usage(backends, before), time.perf_counter() - start
+            )
+            log.append(record)
+            records.append(record)
+        order = {example_id: i for i, example_id in enumerate(ids)}
+        all_records[name] = sorted(records, key=lambda r: order[r["id"]])
+    summaries = {name: summarize(records) for name, records in all_records.items()}
+    write_atomic(
+        out_dir / "summary.json",
+        json.dumps({"dataset": config.dataset, "pipelines": summaries}, indent=2) + "\n",
+    )
+    write_report(out_dir, config.dataset, summaries, all_records)
+    return summaries

@@ -1,0 +1,50 @@
+"""Aggregate per-example records of one pipeline into its summary figures."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy")
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """Means over examples; filter precision/recall/F1 over examples with gold documents.
+
+    `read_*` are precision/recall/F1 of the documents the generator read against the gold
+    documents: for `main-rag` the filter's quality, for `vanilla` the keep-all baseline.
+    """
+    summary: dict = {"examples": len(records)}
+    for metric in ANSWER_METRICS:
+        values = [r["metrics"][metric] for r in records if metric in r["metrics"]]
+        if values:
+            summary[metric] = _mean(values)
+    graded = [r["read_scores"] for r in records if r.get("read_scores")]
+    for part in ("precision", "recall", "f1"):
+        summary[f"read_{part}"] = _mean([g[part] for g in graded])
+    summary["read_graded_examples"] = len(graded)
+    summary["documents_read_per_question"] = _mean([len(r["documents_read"]) for r in records])
+    summary["input_tokens_per_question"] = _mean([r["input_tokens"] for r in records])
+    summary["generator_input_tokens_per_question"] = _mean(
+        [r["generator_input_tokens"] for r in records]
+    )
+    summary["llm_calls_per_question"] = _mean([r["llm_calls"] for r in records])
+    summary["seconds_per_question"] = _mean([r["seconds"] for r in records])
+    agents: dict[str, dict[str, float]] = {}
+    for record in records:
+        for agent, usage in record["usage"].items():
+            totals = agents.setdefault(
+                agent, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            )
+            for key in totals:
+                totals[key] += usage[key]
+    if records:
+        summary["usage_per_question"] = {
+            agent: {k: round(v / len(records), 2) for k, v in totals.items()}
+            for agent, totals in sorted(agents.items())
+        }
+    return summary
