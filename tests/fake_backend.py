@@ -1,0 +1,42 @@
+"""A scripted LLMBackend for testing agents and pipelines without a model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from inference.llm.base import GenerationSettings, UsageMeter
+from inference.types import Conversation
+
+
+class ScriptedBackend:
+    """Replies and label scores come from functions of the last user message."""
+
+    def __init__(self, reply: Callable[[str], str] = lambda text: "answer",
+                 labels: Callable[[str], dict[str, float]] | None = None) -> None:
+        self.reply = reply
+        self.labels = labels or (lambda text: {})
+        self.meter = UsageMeter()
+        self.calls: list[tuple[str, str]] = []
+
+    @property
+    def model_name(self) -> str:
+        return "scripted"
+
+    def generate(self, prompts: Sequence[Conversation],
+                 settings: GenerationSettings = GenerationSettings(), *,
+                 agent: str = "generator") -> list[str]:
+        self.meter.record(agent, len(prompts), 10 * len(prompts), 2 * len(prompts))
+        self.calls += [(agent, p[-1]["content"]) for p in prompts]
+        return [self.reply(p[-1]["content"]) for p in prompts]
+
+    def label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
+                       agent: str = "scorer") -> list[dict[str, float]]:
+        self.meter.record(agent, len(prompts), 10 * len(prompts), 0)
+        self.calls += [(agent, p[-1]["content"]) for p in prompts]
+        return [{label: self.labels(p[-1]["content"]).get(label, -20.0) for label in labels}
+                for p in prompts]
+
+    def continuation_logprob(self, prompts: Sequence[Conversation], continuations: Sequence[str],
+                             *, agent: str = "scorer") -> list[float]:
+        self.meter.record(agent, len(prompts), 10 * len(prompts), 0)
+        return [-float(len(c)) for c in continuations]

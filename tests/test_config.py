@@ -1,0 +1,65 @@
+"""Typed configs: unknown keys and bad values are errors naming the field; prompt templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.config import RunConfig, load_run_config
+from inference.errors import ConfigError
+from inference.prompt_templates import load_template, parse_template
+from inference.typed_config import from_mapping
+
+
+def test_round_trip_through_yaml(tmp_path):
+    config = from_mapping(RunConfig, {"dataset": "d.jsonl", "pipelines": ["vanilla", "main-rag"],
+                                      "judge": {"bar_n": 1}, "limit": 5})
+    path = tmp_path / "config.yaml"
+    path.write_text(config.to_yaml())
+    assert load_run_config(path) == config
+    assert config.judge.bar_n == 1.0 and config.pipelines == ("vanilla", "main-rag")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"dataset": "d", "judge": {"barn": 1}}, "unknown key.*config.judge: barn"),
+    ({"dataset": "d", "colour": "red"}, "unknown key.*colour"),
+    ({"dataset": "d", "answer_extraction": "all"}, "config.answer_extraction must be one of"),
+    ({"dataset": "d", "limit": "ten"}, "config.limit"),
+    ({"dataset": "d", "limit": 0}, "limit must be >= 1"),
+    ({"dataset": "d", "generator": {"kind": "openai"}}, "needs an endpoint"),
+    ({"dataset": "d", "generator": {"kind": "grpc"}}, "config.generator.kind must be one of"),
+    ({"dataset": "d", "generation": {"max_new_tokens": 0}}, "max_new_tokens must be >= 1"),
+    ({"pipelines": ["vanilla"]}, "dataset"),
+])
+def test_bad_configs_are_errors_naming_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        from_mapping(RunConfig, data)
+
+
+def test_missing_or_broken_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_run_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("dataset: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_run_config(broken)
+
+
+def test_templates_render_exactly_their_inputs():
+    template = load_template("judge_evaluator")
+    messages = template.messages(question="Q?", document="D {braces} kept", answer="A")
+    assert messages[0]["role"] == "system" and "noisy-document evaluator" in messages[0]["content"]
+    assert "D {braces} kept" in messages[1]["content"]
+    with pytest.raises(ValueError, match="missing inputs"):
+        template.messages(question="Q?", document="D")
+    with pytest.raises(ValueError, match="unknown inputs"):
+        template.messages(question="Q?", document="D", answer="A", extra="x")
+    assert len(template.sha256) == 64
+
+
+def test_template_placeholders_must_match_declared_inputs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ninputs: [question]\nsystem: ''\nuser: '{question} {document}'\n")
+    with pytest.raises(ConfigError, match="do not match"):
+        parse_template(bad)
+    with pytest.raises(ConfigError, match="no prompt template"):
+        load_template("does_not_exist")

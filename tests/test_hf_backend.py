@@ -1,0 +1,105 @@
+"""The hf backend on a tiny random model: every operation checked against a manual forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.llm.base import GenerationSettings, LLMBackend
+from inference.llm.hf import HFBackend, HFBackendConfig
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Is the sky blue?"}],
+    [{"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "Name a long river in Africa and say why it matters to people."}],
+    [{"role": "user", "content": "Hi"}],
+]
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir) -> HFBackend:
+    return HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2))
+
+
+def manual_next_token_logprobs(backend: HFBackend, conversation) -> torch.Tensor:
+    ids = torch.tensor([backend.prompt_ids(conversation)])
+    with torch.no_grad():
+        logits = backend.model(input_ids=ids).logits[0, -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def test_backend_satisfies_protocol(backend):
+    assert isinstance(backend, LLMBackend)
+
+
+def test_label_logprobs_match_an_unpadded_forward_pass(backend):
+    labels = ["Yes", "No"]
+    scores = backend.label_logprobs(CONVERSATIONS, labels)
+    for conversation, row in zip(CONVERSATIONS, scores, strict=True):
+        expected = manual_next_token_logprobs(backend, conversation)
+        for label in labels:
+            (token,) = backend.reply_ids(backend.render(conversation),
+                                         backend.prompt_ids(conversation), label)
+            assert row[label] == pytest.approx(expected[token].item(), abs=1e-4)
+
+
+def test_multi_token_labels_are_scored_as_whole_replies(backend):
+    labels = ["relevant", "not relevant at all"]
+    scores = backend.label_logprobs(CONVERSATIONS[:1], labels)[0]
+    whole = backend.continuation_logprob(CONVERSATIONS[:1] * 2, labels)
+    assert scores == {labels[0]: pytest.approx(whole[0]), labels[1]: pytest.approx(whole[1])}
+
+
+def test_continuation_logprob_sums_reply_tokens(backend):
+    conversation, reply = CONVERSATIONS[1], "The Nile river"
+    prompt_ids = backend.prompt_ids(conversation)
+    reply_ids = backend.reply_ids(backend.render(conversation), prompt_ids, reply)
+    ids = torch.tensor([prompt_ids + reply_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(backend.model(input_ids=ids).logits[0].float(), dim=-1)
+    expected = sum(logprobs[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(reply_ids))
+    # Batched with a shorter and a longer neighbour so the row is left-padded.
+    batch = backend.continuation_logprob(CONVERSATIONS, ["Yes", reply, "Hello there friend"])
+    assert batch[1] == pytest.approx(expected, abs=1e-4)
+
+
+def test_padded_and_unpadded_batches_agree(backend):
+    together = backend.continuation_logprob(CONVERSATIONS, ["a", "b c", "d e f"])
+    alone = [backend.continuation_logprob([c], [r])[0]
+             for c, r in zip(CONVERSATIONS, ["a", "b c", "d e f"], strict=True)]
+    assert together == pytest.approx(alone, abs=1e-4)
+
+
+def test_generate_is_greedy_ordered_and_cut_at_stop(backend):
+    settings = GenerationSettings(max_new_tokens=8)
+    first = backend.generate(CONVERSATIONS, settings)
+    assert first == backend.generate(CONVERSATIONS, settings)  # greedy: deterministic
+    assert first == [backend.generate([c], settings)[0] for c in CONVERSATIONS]  # order kept
+    stop = first[1][2:4] if len(first[1]) >= 4 else None
+    if stop:
+        cut = backend.generate([CONVERSATIONS[1]], GenerationSettings(max_new_tokens=8,
+                                                                       stop=(stop,)))[0]
+        assert stop not in cut and first[1].startswith(cut)
+
+
+def test_usage_is_counted_by_agent(backend):
+    before = backend.meter.snapshot()
+    backend.generate(CONVERSATIONS[:2], GenerationSettings(max_new_tokens=2), agent="predictor")
+    backend.label_logprobs(CONVERSATIONS, ["Yes", "No"], agent="judge")
+    usage = backend.meter.since(before)
+    assert usage["predictor"].calls == 2 and usage["judge"].calls == 3
+    expected_tokens = sum(len(backend.prompt_ids(c)) for c in CONVERSATIONS)
+    assert usage["judge"].prompt_tokens == expected_tokens
+    assert 0 < usage["predictor"].completion_tokens <= 4
+
+
+def test_model_is_loaded_once_per_process(tiny_model_dir, backend):
+    again = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2))
+    assert again.model is backend.model
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(Exception, match="batch_size"):
+        HFBackendConfig(batch_size=0)
+    with pytest.raises(Exception, match="dtype"):
+        HFBackendConfig(dtype="float8")

@@ -1,0 +1,62 @@
+"""MAIN-RAG judge: bar arithmetic, r = log P(Yes) − log P(No), keep/order, batching."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fake_backend import ScriptedBackend
+
+from inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
+from inference.types import Document
+
+
+def test_judge_bar_is_mean_minus_n_population_std():
+    scores = [1.0, 2.0, 3.0, 6.0]  # mean 3, population std sqrt(3.5)
+    assert judge_bar(scores, 0) == pytest.approx(3.0)
+    assert judge_bar(scores, 1) == pytest.approx(3.0 - math.sqrt(3.5))
+    assert judge_bar(scores, -0.5) == pytest.approx(3.0 + 0.5 * math.sqrt(3.5))
+    assert judge_bar([2.5], 1) == 2.5
+    with pytest.raises(ValueError):
+        judge_bar([], 0)
+
+
+def test_judge_keeps_scores_at_or_above_the_bar_ordered_best_first():
+    yes = {"alpha": -0.1, "beta": -3.0, "gamma": -1.0, "delta": -2.0}
+    backend = ScriptedBackend(
+        reply=lambda text: "pred",
+        labels=lambda text: next({"Yes": v, "No": -1.5} for k, v in yes.items() if k in text),
+    )
+    documents = [Document(id=k, text=f"text {k}") for k in yes]
+    result = MainRagJudge(backend).select("q?", documents)
+    scores = {s.document.id: s.score for s in result.scored}
+    assert scores == pytest.approx({k: v + 1.5 for k, v in yes.items()})
+    assert result.threshold == pytest.approx(sum(scores.values()) / 4)
+    assert [s.document.id for s in result.kept] == ["alpha", "gamma"]
+    assert all(s.details["predicted_answer"] == "pred" for s in result.scored)
+    # One batched predictor call and one batched judge call for the four documents.
+    agents = [agent for agent, _ in backend.calls]
+    assert agents == ["predictor"] * 4 + ["judge"] * 4
+    assert backend.meter.by_agent["predictor"].calls == 4
+
+
+def test_larger_n_lowers_the_bar_and_keeps_more():
+    backend = ScriptedBackend(labels=lambda text: {"Yes": float(len(text) % 7), "No": 0.0})
+    documents = [Document(id=str(i), text="x" * i) for i in range(1, 8)]
+    strict = MainRagJudge(backend, JudgeConfig(bar_n=0)).select("q", documents)
+    loose = MainRagJudge(backend, JudgeConfig(bar_n=1)).select("q", documents)
+    assert len(loose.kept) >= len(strict.kept) and loose.threshold < strict.threshold
+
+
+def test_judge_prompt_carries_question_document_and_predicted_answer():
+    backend = ScriptedBackend(reply=lambda text: "Paris")
+    MainRagJudge(backend).select("Capital of France?", [Document(id="d", text="Paris is big.")])
+    judge_prompt = [text for agent, text in backend.calls if agent == "judge"][0]
+    assert "Capital of France?" in judge_prompt and "Paris is big." in judge_prompt
+    assert "Predicted answer: Paris" in judge_prompt
+
+
+def test_no_documents_keeps_nothing_without_calls():
+    backend = ScriptedBackend()
+    result = MainRagJudge(backend).select("q", [])
+    assert result.kept == () and result.threshold is None and backend.calls == []

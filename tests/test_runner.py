@@ -1,0 +1,145 @@
+"""The evaluation runner and the `sieverag eval` CLI on a tiny model: files, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from inference.cli import main
+from inference.config import RunConfig
+from inference.demo_data import write_demo_dataset
+from inference.errors import ConfigError
+from inference.eval import runner
+from inference.llm.registry import BackendSpec
+
+
+@pytest.fixture
+def demo_file(tmp_path):
+    return write_demo_dataset(tmp_path / "demo.jsonl")
+
+
+def tiny_config(dataset, model_dir, **changes) -> RunConfig:
+    values = {"dataset": str(dataset), "pipelines": ("direct", "vanilla", "main-rag"),
+              "limit": 4, "generator": BackendSpec(model=str(model_dir), batch_size=4)}
+    values.update(changes)
+    return RunConfig(**values)
+
+
+def test_run_writes_config_results_summary_and_report(tmp_path, demo_file, tiny_model_dir):
+    out = tmp_path / "run"
+    summaries = runner.run_evaluation(tiny_config(demo_file, tiny_model_dir), out, progress=False)
+    assert set(summaries) == {"direct", "vanilla", "main-rag"}
+    for name in summaries:
+        records = [json.loads(line) for line in (out / "results" / f"{name}.jsonl").open()]
+        assert [r["id"] for r in records] == [f"demo-0-{i}" for i in range(4)]
+    direct, vanilla, main_rag = (summaries[n] for n in ("direct", "vanilla", "main-rag"))
+    assert direct["llm_calls_per_question"] == 1 and direct["documents_read_per_question"] == 0
+    assert vanilla["documents_read_per_question"] == 5 and vanilla["read_recall"] == 1.0
+    # main-rag: 5 predictor + 5 judge + 1 final call per question.
+    assert main_rag["llm_calls_per_question"] == 11
+    record = json.loads((out / "results" / "main-rag.jsonl").open().readline())
+    assert len(record["filter"]["scores"]) == 5 and record["filter"]["threshold"] is not None
+    assert {"em", "f1", "accuracy"} <= set(record["metrics"])
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["provenance"]["dataset_sha256"] and saved["provenance"]["prompt_sha256"]
+    assert json.loads((out / "summary.json").read_text())["pipelines"]["vanilla"]["examples"] == 4
+    report = (out / "report.md").read_text()
+    assert "| main-rag | 4 |" in report and "judge_scores_main-rag.png" in report
+    assert (out / "judge_scores_main-rag.png").stat().st_size > 0
+
+
+def test_interrupted_run_resumes_without_redoing_finished_examples(
+        tmp_path, demo_file, tiny_model_dir, monkeypatch):
+    out = tmp_path / "run"
+    config = tiny_config(demo_file, tiny_model_dir, pipelines=("vanilla",))
+    real_build_record = runner.build_record
+    calls = {"n": 0}
+
+    def dies_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_build_record(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "build_record", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_evaluation(config, out, progress=False)
+    results = out / "results" / "vanilla.jsonl"
+    first_two = results.read_text()
+    assert len(first_two.splitlines()) == 2
+
+    monkeypatch.setattr(runner, "build_record", real_build_record)
+    seen = []
+    monkeypatch.setattr(runner, "build_record",
+                        lambda example, *a, **k: seen.append(example.id) or
+                        real_build_record(example, *a, **k))
+    runner.run_evaluation(config, out, progress=False)
+    assert seen == ["demo-0-2", "demo-0-3"]
+    assert results.read_text().startswith(first_two)
+    assert len(results.read_text().splitlines()) == 4
+
+
+def test_a_different_config_is_refused_in_the_same_folder(tmp_path, demo_file, tiny_model_dir):
+    out = tmp_path / "run"
+    runner.run_evaluation(tiny_config(demo_file, tiny_model_dir, pipelines=("direct",), limit=1),
+                          out, progress=False)
+    with pytest.raises(ConfigError, match="different configuration"):
+        runner.run_evaluation(
+            tiny_config(demo_file, tiny_model_dir, pipelines=("direct",), limit=2), out,
+            progress=False)
+
+
+def test_cli_eval_and_repeat_from_config(tmp_path, demo_file, tiny_model_dir, capsys):
+    out = tmp_path / "cli-run"
+    code = main(["eval", "--pipeline", "direct,vanilla", "--dataset", str(demo_file),
+                 "--limit", "2", "--model", str(tiny_model_dir), "--out", str(out), "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| direct | 2 |" in printed and "| vanilla | 2 |" in printed
+    again = tmp_path / "again"
+    assert main(["eval", "--config", str(out / "config.yaml"), "--out", str(again),
+                 "--quiet"]) == 0
+    first = json.loads((out / "summary.json").read_text())["pipelines"]
+    second = json.loads((again / "summary.json").read_text())["pipelines"]
+    assert [first[p]["f1"] for p in first] == [second[p]["f1"] for p in second]
+
+
+@pytest.mark.parametrize(("make_args", "message"), [
+    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(t / "missing.jsonl")],
+     "not found"),
+    (lambda d, m, t: ["--pipeline", "nonsense", "--dataset", str(d)], "unknown pipeline"),
+    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(d), "--model", "no-such-model"],
+     "unknown model 'no-such-model'"),
+    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(d), "--filter-model", "x"],
+     "needs --filter-endpoint"),
+])
+def test_cli_bad_input_is_one_clear_error(tmp_path, demo_file, tiny_model_dir, capsys,
+                                          make_args, message):
+    args = make_args(demo_file, tiny_model_dir, tmp_path)
+    code = main(["eval", *args, "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_cli_malformed_line_names_the_line_and_keeps_finished_results(
+        tmp_path, demo_file, tiny_model_dir, capsys):
+    out = tmp_path / "o"
+    assert main(["eval", "--pipeline", "direct", "--dataset", str(demo_file), "--limit", "1",
+                 "--model", str(tiny_model_dir), "--out", str(out), "--quiet"]) == 0
+    kept = (out / "results" / "direct.jsonl").read_text()
+    demo_file.write_text(demo_file.read_text() + "{not json\n")
+    code = main(["eval", "--pipeline", "direct", "--dataset", str(demo_file),
+                 "--model", str(tiny_model_dir), "--out", str(tmp_path / "o2"), "--quiet"])
+    assert code == 2 and "line 37" in capsys.readouterr().err
+    assert (out / "results" / "direct.jsonl").read_text() == kept
+
+
+def test_cli_server_down_is_one_clear_error(tmp_path, demo_file, capsys):
+    code = main(["eval", "--pipeline", "direct", "--dataset", str(demo_file), "--limit", "1",
+                 "--generator-endpoint", "http://127.0.0.1:9/v1", "--generator-model", "m",
+                 "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "127.0.0.1:9" in err and "Traceback" not in err
