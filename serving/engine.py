@@ -1,0 +1,420 @@
+"""The embedded server's engine: one worker thread owns the model and batches every request.
+
+Requests arrive on a queue from the HTTP handlers. When the worker is idle it waits for the
+first one, then up to `batch_window_s` for more (at most `max_batch_size` sequences in all).
+New sequences are prefilled together (left-padded, grouped by served model name, chunked by a
+token budget) and then join the running batch of their model: continuous batching, so each
+decode step runs every live sequence of one model as one forward pass, and a request that
+arrives mid-generation waits one step rather than for the whole batch to finish.
+Results are delivered through `concurrent.futures.Future`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from serving.decode_batch import RunningBatch, check_batchable
+from serving.sampling import Sampling, choose_tokens
+from serving.served_model import ServedModel
+
+logger = logging.getLogger(__name__)
+
+# Prompt tokens per prefill forward pass, and logits kept per pass for prompt log-probs
+# (rows x positions x vocabulary floats): bounds the memory of one prefill.
+PREFILL_TOKEN_BUDGET = 8192
+PROMPT_LOGITS_BUDGET = 1 << 26
+
+FinishReason = Literal["stop", "length"]
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was shut down before the request finished."""
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """One prompt to continue; `model` is a served name (the base or an adapter)."""
+
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    top_logprobs: int = 0  # alternatives reported per token (the chosen one is always reported)
+    prompt_logprobs: bool = False  # also score the prompt's tokens (for echo)
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token")
+        if self.max_tokens < 0 or self.top_logprobs < 0:
+            raise ValueError(f"max_tokens and top_logprobs must be >= 0, got "
+                             f"{self.max_tokens} and {self.top_logprobs}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token, its log-prob, and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    """Generated tokens (an EOS included), text (stop strings and EOS cut off), log-probs.
+
+    `prompt_logprobs` is set when asked for: one entry per prompt token, the first None.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    logprobs: tuple[TokenLogprob, ...]
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
+
+
+@dataclass
+class EngineStats:
+    """How many sequences each forward pass ran, by kind (batch size -> passes)."""
+
+    prefill_batch_sizes: Counter[int] = field(default_factory=Counter)
+    decode_batch_sizes: Counter[int] = field(default_factory=Counter)
+
+
+@dataclass
+class _Sequence:
+    """A request in flight, owned by the worker thread."""
+
+    request: SequenceRequest
+    future: Future[SequenceResult]
+    sampling: Sampling
+    position: int = 0  # position id of the token fed next
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    finish_reason: FinishReason | None = None
+    text: str | None = None
+
+
+class BatchingEngine:
+    """Runs `ServedModel` for concurrent requests on one worker thread, batched."""
+
+    def __init__(self, served: ServedModel, *, max_batch_size: int = 32,
+                 batch_window_s: float = 0.01) -> None:
+        if max_batch_size < 1 or batch_window_s < 0:
+            raise ValueError(f"max_batch_size must be >= 1 and batch_window_s >= 0, got "
+                             f"{max_batch_size} and {batch_window_s}")
+        self.served = served
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.stats = EngineStats()
+        self._queue: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, RunningBatch[_Sequence]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="sieverag-engine", daemon=True)
+
+    # ----- lifecycle -----
+
+    def start(self) -> None:
+        """Run one tiny forward pass per served name (fails early on a broken model), then
+        start the worker thread."""
+        probe = torch.tensor([[self.served.tokenizer.eos_token_id or 0] * 2],
+                             device=self.served.device)
+        with torch.inference_mode():
+            for name in self.served.names:
+                cache = DynamicCache(config=self.served.model.config)
+                with self.served.activated(name):
+                    self.served.model(input_ids=probe, cache=cache, use_cache=True,
+                                      logits_to_keep=1)
+                check_batchable(cache, self.served.name)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop the worker; requests not yet finished fail with `EngineClosedError`."""
+        with self._lock:
+            self._closed = True
+            self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join()
+        leftovers = [s for batch in self._running.values() for s in batch.rows]
+        leftovers.extend(self._waiting)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                leftovers.append(item)
+        self._running.clear()
+        self._waiting.clear()
+        _fail(leftovers, EngineClosedError("the server is shutting down"))
+
+    def submit(self, request: SequenceRequest) -> Future[SequenceResult]:
+        """Queue one sequence; the future resolves when it finishes."""
+        if request.model not in self.served.names:
+            raise ValueError(f"unknown model {request.model!r}; served: {self.served.names}")
+        generator = None
+        if request.seed is not None:
+            generator = torch.Generator(device=self.served.device).manual_seed(request.seed)
+        sequence = _Sequence(request, Future(),
+                             Sampling(request.temperature, request.top_p, generator))
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the server is shutting down")
+            self._queue.put(sequence)
+        return sequence.future
+
+    # ----- the worker loop -----
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while not self._closed:
+                new = self._take_new()
+                for name, group in _by_model(new).items():
+                    for chunk in _prefill_chunks(group, self.max_batch_size,
+                                                 len(self.served.tokenizer)):
+                        try:
+                            self._prefill(name, chunk)
+                        except Exception as exc:  # the server must outlive one bad batch
+                            _abandon(chunk, exc)
+                for name in list(self._running):
+                    rows = list(self._running[name].rows)
+                    try:
+                        self._decode_step(name)
+                    except Exception as exc:
+                        self._running.pop(name, None)
+                        _abandon(rows, exc)
+
+    def _take_new(self) -> list[_Sequence]:
+        """Sequences to start now: wait (with the batch window) only when nothing runs."""
+        if not self._running and not self._waiting:
+            first = self._queue.get()
+            if first is None:
+                return []
+            self._waiting.append(first)
+            deadline = time.monotonic() + self.batch_window_s
+            while len(self._waiting) < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if item is None:
+                    return []
+                self._waiting.append(item)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return []
+            self._waiting.append(item)
+        room = self.max_batch_size - sum(len(batch) for batch in self._running.values())
+        new: list[_Sequence] = []
+        while self._waiting and len(new) < room:
+            sequence = self._waiting.popleft()
+            if not sequence.future.cancelled():
+                new.append(sequence)
+        return new
+
+    def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
+        """Run the prompts of `chunk` together, pick each first token, keep the live rows."""
+        self.stats.prefill_batch_sizes[len(chunk)] += 1
+        device = self.served.device
+        prompts = [s.request.prompt_ids for s in chunk]
+        width = max(map(len, prompts))
+        ids = torch.full((len(chunk), width), self.served.tokenizer.pad_token_id or 0,
+                         dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        with_prompt_logprobs = any(s.request.prompt_logprobs for s in chunk)
+        cache = DynamicCache(config=self.served.model.config)
+        with self.served.activated(name):
+            logits = self.served.model(
+                input_ids=ids.to(device), attention_mask=mask.to(device),
+                position_ids=positions.to(device), cache=cache, use_cache=True,
+                logits_to_keep=0 if with_prompt_logprobs else 1,
+            ).logits
+        for row, sequence in enumerate(chunk):
+            sequence.position = len(prompts[row])
+            if sequence.request.prompt_logprobs:
+                sequence.prompt_logprobs = _prompt_logprobs(
+                    logits[row, width - len(prompts[row]):], prompts[row],
+                    sequence.request.top_logprobs)
+        live = self._advance(chunk, logits[:, -1, :], first=True)
+        if live:
+            batch = RunningBatch(chunk, cache, mask.to(device))
+            batch.keep(live)
+            if name in self._running:
+                self._running[name].extend(batch)
+            else:
+                self._running[name] = batch
+
+    def _decode_step(self, name: str) -> None:
+        """Feed every live row of `name` its last token, as one forward pass."""
+        batch = self._running[name]
+        self.stats.decode_batch_sizes[len(batch)] += 1
+        device = self.served.device
+        ids = torch.tensor([[s.tokens[-1]] for s in batch.rows], device=device)
+        positions = torch.tensor([[s.position] for s in batch.rows], device=device)
+        batch.grow_mask()
+        with self.served.activated(name):
+            logits = self.served.model(
+                input_ids=ids, attention_mask=batch.attention_mask, position_ids=positions,
+                cache=batch.cache, use_cache=True,
+            ).logits[:, -1, :]
+        for sequence in batch.rows:
+            sequence.position += 1
+        live = self._advance(batch.rows, logits, first=False)
+        if live:
+            batch.keep(live)
+        else:
+            del self._running[name]
+
+    def _advance(self, rows: list[_Sequence], logits: torch.Tensor, *, first: bool) -> list[int]:
+        """Choose each row's next token from `logits`; finish rows that are done.
+
+        Returns the indices of the rows still generating. With `first`, rows that asked for
+        no tokens at all (max_tokens=0) finish before a token is chosen.
+        """
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = choose_tokens(logprobs, [s.sampling for s in rows])
+        chosen_logprobs = logprobs.gather(
+            1, torch.tensor(chosen, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+        top = _top_k(logprobs, max(s.request.top_logprobs for s in rows))
+        live: list[int] = []
+        for index, sequence in enumerate(rows):
+            if first and sequence.request.max_tokens == 0:
+                sequence.finish_reason = "length"
+            else:
+                k = sequence.request.top_logprobs
+                sequence.tokens.append(chosen[index])
+                sequence.logprobs.append(
+                    TokenLogprob(chosen[index], chosen_logprobs[index], top[index][:k]))
+                self._check_finished(sequence)
+            if sequence.finish_reason is not None:
+                self._resolve(sequence)
+            elif sequence.future.cancelled():
+                continue  # its client went away: stop generating for it
+            else:
+                live.append(index)
+        return live
+
+    def _check_finished(self, sequence: _Sequence) -> None:
+        request = sequence.request
+        if sequence.tokens[-1] in self.served.eos_token_ids:
+            sequence.finish_reason = "stop"
+            return
+        if request.stop:
+            text = self._decode(sequence.tokens)
+            cuts = [text.find(s) for s in request.stop if s in text]
+            if cuts:
+                sequence.finish_reason, sequence.text = "stop", text[:min(cuts)]
+                return
+        if len(sequence.tokens) >= request.max_tokens:
+            sequence.finish_reason = "length"
+
+    def _resolve(self, sequence: _Sequence) -> None:
+        if sequence.text is None:
+            tokens = sequence.tokens
+            if tokens and tokens[-1] in self.served.eos_token_ids:
+                tokens = tokens[:-1]
+            sequence.text = self._decode(tokens)
+        assert sequence.finish_reason is not None
+        result = SequenceResult(tuple(sequence.tokens), sequence.text, sequence.finish_reason,
+                                tuple(sequence.logprobs), sequence.prompt_logprobs)
+        try:
+            sequence.future.set_result(result)
+        except InvalidStateError:
+            pass  # cancelled by its client meanwhile: nobody is waiting for it
+
+    def _decode(self, tokens: Sequence[int]) -> str:
+        return self.served.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _by_model(sequences: list[_Sequence]) -> dict[str, list[_Sequence]]:
+    groups: dict[str, list[_Sequence]] = defaultdict(list)
+    for sequence in sequences:
+        groups[sequence.request.model].append(sequence)
+    return groups
+
+
+def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
+                    ) -> list[list[_Sequence]]:
+    """Split one model's new sequences into prefill passes of similar length within budget.
+
+    Sequences that need prompt log-probs (all positions' logits) go in passes of their own.
+    """
+    chunks: list[list[_Sequence]] = []
+    ordered = sorted(group, key=lambda s: (s.request.prompt_logprobs, len(s.request.prompt_ids)))
+    for sequence in ordered:
+        echo = sequence.request.prompt_logprobs
+        if chunks and chunks[-1][0].request.prompt_logprobs == echo:
+            rows, width = len(chunks[-1]) + 1, len(sequence.request.prompt_ids)  # the widest
+            fits = rows <= max_rows and rows * width <= PREFILL_TOKEN_BUDGET
+            if echo:
+                fits = fits and rows * width * vocab_size <= PROMPT_LOGITS_BUDGET
+            if fits:
+                chunks[-1].append(sequence)
+                continue
+        chunks.append([sequence])
+    return chunks
+
+
+def _prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int
+                     ) -> tuple[TokenLogprob | None, ...]:
+    """Log-prob of each prompt token given the ones before it (`logits`: the prompt's rows)."""
+    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    targets = torch.tensor(prompt[1:], device=logprobs.device).unsqueeze(1)
+    values = logprobs.gather(1, targets).squeeze(1).tolist()
+    top = _top_k(logprobs, k)
+    return (None, *(TokenLogprob(token, value, alternatives)
+                    for token, value, alternatives in zip(prompt[1:], values, top, strict=True)))
+
+
+def _top_k(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
+    """For each row, its k most likely (token, log-prob) pairs; empty tuples when k is 0."""
+    if k == 0:
+        return [()] * logprobs.shape[0]
+    values, indices = logprobs.topk(k, dim=-1)
+    return [tuple(zip(i, v, strict=True))
+            for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+
+
+def _abandon(sequences: Sequence[_Sequence], error: Exception) -> None:
+    logger.error("a batch of %d sequence(s) failed", len(sequences), exc_info=error)
+    _fail(sequences, error)
+
+
+def _fail(sequences: Sequence[_Sequence], error: BaseException) -> None:
+    for sequence in sequences:
+        try:
+            sequence.future.set_exception(error)
+        except InvalidStateError:
+            pass  # already resolved or cancelled

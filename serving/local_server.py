@@ -1,0 +1,181 @@
+"""The embedded server (`sieverag serve --engine local`): transformers + PEFT behind FastAPI.
+
+    with LocalServer(LocalServerConfig(model="smollm2-135m-instruct", port=0)) as server:
+        ...  # an OpenAI client pointed at server.base_url
+
+`run()` serves in the foreground until SIGINT/SIGTERM; `start()`/`stop()` (or a `with` block)
+serve from a background thread, for tests and notebooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import uvicorn
+from uvicorn.config import LOGGING_CONFIG
+
+from inference.errors import ConfigError
+from inference.llm.hf import Device, DType
+from inference.llm.models import DEFAULT_MODEL
+from serving.adapters import resolve_adapters
+from serving.app import create_app
+from serving.auth import read_api_key
+from serving.engine import BatchingEngine
+from serving.errors import ServerStartError
+from serving.served_model import load_served_model
+
+logger = logging.getLogger(__name__)
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class LocalServerConfig:
+    """What the embedded server serves and how; validated on construction."""
+
+    model: str = field(default=DEFAULT_MODEL, metadata={
+        "help": "base model: embedded name or local Hugging Face folder; requests name it as "
+                "given here"})
+    adapters: tuple[str, ...] = field(default=(), metadata={
+        "help": "LoRA adapters as NAME=PATH (or a bare PATH, named <folder>-<hash8>)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=8000, metadata={"help": "TCP port; 0 picks a free one"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "environment variable holding the API key that requests must send"})
+    max_batch_size: int = field(default=32, metadata={
+        "help": "most sequences in flight at once (a decode step runs all of one model's)"})
+    batch_window_ms: float = field(default=10.0, metadata={
+        "help": "when idle, how long to wait for more requests after the first one"})
+    dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on "
+                                                           "CPU"})
+    device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
+    log_level: LogLevel = field(default="info", metadata={"help": "server log level"})
+    access_log: bool = field(default=True, metadata={"help": "log one line per request"})
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("model must name an embedded model or a local folder, got ''")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not self.batch_window_ms >= 0:
+            raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
+        if self.api_key_env is not None and not self.api_key_env:
+            raise ConfigError("api_key_env must name an environment variable, got ''")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got "
+                              f"{self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise ConfigError(f"log_level must be critical, error, warning, info or debug, got "
+                              f"{self.log_level!r}")
+
+
+class LocalServer:
+    """Loads the model and adapters (in the constructor), then serves them over HTTP."""
+
+    def __init__(self, config: LocalServerConfig) -> None:
+        self.config = config
+        self._api_key = read_api_key(config.api_key_env)
+        adapters = resolve_adapters(config.adapters, base_name=config.model)
+        served = load_served_model(config.model, adapters, config.dtype, config.device)
+        self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
+                                     batch_window_s=config.batch_window_ms / 1000)
+        self.port = config.port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, e.g. http://127.0.0.1:8000/v1 (the bound port once started)."""
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/v1"
+
+    def run(self) -> None:
+        """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly."""
+        server, sock = self._prepare(log_config=LOGGING_CONFIG)
+        self.engine.start()
+        # uvicorn re-raises the signal that stopped it once it is done; these handlers
+        # swallow that, so a served-then-stopped server exits normally.
+        stops = {sig: signal.signal(sig, lambda *_: None)
+                 for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._announce()
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in stops.items():
+                signal.signal(sig, handler)
+            self.engine.close()
+            sock.close()
+
+    def start(self, timeout_s: float = 30.0) -> LocalServer:
+        """Serve from a background thread; returns once the server accepts connections."""
+        server, sock = self._prepare(log_config=None)
+        self.engine.start()
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                  name="sieverag-server", daemon=True)
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"the embedded server did not start on {self.base_url}"
+                                       f" within {timeout_s} s; see the log above")
+            time.sleep(0.01)
+        self._announce()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (finishing requests in flight) and release the model's worker."""
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join()
+            self._server = self._thread = None
+        self.engine.close()
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _prepare(self, log_config: dict | None) -> tuple[uvicorn.Server, socket.socket]:
+        sock = _bind(self.config.host, self.config.port)
+        self.port = sock.getsockname()[1]
+        app = create_app(self.engine, api_key=self._api_key)
+        config = uvicorn.Config(app, log_level=self.config.log_level,
+                                access_log=self.config.access_log, log_config=log_config,
+                                timeout_graceful_shutdown=30)
+        return uvicorn.Server(config), sock
+
+    def _announce(self) -> None:
+        names = ", ".join(self.engine.served.names)
+        auth = f"bearer key from ${self.config.api_key_env}" if self._api_key else "no API key"
+        logger.info("serving %s at %s (%s)", names, self.base_url, auth)
+        if self.config.host not in _LOOPBACK and not self._api_key:
+            logger.warning("listening on %s without an API key: anyone who can reach it can use "
+                           "the model; set --api-key-env", self.config.host)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick "
+                               "another --port or --host") from exc
+    return sock

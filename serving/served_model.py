@@ -1,0 +1,94 @@
+"""The model behind the embedded server: base weights, LoRA adapters by served name, tokenizer."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from inference.errors import ConfigError
+from inference.llm.hf import Device, DType, load_causal_lm
+from serving.adapters import Adapter
+from serving.errors import AdapterError
+
+
+@dataclass
+class ServedModel:
+    """One base model plus its adapters; `activated(name)` selects what a forward pass runs."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    adapters: dict[str, str]  # served adapter name -> PEFT adapter name
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+    @property
+    def names(self) -> list[str]:
+        """Every name a request may give as `model`: the base first, then the adapters."""
+        return [self.name, *self.adapters]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def activated(self, name: str) -> AbstractContextManager[object]:
+        """Context in which the model computes as `name` (the base or one adapter)."""
+        if name == self.name:
+            return self.model.disable_adapter() if self.adapters else nullcontext()
+        self.model.set_adapter(self.adapters[name])
+        return nullcontext()
+
+
+def load_served_model(
+    model: str, adapters: Sequence[Adapter], dtype: DType = "auto", device: Device = "auto"
+) -> ServedModel:
+    """Load the base model (shared per process) and, when adapters are given, a PEFT copy."""
+    base, tokenizer = load_causal_lm(model, dtype, device)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(f"model {model!r} has no fast (tokenizers) tokenizer; the embedded "
+                          "server needs one for token offsets: serve it with --engine vllm")
+    max_model_len = getattr(base.config, "max_position_embeddings", None)
+    if not isinstance(max_model_len, int):
+        raise ConfigError(f"model {model!r} config has no max_position_embeddings; cannot tell "
+                          "its context length")
+    served = ServedModel(model, base, tokenizer, {}, max_model_len, _eos_token_ids(base, tokenizer))
+    if adapters:
+        served.model = _with_adapters(base, adapters)
+        served.adapters = {a.name: f"adapter_{i}" for i, a in enumerate(adapters)}
+    return served
+
+
+def _with_adapters(base: torch.nn.Module, adapters: Sequence[Adapter]) -> torch.nn.Module:
+    from peft import PeftModel
+
+    first, *others = adapters
+    # PEFT adapter names are module keys, so served names (which may hold '.') are not used.
+    with _loading(first):
+        # A private copy: LoRA layers injected into the process-wide cached model would change
+        # what every other user of that model in this process computes.
+        lm = PeftModel.from_pretrained(copy.deepcopy(base), first.path, adapter_name="adapter_0")
+    for index, adapter in enumerate(others, start=1):
+        with _loading(adapter):
+            lm.load_adapter(adapter.path, adapter_name=f"adapter_{index}")
+    return lm.to(next(base.parameters()).device).eval()
+
+
+@contextmanager
+def _loading(adapter: Adapter) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise AdapterError(f"cannot load adapter {adapter.name!r} from {adapter.path} onto the "
+                           f"base model: {exc}; was it trained on this base model?") from exc
+
+
+def _eos_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids = {tokenizer.eos_token_id}
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
+    return frozenset(i for i in ids if i is not None)
