@@ -3,13 +3,14 @@
 Two engines behind one `sieverag serve` command (`serving.cli`), indistinguishable to the
 inference side's `openai` backend:
 
-* `local_server` — the embedded server (`LocalServer`, `LocalServerConfig`): FastAPI + uvicorn
-  on transformers + PEFT, CPU or GPU. `/health`, `/v1/models`, `/v1/completions` (log-probs,
-  echo) and `/v1/chat/completions` (log-probs); LoRA adapters chosen by `model` name;
-  concurrent requests continuously batched on one worker thread (`engine`, `decode_batch`);
-  optional bearer key (`auth`).
-* `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, `VLLMLaunchConfig`,
-  the pure `build_vllm_command`), for GPUs.
+* `local_server` — the embedded server (`LocalServer`): FastAPI + uvicorn on transformers +
+  PEFT, CPU or GPU. `/health`, `/v1/models`, `/v1/completions` (log-probs, echo) and
+  `/v1/chat/completions` (log-probs); LoRA adapters chosen by `model` name; concurrent
+  requests continuously batched on one worker thread (`engine`, `decode_batch`); optional
+  bearer key (`auth`).
+* `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, the pure
+  `build_vllm_command`), for GPUs.
 
-`adapters` parses `--adapter NAME=PATH` arguments for both (content-hashed default names).
+`config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`); `adapters`
+parses `--adapter NAME=PATH` arguments for both (content-hashed default names).
 """

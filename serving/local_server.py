@@ -14,70 +14,21 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Literal
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from inference.errors import ConfigError
-from inference.llm.hf import Device, DType
-from inference.llm.models import DEFAULT_MODEL
 from serving.adapters import resolve_adapters
 from serving.app import create_app
 from serving.auth import read_api_key
+from serving.config import LocalServerConfig
 from serving.engine import BatchingEngine
 from serving.errors import ServerStartError
 from serving.served_model import load_served_model
 
 logger = logging.getLogger(__name__)
 
-LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@dataclass(frozen=True)
-class LocalServerConfig:
-    """What the embedded server serves and how; validated on construction."""
-
-    model: str = field(default=DEFAULT_MODEL, metadata={
-        "help": "base model: embedded name or local Hugging Face folder; requests name it as "
-                "given here"})
-    adapters: tuple[str, ...] = field(default=(), metadata={
-        "help": "LoRA adapters as NAME=PATH (or a bare PATH, named <folder>-<hash8>)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = field(default=8000, metadata={"help": "TCP port; 0 picks a free one"})
-    api_key_env: str | None = field(default=None, metadata={
-        "help": "environment variable holding the API key that requests must send"})
-    max_batch_size: int = field(default=32, metadata={
-        "help": "most sequences in flight at once (a decode step runs all of one model's)"})
-    batch_window_ms: float = field(default=10.0, metadata={
-        "help": "when idle, how long to wait for more requests after the first one"})
-    dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on "
-                                                           "CPU"})
-    device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
-    log_level: LogLevel = field(default="info", metadata={"help": "server log level"})
-    access_log: bool = field(default=True, metadata={"help": "log one line per request"})
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ConfigError("model must name an embedded model or a local folder, got ''")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 0..65535, got {self.port}")
-        if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not self.batch_window_ms >= 0:
-            raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
-        if self.api_key_env is not None and not self.api_key_env:
-            raise ConfigError("api_key_env must name an environment variable, got ''")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got "
-                              f"{self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
-            raise ConfigError(f"log_level must be critical, error, warning, info or debug, got "
-                              f"{self.log_level!r}")
 
 
 class LocalServer:
