@@ -1,0 +1,155 @@
+"""Judge-stage throughput: batched MAIN-RAG judge vs a naive one-document-at-a-time judge.
+
+Batched: Agent-1's answers for all pairs generated as batches; Agent-2 scored by
+`label_logprobs` (one forward pass per batch, nothing decoded). Naive: per document, Agent-1
+at batch size 1, then Agent-2's verdict *generated* with its evidence (up to 48 new tokens)
+and parsed for Yes/No. Same model, same (question, document) pairs, same prompts.
+Also: the scoring part alone, the Yes/No agreement of both judges, and `main-rag` seconds and
+LLM calls per 10-document question.
+
+    python tests/benchmarks/bench_judge.py [--quick] [--pairs 64] [--dataset PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from inference.demo_data import write_demo_dataset  # noqa: E402
+from inference.eval.datasets import load_examples  # noqa: E402
+from inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
+from inference.llm.base import GenerationSettings  # noqa: E402
+from inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
+from inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+HOTPOT = SHARED / "hotpotqa_distractor.jsonl"
+VERDICT_REQUEST = "\n\nStart your reply with Yes or No, then give your evidence in one sentence."
+
+
+def load_questions(dataset: Path, n_pairs: int) -> list[tuple[str, list]]:
+    """Whole questions with their documents, cut so that exactly `n_pairs` pairs remain."""
+    grouped, remaining = [], n_pairs
+    for example in load_examples(dataset, limit=n_pairs):
+        if remaining <= 0:
+            break
+        grouped.append((example.question, list(example.documents[:remaining])))
+        remaining -= len(grouped[-1][1])
+    return grouped
+
+
+def batched_judge(judge: MainRagJudge, examples) -> tuple[list[float], float, float]:
+    """(scores, total seconds, scoring-only seconds) as the pipeline runs it: per question,
+    Agent-1 answers all its documents in one batch, Agent-2 scores them in one forward pass."""
+    scores: list[float] = []
+    total = scoring = 0.0
+    for question, documents in examples:
+        start = time.perf_counter()
+        answers = judge.predict_answers(question, documents)
+        middle = time.perf_counter()
+        scores += judge.judge_scores(question, documents, answers)
+        end = time.perf_counter()
+        total += end - start
+        scoring += end - middle
+    return scores, total, scoring
+
+
+def parse_verdict(text: str) -> str | None:
+    word = text.strip().lstrip("*\"' ").split(maxsplit=1)
+    first = word[0].strip(".,:;!*").lower() if word else ""
+    return {"yes": YES, "no": NO}.get(first)
+
+
+def naive_judge(judge: MainRagJudge, pairs) -> tuple[list[str], float, float]:
+    """(verdict texts, total seconds, verdict-generation seconds), one document at a time."""
+    start = time.perf_counter()
+    verdict_seconds = 0.0
+    verdicts = []
+    predictor = GenerationSettings(max_new_tokens=judge.config.predictor_max_new_tokens,
+                                   stop=("\n",))
+    for question, document in pairs:
+        prompt = judge.predictor_prompt.messages(question=question, document=document.as_context())
+        answer = judge.backend.generate([prompt], predictor, agent="predictor")[0].strip()
+        judge_prompt = judge.judge_prompt.messages(question=question,
+                                                   document=document.as_context(), answer=answer)
+        judge_prompt[-1]["content"] += VERDICT_REQUEST
+        t = time.perf_counter()
+        verdicts.append(judge.backend.generate([judge_prompt],
+                                               GenerationSettings(max_new_tokens=48),
+                                               agent="judge")[0])
+        verdict_seconds += time.perf_counter() - t
+    return verdicts, time.perf_counter() - start, verdict_seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 pairs, 1 main-rag question")
+    parser.add_argument("--pairs", type=int, default=64)
+    parser.add_argument("--questions", type=int, default=5, help="main-rag questions to time")
+    parser.add_argument("--dataset", type=Path, default=None,
+                        help="default: ../shared/data/hotpotqa_distractor.jsonl, else the demo set")
+    args = parser.parse_args()
+    n_pairs, n_questions = (16, 1) if args.quick else (args.pairs, args.questions)
+    dataset = args.dataset or (HOTPOT if HOTPOT.is_file() else
+                               write_demo_dataset(Path("/tmp/sieverag-bench-demo.jsonl")))
+    backend = HFBackend(HFBackendConfig(batch_size=16))
+    judge = MainRagJudge(backend)
+    questions = load_questions(dataset, n_pairs)
+    pairs = [(q, d) for q, documents in questions for d in documents]
+    backend.generate([[{"role": "user", "content": "warm up"}]], GenerationSettings(4))
+
+    scores, batched_s, scoring_s = batched_judge(judge, questions)
+    verdicts, naive_s, verdict_s = naive_judge(judge, pairs)
+    parsed = [parse_verdict(v) for v in verdicts]
+    comparable = [(s, p) for s, p in zip(scores, parsed, strict=True) if p is not None]
+    agree = sum((s > 0) == (p == YES) for s, p in comparable)
+
+    pipeline = build_pipeline("main-rag", PipelineContext(generator=backend,
+                                                          filter_backend=backend))
+    timed = load_examples(dataset, limit=n_questions)
+    before = backend.meter.snapshot()
+    start = time.perf_counter()
+    for example in timed:
+        pipeline.run(example)
+    main_rag_s = (time.perf_counter() - start) / len(timed)
+    calls = sum(u.calls for u in backend.meter.since(before).values()) / len(timed)
+    docs_per_q = sum(len(e.documents) for e in timed) / len(timed)
+
+    n = len(pairs)
+    figures = {
+        "pairs": n,
+        "judge_docs_per_s": round(n / batched_s, 3),
+        "naive_docs_per_s": round(n / naive_s, 3),
+        "ratio": round(naive_s / batched_s, 2),
+        "scoring_docs_per_s": round(n / scoring_s, 3),
+        "verdict_generation_docs_per_s": round(n / verdict_s, 3),
+        "scoring_ratio": round(verdict_s / scoring_s, 2),
+        "decision_agreement": round(agree / len(comparable), 3) if comparable else None,
+        "verdicts_parsed": len(comparable),
+        "main_rag_seconds_per_question": round(main_rag_s, 2),
+        "main_rag_llm_calls_per_question": calls,
+        "main_rag_documents_per_question": docs_per_q,
+    }
+    print(f"dataset: {dataset}  model: {backend.model_name}  pairs: {n}")
+    print(f"{'stage':<40}{'batched':>12}{'naive':>12}{'ratio':>8}")
+    print(f"{'judge stage (Agent-1 + Agent-2), docs/s':<40}{figures['judge_docs_per_s']:>12}"
+          f"{figures['naive_docs_per_s']:>12}{figures['ratio']:>8}")
+    print(f"{'scoring only (log-probs vs verdict), docs/s':<40}"
+          f"{figures['scoring_docs_per_s']:>12}{figures['verdict_generation_docs_per_s']:>12}"
+          f"{figures['scoring_ratio']:>8}")
+    print(f"Yes/No agreement where the verdict starts with Yes/No: {figures['decision_agreement']}"
+          f" over {len(comparable)} of {n} verdicts")
+    print(f"main-rag: {main_rag_s:.2f} s/question, {calls:.1f} LLM calls/question, "
+          f"{docs_per_q:.1f} documents/question")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
