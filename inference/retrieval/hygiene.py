@@ -1,0 +1,152 @@
+"""Evidence hygiene: drop retrieved chunks that carry no usable evidence, and say why.
+
+Presets: `off` (default: keep everything), `loose`, `strict`. The Auto-RAG paper found strict
+filtering can remove useful evidence, so every call returns what it removed with the reason,
+for reports to show. Rules, checked in this order (the first that fires is the reason):
+
+* `too short` — fewer than `min_words` words;
+* `mostly non-alphabetic` — letters are under `min_letter_share` of the non-space characters
+  (tables of numbers, symbols, OCR debris);
+* `caption` — starts like "Figure 3.1", "Fig. 2", "Table 4" and has at most
+  `caption_max_words` words;
+* `heading` — one line of at most `heading_max_words` words with no sentence-ending
+  punctuation;
+* `reference list` — starts with "References"/"Bibliography"/"Works Cited", or at least
+  `reference_share` of its lines (sentences, for one-line text) look like citations
+  (a year in brackets, "et al.", a DOI or a URL).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar, get_args
+
+from inference.errors import ConfigError
+from inference.retrieval.sentences import split_sentences
+
+HygienePreset = Literal["off", "loose", "strict"]
+HYGIENE_PRESETS: tuple[str, ...] = get_args(HygienePreset)
+
+_CAPTION = re.compile(r"^\s*(?:figure|fig\.|table|image|photo|chart|graph|diagram|exhibit)"
+                      r"\s*\d+(?:[.\-–]\d+)*\b", re.IGNORECASE)
+_REFERENCE_HEADER = re.compile(r"^\s*(?:references|bibliography|works cited|sources)\b",
+                               re.IGNORECASE)
+_CITATION = re.compile(r"\((?:19|20)\d{2}[a-z]?\)|\bet al\.|\bdoi\b|https?://|www\.",
+                       re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?:;]['\"”’)\]]*$")
+
+
+class HasText(Protocol):
+    @property
+    def text(self) -> str: ...
+
+
+T = TypeVar("T", bound=HasText)
+
+
+@dataclass(frozen=True)
+class HygieneRules:
+    """Thresholds of one preset (see the module docstring for each rule)."""
+
+    min_words: int
+    min_letter_share: float
+    caption_max_words: int
+    heading_max_words: int
+    reference_share: float
+
+
+PRESETS: dict[str, HygieneRules | None] = {
+    "off": None,
+    "loose": HygieneRules(min_words=5, min_letter_share=0.5, caption_max_words=30,
+                          heading_max_words=6, reference_share=0.6),
+    "strict": HygieneRules(min_words=12, min_letter_share=0.7, caption_max_words=10_000,
+                           heading_max_words=12, reference_share=0.3),
+}
+
+
+@dataclass(frozen=True)
+class Removed(Generic[T]):
+    """A chunk hygiene dropped, and the rule that dropped it."""
+
+    item: T
+    reason: str
+
+
+@dataclass(frozen=True)
+class HygieneReport(Generic[T]):
+    """What hygiene kept (input order) and what it removed (with reasons)."""
+
+    kept: list[T]
+    removed: list[Removed[T]]
+
+
+def _too_short(text: str, rules: HygieneRules) -> str | None:
+    words = len(text.split())
+    return f"too short ({words} words)" if words < rules.min_words else None
+
+
+def _non_alphabetic(text: str, rules: HygieneRules) -> str | None:
+    visible = [c for c in text if not c.isspace()]
+    share = sum(c.isalpha() for c in visible) / max(len(visible), 1)
+    return f"mostly non-alphabetic ({share:.0%} letters)" if share < rules.min_letter_share \
+        else None
+
+
+def _caption(text: str, rules: HygieneRules) -> str | None:
+    if _CAPTION.match(text) and len(text.split()) <= rules.caption_max_words:
+        return "caption"
+    return None
+
+
+def _heading(text: str, rules: HygieneRules) -> str | None:
+    stripped = text.strip()
+    if ("\n" not in stripped and len(stripped.split()) <= rules.heading_max_words
+            and not _SENTENCE_END.search(stripped)):
+        return "heading"
+    return None
+
+
+def _reference_list(text: str, rules: HygieneRules) -> str | None:
+    if _REFERENCE_HEADER.match(text):
+        return "reference list"
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        lines = split_sentences(text)
+    cited = sum(1 for line in lines if _CITATION.search(line))
+    if lines and cited >= 2 and cited / len(lines) >= rules.reference_share:
+        return "reference list"
+    return None
+
+
+RULES: tuple[Callable[[str, HygieneRules], str | None], ...] = (
+    _too_short, _non_alphabetic, _caption, _heading, _reference_list)
+
+
+def removal_reason(text: str, preset: HygienePreset) -> str | None:
+    """Why `preset` would drop `text`, or None to keep it."""
+    if preset not in PRESETS:
+        raise ConfigError(f"hygiene preset must be one of {', '.join(HYGIENE_PRESETS)}, "
+                          f"got {preset!r}")
+    rules = PRESETS[preset]
+    if rules is None:
+        return None
+    for rule in RULES:
+        reason = rule(text, rules)
+        if reason is not None:
+            return reason
+    return None
+
+
+def apply_hygiene(items: Sequence[T], preset: HygienePreset = "off") -> HygieneReport[T]:
+    """Split `items` (anything with `.text`) into kept and removed-with-reason."""
+    kept: list[T] = []
+    removed: list[Removed[T]] = []
+    for item in items:
+        reason = removal_reason(item.text, preset)
+        if reason is None:
+            kept.append(item)
+        else:
+            removed.append(Removed(item, reason))
+    return HygieneReport(kept, removed)

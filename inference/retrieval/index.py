@@ -1,0 +1,303 @@
+"""The index facade: build an index folder from a corpus file, load it, search it.
+
+Folder layout (all listed in `manifest.json`, which is written last):
+
+    manifest.json          format version, config, corpus, chunk fingerprint, file list
+    chunks.jsonl           one chunk per line: id, source_id, position, text, title
+    bm25/                  bm25s index + the tokenizer vocabulary (if BM25 is on)
+    dense/                 dense.faiss + settings (if dense is on)
+    retrieval_cache.jsonl  cached rankings (not part of the index; safe to delete)
+
+Both retrievers index a chunk's title line plus its text (`Document.as_context`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal, get_args
+
+from tqdm.auto import tqdm
+
+from inference.errors import ConfigError, DatasetError
+from inference.retrieval import bm25 as bm25_files
+from inference.retrieval import dense as dense_files
+from inference.retrieval.atomic import write_lines_atomic
+from inference.retrieval.bm25 import BM25Index
+from inference.retrieval.cache import RetrievalCache, cache_key
+from inference.retrieval.chunking import Chunk, chunk_corpus
+from inference.retrieval.config import IndexConfig, SearchConfig
+from inference.retrieval.corpus import detect_corpus_format, load_corpus
+from inference.retrieval.dense import DenseIndex, Encoder, ShardCallback
+from inference.retrieval.hybrid import reciprocal_rank_fusion, weighted_fusion
+from inference.retrieval.manifest import (
+    MANIFEST_FILE,
+    IndexFormatError,
+    Manifest,
+    file_sha256,
+    read_manifest,
+    write_manifest,
+)
+from inference.retrieval.rerank import Reranker
+from inference.retrieval.retrieved import Ranking, RetrievedDocument
+
+SearchMode = Literal["bm25", "dense", "hybrid", "rrf"]
+SEARCH_MODES: tuple[str, ...] = get_args(SearchMode)
+CHUNKS_FILE = "chunks.jsonl"
+CACHE_FILE = "retrieval_cache.jsonl"
+BM25_DIR = "bm25"
+DENSE_DIR = "dense"
+
+
+def chunks_fingerprint(chunks: Sequence[Chunk]) -> str:
+    """Identifies the indexed chunks (ids and texts); cache keys include it."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(f"{chunk.id}\x00{chunk.title}\x00{chunk.text}\x00".encode())
+    return digest.hexdigest()
+
+
+def _indexed_text(chunk: Chunk) -> str:
+    return chunk.to_document().as_context()
+
+
+def build_index(corpus_path: Path | str, out_dir: Path | str,
+                config: IndexConfig | None = None, *, overwrite: bool = False,
+                on_shard: ShardCallback | None = None, dense_encoder: Encoder | None = None,
+                show_progress: bool = True) -> Index:
+    """Chunk a corpus file and index it into `out_dir`; returns the loaded index.
+
+    An interrupted build resumes on the next call (dense embeddings restart after the last
+    finished shard). A folder that already holds a finished index needs `overwrite=True`.
+    `on_shard(number, total)` runs after each dense shard; `dense_encoder` replaces the
+    configured embedding model (tests).
+    """
+    config = config if config is not None else IndexConfig()
+    corpus_path, out = Path(corpus_path), Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"index output {out} exists and is not a folder")
+    if (out / MANIFEST_FILE).exists():
+        if not overwrite:
+            raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
+                              "or choose another --out")
+        # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
+        (out / MANIFEST_FILE).unlink()
+    (out / CACHE_FILE).unlink(missing_ok=True)
+
+    documents = load_corpus(corpus_path, config.corpus_format)
+    corpus_format = (detect_corpus_format(corpus_path) if config.corpus_format == "auto"
+                     else config.corpus_format)
+    chunks = chunk_corpus(documents, config.chunking)
+    if not chunks:
+        raise DatasetError(f"corpus {corpus_path} produced no chunks")
+    out.mkdir(parents=True, exist_ok=True)
+    write_lines_atomic(out / CHUNKS_FILE, (json.dumps(asdict(c), ensure_ascii=False)
+                                           for c in chunks))
+    files = [CHUNKS_FILE]
+    texts = [_indexed_text(c) for c in chunks]
+
+    bm25: BM25Index | None = None
+    if config.bm25 is None:
+        shutil.rmtree(out / BM25_DIR, ignore_errors=True)
+    else:
+        bm25 = BM25Index.build(texts, config.bm25, show_progress=show_progress)
+        bm25.save(out / BM25_DIR)
+        files += [f"{BM25_DIR}/{name}" for name in bm25_files.FILES]
+
+    dense: DenseIndex | None = None
+    if config.dense is None:
+        shutil.rmtree(out / DENSE_DIR, ignore_errors=True)
+    else:
+        dense = DenseIndex.build(texts, out / DENSE_DIR, config.dense, encoder=dense_encoder,
+                                 on_shard=on_shard, show_progress=show_progress)
+        files += [f"{DENSE_DIR}/{name}" for name in dense_files.FILES]
+
+    manifest = Manifest(config=config, files=tuple(files), chunk_count=len(chunks),
+                        source_count=len(documents), corpus=str(corpus_path.resolve()),
+                        corpus_format=corpus_format, corpus_sha256=file_sha256(corpus_path),
+                        fingerprint=chunks_fingerprint(chunks))
+    write_manifest(out, manifest)
+    return Index(out, manifest, chunks, bm25, dense)
+
+
+def _read_chunks(path: Path) -> list[Chunk]:
+    with path.open(encoding="utf-8") as handle:
+        return [Chunk(**json.loads(line)) for line in handle if line.strip()]
+
+
+class Index:
+    """A loaded index folder: its chunks, its retrievers, its retrieval cache."""
+
+    def __init__(self, directory: Path, manifest: Manifest, chunks: list[Chunk],
+                 bm25: BM25Index | None, dense: DenseIndex | None, *,
+                 search_config: SearchConfig | None = None,
+                 cache: RetrievalCache | None = None) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.chunks = chunks
+        self.bm25 = bm25
+        self.dense = dense
+        self.search_config = search_config if search_config is not None else SearchConfig()
+        self.cache = cache
+
+    @classmethod
+    def load(cls, directory: Path | str, *, search_config: SearchConfig | None = None,
+             cache_path: Path | str | None = None, use_cache: bool = True,
+             dense_encoder: Encoder | None = None) -> Index:
+        """Open an index folder; the cache defaults to `<dir>/retrieval_cache.jsonl`."""
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        try:
+            chunks = _read_chunks(directory / CHUNKS_FILE)
+            bm25 = (BM25Index.load(directory / BM25_DIR)
+                    if manifest.config.bm25 is not None else None)
+            dense = (DenseIndex.load(directory / DENSE_DIR, dense_encoder)
+                     if manifest.config.dense is not None else None)
+        except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+            raise IndexFormatError(f"index {directory} is damaged ({error}); rebuild it with "
+                                   "`sieverag index build --overwrite`") from None
+        if len(chunks) != manifest.chunk_count:
+            raise IndexFormatError(f"index {directory}: {CHUNKS_FILE} holds {len(chunks)} chunks, "
+                                   f"the manifest says {manifest.chunk_count}; rebuild it")
+        cache = None
+        if use_cache:
+            cache = RetrievalCache(Path(cache_path) if cache_path else directory / CACHE_FILE)
+        return cls(directory, manifest, chunks, bm25, dense, search_config=search_config,
+                   cache=cache)
+
+    @property
+    def size(self) -> int:
+        """Number of chunks."""
+        return len(self.chunks)
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The search modes this index supports."""
+        return tuple(m for m in SEARCH_MODES if self._missing(m) is None)
+
+    def _missing(self, mode: str) -> str | None:
+        have = {"bm25": self.bm25 is not None, "dense": self.dense is not None}
+        lacking = [name for name in _NEEDS[mode] if not have[name]]
+        return ", ".join(lacking) or None
+
+    def _hit(self, position: int, score: float) -> RetrievedDocument:
+        chunk = self.chunks[position]
+        return RetrievedDocument(chunk.to_document(), score, chunk.source_id)
+
+    def search(self, query: str, k: int = 10, mode: SearchMode = "hybrid",
+               reranker: Reranker | None = None) -> list[RetrievedDocument]:
+        """The top-k chunks for `query`, best first (fewer when fewer match; [] if empty)."""
+        return self.search_many([query], k, mode, reranker)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 10, mode: SearchMode = "hybrid",
+                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]:
+        """`search` for each query, batched; cached rankings are reused."""
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"search mode must be one of {', '.join(SEARCH_MODES)}, "
+                              f"got {mode!r}")
+        missing = self._missing(mode)
+        if missing:
+            raise ConfigError(f"index {self.directory} was built without {missing}, so it cannot "
+                              f"search in mode {mode!r}; it supports: {', '.join(self.modes)}")
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        fetch = max(k, self.search_config.rerank_depth) if reranker is not None else k
+        settings = (self.search_config.alpha, self.search_config.rrf_k,
+                    self.search_config.candidates)
+        keys = [cache_key(q, mode, fetch, settings, self.manifest.fingerprint) for q in queries]
+        rankings: dict[str, Ranking] = {}
+        todo: dict[str, str] = {}
+        for query, key in zip(queries, keys, strict=True):
+            cached = self.cache.get(key) if self.cache is not None else None
+            if not query.strip():
+                rankings[key] = []
+            elif cached is not None:
+                rankings[key] = cached
+            else:
+                todo[key] = query
+        if todo:
+            fresh = dict(zip(todo, _RANKERS[mode](self, list(todo.values()), fetch), strict=True))
+            rankings.update(fresh)
+            if self.cache is not None:
+                self.cache.put_many(fresh)
+        results = []
+        for query, key in zip(queries, keys, strict=True):
+            hits = [self._hit(p, s) for p, s in rankings[key]]
+            if reranker is not None:
+                hits = reranker.rerank(query, hits)
+            results.append(hits[:k])
+        return results
+
+    def iter_search(self, queries: Sequence[str], k: int = 10, mode: SearchMode = "hybrid",
+                    batch_size: int = 256, show_progress: bool = True
+                    ) -> list[list[RetrievedDocument]]:
+        """`search_many` in batches with a progress bar (for evaluations)."""
+        results: list[list[RetrievedDocument]] = []
+        with tqdm(total=len(queries), desc=f"Retrieving ({mode})", unit="query",
+                  disable=not show_progress) as bar:
+            for start in range(0, len(queries), batch_size):
+                batch = queries[start : start + batch_size]
+                results.extend(self.search_many(batch, k, mode))
+                bar.update(len(batch))
+        return results
+
+
+def _bm25_rankings(index: Index, queries: list[str], k: int) -> list[Ranking]:
+    assert index.bm25 is not None  # checked by Index._missing
+    return index.bm25.search(queries, k)
+
+
+def _dense_rankings(index: Index, queries: list[str], k: int) -> list[Ranking]:
+    assert index.dense is not None  # checked by Index._missing
+    return index.dense.search(queries, k)
+
+
+def _both(index: Index, queries: list[str], k: int) -> tuple[list[Ranking], list[Ranking]]:
+    depth = max(k, index.search_config.candidates)
+    return _bm25_rankings(index, queries, depth), _dense_rankings(index, queries, depth)
+
+
+def _hybrid_rankings(index: Index, queries: list[str], k: int) -> list[Ranking]:
+    alpha = index.search_config.alpha
+    pairs = zip(*_both(index, queries, k), strict=True)
+    return [weighted_fusion(b, d, alpha)[:k] for b, d in pairs]
+
+
+def _rrf_rankings(index: Index, queries: list[str], k: int) -> list[Ranking]:
+    rrf_k = index.search_config.rrf_k
+    pairs = zip(*_both(index, queries, k), strict=True)
+    return [reciprocal_rank_fusion([b, d], rrf_k)[:k] for b, d in pairs]
+
+
+_RANKERS: dict[str, Callable[[Index, list[str], int], list[Ranking]]] = {
+    "bm25": _bm25_rankings,
+    "dense": _dense_rankings,
+    "hybrid": _hybrid_rankings,
+    "rrf": _rrf_rankings,
+}
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "bm25": ("bm25",), "dense": ("dense",), "hybrid": ("bm25", "dense"), "rrf": ("bm25", "dense"),
+}
+
+
+def ensure_index(corpus_path: Path | str, out_dir: Path | str, config: IndexConfig, *,
+                 search_config: SearchConfig | None = None, use_cache: bool = True,
+                 show_progress: bool = True) -> Index:
+    """Load the index in `out_dir` if it was built from this corpus file (same path and
+    bytes) with this config, else (re)build it there (resuming an interrupted build)."""
+    corpus_path, out = Path(corpus_path), Path(out_dir)
+    manifest: Manifest | None = None
+    if (out / MANIFEST_FILE).is_file():
+        try:
+            manifest = read_manifest(out)
+        except DatasetError:
+            manifest = None
+    if (manifest is None or manifest.config != config
+            or manifest.corpus != str(corpus_path.resolve())
+            or manifest.corpus_sha256 != file_sha256(corpus_path)):
+        build_index(corpus_path, out, config, overwrite=True, show_progress=show_progress)
+    return Index.load(out, search_config=search_config, use_cache=use_cache)
