@@ -456,3 +456,10 @@ def test_shards_of_another_corpus_are_discarded(tmp_path: Path) -> None:
     paths = write_embedding_shards(new, shard_dir, counting_encoder, 2,
                                    corpus_fingerprint(new, "m", 2), show_progress=False)
     assert encoded == new and len(paths) == 2
+
+
+def test_failed_rebuild_keeps_the_old_index(built: Path, tmp_path: Path) -> None:
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "a"}])
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:1"):
+        build_index(bad, built, IndexConfig(dense=None), overwrite=True, show_progress=False)
+    assert Index.load(built).size == 5

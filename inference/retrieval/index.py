@@ -69,7 +69,7 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
                 config: IndexConfig | None = None, *, overwrite: bool = False,
                 on_shard: ShardCallback | None = None, dense_encoder: Encoder | None = None,
                 show_progress: bool = True) -> Index:
-    """Chunk a corpus file and index it into `out_dir`; returns the loaded index.
+    """Chunk a corpus file and index it into `out_dir`; returns the index (no cache).
 
     An interrupted build resumes on the next call (dense embeddings restart after the last
     finished shard). A folder that already holds a finished index needs `overwrite=True`.
@@ -80,13 +80,9 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
     corpus_path, out = Path(corpus_path), Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"index output {out} exists and is not a folder")
-    if (out / MANIFEST_FILE).exists():
-        if not overwrite:
-            raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
-                              "or choose another --out")
-        # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
-        (out / MANIFEST_FILE).unlink()
-    (out / CACHE_FILE).unlink(missing_ok=True)
+    if (out / MANIFEST_FILE).exists() and not overwrite:
+        raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
+                          "or choose another --out")
 
     documents = load_corpus(corpus_path, config.corpus_format)
     corpus_format = (detect_corpus_format(corpus_path) if config.corpus_format == "auto"
@@ -94,6 +90,9 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
     chunks = chunk_corpus(documents, config.chunking)
     if not chunks:
         raise DatasetError(f"corpus {corpus_path} produced no chunks")
+    # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
+    (out / CACHE_FILE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     write_lines_atomic(out / CHUNKS_FILE, (json.dumps(asdict(c), ensure_ascii=False)
                                            for c in chunks))
