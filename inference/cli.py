@@ -63,16 +63,25 @@ def _default_out(prefix: str) -> Path:
 
 
 def _print_summary(out: Path, summaries: dict) -> None:
-    from inference.eval.report import comparison_table
+    from inference.eval.report import TRUST_COLUMNS, comparison_table
 
     print(comparison_table(summaries))
+    print()
+    print(comparison_table(summaries, TRUST_COLUMNS))
     print(f"\nresults: {out}/summary.json, {out}/report.md, {out}/results/")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from inference.config import GenerationConfig, RunConfig, load_run_config
+    from inference.config import (
+        GenerationConfig,
+        RetrievalConfig,
+        RunConfig,
+        TrustConfig,
+        load_run_config,
+    )
     from inference.eval.runner import run_evaluation
     from inference.filters.judge import JudgeConfig
+    from inference.router import RouterConfig
 
     if args.config:
         if args.dataset or args.pipeline:
@@ -88,7 +97,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             limit=args.limit, max_documents=args.max_documents,
             generation=GenerationConfig(max_new_tokens=args.max_new_tokens),
             judge=JudgeConfig(bar_n=args.judge_n),
-            answer_extraction=args.answer_extraction, seed=args.seed, **_backend_specs(args),
+            answer_extraction=args.answer_extraction, seed=args.seed,
+            retrieval=(RetrievalConfig(index=args.index, mode=args.mode, k=args.k)
+                       if args.index else None),
+            router=RouterConfig(self_check=args.router_self_check),
+            routed_pipeline=args.routed_pipeline,
+            trust=TrustConfig(enabled=not args.no_trust, llm_judge=args.llm_judge),
+            **_backend_specs(args),
         )
     from inference.pipelines import PIPELINES
 
@@ -128,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="run pipelines on a QA dataset and score them",
                               description="Run pipelines on a dataset; results are resumable.")
     evaluate.add_argument("--pipeline", action="append",
-                          help="pipeline name(s): direct, vanilla, main-rag "
+                          help="pipeline name(s): direct, vanilla, main-rag, auto "
                           "(repeat the flag or comma-separate)")
     evaluate.add_argument("--dataset", help="dataset file (hotpotqa, nq, popqa, squad, arc, "
                           "triviaqa, or common {question, answers, ctxs} jsonl)")
@@ -142,6 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
                           choices=ANSWER_EXTRACTIONS, help="how the scored answer is cut from "
                           "the reply (raw replies are kept too)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed for any sampling")
+    retrieval = evaluate.add_argument_group("retrieval and routing")
+    retrieval.add_argument("--index", help="retrieve each question's documents from this index "
+                           "(`sieverag index build`) instead of the dataset's own")
+    retrieval.add_argument("--mode", default="hybrid", choices=["bm25", "dense", "hybrid", "rrf"],
+                           help="retrieval mode with --index (default hybrid)")
+    retrieval.add_argument("-k", type=int, default=5, help="documents retrieved per question")
+    retrieval.add_argument("--routed-pipeline", default="vanilla",
+                           help="what the `auto` pipeline runs when its router retrieves")
+    retrieval.add_argument("--router-self-check", action="store_true",
+                           help="the router also asks the model whether it can answer alone")
+    trust = evaluate.add_argument_group("trust metrics")
+    trust.add_argument("--no-trust", action="store_true",
+                       help="skip the trust-aware metrics (faithfulness, support, quality)")
+    trust.add_argument("--llm-judge", action="store_true",
+                       help="also grade each answer 1-5 on six criteria with the generator")
     evaluate.add_argument("--config", help="repeat a run from its RUN_DIR/config.yaml")
     evaluate.add_argument("--out", help="run folder (default runs/eval-TIMESTAMP); rerunning "
                           "into it resumes")

@@ -11,6 +11,8 @@ from inference.answers import AnswerExtraction
 from inference.errors import ConfigError
 from inference.filters.judge import JudgeConfig
 from inference.llm.registry import BackendSpec
+from inference.retrieval.index import SearchMode
+from inference.router import RouterConfig
 from inference.typed_config import from_mapping, to_mapping
 
 
@@ -23,6 +25,32 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Retrieve each question's documents from an index instead of the dataset's own."""
+
+    index: str = field(metadata={"help": "index folder built by `sieverag index build`"})
+    mode: SearchMode = field(default="hybrid", metadata={"help": "bm25, dense, hybrid or rrf"})
+    k: int = field(default=5, metadata={"help": "documents retrieved per query"})
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ConfigError(f"retrieval.k must be >= 1, got {self.k}")
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """Trust-aware metrics computed for every answer (inference/eval/trust.py)."""
+
+    enabled: bool = field(default=True, metadata={"help": "compute trust metrics"})
+    embedding_model: str = field(default="all-minilm-l6-v2",
+                                 metadata={"help": "sentence encoder for support and quality"})
+    support_threshold: float = field(default=0.5,
+                                     metadata={"help": "cosine that counts as support"})
+    llm_judge: bool = field(default=False,
+                            metadata={"help": "also grade answers 1-5 with the generator model"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +71,13 @@ class RunConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
+    retrieval: RetrievalConfig | None = field(
+        default=None, metadata={"help": "retrieve from an index; default: given documents"})
+    router: RouterConfig = field(default_factory=RouterConfig,
+                                 metadata={"help": "the `auto` pipeline's retrieve-or-not rule"})
+    routed_pipeline: str = field(default="vanilla",
+                                 metadata={"help": "what `auto` runs when it retrieves"})
+    trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = field(default=0, metadata={"help": "seed for any sampling"})
     provenance: dict = field(default_factory=dict,
                              metadata={"help": "written by the runner; ignored when comparing"})

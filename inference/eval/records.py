@@ -9,7 +9,8 @@ from inference.eval.metrics import (
     filter_scores,
     token_f1,
 )
-from inference.llm.base import Usage
+from inference.eval.trust import Embed, answer_quality, judge_answer, trust_report
+from inference.llm.base import LLMBackend, Usage
 from inference.pipelines.base import PipelineOutput
 from inference.types import Example
 
@@ -68,3 +69,18 @@ def build_record(
     if output.trace:
         record["trace"] = output.trace
     return record
+
+
+def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
+                  support_threshold: float, llm_judge: LLMBackend | None = None) -> dict:
+    """Trust metrics of the answer against the documents read (inference/eval/trust.py),
+    answer quality against the gold answers, and optionally the LLM judge's 1-5 grades."""
+    metrics = trust_report(output.answer, output.documents_read, embed,
+                           support_threshold).to_dict()
+    if embed is not None:
+        metrics["answer_quality"] = answer_quality(output.answer, example.answers, embed)
+    if llm_judge is not None:
+        verdict = judge_answer(llm_judge, example.question, output.answer,
+                               example.answers[0], output.documents_read)
+        metrics["llm_judge"] = {**verdict.scores(), "error": verdict.error}
+    return metrics

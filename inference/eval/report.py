@@ -20,6 +20,17 @@ TABLE_COLUMNS = (
     ("input_tokens_per_question", "All in-tok/q"),
     ("llm_calls_per_question", "LLM calls/q"),
     ("seconds_per_question", "s/q"),
+    ("retrieval_usage_rate", "Retrieval rate"),
+)
+TRUST_COLUMNS = (
+    ("faithfulness", "Faithfulness"),
+    ("hallucination_rate", "Hallucination"),
+    ("context_precision_used", "Ctx P (used)"),
+    ("context_precision_gold", "Ctx P (gold)"),
+    ("sentence_support_rate", "Sentence support"),
+    ("trust_score", "Trust score"),
+    ("answer_quality", "Answer quality"),
+    ("llm_judge_overall", "LLM judge (1-5)"),
 )
 
 
@@ -29,13 +40,11 @@ def _cell(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def comparison_table(summaries: Mapping[str, Mapping]) -> str:
+def comparison_table(summaries: Mapping[str, Mapping],
+                     columns: Sequence[tuple[str, str]] = TABLE_COLUMNS) -> str:
     """A Markdown table, one row per pipeline, only the columns some pipeline has."""
-    columns = [
-        (k, title)
-        for k, title in TABLE_COLUMNS
-        if any(s.get(k) is not None for s in summaries.values())
-    ]
+    columns = [(k, title) for k, title in columns
+               if any(s.get(k) is not None for s in summaries.values())]
     lines = [
         "| pipeline | n | " + " | ".join(t for _, t in columns) + " |",
         "|---|---|" + "---|" * len(columns),
@@ -100,7 +109,9 @@ def write_report(
     records: Mapping[str, Sequence[dict]],
 ) -> Path:
     """Write `report.md` (comparison table, per-pipeline usage, score plots)."""
-    parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), ""]
+    parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), "",
+             "Trust-aware metrics (inference/eval/trust.py):\n",
+             comparison_table(summaries, TRUST_COLUMNS), ""]
     for name, summary in summaries.items():
         parts.append(f"## {name}\n")
         usage = summary.get("usage_per_question", {})

@@ -18,17 +18,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from inference.config import RunConfig, load_run_config
+from inference.config import RetrievalConfig, RunConfig, load_run_config
 from inference.errors import ConfigError, DatasetError
 from inference.eval.datasets import load_examples
-from inference.eval.records import build_record
+from inference.eval.records import build_record, trust_metrics
 from inference.eval.report import write_report
 from inference.eval.summary import summarize
 from inference.io_utils import JsonlLog, write_atomic
 from inference.llm.base import GenerationSettings, LLMBackend, Usage
 from inference.llm.registry import build_backend
 from inference.pipelines import PipelineContext, build_pipeline
+from inference.pipelines.base import DocumentSource
 from inference.prompt_templates import PROMPTS_DIR, load_template
+from inference.router import Router
 from inference.types import Document, Example
 
 
@@ -80,9 +82,18 @@ def _merged_usage(
     return merged
 
 
-def _capped_documents(limit: int | None):
+def _capped_documents(limit: int | None) -> DocumentSource:
     def documents(example: Example) -> Sequence[Document]:
         return example.documents if limit is None else example.documents[:limit]
+
+    return documents
+
+
+def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
+    """Each question's top-k chunks from the index (its retrieval cache spares repeats)."""
+
+    def documents(example: Example) -> Sequence[Document]:
+        return [hit.document for hit in index.search(example.question, config.k, config.mode)]
 
     return documents
 
@@ -106,14 +117,30 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     generator = build_backend(config.generator)
     filter_backend = build_backend(config.filter_backend)
     backends = [generator] if filter_backend is generator else [generator, filter_backend]
+    index = None
+    documents = _capped_documents(config.max_documents)
+    if config.retrieval is not None:
+        from inference.retrieval.index import Index
+
+        index = Index.load(config.retrieval.index)
+        documents = _retrieved_documents(index, config.retrieval)
     context = PipelineContext(
         generator=generator,
         filter_backend=filter_backend,
         generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
         judge=config.judge,
         answer_extraction=config.answer_extraction,
-        documents=_capped_documents(config.max_documents),
+        documents=documents,
+        routed_pipeline=config.routed_pipeline,
+        router=Router(config.router, index=index,
+                      backend=generator if config.router.self_check else None),
     )
+    embed = None
+    if config.trust.enabled:
+        from inference.retrieval.dense import DenseConfig, make_encoder
+
+        embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
+    llm_judge = generator if config.trust.llm_judge else None
     all_records: dict[str, list[dict]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
@@ -130,6 +157,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
             record = build_record(
                 example, output, _merged_usage(backends, before), time.perf_counter() - start
             )
+            if config.trust.enabled:
+                record["trust"] = trust_metrics(example, output, embed,
+                                                config.trust.support_threshold, llm_judge)
             log.append(record)
             records.append(record)
         order = {example_id: i for i, example_id in enumerate(ids)}

@@ -6,6 +6,9 @@ import statistics
 from collections.abc import Sequence
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy")
+TRUST_METRICS = ("faithfulness", "hallucination_rate", "context_precision_used",
+                 "context_precision_gold", "sentence_support_rate", "trust_score",
+                 "answer_quality")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -27,6 +30,18 @@ def summarize(records: Sequence[dict]) -> dict:
     for part in ("precision", "recall", "f1"):
         summary[f"read_{part}"] = _mean([g[part] for g in graded])
     summary["read_graded_examples"] = len(graded)
+    for metric in TRUST_METRICS:
+        values = [r["trust"][metric] for r in records
+                  if r.get("trust") and r["trust"].get(metric) is not None]
+        summary[metric] = _mean(values)
+    judged = [r["trust"]["llm_judge"] for r in records
+              if r.get("trust", {}).get("llm_judge", {}).get("overall") is not None]
+    if judged:
+        summary["llm_judge_overall"] = _mean([j["overall"] for j in judged])
+    routed = [r["trace"]["route"]["retrieve"] for r in records
+              if "route" in r.get("trace", {})]
+    if routed:
+        summary["retrieval_usage_rate"] = _mean([float(x) for x in routed])
     summary["documents_read_per_question"] = _mean([len(r["documents_read"]) for r in records])
     summary["input_tokens_per_question"] = _mean([r["input_tokens"] for r in records])
     summary["generator_input_tokens_per_question"] = _mean(

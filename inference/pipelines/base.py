@@ -12,6 +12,7 @@ from inference.filters.base import FilterResult
 from inference.filters.judge import JudgeConfig
 from inference.llm.base import GenerationSettings, LLMBackend
 from inference.prompt_templates import load_template
+from inference.router import Router
 from inference.types import Document, Example
 
 
@@ -44,6 +45,8 @@ class PipelineContext:
     judge: JudgeConfig = JudgeConfig()
     answer_extraction: AnswerExtraction = "first_sentence"
     documents: DocumentSource = given_documents
+    router: Router | None = None
+    routed_pipeline: str = "vanilla"
 
 
 class Pipeline(Protocol):
