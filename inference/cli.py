@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(demo)
     demo.set_defaults(func=cmd_demo)
 
+    from inference.retrieval.cli import register as register_retrieval
+
+    register_retrieval(sub)
     for command in entry_points(group="sieverag.commands"):
         command.load()(sub)
     return parser
