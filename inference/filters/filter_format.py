@@ -1,0 +1,152 @@
+"""The trained filter's prompt/answer contract, shared by data_gen, training, serving and MCF.
+
+Two tasks, one record format (defined here once and imported everywhere):
+
+* `chunk` — prompt: the `filter_chunk` template (instruction, question, one chunk);
+  answer: `RELEVANT` ("Yes") or `IRRELEVANT` ("No"). Both labels are one token each in the
+  SmolLM2 tokenizer right after the assistant prefix, so the filter reads its verdict from a
+  single next-token step (`label_logprobs`) instead of generating.
+* `sentence` — prompt: the `filter_sentence` template (instruction, question, the chunk's
+  sentences numbered [1], [2], ...); answer: the key sentence numbers in increasing order,
+  joined by ", " ("1, 3"), or `NO_KEY_SENTENCES` ("none").
+
+Sentence indices are 0-based everywhere in code (as in `Document.supporting_sentences`);
+only the prompt text and the answer text number sentences from 1.
+
+Training records are conversational prompt/completion pairs, so the trainer computes the
+loss on the completion only; the other keys are provenance columns the trainer ignores:
+
+    {"prompt": [{"role": "system", ...}, {"role": "user", ...}],
+     "completion": [{"role": "assistant", "content": "Yes"}],
+     "task": "chunk", "source": "hotpotqa", "question_id": "...", "evidence": {...}}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from inference.prompt_templates import load_template
+from inference.types import Conversation
+
+CHUNK_TEMPLATE = "filter_chunk"
+SENTENCE_TEMPLATE = "filter_sentence"
+RELEVANT = "Yes"
+IRRELEVANT = "No"
+CHUNK_LABELS = (RELEVANT, IRRELEVANT)
+NO_KEY_SENTENCES = "none"
+Task = Literal["chunk", "sentence"]
+TASKS: tuple[Task, ...] = ("chunk", "sentence")
+
+_SENTENCE_ANSWER = re.compile(r"[1-9][0-9]*(?:, [1-9][0-9]*)*")
+
+
+class FilterAnswerError(ValueError):
+    """A filter reply does not follow the answer format."""
+
+
+def chunk_block(text: str, title: str = "") -> str:
+    """A chunk as the filter reads it: its title line (if any), then its text."""
+    return f"{title}\n{text}" if title else text
+
+
+def numbered_sentences(sentences: Sequence[str], title: str = "") -> str:
+    """The sentences one per line as "[1] ...", "[2] ...", after the title line (if any)."""
+    lines = [title] if title else []
+    lines.extend(f"[{number}] {sentence.strip()}"
+                 for number, sentence in enumerate(sentences, start=1))
+    return "\n".join(lines)
+
+
+def chunk_prompt(question: str, chunk_text: str, title: str = "") -> Conversation:
+    """The chunk-task prompt: instruction, question, one chunk."""
+    return load_template(CHUNK_TEMPLATE).messages(
+        question=question, chunk=chunk_block(chunk_text, title))
+
+
+def sentence_prompt(question: str, chunk_sentences: Sequence[str], title: str = "") -> Conversation:
+    """The sentence-task prompt: instruction, question, the chunk's numbered sentences."""
+    if not chunk_sentences:
+        raise ValueError("sentence_prompt needs at least one sentence")
+    return load_template(SENTENCE_TEMPLATE).messages(
+        question=question, sentences=numbered_sentences(chunk_sentences, title))
+
+
+def chunk_answer(relevant: bool) -> str:
+    """The chunk-task completion for a verdict."""
+    return RELEVANT if relevant else IRRELEVANT
+
+
+def parse_chunk_answer(text: str) -> bool:
+    """True for "Yes", False for "No" (surrounding white space ignored); anything else raises."""
+    answer = text.strip()
+    if answer not in CHUNK_LABELS:
+        raise FilterAnswerError(f"chunk answer must be {RELEVANT!r} or {IRRELEVANT!r}, "
+                                f"got {text!r}")
+    return answer == RELEVANT
+
+
+def sentence_answer(key_sentences: Iterable[int]) -> str:
+    """The sentence-task completion for 0-based key sentence indices: "1, 3" or "none"."""
+    indices = sorted(set(key_sentences))
+    if any(i < 0 for i in indices):
+        raise ValueError(f"sentence indices must be >= 0, got {indices}")
+    return ", ".join(str(i + 1) for i in indices) if indices else NO_KEY_SENTENCES
+
+
+def parse_sentence_answer(text: str, n_sentences: int) -> list[int]:
+    """The 0-based key sentence indices named by a sentence-task reply, in increasing order.
+
+    Strict: after stripping surrounding white space the reply must be exactly "none" or
+    numbers joined by ", " in increasing order, each between 1 and `n_sentences`; anything
+    else (other separators, repeats, out-of-range numbers, extra words) raises
+    `FilterAnswerError`.
+    """
+    answer = text.strip()
+    if answer == NO_KEY_SENTENCES:
+        return []
+    if not _SENTENCE_ANSWER.fullmatch(answer):
+        raise FilterAnswerError(f"sentence answer must be {NO_KEY_SENTENCES!r} or numbers like "
+                                f"'1, 3', got {text!r}")
+    numbers = [int(part) for part in answer.split(", ")]
+    if any(b <= a for a, b in zip(numbers, numbers[1:], strict=False)):
+        raise FilterAnswerError(f"sentence numbers must be increasing and distinct, got {text!r}")
+    if numbers[-1] > n_sentences:
+        raise FilterAnswerError(f"sentence answer {text!r} names sentence {numbers[-1]} but the "
+                                f"chunk has {n_sentences}")
+    return [n - 1 for n in numbers]
+
+
+def _record(task: Task, prompt: Conversation, completion: str, source: str, question_id: str,
+            evidence: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt": prompt,
+        "completion": [{"role": "assistant", "content": completion}],
+        "task": task,
+        "source": source,
+        "question_id": question_id,
+        "evidence": dict(evidence),
+    }
+
+
+def chunk_record(
+    *, question: str, chunk_text: str, relevant: bool, source: str, question_id: str,
+    title: str = "", evidence: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `chunk` training record: chunk prompt → "Yes"/"No", with provenance columns."""
+    return _record("chunk", chunk_prompt(question, chunk_text, title), chunk_answer(relevant),
+                   source, question_id, evidence or {})
+
+
+def sentence_record(
+    *, question: str, sentences: Sequence[str], key_sentences: Iterable[int], source: str,
+    question_id: str, title: str = "", evidence: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `sentence` training record: numbered sentences → "1, 3" / "none" (0-based input)."""
+    keys = sorted(set(key_sentences))
+    if keys and keys[-1] >= len(sentences):
+        raise ValueError(f"key sentence index {keys[-1]} out of range for "
+                         f"{len(sentences)} sentences")
+    return _record("sentence", sentence_prompt(question, sentences, title), sentence_answer(keys),
+                   source, question_id, evidence or {})
