@@ -1,0 +1,240 @@
+"""CXMI (FILCO, arXiv 2311.08377): how much a context raises the scorer's belief in the answer.
+
+    CXMI(t) = max over gold aliases a of [ log p(a | t, q) − log p(a | q) ]
+
+Each term is the summed token log-probability of the alias as the assistant's reply to the
+`cxmi_with_context` / `cxmi_without_context` prompts (data_gen/prompts), so everything stays
+in log space; the best alias is the one with the largest difference, and its two terms are
+kept beside the score. The no-context term log p(a | q) is computed once per question and
+reused for all its chunks and sentences.
+
+Three implementations give the same scores:
+
+* `SharedPrefixCXMI` (in-process transformers models): all of a question's prompts begin
+  with the same tokens (instruction + question). That shared prefix is run once and its
+  key/value cache reused for every context; only the tokens after it are computed, in
+  batches. On CPU this is where the speed comes from: batching a long prefill gains little,
+  not recomputing it gains a lot.
+* `BatchedCXMI` (any `LLMBackend`, e.g. an OpenAI-compatible server): one batched
+  `continuation_logprob` call per question, the no-context term once.
+* `naive_cxmi`: the reference — two single-prompt passes per context and alias, nothing
+  shared; kept for the tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from data_gen.templates import load_data_gen_template
+from inference.llm.base import LLMBackend
+from inference.llm.hf import HFBackend
+from inference.types import Conversation
+
+AGENT = "cxmi"
+
+
+@dataclass(frozen=True)
+class CXMIScore:
+    """CXMI of one context: the best alias's difference and both of its log-probs."""
+
+    score: float
+    alias: str
+    logprob_with: float
+    logprob_without: float
+
+
+class CXMIScorer(Protocol):
+    """Scores the contexts of one question on `backend` (whose meter counts the work)."""
+
+    backend: LLMBackend
+
+    def score(
+        self, question: str, answers: Sequence[str], contexts: Sequence[str]
+    ) -> list[CXMIScore]:
+        """One `CXMIScore` per context, in order."""
+        ...
+
+
+def reader_prompts(
+    question: str, contexts: Sequence[str]
+) -> tuple[Conversation, list[Conversation]]:
+    """The no-context prompt and one with-context prompt per context."""
+    with_context = load_data_gen_template("cxmi_with_context")
+    without_context = load_data_gen_template("cxmi_without_context")
+    return (without_context.messages(question=question),
+            [with_context.messages(question=question, context=c) for c in contexts])
+
+
+def _check_answers(answers: Sequence[str]) -> list[str]:
+    aliases = list(dict.fromkeys(a for a in answers if a.strip()))
+    if not aliases:
+        raise ValueError("CXMI needs at least one non-empty gold answer")
+    return aliases
+
+
+def _best_alias(aliases: Sequence[str], without: Sequence[float],
+                with_context: Sequence[float]) -> CXMIScore:
+    """Pick the alias with the largest log p(a|t,q) − log p(a|q)."""
+    best = max(range(len(aliases)), key=lambda k: with_context[k] - without[k])
+    return CXMIScore(score=with_context[best] - without[best], alias=aliases[best],
+                     logprob_with=with_context[best], logprob_without=without[best])
+
+
+def _flatten(question: str, aliases: Sequence[str],
+             contexts: Sequence[str]) -> tuple[list[Conversation], list[str]]:
+    """Prompts and replies: first the no-context ones (one per alias), then context-major."""
+    no_context, with_context = reader_prompts(question, contexts)
+    prompts = [no_context] * len(aliases) + [p for p in with_context for _ in aliases]
+    return prompts, list(aliases) * (1 + len(contexts))
+
+
+def _unflatten(aliases: Sequence[str], n_contexts: int,
+               logprobs: Sequence[float]) -> list[CXMIScore]:
+    k = len(aliases)
+    without = logprobs[:k]
+    return [_best_alias(aliases, without, logprobs[k * (1 + i): k * (2 + i)])
+            for i in range(n_contexts)]
+
+
+class BatchedCXMI:
+    """CXMI on any backend: one batched `continuation_logprob` call per question."""
+
+    def __init__(self, backend: LLMBackend) -> None:
+        self.backend = backend
+
+    def score(
+        self, question: str, answers: Sequence[str], contexts: Sequence[str]
+    ) -> list[CXMIScore]:
+        aliases = _check_answers(answers)
+        prompts, replies = _flatten(question, aliases, contexts)
+        logprobs = self.backend.continuation_logprob(prompts, replies, agent=AGENT)
+        return _unflatten(aliases, len(contexts), logprobs)
+
+
+class SharedPrefixCXMI:
+    """CXMI on an in-process transformers model, reusing the question's prefix KV cache.
+
+    Token sequences are built exactly as `HFBackend.continuation_logprob` builds them; the
+    prefix is the longest run of tokens all of the question's sequences share (stopping
+    before the shortest prompt's last token, so every reply is predicted from the
+    per-context part). Per-context parts are left-padded into batches, with attention
+    masked on the padding and positions continuing from the prefix.
+    """
+
+    def __init__(self, backend: HFBackend, batch_size: int | None = None) -> None:
+        self.backend = backend
+        self.batch_size = batch_size or backend.config.batch_size
+
+    def score(
+        self, question: str, answers: Sequence[str], contexts: Sequence[str]
+    ) -> list[CXMIScore]:
+        aliases = _check_answers(answers)
+        prompts, replies = _flatten(question, aliases, contexts)
+        return _unflatten(aliases, len(contexts), self.continuation_logprob(prompts, replies))
+
+    def _encode(self, prompts: Sequence[Conversation],
+                replies: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Full token sequences and each one's reply length, as the hf backend makes them."""
+        backend = self.backend
+        texts = [backend.render(p) for p in prompts]
+        prompt_ids = backend.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        reply_ids = [backend.reply_ids(t, ids, r)
+                     for t, ids, r in zip(texts, prompt_ids, replies, strict=True)]
+        return ([p + r for p, r in zip(prompt_ids, reply_ids, strict=True)],
+                [len(r) for r in reply_ids])
+
+    @torch.inference_mode()
+    def continuation_logprob(self, prompts: Sequence[Conversation],
+                             replies: Sequence[str]) -> list[float]:
+        """Summed reply log-probs, like `HFBackend.continuation_logprob`, prefix computed once."""
+        sequences, reply_lengths = self._encode(prompts, replies)
+        shortest_prompt = min(len(s) - n for s, n in zip(sequences, reply_lengths, strict=True))
+        prefix_length = min(_common_prefix_length(sequences), shortest_prompt - 1)
+        model, device = self.backend.model, self.backend.device
+        prefix_cache = None
+        if prefix_length > 0:
+            prefix = torch.tensor([sequences[0][:prefix_length]], device=device)
+            prefix_cache = model(input_ids=prefix, use_cache=True).cache
+        suffixes = [s[prefix_length:] for s in sequences]
+        scores = [0.0] * len(sequences)
+        order = sorted(range(len(suffixes)), key=lambda i: len(suffixes[i]))
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            batch_scores = self._score_batch(
+                [suffixes[i] for i in batch], [reply_lengths[i] for i in batch],
+                prefix_cache, prefix_length)
+            for index, value in zip(batch, batch_scores, strict=True):
+                scores[index] = value
+        self.backend.meter.record(AGENT, len(sequences), sum(map(len, sequences)), 0)
+        return scores
+
+    def _score_batch(self, suffixes: list[list[int]], reply_lengths: list[int],
+                     prefix_cache: DynamicCache | None, prefix_length: int) -> list[float]:
+        backend = self.backend
+        rows, width = len(suffixes), max(map(len, suffixes))
+        ids = torch.full((rows, width), backend.tokenizer.pad_token_id, dtype=torch.long)
+        suffix_mask = torch.zeros((rows, width), dtype=torch.long)
+        for row, suffix in enumerate(suffixes):
+            ids[row, width - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
+            suffix_mask[row, width - len(suffix):] = 1
+        # Positions continue from the prefix and skip the padding between prefix and suffix.
+        positions = prefix_length + (suffix_mask.cumsum(dim=1) - 1).clamp(min=0)
+        mask = torch.cat([torch.ones((rows, prefix_length), dtype=torch.long), suffix_mask], 1)
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        inputs = {name: value.to(backend.device) for name, value in inputs.items()}
+        if prefix_cache is not None:
+            # A fresh cache per batch: the forward pass appends to the one it is given.
+            inputs["cache"] = DynamicCache(
+                [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
+                 for keys, values, *_ in prefix_cache],
+                config=backend.model.config)
+        longest_reply = max(reply_lengths)
+        logits = backend.model(**inputs, use_cache=prefix_cache is not None,
+                               logits_to_keep=longest_reply + 1).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        scores = []
+        for row, (suffix, n_reply) in enumerate(zip(suffixes, reply_lengths, strict=True)):
+            if not n_reply:
+                scores.append(0.0)
+                continue
+            # Positions -n-1 .. -2 predict the reply's n tokens.
+            steps = logprobs[row, -n_reply - 1:-1, :]
+            target = torch.tensor(suffix[-n_reply:], device=steps.device).unsqueeze(1)
+            scores.append(steps.gather(1, target).sum().item())
+        return scores
+
+
+def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    length = min(map(len, sequences))
+    for other in sequences[1:]:
+        n = 0
+        while n < length and other[n] == first[n]:
+            n += 1
+        length = n
+    return length
+
+
+def naive_cxmi(
+    backend: LLMBackend, question: str, answers: Sequence[str], contexts: Sequence[str]
+) -> list[CXMIScore]:
+    """Reference CXMI: per context and alias, two single-prompt passes; nothing is shared."""
+    aliases = _check_answers(answers)
+    no_context, with_context = reader_prompts(question, contexts)
+    scores = []
+    for prompt in with_context:
+        pairs = [(backend.continuation_logprob([prompt], [a], agent=AGENT)[0],
+                  backend.continuation_logprob([no_context], [a], agent=AGENT)[0])
+                 for a in aliases]
+        scores.append(_best_alias(aliases, [w for _, w in pairs], [c for c, _ in pairs]))
+    return scores
+
+
+def cxmi_scorer(backend: LLMBackend) -> CXMIScorer:
+    """The fastest scorer the backend allows: shared-prefix on `HFBackend`, else batched."""
+    return SharedPrefixCXMI(backend) if isinstance(backend, HFBackend) else BatchedCXMI(backend)
