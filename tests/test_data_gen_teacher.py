@@ -1,0 +1,156 @@
+"""The teacher client against a real local HTTP server: valid, invalid and failing replies."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
+
+from data_gen.teacher import (
+    TeacherCache,
+    TeacherClient,
+    TeacherConfig,
+    TeacherReplyError,
+    TeacherRequest,
+    cache_key,
+    parse_teacher_reply,
+)
+from inference.errors import BackendUnavailableError, SieveragError
+
+REQUEST = TeacherRequest("Where was Lise Meitner born?",
+                         ("Lise Meitner was born in Vienna.", "She studied physics."),
+                         "Lise Meitner")
+VALID = '{"relevant": true, "key_sentences": [1]}'
+
+
+def verdict_reply(request: RecordedRequest) -> Reply:
+    """A valid verdict naming the last numbered sentence of the passage."""
+    first_user = next(m["content"] for m in request.json["messages"] if m["role"] == "user")
+    last = max(int(n) for n in re.findall(r"^\[(\d+)\]", first_user, re.MULTILINE))
+    return Reply(body=chat_reply(json.dumps({"relevant": True, "key_sentences": [last]}),
+                                 prompt_tokens=100, completion_tokens=12))
+
+
+def client(server: FakeOpenAIServer, tmp_path: Path, **options) -> TeacherClient:
+    settings = {"max_retries": 3, "backoff_s": 0.01, "timeout_s": 5.0, **options}
+    return TeacherClient(TeacherConfig(endpoint=server.base_url, model="teacher-x", **settings),
+                         tmp_path / "cache.jsonl")
+
+
+def test_parse_teacher_reply() -> None:
+    assert parse_teacher_reply(VALID, 2) == (True, (0,))
+    assert parse_teacher_reply('```json\n{"relevant": false, "key_sentences": []}\n```', 2) \
+        == (False, ())
+    assert parse_teacher_reply('{"relevant": true, "key_sentences": [2, 1, 2]}', 2) \
+        == (True, (0, 1))
+    for bad in ("yes", "[1]", '{"relevant": "yes", "key_sentences": []}',
+                '{"relevant": true}', '{"relevant": true, "key_sentences": [3]}',
+                '{"relevant": true, "key_sentences": [0]}',
+                '{"relevant": true, "key_sentences": [true]}', '{"relevant": true'):
+        with pytest.raises(TeacherReplyError):
+            parse_teacher_reply(bad, 2)
+
+
+def test_valid_reply_is_cached_and_never_asked_again(tmp_path: Path) -> None:
+    with FakeOpenAIServer(verdict_reply) as server:
+        teacher = client(server, tmp_path)
+        [verdict] = teacher.label([REQUEST])
+        assert (verdict.status, verdict.relevant, verdict.key_sentences) == ("valid", True, (1,))
+        assert teacher.stats.usage.prompt_tokens == 100
+        assert teacher.stats.usage.completion_tokens == 12
+        teacher.close()
+        again = client(server, tmp_path)  # a new run reads the cache from disk
+        assert again.label([REQUEST]) == [verdict]
+        assert again.stats.cached == 1 and again.stats.asked == 0
+        assert len(server.requests) == 1
+        again.close()
+    sent = server.requests[0].json
+    assert sent["model"] == "teacher-x"
+    assert "[2] She studied physics." in sent["messages"][1]["content"]
+
+
+def test_invalid_reply_is_corrected_once(tmp_path: Path) -> None:
+    with FakeOpenAIServer(verdict_reply) as server:
+        server.script(Reply(body=chat_reply("Sentence 1 is relevant.")))
+        teacher = client(server, tmp_path)
+        [verdict] = teacher.label([REQUEST])
+        teacher.close()
+    assert verdict.status == "valid" and verdict.attempts == 2
+    correction = server.requests[1].json["messages"]
+    assert [m["role"] for m in correction] == ["system", "user", "assistant", "user"]
+    assert correction[2]["content"] == "Sentence 1 is relevant."
+    assert "not a JSON object" in correction[3]["content"]
+
+
+def test_twice_invalid_reply_is_recorded_invalid_not_accepted(tmp_path: Path) -> None:
+    bad = '{"relevant": true, "key_sentences": [7]}'
+    with FakeOpenAIServer() as server:
+        server.script(Reply(body=chat_reply(bad)), Reply(body=chat_reply(bad)))
+        teacher = client(server, tmp_path)
+        [verdict] = teacher.label([REQUEST])
+        teacher.close()
+        assert (verdict.status, verdict.relevant, verdict.attempts) == ("invalid", None, 2)
+        assert "do not exist" in verdict.error
+        assert teacher.stats.invalid == 1
+        rerun = client(server, tmp_path)
+        assert rerun.label([REQUEST])[0].status == "invalid"
+        rerun.close()
+        assert len(server.requests) == 2  # the invalid verdict is final: not asked again
+
+
+@pytest.mark.parametrize("failure", [
+    Reply(status=429, headers={"Retry-After": "0"}, body={"error": "slow down"}),
+    Reply(status=500, body={"error": "boom"}),
+    Reply(status=503, body="<html>unavailable</html>"),
+    Reply(body="{broken json"),
+    Reply(delay_s=1.5, body=chat_reply(VALID)),  # longer than timeout_s: a timeout
+], ids=["429", "500", "503", "broken-json", "timeout"])
+def test_transient_failures_are_retried(tmp_path: Path, failure: Reply) -> None:
+    with FakeOpenAIServer(verdict_reply) as server:
+        server.script(failure)
+        teacher = client(server, tmp_path, timeout_s=0.5)
+        [verdict] = teacher.label([REQUEST])
+        teacher.close()
+    assert verdict.status == "valid" and verdict.attempts == 1
+    assert len(server.requests) == 2
+
+
+def test_exhausted_retries_stop_the_run_and_keep_finished_replies(tmp_path: Path) -> None:
+    other = TeacherRequest("Who?", ("One.",))
+    with FakeOpenAIServer(verdict_reply) as server:
+        teacher = client(server, tmp_path)
+        teacher.label([other])
+        server.responder = lambda request: Reply(status=500, body={"error": "down"})
+        with pytest.raises(BackendUnavailableError):
+            teacher.label([REQUEST])
+        teacher.close()
+    cache = TeacherCache(tmp_path / "cache.jsonl")
+    assert len(cache) == 1
+    assert cache.get(cache_key("teacher-x", other.messages())) is not None
+
+
+def test_client_errors_fail_at_once(tmp_path: Path) -> None:
+    with FakeOpenAIServer() as server:
+        server.script(Reply(status=404, body={"error": {"message": "no such model"}}))
+        teacher = client(server, tmp_path)
+        with pytest.raises(SieveragError, match="no such model"):
+            teacher.label([REQUEST])
+        teacher.close()
+        assert len(server.requests) == 1
+
+
+def test_concurrency_is_bounded(tmp_path: Path) -> None:
+    def slow(request: RecordedRequest) -> Reply:
+        return Reply(delay_s=0.1, body=verdict_reply(request).body)
+
+    requests = [TeacherRequest(f"Question {i}?", ("A.", "B.")) for i in range(9)]
+    with FakeOpenAIServer(slow) as server:
+        teacher = client(server, tmp_path, max_concurrency=3)
+        verdicts = teacher.label(requests)
+        teacher.close()
+    assert server.max_in_flight <= 3
+    assert [v.key_sentences for v in verdicts] == [(1,)] * 9
+    assert teacher.stats.asked == 9 and teacher.stats.usage.calls == 9
