@@ -63,10 +63,7 @@ def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI
         return encode_ids(tokenizer, prompt)
 
     async def run_all(requests: list[SequenceRequest]) -> list[SequenceResult]:
-        try:
-            futures = [engine.submit(request) for request in requests]
-        except EngineClosedError as exc:
-            raise APIError(503, str(exc), type="server_error") from exc
+        futures = [engine.submit(request) for request in requests]
         # Cancelling this handler (client gone) cancels the futures: the engine drops them.
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
@@ -148,6 +145,10 @@ def _add_error_handlers(app: FastAPI) -> None:
                    else f"{request.method} {request.url.path}: {exc.detail}")
         return JSONResponse(error_body(message, "invalid_request_error"),
                             status_code=exc.status_code)
+
+    @app.exception_handler(EngineClosedError)
+    async def closed(_: Request, exc: EngineClosedError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error"), status_code=503)
 
     @app.exception_handler(Exception)
     async def crashed(_: Request, exc: Exception) -> JSONResponse:

@@ -156,18 +156,7 @@ class BatchingEngine:
             self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join()
-        leftovers = [s for batch in self._running.values() for s in batch.rows]
-        leftovers.extend(self._waiting)
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                leftovers.append(item)
-        self._running.clear()
-        self._waiting.clear()
-        _fail(leftovers, EngineClosedError("the server is shutting down"))
+        self._fail_everything(EngineClosedError("the server is shutting down"))
 
     def submit(self, request: SequenceRequest) -> Future[SequenceResult]:
         """Queue one sequence; the future resolves when it finishes."""
@@ -187,23 +176,48 @@ class BatchingEngine:
     # ----- the worker loop -----
 
     def _work(self) -> None:
-        with torch.inference_mode():
-            while not self._closed:
-                new = self._take_new()
-                for name, group in _by_model(new).items():
-                    for chunk in _prefill_chunks(group, self.max_batch_size,
-                                                 len(self.served.tokenizer)):
-                        try:
-                            self._prefill(name, chunk)
-                        except Exception as exc:  # the server must outlive one bad batch
-                            _abandon(chunk, exc)
-                for name in list(self._running):
-                    rows = list(self._running[name].rows)
-                    try:
-                        self._decode_step(name)
-                    except Exception as exc:
-                        self._running.pop(name, None)
-                        _abandon(rows, exc)
+        try:
+            with torch.inference_mode():
+                while not self._closed:
+                    self._step()
+        except Exception:
+            # A fault outside any one batch: refuse new work rather than leave clients hanging.
+            logger.exception("the engine stopped")
+            with self._lock:
+                self._closed = True
+            self._fail_everything(EngineClosedError("the model worker stopped on an internal "
+                                                    "error; see the server log"))
+
+    def _step(self) -> None:
+        """Start what waits (prefill), then advance every running batch by one token."""
+        new = self._take_new()
+        for name, group in _by_model(new).items():
+            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer)):
+                try:
+                    self._prefill(name, chunk)
+                except Exception as exc:  # the server must outlive one bad batch
+                    _abandon(chunk, exc)
+        for name in list(self._running):
+            rows = list(self._running[name].rows)
+            try:
+                self._decode_step(name)
+            except Exception as exc:
+                self._running.pop(name, None)
+                _abandon(rows, exc)
+
+    def _fail_everything(self, error: Exception) -> None:
+        leftovers = [s for batch in self._running.values() for s in batch.rows]
+        leftovers.extend(self._waiting)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                leftovers.append(item)
+        self._running.clear()
+        self._waiting.clear()
+        _fail(leftovers, error)
 
     def _take_new(self) -> list[_Sequence]:
         """Sequences to start now: wait (with the batch window) only when nothing runs."""

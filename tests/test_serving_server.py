@@ -23,7 +23,7 @@ from inference.llm.base import GenerationSettings
 from inference.llm.hf import HFBackend, HFBackendConfig
 from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from serving.config import LocalServerConfig
-from serving.engine import BatchingEngine, SequenceRequest
+from serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
 from serving.local_server import LocalServer
 from serving.served_model import load_served_model
 
@@ -275,6 +275,41 @@ def test_a_request_joins_a_running_batch(tiny_model_dir: Path) -> None:
         assert joined.token_ids == one.token_ids
         assert [t.logprob for t in joined.logprobs] == pytest.approx(
             [t.logprob for t in one.logprobs], abs=1e-4)
+
+
+def test_a_failing_batch_fails_its_requests_only(tiny_model_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    served = load_served_model(str(tiny_model_dir), ())
+    engine = BatchingEngine(served)
+    request = SequenceRequest(model=served.name, prompt_ids=(5, 6, 7), max_tokens=4)
+    decode_step = engine._decode_step
+    failures = iter([RuntimeError("injected fault")])
+
+    def faulty(name: str) -> None:
+        fault = next(failures, None)
+        if fault is not None:
+            raise fault
+        decode_step(name)
+
+    monkeypatch.setattr(engine, "_decode_step", faulty)
+    engine.start()
+    try:
+        with pytest.raises(RuntimeError, match="injected fault"):
+            engine.submit(request).result(timeout=30)
+        assert len(engine.submit(request).result(timeout=30).token_ids) == 4
+    finally:
+        engine.close()
+    with pytest.raises(EngineClosedError):  # closed: new work is refused at once
+        engine.submit(request)
+
+
+def test_closing_fails_requests_still_waiting(tiny_model_dir: Path) -> None:
+    served = load_served_model(str(tiny_model_dir), ())
+    engine = BatchingEngine(served)  # never started: nothing will run the request
+    future = engine.submit(SequenceRequest(model=served.name, prompt_ids=(5,), max_tokens=1))
+    engine.close()
+    with pytest.raises(EngineClosedError):
+        future.result(timeout=5)
 
 
 # ----- API key -----
