@@ -126,9 +126,11 @@ class SharedPrefixCXMI:
     masked on the padding and positions continuing from the prefix.
     """
 
-    def __init__(self, backend: HFBackend, batch_size: int | None = None) -> None:
+    def __init__(self, backend: HFBackend, batch_size: int | None = None,
+                 batch_tokens: int = 512) -> None:
         self.backend = backend
         self.batch_size = batch_size or backend.config.batch_size
+        self.batch_tokens = batch_tokens
 
     def score(
         self, question: str, answers: Sequence[str], contexts: Sequence[str]
@@ -162,9 +164,7 @@ class SharedPrefixCXMI:
             prefix_cache = model(input_ids=prefix, use_cache=True).cache
         suffixes = [s[prefix_length:] for s in sequences]
         scores = [0.0] * len(sequences)
-        order = sorted(range(len(suffixes)), key=lambda i: len(suffixes[i]))
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
+        for batch in self._batches(suffixes):
             batch_scores = self._score_batch(
                 [suffixes[i] for i in batch], [reply_lengths[i] for i in batch],
                 prefix_cache, prefix_length)
@@ -172,6 +172,22 @@ class SharedPrefixCXMI:
                 scores[index] = value
         self.backend.meter.record(AGENT, len(sequences), sum(map(len, sequences)), 0)
         return scores
+
+    def _batches(self, suffixes: Sequence[list[int]]) -> list[list[int]]:
+        """Indices grouped by length, at most `batch_size` rows and `batch_tokens` padded tokens.
+
+        On CPU a batch of a few hundred tokens is as efficient as any larger one; bigger
+        ones only slow down (their activations fall out of cache).
+        """
+        batches: list[list[int]] = []
+        for index in sorted(range(len(suffixes)), key=lambda i: len(suffixes[i])):
+            batch = batches[-1] if batches else None
+            if (batch is None or len(batch) >= self.batch_size
+                    or (len(batch) + 1) * len(suffixes[index]) > self.batch_tokens):
+                batches.append([index])
+            else:
+                batch.append(index)
+        return batches
 
     def _score_batch(self, suffixes: list[list[int]], reply_lengths: list[int],
                      prefix_cache: DynamicCache | None, prefix_length: int) -> list[float]:

@@ -33,6 +33,9 @@ def test_shared_prefix_equals_naive_and_batched(tiny_backend: HFBackend) -> None
         assert f.logprob_with == pytest.approx(n.logprob_with, abs=1e-4)
         assert f.logprob_without == pytest.approx(n.logprob_without, abs=1e-4)
         assert f.score == pytest.approx(f.logprob_with - f.logprob_without, abs=1e-9)
+    # many small batches (a tight token budget) give the same scores
+    small = SharedPrefixCXMI(tiny_backend, batch_tokens=20).score(QUESTION, ANSWERS, CONTEXTS)
+    assert [s.score for s in small] == pytest.approx([f.score for f in fast], abs=1e-4)
 
 
 def test_best_alias_is_taken_and_no_context_term_is_shared(tiny_backend: HFBackend) -> None:
