@@ -1,0 +1,307 @@
+"""The multi-task filter dataset: label files in, prompt/completion records out.
+
+Records are built with `inference.filters.filter_format` (`chunk_record`, `sentence_record`):
+one `chunk` record per labelled chunk, one `sentence` record per relevant chunk (its key
+sentences, or "none"). Questions are split into train / validation by a hash of their id, so
+no question is in both; then, within each split, the chunk task is balanced to the asked
+share of positives (by dropping records of the larger class) and the tasks are mixed to the
+asked shares (by dropping records of the over-represented tasks), all with a fixed seed.
+
+Output folder: `dataset/` (Hugging Face `DatasetDict.save_to_disk`), `train.jsonl`,
+`validation.jsonl`, and `stats.json` (counts per split and task, label balance, token
+lengths, gold agreement, the policy used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import statistics
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data_gen.labelling import LABELS_FILE, read_labels
+from data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from inference.errors import ConfigError, DatasetError
+from inference.filters.filter_format import TASKS, chunk_record, sentence_record
+from inference.llm.models import DEFAULT_MODEL
+
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """How label files become a training set."""
+
+    labels: tuple[str, ...] = field(metadata={"help": "label folders (from `sieverag label`)"})
+    out: str = field(metadata={"help": "output folder"})
+    policy: LabelPolicy = field(default_factory=LabelPolicy)
+    mix: dict[str, float] | None = field(
+        default=None, metadata={"help": "task shares, e.g. {chunk: 0.5, sentence: 0.5}; "
+                                        "None keeps every record"})
+    chunk_positive_fraction: float | None = field(
+        default=0.5, metadata={"help": "share of relevant chunk records; None: as labelled"})
+    validation_fraction: float = field(default=0.1,
+                                       metadata={"help": "share of questions held out"})
+    seed: int = field(default=0, metadata={"help": "seed of the split and the sampling"})
+    tokenizer: str = field(default=DEFAULT_MODEL,
+                           metadata={"help": "model whose tokenizer measures token lengths"})
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ConfigError("give at least one label folder")
+        if self.mix is not None:
+            unknown = set(self.mix) - set(TASKS)
+            if unknown or not self.mix or any(v < 0 for v in self.mix.values()) \
+                    or not sum(self.mix.values()) > 0:
+                raise ConfigError(f"mix must give shares >= 0 (not all 0) for tasks among "
+                                  f"{', '.join(TASKS)}, got {self.mix}")
+        if self.chunk_positive_fraction is not None and not 0 < self.chunk_positive_fraction < 1:
+            raise ConfigError("chunk_positive_fraction must be between 0 and 1 (exclusive), "
+                              f"got {self.chunk_positive_fraction}")
+        if not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"validation_fraction must be in [0, 1), got "
+                              f"{self.validation_fraction}")
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """`chunk=0.5,sentence=0.5` → {"chunk": 0.5, "sentence": 0.5}."""
+    mix = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        task, _, share = part.partition("=")
+        try:
+            mix[task.strip()] = float(share)
+        except ValueError:
+            raise ConfigError(f"--mix expects task=share pairs like chunk=0.5,sentence=0.5, "
+                              f"got {text!r}") from None
+    return mix
+
+
+def question_records(question: Mapping[str, Any], policy: LabelPolicy) -> list[dict[str, Any]]:
+    """The training records of one labelled question under the policy."""
+    records = []
+    for chunk in question["chunks"]:
+        signals = ChunkSignals.from_entry(chunk)
+        label = label_chunk(signals, policy)
+        common = {"chunk_id": chunk["id"], "teacher_status": signals.teacher_status}
+        provenance = {"source": question["source"], "question_id": question["question_id"],
+                      "question": question["question"], "title": chunk["title"]}
+        if label.relevant is not None:
+            records.append(chunk_record(
+                chunk_text=chunk["text"], relevant=label.relevant, **provenance,
+                evidence={**common, "rule": _rule_name(policy.chunk_rule, signals.gold, policy),
+                          "strinc": signals.strinc, "cxmi": signals.cxmi,
+                          "teacher": signals.teacher, "gold": signals.gold,
+                          "disagree": list(label.chunk_disagree)}))
+        if label.relevant and label.key_sentences is not None:
+            records.append(sentence_record(
+                sentences=chunk["sentences"], key_sentences=label.key_sentences, **provenance,
+                evidence={**common,
+                          "rule": _rule_name(policy.sentence_rule, signals.gold_sentences,
+                                             policy),
+                          "strinc_sentences": list(signals.sentence_strinc),
+                          "cxmi_sentences": (None if signals.sentence_cxmi is None
+                                             else list(signals.sentence_cxmi)),
+                          "teacher_sentences": (None if signals.teacher_sentences is None
+                                                else list(signals.teacher_sentences)),
+                          "gold_sentences": (None if signals.gold_sentences is None
+                                             else list(signals.gold_sentences)),
+                          "disagree": list(label.sentence_disagree)}))
+    return records
+
+
+def _rule_name(rule: str, gold: Any, policy: LabelPolicy) -> str:
+    return "gold" if policy.gold != "ignore" and gold is not None else rule
+
+
+def split_of(question_id: str, validation_fraction: float, seed: int) -> str:
+    """`validation` for a stable hash-chosen share of question ids, else `train`."""
+    digest = hashlib.sha256(f"{seed}/{question_id}".encode()).digest()
+    position = int.from_bytes(digest[:8], "big") / 2**64
+    return "validation" if position < validation_fraction else "train"
+
+
+def balance_chunks(records: list[dict[str, Any]], positive_fraction: float,
+                   rng: random.Random) -> list[dict[str, Any]]:
+    """Drop chunk records of the larger class until positives make `positive_fraction`."""
+    chunks = [r for r in records if r["task"] == "chunk"]
+    positive = [r for r in chunks if _is_positive(r)]
+    negative = [r for r in chunks if not _is_positive(r)]
+    if not positive or not negative:
+        return records
+    keep_positive = min(len(positive),
+                        round(len(negative) * positive_fraction / (1 - positive_fraction)))
+    keep_negative = min(len(negative),
+                        round(keep_positive * (1 - positive_fraction) / positive_fraction))
+    kept = {id(r) for r in (rng.sample(positive, keep_positive)
+                            + rng.sample(negative, keep_negative))}
+    return [r for r in records if r["task"] != "chunk" or id(r) in kept]
+
+
+def mix_tasks(records: list[dict[str, Any]], mix: Mapping[str, float],
+              rng: random.Random) -> list[dict[str, Any]]:
+    """Drop records of over-represented tasks so each task makes its share of the total."""
+    total_share = sum(mix.values())
+    shares = {task: mix.get(task, 0.0) / total_share for task in TASKS}
+    by_task = {task: [r for r in records if r["task"] == task] for task in TASKS}
+    available = [len(by_task[t]) / shares[t] for t in TASKS if shares[t] > 0]
+    if not available:
+        return []
+    total = min(available)
+    kept = set()
+    for task in TASKS:
+        count = min(len(by_task[task]), round(total * shares[task]))
+        kept.update(id(r) for r in rng.sample(by_task[task], count))
+    return [r for r in records if id(r) in kept]
+
+
+def _is_positive(record: Mapping[str, Any]) -> bool:
+    from inference.filters.filter_format import RELEVANT
+
+    return record["completion"][0]["content"] == RELEVANT
+
+
+@dataclass
+class BuildSummary:
+    """What `build_dataset` wrote; saved as stats.json."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    chunk_positive_fraction: dict[str, float] = field(default_factory=dict)
+    sentence_none_fraction: dict[str, float] = field(default_factory=dict)
+    token_lengths: dict[str, dict[str, float]] = field(default_factory=dict)
+    questions: dict[str, int] = field(default_factory=dict)
+    disagreements: dict[str, int] = field(default_factory=dict)
+    gold_agreement: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+    mix: dict[str, float] | None = None
+    sources: dict[str, int] = field(default_factory=dict)
+
+
+def _load_questions(folders: Sequence[str]) -> list[dict[str, Any]]:
+    questions, seen = [], set()
+    for folder in folders:
+        path = Path(folder) / LABELS_FILE
+        if not path.is_file():
+            raise DatasetError(f"{folder} holds no {LABELS_FILE}; make it with `sieverag label "
+                               f"--dataset FILE --out {folder}`")
+        for question in read_labels(path):
+            key = (question["source"], question["question_id"])
+            if key not in seen:
+                seen.add(key)
+                questions.append(question)
+    if not questions:
+        raise DatasetError(f"no labelled questions in {', '.join(folders)}")
+    return questions
+
+
+def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSummary:
+    """Build, save and describe the multi-task dataset; returns what went into stats.json."""
+    questions = _load_questions(config.labels)
+    by_split: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
+    question_counts: Counter[str] = Counter()
+    for question in tqdm(questions, desc="building records", unit="question",
+                         disable=not progress):
+        split = split_of(question["question_id"], config.validation_fraction, config.seed)
+        question_counts[split] += 1
+        by_split[split].extend(question_records(question, config.policy))
+    rng = random.Random(config.seed)
+    for split, records in by_split.items():
+        if config.chunk_positive_fraction is not None:
+            records = balance_chunks(records, config.chunk_positive_fraction, rng)
+        if config.mix is not None:
+            records = mix_tasks(records, config.mix, rng)
+        by_split[split] = records
+    summary = _describe(by_split, config, question_counts)
+    summary.gold_agreement = gold_agreement(questions, config.policy)
+    _save(by_split, summary, Path(config.out))
+    return summary
+
+
+def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfig,
+              question_counts: Mapping[str, int]) -> BuildSummary:
+    tokenizer = _tokenizer(config.tokenizer)
+    summary = BuildSummary(policy=asdict(config.policy), mix=config.mix,
+                           questions=dict(question_counts))
+    lengths: dict[str, list[int]] = {task: [] for task in TASKS}
+    disagreements: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
+    for split, records in by_split.items():
+        tasks = Counter(r["task"] for r in records)
+        summary.counts[split] = {task: tasks.get(task, 0) for task in TASKS}
+        chunks = [r for r in records if r["task"] == "chunk"]
+        sentences = [r for r in records if r["task"] == "sentence"]
+        summary.chunk_positive_fraction[split] = _fraction(sum(map(_is_positive, chunks)),
+                                                           len(chunks))
+        summary.sentence_none_fraction[split] = _fraction(
+            sum(r["completion"][0]["content"] == "none" for r in sentences), len(sentences))
+        for record in records:
+            sources[record["source"]] += 1
+            disagreements.update(f"{record['task']}:{name}"
+                                 for name in record["evidence"]["disagree"])
+            encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
+                                                    tokenize=True, return_dict=True)
+            lengths[record["task"]].append(len(encoded["input_ids"]))
+    summary.token_lengths = {task: _length_stats(values) for task, values in lengths.items()}
+    summary.disagreements = dict(sorted(disagreements.items()))
+    summary.sources = dict(sources)
+    return summary
+
+
+def _tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from inference.llm.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+
+
+def _fraction(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def _length_stats(values: Sequence[int]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    return {"count": len(values), "mean": round(statistics.fmean(values), 1),
+            "p50": ordered[len(ordered) // 2], "p95": ordered[int(len(ordered) * 0.95)],
+            "max": ordered[-1], "total": sum(values)}
+
+
+def _write_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _save(by_split: Mapping[str, list[dict[str, Any]]], summary: BuildSummary, out: Path) -> None:
+    """Write everything into a staging folder, then swap it in (nothing half-written stays)."""
+    from datasets import Dataset, DatasetDict
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        for split, records in by_split.items():
+            _write_jsonl(staging / f"{split}.jsonl", records)
+        DatasetDict({split: Dataset.from_list(records) if records else Dataset.from_dict({})
+                     for split, records in by_split.items()}).save_to_disk(staging / "dataset")
+        (staging / "stats.json").write_text(json.dumps(asdict(summary), indent=2),
+                                            encoding="utf-8")
+        if out.exists():
+            retired = out.with_name(f".{out.name}-old")
+            shutil.rmtree(retired, ignore_errors=True)
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,348 @@
+"""The `label` run: QA examples with chunks in, one jsonl line of label signals per question out.
+
+Output folder:
+
+* `labels.jsonl` — append-only, one line per finished question (schema below); a rerun skips
+  the question ids already there, so an interrupted run resumes where it stopped;
+* `label_config.json` — the settings that decide the labels; a rerun with different ones is
+  refused (use another folder);
+* `teacher_cache.jsonl` — the teacher's replies (`data_gen.teacher`);
+* `summary.json` — rewritten at the end of each run: counts, teacher and scorer usage, and the
+  agreement of each signal with the data's gold marks (`data_gen.labels.gold_agreement`).
+
+A `labels.jsonl` line:
+
+    {"question_id", "source", "question", "answers": [...],
+     "no_context_logprobs": {alias: log p(alias | q)} | null (aliases that scored best somewhere),
+     "chunks": [{"id", "title", "text", "sentences": [...], "sentences_given": bool,
+                 "gold": bool | null, "gold_sentences": [0-based] | null,
+                 "strinc": bool, "sentence_strinc": [bool per sentence],
+                 "cxmi": {"score", "alias", "logprob_with", "logprob_without"} | null,
+                 "sentence_cxmi": [{...} per sentence] | null,
+                 "teacher": {"status", "relevant", "key_sentences", "reply", "error",
+                             "attempts"} | null}]}
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm import tqdm
+
+from data_gen.cxmi import AGENT as CXMI_AGENT
+from data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
+from data_gen.labels import LabelPolicy, gold_agreement
+from data_gen.strinc import strinc
+from data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
+from data_gen.templates import load_data_gen_template
+from inference.errors import ConfigError, DatasetError
+from inference.eval.datasets import detect_format, load_examples
+from inference.io_utils import JsonlLog, write_atomic
+from inference.llm.models import DEFAULT_MODEL
+from inference.prompt_templates import load_template
+from inference.retrieval.sentences import split_sentences
+from inference.types import Document, Example
+
+CXMILevel = Literal["chunk", "sentence", "both"]
+LABELS_FILE = "labels.jsonl"
+CONFIG_FILE = "label_config.json"
+TEACHER_CACHE_FILE = "teacher_cache.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class LabelRunConfig:
+    """Settings of a `label` run."""
+
+    dataset: str = field(metadata={"help": "dataset file (hotpotqa, nq, popqa, squad, common)"})
+    out: str = field(metadata={"help": "output folder (resumable)"})
+    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
+    limit: int | None = field(default=None, metadata={"help": "first N questions only"})
+    scorer: str | None = field(default=DEFAULT_MODEL,
+                               metadata={"help": "CXMI scorer model; None: no CXMI"})
+    cxmi_level: CXMILevel = field(default="both", metadata={"help": "chunk, sentence or both"})
+    batch_size: int = field(default=16, metadata={"help": "scorer sequences per forward pass"})
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto",
+                                                   metadata={"help": "scorer device"})
+    teacher: TeacherConfig | None = field(default=None, metadata={"help": "teacher endpoint"})
+    max_documents: int | None = field(default=None,
+                                      metadata={"help": "label at most N chunks per question"})
+    borrowed_negatives: int = field(
+        default=0, metadata={"help": "add N chunks of other questions as extra negatives "
+                                     "(for data with one passage per question: SQuAD, NQ)"})
+    seed: int = field(default=0, metadata={"help": "seed for borrowed negatives"})
+    questions_per_step: int = field(default=8,
+                                    metadata={"help": "questions whose teacher requests go "
+                                                      "out together"})
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {self.limit}")
+        if self.cxmi_level not in ("chunk", "sentence", "both"):
+            raise ConfigError("cxmi_level must be chunk, sentence or both, "
+                              f"got {self.cxmi_level!r}")
+        if self.batch_size < 1 or self.questions_per_step < 1:
+            raise ConfigError("batch_size and questions_per_step must be >= 1")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
+        if self.borrowed_negatives < 0:
+            raise ConfigError(f"borrowed_negatives must be >= 0, got {self.borrowed_negatives}")
+
+    def fingerprint(self, source: str) -> dict[str, Any]:
+        """The settings that decide the labels (a resumed run must match them)."""
+        templates = [load_template("teacher_label"),
+                     load_data_gen_template("cxmi_with_context"),
+                     load_data_gen_template("cxmi_without_context")]
+        return {
+            "dataset": str(Path(self.dataset).resolve()), "source": source,
+            "scorer": self.scorer, "cxmi_level": self.cxmi_level if self.scorer else None,
+            "teacher_model": self.teacher.model if self.teacher else None,
+            "max_documents": self.max_documents, "borrowed_negatives": self.borrowed_negatives,
+            "seed": self.seed, "prompts": {t.name: t.sha256 for t in templates},
+        }
+
+
+def chunk_sentences(document: Document) -> tuple[list[str], bool]:
+    """The chunk's sentences (the data's own split when given) and whether they were given."""
+    if document.sentences:
+        return [s.strip() for s in document.sentences], True
+    return split_sentences(document.text) or [document.text.strip()], False
+
+
+def read_labels(path: Path) -> list[dict[str, Any]]:
+    """The question records of a labels.jsonl (a torn last line from a killed run is dropped)."""
+    return JsonlLog(path).read()
+
+
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
+    path = out / CONFIG_FILE
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in fingerprint.keys() | stored.keys()
+                         if fingerprint.get(k) != stored.get(k))
+        if changed:
+            raise ConfigError(f"{out} holds labels made with other settings ({', '.join(changed)} "
+                              "differ); rerun with the same settings or use another --out")
+        return
+    write_atomic(path, json.dumps(fingerprint, indent=2))
+
+
+def _with_borrowed_negatives(examples: list[Example], count: int, seed: int) -> list[Example]:
+    """Each example plus `count` chunks of other examples (not gold for it: gold=False
+    where the data marks gold, else unknown)."""
+    if count == 0:
+        return examples
+    pool = [(e.id, d) for e in examples for d in e.documents]
+    result = []
+    for example in examples:
+        rng = random.Random(f"{seed}/{example.id}")
+        own_texts = {d.text for d in example.documents}
+        candidates = [d for owner, d in pool if owner != example.id and d.text not in own_texts]
+        picked = rng.sample(candidates, min(count, len(candidates)))
+        marks_gold = example.has_gold_documents
+        borrowed = tuple(
+            Document(id=f"{example.id}/borrowed-{k}", text=d.text, title=d.title,
+                     is_gold=False if marks_gold else None, sentences=d.sentences,
+                     supporting_sentences=() if d.supporting_sentences is not None else None)
+            for k, d in enumerate(picked))
+        result.append(Example(example.id, example.question, example.answers,
+                              example.documents + borrowed, example.choices,
+                              example.answer_key, example.metadata))
+    return result
+
+
+def _score_json(score: CXMIScore) -> dict[str, Any]:
+    return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(score).items()}
+
+
+@dataclass
+class LabelRunSummary:
+    """What a run did; written to summary.json."""
+
+    questions_total: int = 0
+    questions_done_before: int = 0
+    questions_labelled: int = 0
+    chunks_labelled: int = 0
+    teacher: dict[str, Any] | None = None
+    scorer_usage: dict[str, int] | None = None
+    gold_agreement: dict[str, Any] = field(default_factory=dict)
+
+
+class Labeller:
+    """Computes the signals of one question at a time."""
+
+    def __init__(self, config: LabelRunConfig, source: str,
+                 scorer: CXMIScorer | None, teacher: TeacherClient | None) -> None:
+        self.config = config
+        self.source = source
+        self.scorer = scorer
+        self.teacher = teacher
+
+    def teacher_requests(self, example: Example) -> list[TeacherRequest]:
+        return [TeacherRequest(example.question, tuple(chunk_sentences(d)[0]), d.title)
+                for d in self._documents(example)]
+
+    def _documents(self, example: Example) -> Sequence[Document]:
+        return example.documents[:self.config.max_documents]
+
+    def label(self, example: Example,
+              verdicts: Sequence[TeacherVerdict] | None) -> dict[str, Any]:
+        documents = self._documents(example)
+        split = [chunk_sentences(d) for d in documents]
+        chunk_scores, sentence_scores, no_context = self._cxmi(example, documents, split)
+        chunks = []
+        for index, (document, (sentences, given)) in enumerate(zip(documents, split, strict=True)):
+            gold_sentences = (list(document.supporting_sentences)
+                              if given and document.supporting_sentences is not None else None)
+            chunks.append({
+                "id": document.id, "title": document.title, "text": document.text,
+                "sentences": sentences, "sentences_given": given,
+                "gold": document.is_gold, "gold_sentences": gold_sentences,
+                "strinc": strinc(document.as_context(), example.answers),
+                "sentence_strinc": [strinc(s, example.answers) for s in sentences],
+                "cxmi": _score_json(chunk_scores[index]) if chunk_scores else None,
+                "sentence_cxmi": ([_score_json(s) for s in sentence_scores[index]]
+                                  if sentence_scores else None),
+                "teacher": verdicts[index].as_json() if verdicts is not None else None,
+            })
+        return {"question_id": example.id, "source": self.source, "question": example.question,
+                "answers": list(example.answers), "no_context_logprobs": no_context,
+                "chunks": chunks}
+
+    def _cxmi(self, example: Example, documents: Sequence[Document],
+              split: Sequence[tuple[list[str], bool]]
+              ) -> tuple[list[CXMIScore], list[list[CXMIScore]], dict[str, float] | None]:
+        if self.scorer is None:
+            return [], [], None
+        level = self.config.cxmi_level
+        contexts = [d.as_context() for d in documents] if level != "sentence" else []
+        n_chunks = len(contexts)
+        if level != "chunk":
+            contexts += [s for sentences, _ in split for s in sentences]
+        scores = self.scorer.score(example.question, example.answers, contexts)
+        by_sentence: list[list[CXMIScore]] = []
+        if level != "chunk":
+            position = n_chunks
+            for sentences, _ in split:
+                by_sentence.append(scores[position:position + len(sentences)])
+                position += len(sentences)
+        no_context: dict[str, float] = {}
+        for score in scores:
+            no_context[score.alias] = round(score.logprob_without, 5)
+        return scores[:n_chunks], by_sentence, no_context
+
+
+def _load(config: LabelRunConfig) -> tuple[list[Example], str]:
+    source = detect_format(config.dataset) if config.dataset_format == "auto" \
+        else config.dataset_format
+    examples = load_examples(config.dataset, config.dataset_format, config.limit)
+    seen: set[str] = set()
+    for example in examples:
+        if example.id in seen:
+            raise DatasetError(f"{config.dataset}: question id {example.id!r} occurs twice; "
+                               "labels are resumed by question id, so ids must be unique")
+        seen.add(example.id)
+        if not example.documents:
+            raise DatasetError(f"{config.dataset}: question {example.id!r} has no chunks to label")
+    return _with_borrowed_negatives(examples, config.borrowed_negatives, config.seed), source
+
+
+def run_labelling(
+    config: LabelRunConfig, *, progress: bool = True,
+    scorer_factory: Callable[[LabelRunConfig], CXMIScorer] | None = None,
+) -> LabelRunSummary:
+    """Label every question of the dataset not yet in `out/labels.jsonl`; return a summary.
+
+    `scorer_factory` builds the CXMI scorer (default: the hf backend on `config.scorer`).
+    """
+    examples, source = _load(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_fingerprint(out, config.fingerprint(source))
+    labels_path = out / LABELS_FILE
+    done = {record["question_id"] for record in read_labels(labels_path)}
+    todo = [e for e in examples if e.id not in done]
+    summary = LabelRunSummary(questions_total=len(examples),
+                              questions_done_before=len(examples) - len(todo))
+    scorer = None
+    if config.scorer is not None and todo:
+        scorer = (scorer_factory or _default_scorer)(config)
+    teacher = (TeacherClient(config.teacher, out / TEACHER_CACHE_FILE)
+               if config.teacher is not None else None)
+    labeller = Labeller(config, source, scorer, teacher)
+    writer = JsonlLog(labels_path)
+    try:
+        _label_all(labeller, todo, writer, summary,
+                   tqdm(total=len(examples), initial=len(examples) - len(todo),
+                        desc="labelling", unit="question", disable=not progress))
+    finally:
+        if teacher is not None:
+            teacher.close()
+            stats = teacher.stats
+            summary.teacher = {"model": config.teacher.model, "cached": stats.cached,
+                               "asked": stats.asked, "valid": stats.valid,
+                               "invalid": stats.invalid, "corrections": stats.corrections,
+                               "requests": stats.usage.calls,
+                               "prompt_tokens": stats.usage.prompt_tokens,
+                               "completion_tokens": stats.usage.completion_tokens}
+        if scorer is not None:
+            usage = scorer.backend.meter.snapshot().get(CXMI_AGENT)
+            if usage is not None:
+                summary.scorer_usage = {"sequences": usage.calls, "tokens": usage.prompt_tokens}
+    summary.gold_agreement = gold_agreement(read_labels(labels_path), LabelPolicy())
+    write_atomic(out / SUMMARY_FILE, json.dumps(asdict(summary), indent=2, ensure_ascii=False))
+    return summary
+
+
+def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
+    from inference.llm.hf import HFBackend, HFBackendConfig
+
+    return cxmi_scorer(HFBackend(HFBackendConfig(model=config.scorer or DEFAULT_MODEL,
+                                                 device=config.device,
+                                                 batch_size=config.batch_size)))
+
+
+def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
+               summary: LabelRunSummary, bar: tqdm) -> None:
+    """Label in steps; the teacher works on the next step while the scorer runs this one."""
+    steps = [todo[i:i + labeller.config.questions_per_step]
+             for i in range(0, len(todo), labeller.config.questions_per_step)]
+    with bar, ThreadPoolExecutor(1, thread_name_prefix="teacher-step") as background:
+        upcoming = _ask_teacher(labeller, steps[0], background) if steps else None
+        for number, step in enumerate(steps):
+            verdicts = upcoming.result() if upcoming is not None else None
+            upcoming = (_ask_teacher(labeller, steps[number + 1], background)
+                        if number + 1 < len(steps) else None)
+            for index, example in enumerate(step):
+                record = labeller.label(example, verdicts[index] if verdicts is not None else None)
+                writer.append(record)
+                summary.questions_labelled += 1
+                summary.chunks_labelled += len(record["chunks"])
+                bar.update(1)
+
+
+def _ask_teacher(labeller: Labeller, step: list[Example],
+                 background: ThreadPoolExecutor) -> Future | None:
+    """Start the teacher on a step's chunks; the future gives one verdict list per question."""
+    teacher = labeller.teacher
+    if teacher is None:
+        return None
+    requests = [labeller.teacher_requests(e) for e in step]
+
+    def ask() -> list[list[TeacherVerdict]]:
+        flat = teacher.label([r for rs in requests for r in rs])
+        grouped, position = [], 0
+        for rs in requests:
+            grouped.append(flat[position:position + len(rs)])
+            position += len(rs)
+        return grouped
+
+    return background.submit(ask)
+
+

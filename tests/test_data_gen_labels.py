@@ -1,0 +1,220 @@
+"""Label policy, agreement with gold, the labelling run and the dataset builder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
+
+from data_gen.cli import register
+from data_gen.dataset import DatasetConfig, build_dataset, parse_mix, split_of
+from data_gen.labelling import LABELS_FILE, SUMMARY_FILE, LabelRunConfig, run_labelling
+from data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from data_gen.teacher import TeacherConfig
+from inference.errors import ConfigError
+from inference.filters.filter_format import parse_sentence_answer
+
+
+def entry(*, strinc=False, cxmi=None, teacher=None, gold=None, sentences=3,
+          sentence_strinc=(), sentence_cxmi=None, teacher_keys=(), gold_sentences=None,
+          status="valid") -> dict:
+    """A chunk entry as `labels.jsonl` holds it."""
+    return {
+        "id": "c", "title": "T", "text": "x", "sentences": [f"s{i}." for i in range(sentences)],
+        "gold": gold, "gold_sentences": gold_sentences, "strinc": strinc,
+        "sentence_strinc": [i in sentence_strinc for i in range(sentences)],
+        "cxmi": None if cxmi is None else {"score": cxmi},
+        "sentence_cxmi": None if sentence_cxmi is None else [{"score": s} for s in sentence_cxmi],
+        "teacher": None if teacher is None else {
+            "status": status, "relevant": teacher if status == "valid" else None,
+            "key_sentences": list(teacher_keys)},
+    }
+
+
+DEFAULT_POLICY = LabelPolicy()
+
+
+def decide(policy: LabelPolicy = DEFAULT_POLICY, **signals):
+    return label_chunk(ChunkSignals.from_entry(entry(**signals)), policy)
+
+
+def test_default_chunk_rule_needs_the_teacher_and_an_automatic_signal() -> None:
+    assert decide(teacher=True, strinc=True).relevant is True
+    assert decide(teacher=True, cxmi=2.0).relevant is True
+    assert decide(teacher=True, cxmi=0.5).relevant is False  # CXMI under the 1.0 bar
+    assert decide(teacher=False, strinc=True).relevant is False
+    # no (valid) teacher verdict: the automatic rule decides
+    assert decide(strinc=True).relevant is True
+    assert decide(teacher=True, status="invalid", strinc=False).relevant is False
+
+
+def test_other_chunk_rules_and_thresholds() -> None:
+    assert decide(LabelPolicy(chunk_rule="teacher"), teacher=True).relevant is True
+    assert decide(LabelPolicy(chunk_rule="strinc"), strinc=False, cxmi=9.0).relevant is False
+    assert decide(LabelPolicy(chunk_rule="auto", chunk_cxmi_threshold=0.2), cxmi=0.5).relevant
+    with pytest.raises(ConfigError, match="needs CXMI"):
+        decide(LabelPolicy(chunk_rule="cxmi"), strinc=True)
+    with pytest.raises(ConfigError):
+        LabelPolicy(chunk_rule="majority")  # type: ignore[arg-type]
+
+
+def test_sentence_rules() -> None:
+    label = decide(teacher=True, strinc=True, sentence_strinc=(2,), teacher_keys=(0,))
+    assert label.key_sentences == (0, 2)  # teacher's picks plus the answer-bearing sentence
+    assert decide(LabelPolicy(sentence_rule="auto", sentence_cxmi_threshold=0.0),
+                  sentence_cxmi=[-1.0, 0.5, 0.0]).key_sentences == (1,)
+    assert decide(LabelPolicy(sentence_rule="teacher"), teacher=True,
+                  sentence_strinc=(2,), teacher_keys=(1,)).key_sentences == (1,)
+
+
+def test_gold_prefer_decides_and_disagreements_are_kept() -> None:
+    label = decide(gold=False, teacher=True, strinc=True, gold_sentences=[],
+                   sentence_strinc=(1,))
+    assert label.relevant is False and label.key_sentences == ()
+    assert set(label.chunk_disagree) == {"strinc", "teacher"}
+    assert "strinc" in label.sentence_disagree
+    ignored = decide(LabelPolicy(gold="ignore"), gold=False, strinc=True)
+    assert ignored.relevant is True and ignored.chunk_disagree == ("gold",)
+    only = decide(LabelPolicy(gold="only"), strinc=True)
+    assert only.relevant is None and only.key_sentences is None
+
+
+def test_gold_agreement_pools_counts_per_signal() -> None:
+    question = {"chunks": [
+        entry(gold=True, strinc=True, cxmi=2.0, gold_sentences=[0], sentence_strinc=(0, 1)),
+        entry(gold=True, strinc=False, cxmi=0.0, gold_sentences=[2]),
+        entry(gold=False, strinc=True, cxmi=3.0, gold_sentences=[]),
+        entry(gold=False, strinc=False, cxmi=-1.0, gold_sentences=[]),
+    ]}
+    report = gold_agreement([question])
+    assert report["chunk"]["strinc"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "items": 4,
+                                         "gold_positive": 2, "predicted_positive": 2}
+    assert report["chunk"]["cxmi"]["precision"] == 0.5
+    assert "teacher" not in report["chunk"]
+    sentence = report["sentence"]["strinc"]
+    assert (sentence["precision"], sentence["recall"], sentence["items"]) == (0.5, 0.5, 12)
+
+
+def labelled_question(number: int, relevant: int = 2, irrelevant: int = 6) -> dict:
+    chunks = ([entry(strinc=True, gold=True, sentence_strinc=(1,), gold_sentences=[1])
+               for _ in range(relevant)]
+              + [entry(gold=False, gold_sentences=[]) for _ in range(irrelevant)])
+    for index, chunk in enumerate(chunks):
+        chunk["id"] = f"q{number}/{index}"
+    return {"question_id": f"q{number}", "source": "hotpotqa", "question": f"Q{number}?",
+            "answers": ["a"], "no_context_logprobs": None, "chunks": chunks}
+
+
+def write_labels(folder: Path, questions: list[dict]) -> None:
+    folder.mkdir(parents=True)
+    (folder / LABELS_FILE).write_text("".join(json.dumps(q) + "\n" for q in questions))
+
+
+def test_build_dataset_splits_by_question_balances_and_mixes(tmp_path: Path,
+                                                             tiny_model_dir: Path) -> None:
+    write_labels(tmp_path / "labels", [labelled_question(i) for i in range(30)])
+    out = tmp_path / "dataset"
+    config = DatasetConfig(labels=(str(tmp_path / "labels"),), out=str(out),
+                           validation_fraction=0.3, tokenizer=str(tiny_model_dir))
+    summary = build_dataset(config, progress=False)
+    records = {split: [json.loads(line) for line in (out / f"{split}.jsonl").open()]
+               for split in ("train", "validation")}
+    train_ids = {r["question_id"] for r in records["train"]}
+    validation_ids = {r["question_id"] for r in records["validation"]}
+    assert train_ids and validation_ids and not train_ids & validation_ids
+    assert summary.questions == {"train": len(train_ids), "validation": len(validation_ids)}
+    for split, rows in records.items():
+        chunk = [r for r in rows if r["task"] == "chunk"]
+        positives = sum(r["completion"][0]["content"] == "Yes" for r in chunk)
+        assert positives * 2 == len(chunk)  # balanced to 0.5 from 2 of 8
+        sentences = [r for r in rows if r["task"] == "sentence"]
+        assert len(sentences) == 2 * len({r["question_id"] for r in rows})
+        assert all(parse_sentence_answer(r["completion"][0]["content"], 3) == [1]
+                   for r in sentences)
+        assert summary.chunk_positive_fraction[split] == 0.5
+    assert summary.token_lengths["chunk"]["count"] == sum(
+        summary.counts[s]["chunk"] for s in ("train", "validation"))
+    assert 30 < summary.token_lengths["chunk"]["mean"] < 80  # templated prompt + "Yes"/"No"
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["counts"] == summary.counts and stats["policy"]["gold"] == "prefer"
+
+    from datasets import load_from_disk
+
+    saved = load_from_disk(str(out / "dataset"))
+    assert saved["train"].num_rows == len(records["train"])
+    assert saved["train"][0]["prompt"][0]["role"] == "system"
+
+    mixed = build_dataset(DatasetConfig(labels=config.labels, out=str(out), mix={"chunk": 3,
+                                        "sentence": 1}, tokenizer=str(tiny_model_dir),
+                                        validation_fraction=0.0), progress=False)
+    assert mixed.counts["train"]["chunk"] == 3 * mixed.counts["train"]["sentence"]
+
+
+def test_split_is_stable_and_parse_mix_validates() -> None:
+    assert split_of("abc", 0.5, 0) == split_of("abc", 0.5, 0)
+    assert {split_of(f"q{i}", 0.0, 0) for i in range(50)} == {"train"}
+    assert parse_mix("chunk=0.7, sentence=0.3") == {"chunk": 0.7, "sentence": 0.3}
+    with pytest.raises(ConfigError):
+        parse_mix("chunk=lots")
+    with pytest.raises(ConfigError):
+        DatasetConfig(labels=("x",), out="y", mix={"summary": 1.0})
+
+
+def teacher_reply(request: RecordedRequest) -> Reply:
+    user = request.json["messages"][1]["content"]
+    relevant = "Vienna" in user
+    return Reply(body=chat_reply(json.dumps({"relevant": relevant,
+                                             "key_sentences": [1] if relevant else []})))
+
+
+def test_label_run_records_every_signal_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    dataset = tmp_path / "data.jsonl"
+    rows = [{"id": f"q{i}", "question": "Where was Lise Meitner born?", "answers": ["Vienna"],
+             "ctxs": [{"title": "Meitner", "text": "She was born in Vienna. She studied physics.",
+                       "is_gold": True},
+                      {"title": "Danube", "text": "The Danube is long.", "is_gold": False}]}
+            for i in range(3)]
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "labels"
+    with FakeOpenAIServer(teacher_reply) as server:
+        config = LabelRunConfig(dataset=str(dataset), out=str(out), scorer=str(tiny_model_dir),
+                                device="cpu", teacher=TeacherConfig(endpoint=server.base_url,
+                                                                    model="t"))
+        summary = run_labelling(config, progress=False)
+        assert summary.questions_labelled == 3 and summary.chunks_labelled == 6
+        again = run_labelling(config, progress=False)
+        assert again.questions_labelled == 0 and again.questions_done_before == 3
+        assert len(server.requests) == 6
+    record = json.loads((out / LABELS_FILE).read_text().splitlines()[0])
+    first, second = record["chunks"]
+    assert record["source"] == "common" and record["answers"] == ["Vienna"]
+    assert first["sentences"] == ["She was born in Vienna.", "She studied physics."]
+    assert first["sentences_given"] is False
+    assert (first["strinc"], second["strinc"]) == (True, False)
+    assert first["sentence_strinc"] == [True, False]
+    assert (first["gold"], second["gold"]) == (True, False)
+    assert set(first["cxmi"]) == {"score", "alias", "logprob_with", "logprob_without"}
+    assert len(first["sentence_cxmi"]) == 2
+    assert first["teacher"]["relevant"] is True and first["teacher"]["key_sentences"] == [0]
+    assert set(record["no_context_logprobs"]) == {"Vienna"}
+    stored = json.loads((out / SUMMARY_FILE).read_text())
+    assert stored["gold_agreement"]["chunk"]["strinc"]["precision"] == 1.0
+    assert stored["gold_agreement"]["chunk"]["teacher"]["recall"] == 1.0
+    with pytest.raises(ConfigError, match="cxmi_level"):
+        run_labelling(LabelRunConfig(dataset=str(dataset), out=str(out), cxmi_level="chunk",
+                                     scorer=str(tiny_model_dir)), progress=False)
+
+
+def test_cli_registers_label_and_build_dataset() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    label = parser.parse_args(["label", "--dataset", "d.jsonl", "--out", "o", "--scorer", "none",
+                               "--teacher-endpoint", "http://h/v1", "--teacher-model", "m"])
+    assert label.scorer == "none" and label.teacher_model == "m" and label.func.__name__ \
+        == "cmd_label"
+    build = parser.parse_args(["build-dataset", "--labels", "a", "b", "--out", "o",
+                               "--mix", "chunk=0.5,sentence=0.5", "--gold", "ignore"])
+    assert build.labels == ["a", "b"] and build.gold == "ignore"
