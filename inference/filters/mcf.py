@@ -1,0 +1,192 @@
+"""MCF, Amber's multi-granular content filter, on the trained filter (arXiv 2504.05312).
+
+Two stages, both in the trained filter's contract (`inference/filters/filter_format.py`),
+so any backend serving the filter works: `hf` with the LoRA adapter in-process, or `openai`
+against a server that serves the adapter.
+
+* Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
+  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: a fixed threshold
+  (default 0: the filter finds "Yes" at least as likely as "No"), or MAIN-RAG's adaptive bar
+  τ = mean(s) − n·σ(s) over the round's chunks (`judge_bar`). Kept chunks are ordered by s,
+  best first.
+* Sentence stage: one batched generation over the kept chunks that have more than one
+  sentence; the reply ("1, 3" / "none") is parsed with `parse_sentence_answer`. A kept
+  chunk's text becomes its key sentences in their original order; its id, title and gold flag
+  stay. A reply that does not parse keeps the whole chunk; a "none" reply keeps the whole
+  chunk or drops it (`empty_sentence_answer`). Sentences are the data's own split
+  (`Document.sentences`) where it has one, else `split_sentences`. Every decision is recorded
+  in the scored document's `details`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from inference.errors import ConfigError
+from inference.filters.base import FilterResult, ScoredDocument
+from inference.filters.filter_format import (
+    CHUNK_LABELS,
+    IRRELEVANT,
+    RELEVANT,
+    FilterAnswerError,
+    chunk_prompt,
+    parse_sentence_answer,
+    sentence_prompt,
+)
+from inference.filters.judge import judge_bar
+from inference.llm.base import GenerationSettings, LLMBackend
+from inference.retrieval.sentences import split_sentences
+from inference.types import Document
+
+ChunkBar = Literal["fixed", "adaptive"]
+EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
+# Where training writes the filter adapter that ships with the project (see training/).
+SHIPPED_ADAPTER = Path(__file__).resolve().parents[2] / "training" / "adapters" / "smollm2-filter"
+
+
+@dataclass(frozen=True)
+class MCFConfig:
+    """Settings of the MCF filter (chunk bar, sentence stage) and which adapter serves it."""
+
+    adapter: str | None = field(
+        default=None, metadata={"help": "PEFT adapter folder of the trained filter, run "
+                                        "in-process on the filter's base model; default: the "
+                                        "shipped training/adapters/smollm2-filter when present"})
+    bar: ChunkBar = field(default="fixed", metadata={
+        "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s)"})
+    threshold: float = field(default=0.0, metadata={
+        "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
+    bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
+    sentence_stage: bool = field(default=True, metadata={
+        "help": "narrow kept chunks to their key sentences"})
+    sentence_max_new_tokens: int = field(default=16, metadata={
+        "help": "length cap of the sentence-number reply"})
+    empty_sentence_answer: EmptySentenceAnswer = field(default="keep_chunk", metadata={
+        "help": "a kept chunk whose sentence reply is 'none': keep_chunk (the chunk stage "
+                "decides relevance) or drop_chunk"})
+
+    def __post_init__(self) -> None:
+        if self.bar not in ("fixed", "adaptive"):
+            raise ConfigError(f"mcf.bar must be fixed or adaptive, got {self.bar!r}")
+        if self.empty_sentence_answer not in ("keep_chunk", "drop_chunk"):
+            raise ConfigError("mcf.empty_sentence_answer must be keep_chunk or drop_chunk, "
+                              f"got {self.empty_sentence_answer!r}")
+        if self.sentence_max_new_tokens < 1:
+            raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
+                              f"{self.sentence_max_new_tokens}")
+
+
+def shipped_adapter() -> str | None:
+    """The shipped filter adapter folder, or None when training has not produced it."""
+    return str(SHIPPED_ADAPTER) if (SHIPPED_ADAPTER / "adapter_config.json").is_file() else None
+
+
+def document_sentences(document: Document) -> list[str]:
+    """The document's sentences: the data's own split where it has one, else split_sentences."""
+    if document.sentences:
+        return [s for s in document.sentences if s.strip()]
+    return split_sentences(document.text)
+
+
+def narrowed(document: Document, sentences: Sequence[str], keep: Sequence[int]) -> Document:
+    """`document` reduced to the sentences at indices `keep` (increasing), ids and flags kept.
+
+    Gold key-sentence indices are renumbered to positions within the kept sentences.
+    """
+    kept = tuple(sentences[i].strip() for i in keep)
+    gold = None
+    if document.supporting_sentences is not None:
+        gold = tuple(pos for pos, i in enumerate(keep) if i in document.supporting_sentences)
+    return replace(document, text=" ".join(kept), sentences=kept, supporting_sentences=gold)
+
+
+class MultiGranularFilter:
+    """The `mcf` filter: chunk stage, then sentence stage, on the trained filter's backend."""
+
+    name = "mcf"
+
+    def __init__(self, backend: LLMBackend, config: MCFConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config if config is not None else MCFConfig()
+
+    def chunk_scores(self, question: str, documents: Sequence[Document]) -> list[dict]:
+        """s = log P("Yes") − log P("No") per document, with P("Yes") normalised over the two
+        labels, from one batched label_logprobs call (agent `filter_chunk`)."""
+        prompts = [chunk_prompt(question, d.text, d.title) for d in documents]
+        logprobs = self.backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
+        scores = []
+        for lp in logprobs:
+            score = lp[RELEVANT] - lp[IRRELEVANT]
+            scores.append({"score": score, "p_yes": 1.0 / (1.0 + math.exp(-score))})
+        return scores
+
+    def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:
+        """Score every document and keep those at or above the bar, best first (full text)."""
+        if not documents:
+            return FilterResult(kept=(), scored=(), threshold=None)
+        scores = self.chunk_scores(question, documents)
+        values = [s["score"] for s in scores]
+        bar = (self.config.threshold if self.config.bar == "fixed"
+               else judge_bar(values, self.config.bar_n))
+        scored = tuple(ScoredDocument(d, s["score"], s["score"] >= bar,
+                                      {"p_yes": round(s["p_yes"], 4)})
+                       for d, s in zip(documents, scores, strict=True))
+        kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
+        return FilterResult(kept=kept, scored=scored, threshold=bar)
+
+    def sentence_stage(self, question: str,
+                       kept: Sequence[ScoredDocument]) -> list[ScoredDocument]:
+        """Each kept chunk narrowed to its key sentences (same order) from one batched
+        generation (agent `filter_sentence`); a chunk dropped on a "none" reply under
+        `drop_chunk` comes back with kept=False."""
+        sentences = [document_sentences(s.document) for s in kept]
+        asked = [i for i, sents in enumerate(sentences) if len(sents) > 1]
+        replies: dict[int, str] = {}
+        if asked:
+            prompts = [sentence_prompt(question, sentences[i], kept[i].document.title)
+                       for i in asked]
+            settings = GenerationSettings(max_new_tokens=self.config.sentence_max_new_tokens,
+                                          stop=("\n",))
+            answers = self.backend.generate(prompts, settings, agent="filter_sentence")
+            replies = dict(zip(asked, answers, strict=True))
+        return [self._narrow(scored, sentences[i], replies.get(i))
+                for i, scored in enumerate(kept)]
+
+    def _narrow(self, scored: ScoredDocument, sentences: list[str],
+                reply: str | None) -> ScoredDocument:
+        every = list(range(len(sentences)))
+        if reply is None:  # one sentence: nothing to choose, no call made
+            return replace(scored, details={**scored.details, "sentence_status": "single",
+                                            "key_sentences": every})
+        details = {**scored.details, "sentence_reply": reply}
+        try:
+            keys = parse_sentence_answer(reply, len(sentences))
+        except FilterAnswerError:
+            return replace(scored, details={**details, "sentence_status": "unparsed",
+                                            "key_sentences": every})
+        if not keys:
+            if self.config.empty_sentence_answer == "drop_chunk":
+                return replace(scored, kept=False,
+                               details={**details, "sentence_status": "none_dropped",
+                                        "key_sentences": []})
+            return replace(scored, details={**details, "sentence_status": "none",
+                                            "key_sentences": every})
+        return replace(scored, document=narrowed(scored.document, sentences, keys),
+                       details={**details, "sentence_status": "parsed", "key_sentences": keys})
+
+    def select(self, question: str, documents: Sequence[Document]) -> FilterResult:
+        chunks = self.chunk_stage(question, documents)
+        if not self.config.sentence_stage or not chunks.kept:
+            return chunks
+        return self.narrow(question, chunks)
+
+    def narrow(self, question: str, chunks: FilterResult) -> FilterResult:
+        """The chunk-stage result with its kept chunks passed through the sentence stage."""
+        staged = {s.document.id: s for s in self.sentence_stage(question, chunks.kept)}
+        kept = tuple(staged[s.document.id] for s in chunks.kept if staged[s.document.id].kept)
+        scored = tuple(staged.get(s.document.id, s) for s in chunks.scored)
+        return FilterResult(kept=kept, scored=scored, threshold=chunks.threshold)

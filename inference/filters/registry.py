@@ -1,0 +1,63 @@
+"""Filters by name: `none`, `judge`, `mcf`, `stack` → one DocumentFilter, from the backends
+and settings of a run (`FilterSetup`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from inference.errors import ConfigError
+from inference.filters.base import DocumentFilter, KeepAll
+from inference.filters.judge import JudgeConfig, MainRagJudge
+from inference.filters.mcf import MCFConfig, MultiGranularFilter
+from inference.filters.stack import StackConfig, StackedFilter
+from inference.llm.base import LLMBackend
+
+FilterName = Literal["mcf", "judge", "stack", "none"]
+FILTER_NAMES: tuple[str, ...] = get_args(FilterName)
+# Filters that need the trained filter (an adapter in-process, or a served one).
+NEEDS_TRAINED_FILTER = frozenset({"mcf", "stack"})
+
+
+@dataclass(frozen=True)
+class FilterSetup:
+    """What filters are built from: the judge's backend, the trained filter's, and settings."""
+
+    judge_backend: LLMBackend
+    mcf_backend: LLMBackend | None = None
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    mcf: MCFConfig = field(default_factory=MCFConfig)
+    stack: StackConfig = field(default_factory=StackConfig)
+
+    def trained_filter(self, name: str) -> LLMBackend:
+        if self.mcf_backend is None:
+            raise ConfigError(
+                f"filter {name!r} needs the trained filter: pass --filter-adapter PATH (a LoRA "
+                "adapter folder), or --filter-endpoint/--filter-model for a served one; "
+                "`--amber-filter judge` needs no training")
+        return self.mcf_backend
+
+
+def _mcf(setup: FilterSetup) -> DocumentFilter:
+    return MultiGranularFilter(setup.trained_filter("mcf"), setup.mcf)
+
+
+def _stack(setup: FilterSetup) -> DocumentFilter:
+    return StackedFilter(MultiGranularFilter(setup.trained_filter("stack"), setup.mcf),
+                         MainRagJudge(setup.judge_backend, setup.judge), setup.stack)
+
+
+FILTERS: dict[str, Callable[[FilterSetup], DocumentFilter]] = {
+    "none": lambda setup: KeepAll(),
+    "judge": lambda setup: MainRagJudge(setup.judge_backend, setup.judge),
+    "mcf": _mcf,
+    "stack": _stack,
+}
+
+
+def build_filter(name: str, setup: FilterSetup) -> DocumentFilter:
+    """The filter registered as `name`."""
+    if name not in FILTERS:
+        raise ConfigError(f"unknown filter {name!r} (known: {', '.join(FILTER_NAMES)})")
+    return FILTERS[name](setup)
