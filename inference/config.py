@@ -10,7 +10,9 @@ import yaml
 from inference.answers import AnswerExtraction
 from inference.errors import ConfigError
 from inference.filters.judge import JudgeConfig
+from inference.filters.mcf import MCFConfig
 from inference.llm.registry import BackendSpec
+from inference.pipelines.amber_config import AmberConfig
 from inference.retrieval.index import SearchMode
 from inference.router import RouterConfig
 from inference.typed_config import from_mapping, to_mapping
@@ -69,6 +71,10 @@ class RunConfig:
                                        metadata={"help": "the filter's model; default: generator"})
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    mcf: MCFConfig = field(default_factory=MCFConfig,
+                           metadata={"help": "the trained filter (MCF) and its adapter"})
+    amber: AmberConfig = field(default_factory=AmberConfig,
+                               metadata={"help": "the `amber` loop"})
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
     retrieval: RetrievalConfig | None = field(

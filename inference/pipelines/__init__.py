@@ -1,10 +1,10 @@
-"""Pipelines by name (`direct`, `vanilla`, `main-rag`, `auto`), built from a shared
-PipelineContext.
+"""Pipelines by name (`direct`, `vanilla`, `main-rag`, `amber` and its `amber-<filter>`
+variants, `auto`), built from a shared PipelineContext.
 
 Importing this package registers every pipeline; `build_pipeline(name, context)` makes one.
 """
 
-from inference.pipelines import auto, main_rag, simple  # noqa: F401  (registration on import)
+from inference.pipelines import amber, auto, main_rag, simple  # noqa: F401  (registration on import)
 from inference.pipelines.base import (
     PIPELINES,
     Pipeline,

@@ -10,7 +10,9 @@ from inference.answers import AnswerExtraction, extract_answer
 from inference.errors import ConfigError
 from inference.filters.base import FilterResult
 from inference.filters.judge import JudgeConfig
+from inference.filters.mcf import MCFConfig
 from inference.llm.base import GenerationSettings, LLMBackend
+from inference.pipelines.amber_config import AmberConfig
 from inference.prompt_templates import load_template
 from inference.router import Router
 from inference.types import Document, Example
@@ -28,6 +30,8 @@ class PipelineOutput:
 
 
 DocumentSource = Callable[[Example], Sequence[Document]]
+# (query, k) → the top-k documents for the query, best first (an index search).
+QuerySearch = Callable[[str, int], Sequence[Document]]
 
 
 def given_documents(example: Example) -> Sequence[Document]:
@@ -47,6 +51,10 @@ class PipelineContext:
     documents: DocumentSource = given_documents
     router: Router | None = None
     routed_pipeline: str = "vanilla"
+    mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up
+    mcf: MCFConfig = MCFConfig()
+    amber: AmberConfig = AmberConfig()
+    search: QuerySearch | None = None  # query-based search where an index is used
 
 
 class Pipeline(Protocol):

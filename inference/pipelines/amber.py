@@ -1,0 +1,227 @@
+"""`amber`: Amber's iterative memory loop (arXiv 2504.05312) — retrieve → filter (MCF, the
+judge, both, or none) → memory update (AMU) → is the memory enough? (AIC) → next query …
+→ answer from the memory.
+
+Each round:
+1. Documents: the top `amber.k` documents for the round's query that no earlier round saw
+   (seen documents are never filtered again). With an index (`context.search`) they come from
+   its search; otherwise the question's given documents are a small pool ranked by a BM25
+   built over them for this question (ties in the given order). Round 1's query is the
+   question.
+2. Filter: the round's documents through the filter stage; kept documents (MCF: narrowed to
+   their key sentences) join the evidence.
+3. AMU (`inference/memory.py`) revises the memory with the new evidence (skipped when nothing
+   new was kept).
+4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
+   `max_iterations` (`max_iterations`), or when the AIC (`inference/collector.py`) finds the
+   memory sufficient (`sufficient`); otherwise the AIC writes the next query, and the loop
+   stops when it has no new one (`no_new_query`).
+
+The answer is one generator call (agent `generator`) on the memory and, by default, the kept
+evidence (`amber.answer_from`: also the memory alone, or the evidence alone); with nothing to
+read it answers directly. `documents_read` is the kept evidence (key sentences only).
+The trace holds every round: query, documents, scores and sentence choices, the three memory
+agents' replies, the memory after the round, the sufficiency verdict, the next query, and the
+stop reason. `amber-mcf`, `amber-judge`, `amber-stack` and `amber-none` are `amber` with the
+filter fixed, so one run can compare them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from inference.answers import extract_answer
+from inference.collector import InformationCollector
+from inference.filters.base import FilterResult, ScoredDocument
+from inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
+from inference.memory import MemoryUpdater, shown_memory
+from inference.pipelines.amber_config import AmberConfig
+from inference.pipelines.base import (
+    PipelineContext,
+    PipelineOutput,
+    format_documents,
+    question_text,
+    register_pipeline,
+)
+from inference.prompt_templates import load_template
+from inference.retrieval.bm25 import BM25Index
+from inference.types import Document, Example
+
+# Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
+AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
+                                          **{f"amber-{f}": f for f in FILTER_NAMES}}
+# What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
+ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
+                    "evidence": "answer_with_documents"}
+
+
+def amber_filter(pipeline: str, config: AmberConfig) -> str | None:
+    """The filter an amber pipeline runs (None for a pipeline that is not amber)."""
+    if pipeline not in AMBER_PIPELINES:
+        return None
+    return AMBER_PIPELINES[pipeline] or config.filter
+
+
+class RoundDocuments:
+    """Unseen documents for a query: from the index search, or the BM25-ranked given pool."""
+
+    def __init__(self, context: PipelineContext, example: Example, k: int) -> None:
+        self.context = context
+        self.example = example
+        self.k = k
+        self.seen: set[str] = set()
+        self._pool: list[Document] | None = None
+        self._bm25: BM25Index | None = None
+
+    def _ranked(self, query: str) -> list[Document]:
+        if self.context.search is not None:
+            return list(self.context.search(query, self.k + len(self.seen)))
+        if self._pool is None:
+            self._pool = list(self.context.documents(self.example))
+            if self._pool:
+                self._bm25 = BM25Index.build([d.as_context() for d in self._pool],
+                                             show_progress=False)
+        if self._bm25 is None:
+            return []
+        scores = self._bm25.scores(query)
+        order = sorted(range(len(self._pool)), key=lambda i: (-scores[i], i))
+        return [self._pool[i] for i in order]
+
+    def fetch(self, query: str) -> tuple[list[Document], int]:
+        """The top-k unseen documents for `query` (now seen), and how many seen ones ranked
+        above the last of them were skipped."""
+        fresh: list[Document] = []
+        skipped = 0
+        for document in self._ranked(query):
+            if len(fresh) == self.k:
+                break
+            if document.id in self.seen:
+                skipped += 1
+            else:
+                fresh.append(document)
+        self.seen.update(d.id for d in fresh)
+        return fresh, skipped
+
+
+@dataclass
+class _Evidence:
+    """Kept documents in the order found, each with its round."""
+
+    items: list[tuple[int, ScoredDocument]] = field(default_factory=list)
+
+    @property
+    def documents(self) -> list[Document]:
+        return [s.document for _, s in self.items]
+
+    def trace(self) -> list[dict]:
+        return [{"round": r, "id": s.document.id, "title": s.document.title,
+                 "score": round(s.score, 4), "text": s.document.text,
+                 "key_sentences": s.details.get("key_sentences")} for r, s in self.items]
+
+
+def _scored_entry(scored: ScoredDocument) -> dict:
+    return {"id": scored.document.id, "title": scored.document.title,
+            "score": round(scored.score, 4), "kept": scored.kept,
+            "is_gold": scored.document.is_gold, **scored.details}
+
+
+def _combined(results: Sequence[FilterResult]) -> FilterResult:
+    """All rounds' filter results as one (the bar only where every round used the same)."""
+    bars = {r.threshold for r in results if r.threshold is not None}
+    return FilterResult(kept=tuple(s for r in results for s in r.kept),
+                        scored=tuple(s for r in results for s in r.scored),
+                        threshold=bars.pop() if len(bars) == 1 else None)
+
+
+@register_pipeline("amber")
+class AmberPipeline:
+    """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
+
+    def __init__(self, context: PipelineContext, filter_name: str | None = None) -> None:
+        self.context = context
+        self.config = context.amber
+        self.filter_name = filter_name or self.config.filter
+        self.name = "amber" if filter_name is None else f"amber-{filter_name}"
+        self.filter = build_filter(self.filter_name, FilterSetup(
+            judge_backend=context.filter_backend, mcf_backend=context.mcf_backend,
+            judge=context.judge, mcf=context.mcf, stack=self.config.stack))
+        self.memory_updater = MemoryUpdater(context.generator, self.config.memory)
+        self.collector = InformationCollector(context.generator, self.config.collector)
+        self.answer_prompt = load_template(ANSWER_TEMPLATES[self.config.answer_from])
+        self.direct_prompt = load_template("answer_direct")
+
+    def run(self, example: Example) -> PipelineOutput:
+        question = question_text(example)
+        documents = RoundDocuments(self.context, example, self.config.k)
+        evidence = _Evidence()
+        results: list[FilterResult] = []
+        rounds: list[dict] = []
+        queries = [example.question]
+        memory = ""
+        stop_reason = "max_iterations"
+        for number in range(1, self.config.max_iterations + 1):
+            fresh, skipped = documents.fetch(queries[-1])
+            result = (self.filter.select(example.question, fresh) if fresh
+                      else FilterResult(kept=(), scored=(), threshold=None))
+            results.append(result)
+            evidence.items.extend((number, s) for s in result.kept)
+            update = (self.memory_updater.update(question, memory,
+                                                 format_documents(result.kept_documents))
+                      if result.kept else None)
+            # The memory only changes with new evidence, so a round without any adds nothing.
+            progressed = update is not None
+            memory = update.memory if update is not None else memory
+            entry = {"round": number, "query": queries[-1],
+                     "retrieved": [d.id for d in fresh], "skipped_seen": skipped,
+                     "threshold": result.threshold,
+                     "scored": [_scored_entry(s) for s in result.scored],
+                     "kept": [s.document.id for s in result.kept],
+                     "memory_update": update.to_dict() if update is not None else None,
+                     "memory": memory, "sufficiency": None, "next_query": None}
+            rounds.append(entry)
+            if not progressed:
+                stop_reason = "no_progress"
+                break
+            if number == self.config.max_iterations:
+                break
+            verdict = self.collector.sufficiency(question, memory)
+            entry["sufficiency"] = verdict.to_dict()
+            if verdict.sufficient:
+                stop_reason = "sufficient"
+                break
+            following = self.collector.next_query(question, memory, queries)
+            entry["next_query"] = following.to_dict()
+            if following.query is None:
+                stop_reason = "no_new_query"
+                break
+            queries.append(following.query)
+        raw = self._generate_answer(question, memory, evidence.documents)
+        trace = {"pipeline": self.name, "filter": self.filter_name, "queries": queries,
+                 "rounds": rounds, "evidence": evidence.trace(), "memory": memory,
+                 "stop_reason": stop_reason, "answer_from": self.config.answer_from}
+        return PipelineOutput(
+            answer=extract_answer(raw, example.question, self.context.answer_extraction),
+            raw_answer=raw, documents_read=tuple(evidence.documents),
+            filter_result=_combined(results), trace=trace)
+
+    def _generate_answer(self, question: str, memory: str, documents: Sequence[Document]) -> str:
+        evidence = format_documents(documents)
+        # Template inputs besides the question, and whether each has anything to read.
+        readable = {"memory": (shown_memory(memory), bool(memory)),
+                    "evidence": (evidence, bool(documents)),
+                    "documents": (evidence, bool(documents))}
+        inputs = [name for name in self.answer_prompt.inputs if name != "question"]
+        if any(readable[name][1] for name in inputs):
+            prompt = self.answer_prompt.messages(
+                question=question, **{name: readable[name][0] for name in inputs})
+        else:
+            prompt = self.direct_prompt.messages(question=question)
+        return self.context.generator.generate([prompt], self.context.generation,
+                                               agent="generator")[0]
+
+
+for _name, _filter in AMBER_PIPELINES.items():
+    if _filter is not None:
+        register_pipeline(_name)(functools.partial(AmberPipeline, filter_name=_filter))

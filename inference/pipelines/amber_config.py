@@ -1,0 +1,45 @@
+"""The typed settings of the `amber` pipeline (run config section `amber`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from inference.collector import CollectorConfig
+from inference.errors import ConfigError
+from inference.filters.registry import FILTER_NAMES, FilterName
+from inference.filters.stack import StackConfig
+from inference.memory import MemoryConfig
+
+AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
+
+
+@dataclass(frozen=True)
+class AmberConfig:
+    """The loop: documents per round, the filter stage, its length, what the answer reads."""
+
+    filter: FilterName = field(default="mcf", metadata={
+        "help": "filter stage of `amber`: mcf, judge, stack or none (amber-<filter> "
+                "pipelines fix it)"})
+    k: int = field(default=5, metadata={"help": "unseen documents taken per round"})
+    max_iterations: int = field(default=3, metadata={"help": "rounds at most"})
+    answer_from: AnswerFrom = field(default="memory_and_evidence", metadata={
+        "help": "what the final answer reads: the memory, the memory and the kept evidence, "
+                "or the kept evidence only (the memory then only steers the loop)"})
+    stack: StackConfig = field(default_factory=StackConfig,
+                               metadata={"help": "how `stack` combines MCF and the judge"})
+    memory: MemoryConfig = field(default_factory=MemoryConfig,
+                                 metadata={"help": "the memory updater (AMU)"})
+    collector: CollectorConfig = field(default_factory=CollectorConfig,
+                                       metadata={"help": "the information collector (AIC)"})
+
+    def __post_init__(self) -> None:
+        if self.filter not in FILTER_NAMES:
+            raise ConfigError(f"amber.filter must be one of {', '.join(FILTER_NAMES)}, "
+                              f"got {self.filter!r}")
+        if self.answer_from not in get_args(AnswerFrom):
+            raise ConfigError(f"amber.answer_from must be one of "
+                              f"{', '.join(get_args(AnswerFrom))}, got {self.answer_from!r}")
+        if self.k < 1 or self.max_iterations < 1:
+            raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
+                              f"{self.k} and {self.max_iterations}")

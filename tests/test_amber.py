@@ -1,0 +1,192 @@
+"""The amber loop's control flow with scripted agents: where it stops, queries never repeat,
+seen chunks are not filtered again, usage by agent, the trace and what the generator reads."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import replace
+
+import pytest
+from fake_backend import ScriptedBackend
+
+from inference.collector import CollectorConfig, normalise_query
+from inference.errors import ConfigError
+from inference.pipelines import PipelineContext, build_pipeline
+from inference.pipelines.amber_config import AmberConfig
+from inference.types import Document, Example
+
+POOL = tuple(
+    Document(id=f"d{i}", title=f"Topic {i}",
+             text=(f"Fact{i} concerns the river. It has a second sentence{i}." if i % 2 else
+                   f"Fact{i} concerns the river."),
+             is_gold=i in (2, 5))
+    for i in range(10))
+EXAMPLE = Example(id="q1", question="Which river does Fact2 concern?", answers=("the river",),
+                  documents=POOL)
+
+
+class Agents:
+    """Scripted replies and label scores keyed on each agent's prompt, with a round counter."""
+
+    def __init__(self, *, sufficient_when: str | None = None, keep: str = r"Fact\d",
+                 query: str = "counter") -> None:
+        self.sufficient_when = sufficient_when
+        self.keep = re.compile(keep)
+        self.query = query
+        self.refines = itertools.count(1)
+        self.written = itertools.count(1)
+
+    def reply(self, text: str) -> str:
+        if "Task (Reviewer)" in text:
+            return "The evidence is relevant."
+        if "Task (Challenger)" in text:
+            return "Nothing is missing."
+        if "Task (Refiner)" in text:
+            return f"Notes after update {next(self.refines)}."
+        if "Task (Collector)" in text:
+            return (f"Query: search number {next(self.written)}" if self.query == "counter"
+                    else self.query)
+        if text.startswith("Question:") and "Sentences:" in text:
+            return "1"
+        return "the river"
+
+    def labels(self, text: str) -> dict[str, float]:
+        if "Task (Collector)" in text:
+            enough = self.sufficient_when is not None and self.sufficient_when in text
+            return {"Yes": 0.0 if enough else -5.0, "No": -5.0 if enough else 0.0}
+        if "Text:" in text:  # the filter's chunk prompt
+            chunk = text.split("Text:", 1)[1]
+            return {"Yes": 0.0 if self.keep.search(chunk) else -5.0, "No": -1.0}
+        return {"Yes": -1.0, "No": -1.0}
+
+
+def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amber):
+    backend = ScriptedBackend(reply=agents.reply, labels=agents.labels)
+    context = PipelineContext(generator=backend, filter_backend=backend, mcf_backend=backend,
+                              amber=replace(AmberConfig(k=3), **amber), search=search)
+    return build_pipeline(pipeline, context).run(EXAMPLE), backend
+
+
+def usage(backend: ScriptedBackend) -> dict[str, int]:
+    return {agent: u.calls for agent, u in backend.meter.by_agent.items()}
+
+
+def test_stops_when_the_memory_suffices_and_answers_from_memory_and_evidence():
+    output, backend = run_amber(Agents(sufficient_when="Notes after update 1."))
+    trace = output.trace
+    assert trace["stop_reason"] == "sufficient" and len(trace["rounds"]) == 1
+    assert trace["queries"] == [EXAMPLE.question]
+    # Round 1 takes the BM25 top 3 of the given pool for the question: Fact2 first.
+    (first,) = trace["rounds"]
+    assert first["retrieved"][0] == "d2" and len(first["retrieved"]) == 3
+    assert first["sufficiency"]["sufficient"] and first["next_query"] is None
+    assert first["memory"] == "Notes after update 1."
+    assert first["memory_update"]["reviewer"] == "The evidence is relevant."
+    # One batch per stage; one sentence call per multi-sentence kept chunk.
+    multi = sum(1 for i in first["kept"] if int(i[1:]) % 2)
+    assert usage(backend) == {"filter_chunk": 3, **({"filter_sentence": multi} if multi else {}),
+                              "reviewer+challenger": 2, "refiner": 1, "sufficiency": 1,
+                              "generator": 1}
+    # The generator reads the memory and the kept evidence (key sentences only).
+    answer_prompt = backend.calls[-1][1]
+    assert backend.calls[-1][0] == "generator"
+    assert "Notes:\nNotes after update 1." in answer_prompt and "Evidence:\n[1]" in answer_prompt
+    assert [d.id for d in output.documents_read] == first["kept"]
+    assert all("second sentence" not in d.text for d in output.documents_read)
+    assert [e["id"] for e in trace["evidence"]] == first["kept"]
+    assert output.answer == "the river"
+    assert {s.document.id for s in output.filter_result.scored} == set(first["retrieved"])
+
+
+def test_stops_at_max_iterations_with_new_documents_and_new_queries_each_round():
+    output, backend = run_amber(Agents(), max_iterations=3)
+    trace = output.trace
+    assert trace["stop_reason"] == "max_iterations" and len(trace["rounds"]) == 3
+    assert trace["queries"] == [EXAMPLE.question, "search number 1", "search number 2"]
+    retrieved = [set(r["retrieved"]) for r in trace["rounds"]]
+    assert all(len(r) == 3 for r in retrieved) and len(set().union(*retrieved)) == 9
+    # The last round neither asks for sufficiency nor writes a query.
+    assert trace["rounds"][-1]["sufficiency"] is None
+    counts = usage(backend)
+    assert counts["filter_chunk"] == 9 and counts["sufficiency"] == 2
+    assert counts["query_writer"] == 2 and counts["refiner"] == 3 and counts["generator"] == 1
+    assert trace["memory"] == "Notes after update 3."
+    assert [e["round"] for e in trace["evidence"]] == sorted(e["round"] for e in trace["evidence"])
+
+
+def test_stops_when_a_round_adds_nothing_and_then_answers_without_documents():
+    output, backend = run_amber(Agents(keep="no chunk says this"))
+    trace = output.trace
+    assert trace["stop_reason"] == "no_progress" and len(trace["rounds"]) == 1
+    assert trace["rounds"][0]["kept"] == [] and trace["rounds"][0]["memory_update"] is None
+    assert set(usage(backend)) == {"filter_chunk", "generator"}
+    assert output.documents_read == () and "Notes:" not in backend.calls[-1][1]
+
+
+def test_pool_exhaustion_is_no_progress():
+    output, _ = run_amber(Agents(), k=5, max_iterations=4)
+    rounds = output.trace["rounds"]
+    assert [len(r["retrieved"]) for r in rounds] == [5, 5, 0]
+    assert output.trace["stop_reason"] == "no_progress"
+
+
+def test_queries_never_repeat_and_the_loop_stops_without_a_new_one():
+    output, backend = run_amber(Agents(query=EXAMPLE.question.upper()), max_iterations=5)
+    trace = output.trace
+    assert trace["stop_reason"] == "no_new_query"
+    normalised = [normalise_query(q) for q in trace["queries"]]
+    assert len(normalised) == len(set(normalised))
+    sources = [r["next_query"]["source"] for r in trace["rounds"] if r["next_query"]]
+    assert sources[0] == "variation" and sources[-1] == "none"
+    assert trace["queries"][1].startswith(EXAMPLE.question) and "Notes" in trace["queries"][1]
+
+
+def test_seen_chunks_from_a_search_are_skipped_and_never_filtered_again():
+    calls = []
+
+    def search(query: str, k: int):
+        calls.append((query, k))
+        return POOL[:k]  # the same ranking whatever the query
+
+    output, backend = run_amber(Agents(), search=search, max_iterations=2)
+    rounds = output.trace["rounds"]
+    assert rounds[0]["retrieved"] == ["d0", "d1", "d2"]
+    assert rounds[1]["retrieved"] == ["d3", "d4", "d5"] and rounds[1]["skipped_seen"] == 3
+    assert calls == [(EXAMPLE.question, 3), ("search number 1", 6)]
+    assert usage(backend)["filter_chunk"] == 6
+    filtered = [text for agent, text in backend.calls if agent == "filter_chunk"]
+    assert len(filtered) == len(set(filtered))
+
+
+@pytest.mark.parametrize(("pipeline", "agents"), [
+    ("amber-judge", {"predictor", "judge"}),
+    ("amber-stack", {"filter_chunk", "predictor", "judge"}),
+    ("amber-none", set()),
+])
+def test_each_filter_stage_counts_its_own_agents(pipeline, agents):
+    output, backend = run_amber(Agents(sufficient_when="Notes after update 1."),
+                                pipeline=pipeline)
+    assert output.trace["filter"] == pipeline.removeprefix("amber-")
+    assert agents <= set(usage(backend))
+    assert {"reviewer+challenger", "refiner", "sufficiency", "generator"} <= set(usage(backend))
+    assert usage(backend)["generator"] == 1
+
+
+def test_memory_only_answers_do_not_show_evidence_and_the_config_is_validated():
+    output, backend = run_amber(Agents(sufficient_when="update 1"), answer_from="memory")
+    prompt = backend.calls[-1][1]
+    assert "Notes:\nNotes after update 1." in prompt and "Evidence:" not in prompt
+    assert output.documents_read  # what the memory was built from
+    with pytest.raises(ConfigError, match="amber.filter"):
+        AmberConfig(filter="magic")
+    with pytest.raises(ConfigError, match="max_iterations"):
+        AmberConfig(max_iterations=0)
+    assert CollectorConfig().sufficiency_threshold == 0.5
+
+
+def test_evidence_only_answers_read_like_vanilla():
+    output, backend = run_amber(Agents(sufficient_when="update 1"), answer_from="evidence")
+    prompt = backend.calls[-1][1]
+    assert "Documents:\n[1]" in prompt and "Notes" not in prompt
+    assert output.trace["answer_from"] == "evidence"
