@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -58,6 +59,47 @@ def _backend_specs(args: argparse.Namespace) -> dict:
             "filter": served(args.filter_endpoint, args.filter_model, "filter")}
 
 
+def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("amber loop and trained filter")
+    group.add_argument("--amber-filter", choices=["mcf", "judge", "stack", "none"],
+                       default="mcf", help="filter stage of the `amber` pipeline (default mcf; "
+                       "amber-mcf, amber-judge, amber-stack, amber-none fix it per pipeline)")
+    group.add_argument("--filter-adapter", metavar="PATH",
+                       help="LoRA adapter folder of the trained filter, run in-process on the "
+                       "filter's model (default: the shipped training/adapters/smollm2-filter "
+                       "when present; a served filter is --filter-endpoint/--filter-model)")
+    group.add_argument("--max-iterations", type=int, default=3, help="amber rounds at most")
+    group.add_argument("--amber-k", type=int, default=5,
+                       help="unseen documents taken per amber round (default 5)")
+    group.add_argument("--answer-from", choices=["memory", "memory_and_evidence", "evidence"],
+                       default="memory_and_evidence",
+                       help="what amber's final answer reads (default memory_and_evidence)")
+    group.add_argument("--stack-combine", choices=["both", "either", "zmean"], default="both",
+                       help="how the stack filter combines MCF and the judge (default both)")
+    group.add_argument("--mcf-bar", choices=["fixed", "adaptive"], default="fixed",
+                       help="MCF keeps s >= --mcf-threshold (fixed) or s >= mean(s) (adaptive)")
+    group.add_argument("--mcf-threshold", type=float, default=0.0,
+                       help="fixed MCF bar on s = log P(Yes) - log P(No) (default 0)")
+    group.add_argument("--sufficiency-threshold", type=float, default=0.5,
+                       help="the memory suffices when P(Yes) >= this (default 0.5)")
+
+
+def _amber_sections(args: argparse.Namespace) -> dict:
+    from inference.collector import CollectorConfig
+    from inference.filters.mcf import MCFConfig
+    from inference.filters.stack import StackConfig
+    from inference.pipelines.amber_config import AmberConfig
+
+    return {
+        "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
+                         threshold=args.mcf_threshold),
+        "amber": AmberConfig(
+            filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
+            answer_from=args.answer_from, stack=StackConfig(combine=args.stack_combine),
+            collector=CollectorConfig(sufficiency_threshold=args.sufficiency_threshold)),
+    }
+
+
 def _default_out(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -103,7 +145,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             router=RouterConfig(self_check=args.router_self_check),
             routed_pipeline=args.routed_pipeline,
             trust=TrustConfig(enabled=not args.no_trust, llm_judge=args.llm_judge),
-            **_backend_specs(args),
+            **_backend_specs(args), **_amber_sections(args),
         )
     from inference.pipelines import PIPELINES
 
@@ -123,14 +165,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from inference.config import RunConfig
     from inference.demo_data import write_demo_dataset
     from inference.eval.runner import run_evaluation
+    from inference.filters.mcf import shipped_adapter
 
     out = Path(args.out)
     dataset = write_demo_dataset(out / "demo.jsonl")
-    config = RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla", "main-rag"),
-                       limit=args.limit, **_backend_specs(args))
-    print(f"demo: {dataset} (invented facts: only documents can answer them)")
+    sections = _amber_sections(args)
+    trained = args.filter_adapter or args.filter_endpoint or shipped_adapter()
+    if args.amber_filter in ("mcf", "stack") and not trained:
+        print("demo: no trained filter adapter yet (training/adapters/smollm2-filter); "
+              "amber filters with the judge instead", file=sys.stderr)
+        sections["amber"] = replace(sections["amber"], filter="judge")
+    config = RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla", "main-rag", "amber"),
+                       limit=args.limit, **_backend_specs(args), **sections)
+    print(f"demo: {dataset} (invented facts: only documents can answer them); amber filters "
+          f"with {sections['amber'].filter}")
     summaries = run_evaluation(config, out / "run", progress=not args.quiet)
     _print_summary(out / "run", summaries)
+    print(f"one question's amber trace: sieverag trace {out / 'run'} demo-0-0")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from inference.trace import find_record, render_record
+
+    print(render_record(find_record(args.run_dir, args.question_id, args.pipeline)))
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from inference.config import RetrievalConfig, RunConfig
+    from inference.eval.runner import build_context, with_trained_filter
+    from inference.pipelines import build_pipeline
+    from inference.trace import render_loop
+    from inference.types import Example
+
+    if not Path(args.index).is_dir():
+        raise ConfigError(f"index folder {args.index} not found; build one with "
+                          "`sieverag index build`")
+    # A one-question run: the same config and context as `sieverag eval`, without a dataset.
+    config = with_trained_filter(RunConfig(
+        dataset="", pipelines=(args.pipeline,),
+        retrieval=RetrievalConfig(index=args.index, mode=args.mode, k=args.k),
+        **_backend_specs(args), **_amber_sections(args)))
+    context, _ = build_context(config)
+    output = build_pipeline(args.pipeline, context).run(
+        Example(id="ask", question=args.question, answers=()))
+    print(f"Answer: {output.answer}")
+    if output.raw_answer.strip() != output.answer:
+        print(f"(raw reply: {output.raw_answer.strip()!r})")
+    print(f"\nEvidence read ({len(output.documents_read)}):")
+    for number, document in enumerate(output.documents_read, start=1):
+        print(f"[{number}] {document.title or document.id}: {document.text}")
+    if args.trace and "rounds" in output.trace:
+        print()
+        print(render_loop(output.trace))
     return 0
 
 
@@ -143,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="run pipelines on a QA dataset and score them",
                               description="Run pipelines on a dataset; results are resumable.")
     evaluate.add_argument("--pipeline", action="append",
-                          help="pipeline name(s): direct, vanilla, main-rag, auto "
+                          help="pipeline name(s): direct, vanilla, main-rag, amber, amber-mcf, "
+                          "amber-judge, amber-stack, amber-none, auto "
                           "(repeat the flag or comma-separate)")
     evaluate.add_argument("--dataset", help="dataset file (hotpotqa, nq, popqa, squad, arc, "
                           "triviaqa, or common {question, answers, ctxs} jsonl)")
@@ -176,16 +265,43 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", help="run folder (default runs/eval-TIMESTAMP); rerunning "
                           "into it resumes")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_amber_flags(evaluate)
     _add_backend_flags(evaluate)
     evaluate.set_defaults(func=cmd_eval)
 
-    demo = sub.add_parser("demo", help="run direct, vanilla and main-rag on the built-in demo set",
-                          description="Write the demo set and compare pipelines on it.")
+    demo = sub.add_parser("demo", help="run direct, vanilla, main-rag and amber on the built-in "
+                          "demo set", description="Write the demo set and compare pipelines "
+                          "on it.")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
     demo.add_argument("--limit", type=int, help="first N demo questions only")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_amber_flags(demo)
     _add_backend_flags(demo)
     demo.set_defaults(func=cmd_demo)
+
+    trace = sub.add_parser("trace", help="show one question's saved result and amber trace",
+                           description="Render one example of a run readably: answer, "
+                           "metrics, every amber round, evidence, usage by agent.")
+    trace.add_argument("run_dir", metavar="RUN_DIR", help="run folder of `sieverag eval`")
+    trace.add_argument("question_id", metavar="QUESTION_ID", help="the example's id")
+    trace.add_argument("--pipeline", default="amber",
+                       help="which results/<pipeline>.jsonl to read (default amber)")
+    trace.set_defaults(func=cmd_trace)
+
+    ask = sub.add_parser("ask", help="answer one question over an index, with its evidence",
+                         description="Answer one question from an index (`sieverag index "
+                         "build`) and print the answer with the evidence it read.")
+    ask.add_argument("question", help="the question")
+    ask.add_argument("--index", required=True, help="index folder")
+    ask.add_argument("--pipeline", default="amber",
+                     help="pipeline: amber (default), amber-<filter>, vanilla, main-rag, direct")
+    ask.add_argument("--mode", default="hybrid", choices=["bm25", "dense", "hybrid", "rrf"],
+                     help="retrieval mode (default hybrid)")
+    ask.add_argument("-k", type=int, default=5, help="documents retrieved for the question")
+    ask.add_argument("--trace", action="store_true", help="also show amber's rounds")
+    _add_amber_flags(ask)
+    _add_backend_flags(ask)
+    ask.set_defaults(func=cmd_ask)
 
     from inference.retrieval.cli import register as register_retrieval
 

@@ -24,11 +24,14 @@ from inference.eval.datasets import load_examples
 from inference.eval.records import build_record, trust_metrics
 from inference.eval.report import write_report
 from inference.eval.summary import summarize
+from inference.filters.mcf import SHIPPED_ADAPTER, shipped_adapter
+from inference.filters.registry import NEEDS_TRAINED_FILTER
 from inference.io_utils import JsonlLog, write_atomic
 from inference.llm.base import GenerationSettings, LLMBackend, Usage
-from inference.llm.registry import build_backend
+from inference.llm.registry import BackendSpec, build_backend
 from inference.pipelines import PipelineContext, build_pipeline
-from inference.pipelines.base import DocumentSource
+from inference.pipelines.amber import amber_filter
+from inference.pipelines.base import DocumentSource, QuerySearch
 from inference.prompt_templates import PROMPTS_DIR, load_template
 from inference.router import Router
 from inference.types import Document, Example
@@ -51,8 +54,12 @@ def provenance(config: RunConfig) -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
+    adapter_card = (Path(config.mcf.adapter) / "sieverag_adapter.json"
+                    if config.mcf.adapter else None)
     return {
         "dataset_sha256": dataset_fingerprint(config.dataset),
+        "filter_adapter": (json.loads(adapter_card.read_text(encoding="utf-8"))
+                           if adapter_card is not None and adapter_card.is_file() else None),
         "prompt_sha256": {
             p.stem: load_template(p.stem).sha256[:16] for p in sorted(PROMPTS_DIR.glob("*.yaml"))
         },
@@ -98,9 +105,99 @@ def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
     return documents
 
 
+def _index_search(index, config: RetrievalConfig) -> QuerySearch:
+    """Query-based search on the index in the configured mode (for later amber rounds)."""
+
+    def search(query: str, k: int) -> Sequence[Document]:
+        return [hit.document for hit in index.search(query, k, config.mode)]
+
+    return search
+
+
+def needs_trained_filter(config: RunConfig) -> bool:
+    """Whether some pipeline of the run filters with MCF (`mcf` or `stack`)."""
+    pipelines = set(config.pipelines)
+    if "auto" in pipelines:
+        pipelines.add(config.routed_pipeline)
+    return any(amber_filter(p, config.amber) in NEEDS_TRAINED_FILTER for p in pipelines)
+
+
+def _served_filter(config: RunConfig) -> bool:
+    return config.filter is not None and config.filter.kind == "openai"
+
+
+def with_trained_filter(config: RunConfig) -> RunConfig:
+    """`config` with `mcf.adapter` set to the shipped filter adapter where MCF runs in-process
+    and no adapter was given (so the run's config.yaml names the adapter it used); an error
+    when MCF is needed and there is no trained filter at all."""
+    if not needs_trained_filter(config):
+        return config
+    if config.mcf.adapter is None and not _served_filter(config) and shipped_adapter():
+        config = replace(config, mcf=replace(config.mcf, adapter=shipped_adapter()))
+    if mcf_backend_spec(config) is None:
+        raise ConfigError(
+            "the mcf and stack filters need the trained filter, and no adapter was given or "
+            f"shipped ({SHIPPED_ADAPTER}): pass --filter-adapter PATH, or --filter-endpoint/"
+            "--filter-model for a served one; amber-judge needs no training")
+    return config
+
+
+def mcf_backend_spec(config: RunConfig) -> BackendSpec | None:
+    """The trained filter: the served filter when one is configured, else the filter's (or
+    the default) base model in-process with `mcf.adapter`; None when neither is set."""
+    if _served_filter(config):
+        return config.filter
+    if config.mcf.adapter is None:
+        return None
+    adapter = Path(config.mcf.adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"filter adapter {adapter} has no adapter_config.json: pass the "
+                          "folder a training run saved (--filter-adapter PATH)")
+    base = config.filter_backend if config.filter_backend.kind == "hf" else BackendSpec()
+    return replace(base, adapter=str(adapter))
+
+
+def build_context(config: RunConfig) -> tuple[PipelineContext, list[LLMBackend]]:
+    """The pipelines' shared context for `config`, and its distinct backends (for usage)."""
+    generator = build_backend(config.generator)
+    filter_backend = build_backend(config.filter_backend)
+    mcf_spec = mcf_backend_spec(config) if needs_trained_filter(config) else None
+    mcf_backend = build_backend(mcf_spec) if mcf_spec is not None else None
+    backends: list[LLMBackend] = []
+    for backend in (generator, filter_backend, mcf_backend):
+        if backend is not None and all(backend is not b for b in backends):
+            backends.append(backend)
+    index = None
+    documents = _capped_documents(config.max_documents)
+    search = None
+    if config.retrieval is not None:
+        from inference.retrieval.index import Index
+
+        index = Index.load(config.retrieval.index)
+        documents = _retrieved_documents(index, config.retrieval)
+        search = _index_search(index, config.retrieval)
+    context = PipelineContext(
+        generator=generator,
+        filter_backend=filter_backend,
+        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
+        judge=config.judge,
+        answer_extraction=config.answer_extraction,
+        documents=documents,
+        routed_pipeline=config.routed_pipeline,
+        router=Router(config.router, index=index,
+                      backend=generator if config.router.self_check else None),
+        mcf_backend=mcf_backend,
+        mcf=config.mcf,
+        amber=config.amber,
+        search=search,
+    )
+    return context, backends
+
+
 def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
     out_dir = Path(out_dir)
+    config = with_trained_filter(config)
     examples = load_examples(config.dataset, config.dataset_format, config.limit)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
@@ -114,33 +211,13 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     import torch
 
     torch.manual_seed(config.seed)
-    generator = build_backend(config.generator)
-    filter_backend = build_backend(config.filter_backend)
-    backends = [generator] if filter_backend is generator else [generator, filter_backend]
-    index = None
-    documents = _capped_documents(config.max_documents)
-    if config.retrieval is not None:
-        from inference.retrieval.index import Index
-
-        index = Index.load(config.retrieval.index)
-        documents = _retrieved_documents(index, config.retrieval)
-    context = PipelineContext(
-        generator=generator,
-        filter_backend=filter_backend,
-        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
-        judge=config.judge,
-        answer_extraction=config.answer_extraction,
-        documents=documents,
-        routed_pipeline=config.routed_pipeline,
-        router=Router(config.router, index=index,
-                      backend=generator if config.router.self_check else None),
-    )
+    context, backends = build_context(config)
     embed = None
     if config.trust.enabled:
         from inference.retrieval.dense import DenseConfig, make_encoder
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
-    llm_judge = generator if config.trust.llm_judge else None
+    llm_judge = context.generator if config.trust.llm_judge else None
     all_records: dict[str, list[dict]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)

@@ -1,0 +1,148 @@
+"""Readable rendering of one saved example (a line of RUN_DIR/results/<pipeline>.jsonl):
+answer and metrics, and for `amber` every round of its trace — query, documents with scores
+and key sentences, the three memory agents, the memory, the sufficiency verdict, the next
+query — then the evidence the generator read and the usage by agent."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from inference.errors import ConfigError
+
+WIDTH = 100
+SNIPPET = 240
+
+
+def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") -> dict:
+    """The record of `question_id` in RUN_DIR/results/<pipeline>.jsonl."""
+    results = Path(run_dir) / "results"
+    path = results / f"{pipeline}.jsonl"
+    if not path.is_file():
+        known = sorted(p.stem for p in results.glob("*.jsonl"))
+        hint = (f"pick one with --pipeline: {', '.join(known)}" if known
+                else "is it a run folder written by `sieverag eval`?")
+        raise ConfigError(f"{path} not found; {hint}")
+    ids = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}:{number} is not valid JSON") from None
+            if str(record.get("id")) == question_id:
+                return record
+            ids.append(str(record.get("id")))
+    shown = ", ".join(ids[:5]) + (" …" if len(ids) > 5 else "")
+    raise ConfigError(f"no question {question_id!r} in {path} ({len(ids)} records: {shown})")
+
+
+def _wrap(label: str, text: str, indent: int = 2) -> list[str]:
+    prefix = " " * indent + label
+    body = " ".join(str(text).split()) or "(empty)"
+    return textwrap.wrap(body, WIDTH, initial_indent=prefix,
+                         subsequent_indent=" " * len(prefix)) or [prefix]
+
+
+def _document_lines(entry: dict, indent: int = 4) -> list[str]:
+    mark = "✓" if entry.get("kept") else "✗"
+    gold = {True: " [gold]", False: "", None: ""}[entry.get("is_gold")]
+    title = f"{entry['title']} " if entry.get("title") else ""
+    line = f"{' ' * indent}{mark} {entry.get('score', 0.0):+7.3f}  {title}({entry.get('id')}){gold}"
+    extras = []
+    if "p_yes" in entry:
+        extras.append(f"P(Yes) {entry['p_yes']:.2f}")
+    if "mcf_score" in entry:
+        extras.append(f"mcf {entry['mcf_score']:+.2f}{'✓' if entry.get('mcf_kept') else '✗'}")
+    if "judge_score" in entry:
+        extras.append(f"judge {entry['judge_score']:+.2f}"
+                      f"{'✓' if entry.get('judge_kept') else '✗'}")
+    if "predicted_answer" in entry:
+        extras.append(f"predicted {entry['predicted_answer']!r}")
+    if entry.get("kept") and "sentence_status" in entry:
+        numbers = ", ".join(str(i + 1) for i in entry.get("key_sentences") or []) or "none"
+        extras.append(f"sentences {numbers} ({entry['sentence_status']})")
+    lines = [line]
+    if extras:
+        lines.append(" " * (indent + 11) + " · ".join(extras))
+    return lines
+
+
+def _round_lines(entry: dict) -> list[str]:
+    bar = entry.get("threshold")
+    lines = [f"Round {entry['round']} — query: {entry['query']!r}",
+             f"  retrieved {len(entry['retrieved'])} new document(s), skipped "
+             f"{entry['skipped_seen']} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
+    for scored in entry["scored"]:
+        lines += _document_lines(scored)
+    update = entry.get("memory_update")
+    if update is None:
+        lines.append("  memory agents: not run (nothing new kept)")
+    else:
+        lines += _wrap("Reviewer:   ", update["reviewer"])
+        lines += _wrap("Challenger: ", update["challenger"])
+        lines += _wrap("Refiner:    ", update["refiner"]
+                       + (" [cut to the memory cap]" if update.get("truncated") else ""))
+    lines += _wrap("Memory:     ", entry["memory"])
+    verdict = entry.get("sufficiency")
+    if verdict is not None:
+        lines.append(f"  Sufficient? P(Yes) = {verdict['p_yes']:.2f} → "
+                     f"{'yes' if verdict['sufficient'] else 'no'}")
+    following = entry.get("next_query")
+    if following is not None:
+        if following["query"] is None:
+            lines += _wrap("Next query: ", f"none new (writer said {following['written']!r})")
+        else:
+            lines += _wrap("Next query: ", f"{following['query']!r} ({following['source']})")
+    return lines
+
+
+def render_loop(trace: dict) -> str:
+    """An amber trace: the stop reason, every round, and the evidence the generator read."""
+    lines = [f"Pipeline {trace['pipeline']} (filter {trace['filter']}): stopped "
+             f"({trace['stop_reason']}) after {len(trace['rounds'])} round(s); "
+             f"answer from {trace['answer_from']}"]
+    for entry in trace["rounds"]:
+        lines += ["", *_round_lines(entry)]
+    lines += ["", "Evidence the generator read:"]
+    for number, item in enumerate(trace["evidence"], start=1):
+        lines += _wrap(f"[{number}] ", f"{item['title']} (round {item['round']}, "
+                       f"{item['score']:+.2f}): {textwrap.shorten(item['text'], SNIPPET)}")
+    if not trace["evidence"]:
+        lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def render_record(record: dict) -> str:
+    """The record as readable text (see the module docstring)."""
+    metrics = " · ".join(f"{k} {v:.2f}" for k, v in record.get("metrics", {}).items())
+    lines = [f"Question {record['id']}: {record['question']}",
+             f"Gold: {' | '.join(record.get('answers', [])) or '–'}",
+             f"Prediction: {record.get('prediction')!r} (raw reply: "
+             f"{record.get('raw_prediction', '')!r})",
+             f"Metrics: {metrics or '–'}",
+             f"Cost: {record.get('llm_calls', 0)} LLM calls · {record.get('input_tokens', 0)} "
+             f"input tokens ({record.get('generator_input_tokens', 0)} to the generator) · "
+             f"{record.get('seconds', 0):.1f} s"]
+    trace = record.get("trace", {})
+    if "route" in trace:
+        route = trace["route"]
+        lines.append(f"Router: {'retrieve' if route['retrieve'] else 'answer directly'} "
+                     f"({route['reason']})")
+    if "rounds" in trace:
+        lines.append(render_loop(trace))
+    else:
+        lines += ["", f"Documents read: {', '.join(record.get('documents_read', [])) or '(none)'}"]
+        if "filter" in record:
+            lines.append(f"Filter scores (bar {record['filter']['threshold']}):")
+            for scored in record["filter"]["scores"]:
+                lines += _document_lines(scored, indent=2)
+    usage = record.get("usage", {})
+    if usage:
+        lines += ["", f"  {'agent':<22}{'calls':>6}{'prompt tokens':>15}{'completion':>12}"]
+        lines += [f"  {agent:<22}{u['calls']:>6}{u['prompt_tokens']:>15}"
+                  f"{u['completion_tokens']:>12}" for agent, u in usage.items()]
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""`amber` through the runner and the CLI on the tiny model with a random LoRA adapter:
+records carry the trace, the adapter is resolved into config.yaml, `sieverag trace` and
+`sieverag ask` print it, and a missing trained filter is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
+
+from inference.cli import main
+from inference.config import RunConfig, TrustConfig
+from inference.demo_data import write_demo_dataset
+from inference.errors import ConfigError
+from inference.eval import runner
+from inference.filters.mcf import MCFConfig
+from inference.llm.registry import BackendSpec
+from inference.memory import MemoryConfig
+from inference.pipelines.amber_config import AmberConfig
+from inference.retrieval.config import IndexConfig
+from inference.retrieval.index import build_index
+
+SHORT = AmberConfig(max_iterations=2, memory=MemoryConfig(review_max_new_tokens=8,
+                                                          refine_max_new_tokens=16))
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    return make_lora_adapter(tiny_model_dir, tmp_path_factory.mktemp("lora"))
+
+
+def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
+        tmp_path, tiny_model_dir, adapter_dir, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "shipped_adapter", lambda: str(adapter_dir))
+    dataset = write_demo_dataset(tmp_path / "demo.jsonl")
+    config = RunConfig(dataset=str(dataset), pipelines=("amber-mcf", "amber-judge"), limit=2,
+                       generator=BackendSpec(model=str(tiny_model_dir), batch_size=8),
+                       amber=SHORT, trust=TrustConfig(enabled=False))
+    out = tmp_path / "run"
+    summaries = runner.run_evaluation(config, out, progress=False)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["mcf"]["adapter"] == str(adapter_dir)  # the shipped default, made explicit
+    assert saved["amber"]["max_iterations"] == 2
+    record = json.loads((out / "results" / "amber-mcf.jsonl").open().readline())
+    trace = record["trace"]
+    assert trace["pipeline"] == "amber-mcf" and trace["filter"] == "mcf"
+    assert trace["stop_reason"] in {"sufficient", "max_iterations", "no_progress",
+                                    "no_new_query"}
+    assert trace["rounds"][0]["query"] == record["question"]
+    assert record["usage"]["filter_chunk"]["calls"] == len(trace["rounds"][0]["retrieved"])
+    assert record["usage"]["generator"]["calls"] == 1
+    assert record["generator_input_tokens"] == record["usage"]["generator"]["prompt_tokens"]
+    assert record["documents_read"] == [e["id"] for e in trace["evidence"]]
+    assert "predictor" in summaries["amber-judge"]["usage_per_question"]
+    # Rerunning resumes: the resolved adapter makes the same config.
+    runner.run_evaluation(config, out, progress=False)
+
+    assert main(["trace", str(out), "demo-0-0", "--pipeline", "amber-mcf"]) == 0
+    shown = capsys.readouterr().out
+    assert "Round 1 — query: 'In which town was" in shown and "Memory:" in shown
+    assert "stopped (" in shown and "filter_chunk" in shown
+    assert main(["trace", str(out), "demo-0-0"]) == 2  # no results/amber.jsonl
+    assert "pick one with --pipeline: amber-judge, amber-mcf" in capsys.readouterr().err
+    assert main(["trace", str(out), "nope", "--pipeline", "amber-judge"]) == 2
+    assert "no question 'nope'" in capsys.readouterr().err
+
+
+def test_mcf_without_a_trained_filter_is_a_clear_error(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(runner, "shipped_adapter", lambda: None)
+    dataset = write_demo_dataset(tmp_path / "demo.jsonl")
+    config = RunConfig(dataset=str(dataset), pipelines=("vanilla", "amber"),
+                       generator=BackendSpec(model=str(tiny_model_dir)))
+    with pytest.raises(ConfigError, match="need the trained filter.*--filter-adapter"):
+        runner.run_evaluation(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # nothing half-written
+    with pytest.raises(ConfigError, match="no adapter_config.json"):
+        runner.run_evaluation(
+            RunConfig(**{**config.__dict__, "mcf": MCFConfig(adapter=str(tmp_path))}),
+            tmp_path / "run", progress=False)
+    # The judge needs no training; `auto` routed to amber needs it.
+    assert not runner.needs_trained_filter(RunConfig(dataset="d", pipelines=("amber-judge",)))
+    assert runner.needs_trained_filter(RunConfig(dataset="d", pipelines=("auto",),
+                                                 routed_pipeline="amber-stack"))
+
+
+def test_ask_answers_over_an_index_and_shows_evidence_and_rounds(
+        tmp_path, tiny_model_dir, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "a", "title": "Liora Tamsin", "text": "Liora Tamsin was born in Quorrin."},
+        {"id": "b", "title": "Penguins", "text": "Penguins huddle together in winter."},
+        {"id": "c", "title": "Calder Bridge", "text": "The Calder Bridge opened in 1901."},
+    ]))
+    index = tmp_path / "index"
+    build_index(corpus, index, IndexConfig(dense=None), show_progress=False)
+    assert main(["ask", "Where was Liora Tamsin born?", "--index", str(index), "--mode", "bm25",
+                 "--model", str(tiny_model_dir), "--amber-filter", "none", "--amber-k", "1",
+                 "--max-iterations", "2", "--trace"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Answer: ") and "Evidence read (" in shown
+    assert "[1] Liora Tamsin: Liora Tamsin was born in Quorrin." in shown
+    assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
+    assert main(["ask", "q?", "--index", str(tmp_path / "none")]) == 2
+    assert "index folder" in capsys.readouterr().err
