@@ -3,7 +3,9 @@
 Signals, per chunk of a question (all kept in the label files, see `data_gen.labelling`):
 
 * STRINC — the chunk (or sentence) contains a gold answer alias (`data_gen.strinc`);
-* CXMI — the chunk's (sentence's) CXMI score is above a threshold (`data_gen.cxmi`);
+* CXMI — the chunk's (sentence's) CXMI score is above a threshold (`data_gen.cxmi`; default
+  2.0 nats at both levels, the best F1 against HotpotQA gold among 0, 0.5, 1 and 2 with the
+  embedded SmolLM2-135M scorer, see tests/benchmarks/bench_cxmi.py);
 * teacher — the teacher's verdict and key sentences, when a teacher was asked and its reply
   was valid (`data_gen.teacher`);
 * gold — the dataset's own marks: `is_gold` per chunk, supporting sentences per sentence.
@@ -61,9 +63,9 @@ class LabelPolicy:
                                         metadata={"help": "|".join(SENTENCE_RULES)})
     gold: GoldUse = field(default="prefer", metadata={"help": "|".join(GOLD_USES)})
     chunk_cxmi_threshold: float = field(
-        default=1.0, metadata={"help": "a chunk is CXMI-positive above this score (nats)"})
+        default=2.0, metadata={"help": "a chunk is CXMI-positive above this score (nats)"})
     sentence_cxmi_threshold: float = field(
-        default=1.0, metadata={"help": "a sentence is CXMI-positive above this score (nats)"})
+        default=2.0, metadata={"help": "a sentence is CXMI-positive above this score (nats)"})
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("chunk_rule", self.chunk_rule, CHUNK_RULES),
