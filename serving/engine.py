@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from transformers import DynamicCache
 
-from serving.decode_batch import RunningBatch, check_batchable
+from serving.decode_batch import RunningBatch, new_cache
 from serving.sampling import Sampling, choose_tokens
 from serving.served_model import ServedModel
 
@@ -34,6 +33,7 @@ logger = logging.getLogger(__name__)
 # (rows x positions x vocabulary floats): bounds the memory of one prefill.
 PREFILL_TOKEN_BUDGET = 8192
 PROMPT_LOGITS_BUDGET = 1 << 26
+PROMPT_SLICE = 512  # prompt positions turned into log-probs at a time
 
 FinishReason = Literal["stop", "length"]
 
@@ -138,11 +138,10 @@ class BatchingEngine:
                              device=self.served.device)
         with torch.inference_mode():
             for name in self.served.names:
-                cache = DynamicCache(config=self.served.model.config)
+                cache = new_cache(self.served.model.config, self.served.name)
                 with self.served.activated(name):
                     self.served.model(input_ids=probe, cache=cache, use_cache=True,
                                       logits_to_keep=1)
-                check_batchable(cache, self.served.name)
         self._thread.start()
 
     @property
@@ -268,7 +267,7 @@ class BatchingEngine:
             mask[row, width - len(prompt):] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         with_prompt_logprobs = any(s.request.prompt_logprobs for s in chunk)
-        cache = DynamicCache(config=self.served.model.config)
+        cache = new_cache(self.served.model.config, self.served.name)
         with self.served.activated(name):
             logits = self.served.model(
                 input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -404,12 +403,17 @@ def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
 def _prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int
                      ) -> tuple[TokenLogprob | None, ...]:
     """Log-prob of each prompt token given the ones before it (`logits`: the prompt's rows)."""
-    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-    targets = torch.tensor(prompt[1:], device=logprobs.device).unsqueeze(1)
-    values = logprobs.gather(1, targets).squeeze(1).tolist()
-    top = _top_k(logprobs, k)
-    return (None, *(TokenLogprob(token, value, alternatives)
-                    for token, value, alternatives in zip(prompt[1:], values, top, strict=True)))
+    entries: list[TokenLogprob | None] = [None]
+    # In slices of positions: a full log-softmax copy of a long prompt's logits is large.
+    for start in range(0, len(prompt) - 1, PROMPT_SLICE):
+        stop = min(start + PROMPT_SLICE, len(prompt) - 1)
+        logprobs = torch.log_softmax(logits[start:stop].float(), dim=-1)
+        targets = prompt[start + 1:stop + 1]
+        values = logprobs.gather(
+            1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+        entries.extend(TokenLogprob(token, value, alternatives) for token, value, alternatives
+                       in zip(targets, values, _top_k(logprobs, k), strict=True))
+    return tuple(entries)
 
 
 def _top_k(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:

@@ -105,6 +105,22 @@ def test_completion_with_echo_and_logprobs(server: LocalServer, client: openai.O
         assert value == max(top.values())
 
 
+def test_echo_of_a_long_prompt_matches_a_direct_forward(server: LocalServer,
+                                                        client: openai.OpenAI) -> None:
+    """Prompt log-probs of a prompt longer than one slice (512 positions) are the model's."""
+    prompt = " ".join(f"word{i}" for i in range(180))
+    reply = client.completions.create(model="lora", prompt=prompt, max_tokens=0, echo=True,
+                                      logprobs=0)
+    served = server.engine.served
+    ids = served.tokenizer(prompt)["input_ids"]
+    assert len(ids) > 600
+    with torch.inference_mode(), served.activated("lora"):
+        logits = served.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids[1:])[:, None])
+    assert reply.choices[0].logprobs.token_logprobs[1:] == pytest.approx(
+        expected.squeeze(1).tolist(), abs=1e-4)
+
+
 def test_prompt_list_and_max_tokens_zero_and_one(server: LocalServer, client: openai.OpenAI
                                                  ) -> None:
     reply = client.completions.create(model=base_name(server), prompt=["One", "Two three"],
