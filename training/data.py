@@ -1,0 +1,112 @@
+"""The multi-task filter dataset as training reads it (written by `sieverag build-dataset`).
+
+The data_gen output folder holds `dataset/` (a `DatasetDict.save_to_disk` with `train` and
+`validation` splits, split by question), `train.jsonl`, `validation.jsonl` and `stats.json`.
+Records follow `inference.filters.filter_format`: conversational `prompt` / `completion`
+plus provenance columns (`task`, `source`, `question_id`, `evidence`) that training drops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inference.errors import DatasetError
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
+    from transformers import PreTrainedTokenizerBase
+
+DATASET_SUBDIR = "dataset"
+RECORD_COLUMNS = ("prompt", "completion", "task", "source", "question_id")
+TRAINED_COLUMNS = ["prompt", "completion"]
+
+
+def dataset_dict_dir(path: str | Path) -> Path:
+    """The `save_to_disk` folder inside a build-dataset output folder (or the folder itself)."""
+    folder = Path(path)
+    for candidate in (folder / DATASET_SUBDIR, folder):
+        if (candidate / "dataset_dict.json").is_file():
+            return candidate
+    what = "does not exist" if not folder.exists() else "holds no dataset/dataset_dict.json"
+    raise DatasetError(f"filter dataset {folder} {what}: give the output folder of "
+                       "`sieverag build-dataset --out DIR`")
+
+
+def load_filter_dataset(path: str | Path, splits: Iterable[str] = ("train", "validation")
+                        ) -> DatasetDict:
+    """The dataset's splits, each checked to hold the filter record columns."""
+    from datasets import load_from_disk
+
+    folder = dataset_dict_dir(path)
+    try:
+        dataset = load_from_disk(str(folder))
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"cannot load filter dataset {folder}: {err}") from err
+    for split in splits:
+        if split not in dataset:
+            raise DatasetError(f"filter dataset {folder} has no {split!r} split "
+                               f"(it has {', '.join(dataset) or 'none'})")
+        missing = [c for c in RECORD_COLUMNS if c not in dataset[split].column_names]
+        if missing and len(dataset[split]) > 0:
+            raise DatasetError(f"filter dataset {folder}, split {split!r}: missing column(s) "
+                               f"{', '.join(missing)}; records must follow "
+                               "inference.filters.filter_format")
+    return dataset
+
+
+def question_ids(path: str | Path, split: str = "train") -> set[tuple[str, str]]:
+    """The (source, question_id) pairs of one split: the questions a split was built from."""
+    records = load_filter_dataset(path, splits=(split,))[split]
+    if len(records) == 0:
+        return set()
+    return set(zip(records["source"], records["question_id"], strict=True))
+
+
+def sample(records: Dataset, limit: int | None, seed: int) -> Dataset:
+    """A seeded random subset of `limit` records (all of them when `limit` is None)."""
+    if limit is None or limit >= len(records):
+        return records
+    return records.shuffle(seed=seed).select(range(limit))
+
+
+def record_length(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> int:
+    """Tokens of the chat-templated prompt plus completion (what the trainer sees)."""
+    encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
+                                            tokenize=True, return_dict=True)
+    return len(encoded["input_ids"])
+
+
+def drop_long(records: Dataset, tokenizer: PreTrainedTokenizerBase,
+              max_length: int) -> tuple[Dataset, int]:
+    """Records of at most `max_length` tokens, and how many were dropped."""
+    keep = [i for i, record in enumerate(records)
+            if record_length(record, tokenizer) <= max_length]
+    return records.select(keep), len(records) - len(keep)
+
+
+def trained_columns(records: Dataset) -> Dataset:
+    """Only `prompt` and `completion`: provenance columns stay out of the trainer."""
+    return records.select_columns(TRAINED_COLUMNS)
+
+
+def content_fingerprint(splits: dict[str, Dataset]) -> str:
+    """SHA-256 (16 hex digits) over the prompts and completions actually used, per split."""
+    digest = hashlib.sha256()
+    for name in sorted(splits):
+        digest.update(name.encode() + b"\0")
+        for record in splits[name].select_columns(TRAINED_COLUMNS):
+            digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+            digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def task_counts(records: Dataset) -> dict[str, int]:
+    """Records per task."""
+    counts: dict[str, int] = {}
+    for task in records["task"] if "task" in records.column_names else []:
+        counts[task] = counts.get(task, 0) + 1
+    return counts

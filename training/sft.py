@@ -1,0 +1,188 @@
+"""LoRA multi-task SFT of the filter with TRL's `SFTTrainer`, under accelerate / DeepSpeed.
+
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m training.sft \\
+        --config training/recipes/smollm2_filter_cpu.yaml [--field value ...]
+
+The recipe (see `training.recipe`) sets the script arguments, TRL's `SFTConfig` and the
+model/LoRA config; flags override it. The data is `sieverag build-dataset`'s output:
+conversational prompt/completion records, so the loss falls on the completion only
+(`completion_only_loss`), in whatever task mix the dataset holds. The run evaluates on the
+validation split (held-out questions), saves checkpoints in `output_dir`, resumes from the
+last one when rerun, and ends by saving the adapter in `output_dir`, checking that it is
+non-empty and reloads with PEFT (`training.adapter.verify_adapter`, under every accelerate
+config), and writing `sieverag_adapter.json` (name, base model, dataset fingerprint, recipe,
+metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inference.errors import ConfigError, DatasetError, SieveragError
+from training.recipe import Recipe, parse_recipe
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+# TrainingArguments fields worth keeping in the adapter's metadata (the whole SFTConfig is
+# ~200 fields, mostly defaults that do not shape the adapter).
+RECORDED_TRAINING_FIELDS = (
+    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "num_train_epochs",
+    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+    "seed", "bf16", "fp16", "activation_checkpointing", "optim", "eval_strategy", "eval_steps",
+    "train_sampling_strategy", "completion_only_loss",
+)
+
+
+def resume_checkpoint(recipe: Recipe) -> str | None:
+    """The checkpoint to resume from: the one asked for, else (with `auto_resume`) the last one.
+
+    `resume_from_checkpoint: last` (or `true`) means the last checkpoint in `output_dir`.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    asked = recipe.training.resume_from_checkpoint
+    output_dir = Path(recipe.training.output_dir)
+    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    if asked is None:
+        return last if recipe.script.auto_resume else None
+    if str(asked).lower() in ("last", "true"):
+        if last is None:
+            raise ConfigError(f"resume_from_checkpoint={asked}: {output_dir} holds no "
+                              "checkpoint-N folder to resume from")
+        return last
+    if not Path(asked).is_dir():
+        raise ConfigError(f"resume_from_checkpoint: checkpoint folder {asked} not found")
+    return str(asked)
+
+
+def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
+    """Run the recipe; returns the folder holding the verified adapter and its metadata.
+
+    `callbacks` are passed to the trainer (the tests use one to snapshot the weights).
+    """
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer, get_peft_config
+
+    from inference.llm.models import resolve_model
+    from training import data
+
+    script, args, model_args = recipe.script, recipe.training, recipe.model
+    base_dir = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+    evaluate = args.eval_strategy != "no"
+    splits = (script.train_split, script.eval_split) if evaluate else (script.train_split,)
+    dataset = data.load_filter_dataset(script.dataset_path, splits)
+    used = {"train": data.sample(dataset[script.train_split], script.max_train_examples,
+                                 args.seed)}
+    if evaluate:
+        used["eval"] = data.sample(dataset[script.eval_split], script.max_eval_examples,
+                                   args.seed)
+    dropped = {}
+    if script.drop_long_examples and args.max_length is not None:
+        for name in used:
+            used[name], dropped[name] = data.drop_long(used[name], tokenizer, args.max_length)
+    if len(used["train"]) == 0:
+        raise DatasetError(f"no training records left in {script.dataset_path} split "
+                           f"{script.train_split!r} (after dropping {dropped.get('train', 0)} "
+                           f"longer than max_length={args.max_length})")
+    if evaluate and len(used["eval"]) == 0:
+        raise DatasetError(f"no records in {script.dataset_path} split {script.eval_split!r} to "
+                           "evaluate on: build the dataset with a validation share, or set "
+                           "eval_strategy: 'no'")
+
+    args.model_init_kwargs = {"dtype": model_args.dtype, **(args.model_init_kwargs or {})}
+    resume = resume_checkpoint(recipe)
+    trainer = SFTTrainer(
+        model=str(base_dir),
+        args=args,
+        train_dataset=data.trained_columns(used["train"]),
+        eval_dataset=data.trained_columns(used["eval"]) if evaluate else None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        callbacks=list(callbacks),
+    )
+    started = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    metrics: dict[str, Any] = dict(result.metrics)
+    if evaluate:
+        metrics.update(trainer.evaluate())
+    trainer.save_model(args.output_dir)
+    trainer.accelerator.wait_for_everyone()
+    output_dir = Path(args.output_dir)
+    if not trainer.accelerator.is_main_process:
+        return output_dir
+
+    from training.adapter import adapter_name, verify_adapter, write_adapter_metadata
+
+    check = verify_adapter(output_dir, base_dir, require_trained=trainer.state.global_step > 0)
+    name = script.adapter_name or adapter_name(model_args.model_name_or_path, output_dir)
+    world = trainer.accelerator.num_processes
+    metadata = {
+        "name": name,
+        "base_model": model_args.model_name_or_path,
+        "base_model_path": str(base_dir),
+        "dataset": {
+            "path": str(Path(script.dataset_path).resolve()),
+            "fingerprint": data.content_fingerprint(used),
+            "train_split": script.train_split,
+            "eval_split": script.eval_split if evaluate else None,
+            "records": {split: len(records) for split, records in used.items()},
+            "tasks": {split: data.task_counts(records) for split, records in used.items()},
+            "dropped_longer_than_max_length": dropped,
+        },
+        "recipe": {
+            "path": recipe.path,
+            "values": recipe.values,
+            "overrides": recipe.overrides,
+            "script": dataclasses.asdict(script),
+            "model": dataclasses.asdict(model_args),
+            "training": {k: getattr(args, k) for k in RECORDED_TRAINING_FIELDS
+                         if hasattr(args, k)},
+            "processes": world,
+            "effective_batch": (args.per_device_train_batch_size
+                                * args.gradient_accumulation_steps * world),
+            "resumed_from": resume,
+        },
+        "metrics": {**metrics, "global_step": trainer.state.global_step,
+                    "wall_seconds": round(time.time() - started, 1)},
+        "adapter": dataclasses.asdict(check),
+        "versions": _versions(),
+    }
+    write_adapter_metadata(output_dir, metadata)
+    print(f"adapter {name}: {output_dir} ({check.tensors} LoRA tensors, "
+          f"{check.parameters:,} parameters, {check.file_bytes / 1e6:.1f} MB); "
+          f"train_loss {metrics.get('train_loss', float('nan')):.4f}"
+          + (f", eval_loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""))
+    return output_dir
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> int:
+    """Entry point of `python -m training.sft` / `accelerate launch -m training.sft`."""
+    try:
+        train(parse_recipe(sys.argv[1:] if argv is None else argv), callbacks)
+    except SieveragError as err:
+        print(f"training.sft: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The two configs `training.sft` parses beside TRL's `SFTConfig`: script and model/LoRA.
+
+`FilterScriptArguments` says which data to train on and how to treat the run's folder;
+`FilterModelConfig` is TRL's `ModelConfig` with the filter's defaults (the embedded
+SmolLM2, LoRA on, every attention and MLP projection adapted) and values checked on
+construction, so a bad recipe value fails at start-up with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import ModelConfig
+
+from inference.errors import ConfigError
+from inference.llm.models import DEFAULT_MODEL
+
+# Llama-family names of every attention (q, k, v, o) and MLP (gate, up, down) projection.
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class FilterScriptArguments:
+    """Which data `training.sft` trains on, and how it treats an existing run folder."""
+
+    dataset_path: str = field(
+        default="",
+        metadata={"help": "the `sieverag build-dataset` output folder (holding `dataset/`), "
+                          "or a `DatasetDict.save_to_disk` folder with train/validation splits"})
+    train_split: str = field(default="train", metadata={"help": "split trained on"})
+    eval_split: str = field(default="validation",
+                            metadata={"help": "split evaluated on during training"})
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "train on a seeded random subset of N records "
+                                        "(the task mix is kept in expectation); None: all"})
+    max_eval_examples: int | None = field(
+        default=None, metadata={"help": "evaluate on a seeded random subset of N records; "
+                                        "None: the whole eval split"})
+    drop_long_examples: bool = field(
+        default=True, metadata={"help": "drop records longer than `max_length` tokens instead "
+                                        "of letting truncation cut their completion"})
+    auto_resume: bool = field(
+        default=True, metadata={"help": "resume from the last checkpoint in `output_dir` when "
+                                        "`resume_from_checkpoint` is not given"})
+    adapter_name: str | None = field(
+        default=None, metadata={"help": "the adapter's served name; default "
+                                        "`filter-<base>-<8 hex digits of its content hash>`"})
+
+    def __post_init__(self) -> None:
+        if not self.dataset_path:
+            raise ConfigError("dataset_path is required: give the `sieverag build-dataset` "
+                              "output folder (--dataset_path DIR or `dataset_path:` in the recipe)")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 (or null for all), got {value}")
+        if self.train_split == self.eval_split:
+            raise ConfigError(f"train_split and eval_split are both {self.train_split!r}: "
+                              "evaluate on held-out questions")
+
+
+@dataclass
+class FilterModelConfig(ModelConfig):
+    """TRL's `ModelConfig` with the filter's defaults; LoRA is the only way it trains."""
+
+    model_name_or_path: str | None = field(
+        default=DEFAULT_MODEL,
+        metadata={"help": "base model: an embedded name (resolved by "
+                          "inference.llm.models.resolve_model) or a local Hugging Face folder"})
+    use_peft: bool = field(default=True, metadata={"help": "train a LoRA adapter (must be true)"})
+    lora_target_modules: list[str] | None = field(
+        default_factory=lambda: list(ALL_PROJECTIONS),
+        metadata={"help": "module names LoRA adapts; default every attention and MLP projection"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model_name_or_path:
+            raise ConfigError("model_name_or_path is required: an embedded model name "
+                              f"({DEFAULT_MODEL}) or a local Hugging Face folder")
+        if not self.use_peft:
+            raise ConfigError("use_peft must be true: the filter is trained as a LoRA adapter")
+        if self.lora_r < 1:
+            raise ConfigError(f"lora_r must be >= 1, got {self.lora_r}")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_target_modules:
+            raise ConfigError("lora_target_modules must name at least one module "
+                              f"(e.g. {', '.join(ALL_PROJECTIONS)})")
