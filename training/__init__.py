@@ -1,2 +1,21 @@
-"""Training of the filter: LoRA multi-task SFT (TRL + PEFT) under accelerate / DeepSpeed,
-and filter evaluation. Launched with `accelerate launch -m training.sft` (see README)."""
+"""Training of the filter: LoRA multi-task SFT (TRL + PEFT) under accelerate / DeepSpeed, and
+filter evaluation.
+
+* `sft` — the training script: `accelerate launch --config_file accelerate_configs/X.yaml
+  -m training.sft --config training/recipes/Y.yaml [--field value ...]`;
+* `sft_config` — its script arguments (`FilterScriptArguments`) and model/LoRA config
+  (`FilterModelConfig`, TRL's `ModelConfig` with the filter's defaults);
+* `recipe` — `parse_recipe`: TrlParser over the two and TRL's `SFTConfig`, with recipe keys
+  and values checked against the fields (errors name the field);
+* `data` — the `sieverag build-dataset` output as training reads it (splits, sampling,
+  dropping over-long records, content fingerprint, the questions of a split);
+* `adapter` — the saved adapter: `verify_adapter` (non-empty, reloads with PEFT; the
+  ZeRO-3 empty-adapter trap), its unique name, `sieverag_adapter.json`;
+* `filter_methods` — the trained filter's chunk and sentence stages and the baselines
+  (MAIN-RAG judge, BM25 / dense top-k, keep-all) on the same passages;
+* `filter_eval` — `run_filter_eval`: held-out questions, chunk / sentence metrics, cache;
+* `filter_report` — report.json, report.md, the precision–recall plot;
+* `cli` — `register(subparsers)`: `sieverag eval-filter`;
+* `recipes/` — `smollm2_filter_cpu.yaml` (2-core CPU, <= 60 min) and
+  `llama3_8b_filter_zero2.yaml` (8 x A100 80 GB, DeepSpeed ZeRO-2).
+"""
