@@ -1,28 +1,86 @@
-"""Crash-safe file writing: whole files via temp-then-rename, logs as append-only jsonl."""
+"""Crash-safe file writing: whole files and folders via temp-then-rename, logs as jsonl.
+
+The one place that stages writes next to their target and renames them into place, so a
+reader (or a crashed run) sees the old file or the whole new one, never half of either:
+
+* `atomic_path(path)` — a temp file name for writers that want a path (FAISS, numpy);
+* `atomic_file(path, mode)` — an open handle on such a temp file, fsynced before the rename;
+* `write_atomic` / `write_json_atomic` — whole text or JSON in one call;
+* `atomic_directory(path)` — a temp folder that replaces `path` whole;
+* `JsonlLog` — append-only records for resumable work.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from inference.errors import DatasetError
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never half of one."""
-    path = Path(path)
+def _staging_name(path: Path) -> dict[str, str]:
+    # Hidden, next to the target (same file system, so the rename is atomic), and findable.
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    return {"dir": str(path.parent), "prefix": f".{path.name}.", "suffix": ".tmp"}
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp file name next to `path`; when the block succeeds the file written there
+    replaces `path`, when it fails the temp file is removed and `path` is left as it was."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(**_staging_name(path))
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Yield an open handle (`mode` "w" text/utf-8 or "wb") whose file replaces `path` once
+    the block succeeds and its bytes are on disk."""
+    encoding = None if "b" in mode else "utf-8"
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=encoding) as handle:
+        yield handle
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` so readers see the old file or the new one, never half of one."""
+    with atomic_file(path) as handle:
+        handle.write(text)
+
+
+def write_json_atomic(path: str | Path, payload: Any) -> None:
+    """Write `payload` as indented UTF-8 JSON (newline-terminated) to `path`, atomically."""
+    write_atomic(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temp folder next to `path`; when the block succeeds it replaces `path`
+    whole, when it fails it is removed and `path` is left as it was."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(**_staging_name(path)))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

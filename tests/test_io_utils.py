@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from inference.errors import DatasetError
-from inference.io_utils import JsonlLog, write_atomic
+from inference.io_utils import (
+    JsonlLog,
+    atomic_directory,
+    atomic_file,
+    atomic_path,
+    write_atomic,
+    write_json_atomic,
+)
 
 
 def test_write_atomic_replaces_and_leaves_no_temp(tmp_path):
@@ -14,6 +21,41 @@ def test_write_atomic_replaces_and_leaves_no_temp(tmp_path):
     write_atomic(path, "two")
     assert path.read_text() == "two"
     assert [p.name for p in path.parent.iterdir()] == ["a.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "a.bin"
+    write_atomic(path, "old")
+    with pytest.raises(RuntimeError), atomic_file(path, "wb") as handle:
+        handle.write(b"half")
+        raise RuntimeError("crash mid-write")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.bin"]
+
+
+def test_binary_and_json_writes(tmp_path):
+    with atomic_file(tmp_path / "b.bin", "wb") as handle:
+        handle.write(b"\x00\x01")
+    write_json_atomic(tmp_path / "c.json", {"name": "Mānoa"})
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "c.json").read_text("utf-8") == '{\n  "name": "Mānoa"\n}\n'
+
+
+def test_atomic_directory_replaces_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "index"
+    with atomic_directory(target) as tmp:
+        (tmp / "one").write_text("1")
+    with pytest.raises(RuntimeError), atomic_directory(target) as tmp:
+        (tmp / "two").write_text("2")
+        raise RuntimeError("crash mid-build")
+    assert [p.name for p in target.iterdir()] == ["one"]
+    with atomic_directory(target) as tmp:
+        (tmp / "three").write_text("3")
+    assert [p.name for p in target.iterdir()] == ["three"]
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]
 
 
 def test_jsonl_log_appends_and_repairs_a_torn_last_line(tmp_path):

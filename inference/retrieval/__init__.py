@@ -9,8 +9,8 @@
 * `rerank` — the optional cross-encoder reranker hook
 * `hygiene` — evidence hygiene presets (off / loose / strict) that report what they drop
 * `index` — `build_index`, `Index.load(...).search(query, k, mode)`, `ensure_index`
-* `config`, `manifest`, `cache`, `atomic`, `retrieved` — settings, the index manifest,
-  the retrieval cache, atomic writes, the search hit type
+* `config`, `manifest`, `cache`, `retrieved` — settings, the index manifest, the retrieval
+  cache, the search hit type (atomic writes come from `inference.io_utils`)
 * `evaluation` — recall@k / MRR against gold source documents
 * `cli` — `register(subparsers)`: `index build`, `index search`, `eval-retrieval`
 """

@@ -20,7 +20,7 @@ import Stemmer
 from bm25s.tokenization import Tokenizer
 
 from inference.errors import ConfigError
-from inference.retrieval.atomic import atomic_directory
+from inference.io_utils import atomic_directory
 
 BM25Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopWords = Literal["en", "none"]

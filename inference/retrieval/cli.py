@@ -16,7 +16,7 @@ from pathlib import Path
 import platformdirs
 
 from inference.errors import ConfigError, DatasetError
-from inference.retrieval.atomic import write_json_atomic
+from inference.io_utils import write_json_atomic
 from inference.retrieval.bm25 import BM25Config
 from inference.retrieval.cache import cache_key
 from inference.retrieval.chunking import CHUNK_STRATEGIES, ChunkingConfig

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from inference.errors import ConfigError, ModelNotFoundError
-from inference.retrieval.atomic import save_npy_atomic, write_json_atomic
+from inference.io_utils import atomic_file, atomic_path, write_json_atomic
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -180,7 +180,8 @@ def write_embedding_shards(texts: Sequence[str], shard_dir: Path, encode: Encode
             for start in range(0, len(batch), batch_size):
                 parts.append(encode(batch[start : start + batch_size]))
                 bar.update(len(parts[-1]))
-            save_npy_atomic(path, np.concatenate(parts))
+            with atomic_file(path, "wb") as handle:
+                np.save(handle, np.concatenate(parts), allow_pickle=False)
             if on_shard is not None:
                 on_shard(number, total)
     return paths
@@ -226,9 +227,8 @@ class DenseIndex:
             index.add(vectors)
         if index is None:
             raise ConfigError(f"cannot build a dense index in {directory}: no texts to embed")
-        tmp = directory / f".{INDEX_FILE}.tmp"
-        faiss.write_index(index, str(tmp))
-        os.replace(tmp, directory / INDEX_FILE)
+        with atomic_path(directory / INDEX_FILE) as tmp:
+            faiss.write_index(index, str(tmp))
         write_json_atomic(directory / SETTINGS_FILE, asdict(config))
         shutil.rmtree(shard_dir)
         return cls(index, config, encode)

@@ -24,9 +24,9 @@ from typing import Literal, get_args
 from tqdm.auto import tqdm
 
 from inference.errors import ConfigError, DatasetError
+from inference.io_utils import atomic_file
 from inference.retrieval import bm25 as bm25_files
 from inference.retrieval import dense as dense_files
-from inference.retrieval.atomic import write_lines_atomic
 from inference.retrieval.bm25 import BM25Index
 from inference.retrieval.cache import RetrievalCache, cache_key
 from inference.retrieval.chunking import Chunk, chunk_corpus
@@ -94,8 +94,8 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
     (out / MANIFEST_FILE).unlink(missing_ok=True)
     (out / CACHE_FILE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    write_lines_atomic(out / CHUNKS_FILE, (json.dumps(asdict(c), ensure_ascii=False)
-                                           for c in chunks))
+    with atomic_file(out / CHUNKS_FILE) as handle:
+        handle.writelines(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in chunks)
     files = [CHUNKS_FILE]
     texts = [_indexed_text(c) for c in chunks]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from inference import __version__
 from inference.errors import ConfigError, DatasetError
-from inference.retrieval.atomic import write_json_atomic
+from inference.io_utils import write_json_atomic
 from inference.retrieval.config import IndexConfig
 
 FORMAT_VERSION = 1
