@@ -109,7 +109,7 @@ def render_loop(trace: dict) -> str:
         lines += ["", *_round_lines(entry)]
     lines += ["", "Evidence the generator read:"]
     for number, item in enumerate(trace["evidence"], start=1):
-        lines += _wrap(f"[{number}] ", f"{item['title']} (round {item['round']}, "
+        lines += _wrap(f"[{number}] ", f"{item['title'] or item['id']} (round {item['round']}, "
                        f"{item['score']:+.2f}): {textwrap.shorten(item['text'], SNIPPET)}")
     if not trace["evidence"]:
         lines.append("  (none)")
