@@ -10,7 +10,7 @@ from typing import Literal
 from inference.errors import ConfigError
 from inference.llm.base import LLMBackend
 from inference.llm.hf import Device, DType, HFBackend, HFBackendConfig
-from inference.llm.models import DEFAULT_MODEL
+from inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 
 BackendKind = Literal["hf", "openai"]
 
@@ -53,9 +53,12 @@ def _build_hf(spec: BackendSpec) -> LLMBackend:
 def _build_openai(spec: BackendSpec) -> LLMBackend:
     from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 
+    template_model = spec.chat_template_model
+    if template_model in EMBEDDED_MODELS:  # an embedded name means its converted folder
+        template_model = str(resolve_model(template_model))
     return OpenAIBackend(OpenAIBackendConfig(
         base_url=spec.endpoint or "", model=spec.model, api_key_env=spec.api_key_env,
-        max_concurrency=spec.max_concurrency, chat_template_model=spec.chat_template_model,
+        max_concurrency=spec.max_concurrency, chat_template_model=template_model,
     ))
 
 
