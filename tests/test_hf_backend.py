@@ -95,7 +95,7 @@ def test_usage_is_counted_by_agent(backend):
 
 def test_model_is_loaded_once_per_process(tiny_model_dir, backend):
     again = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2))
-    assert again.model is backend.model
+    assert again.base_model is backend.base_model
 
 
 def test_bad_config_names_the_field():
@@ -103,3 +103,20 @@ def test_bad_config_names_the_field():
         HFBackendConfig(batch_size=0)
     with pytest.raises(Exception, match="dtype"):
         HFBackendConfig(dtype="float8")
+
+
+def test_an_adapter_backend_shares_the_base_and_the_plain_backend_stays_plain(
+        tiny_model_dir, tmp_path, backend):
+    from tiny_adapter import make_lora_adapter
+
+    adapter = make_lora_adapter(tiny_model_dir, tmp_path / "lora")
+    conversation = [CONVERSATIONS[0]]
+    plain_before = backend.label_logprobs(conversation, ["Yes", "No"])
+    adapted = HFBackend(HFBackendConfig(model=str(tiny_model_dir), adapter=str(adapter)))
+    assert adapted.base_model is backend.base_model  # one copy of the base weights
+    with_adapter = adapted.label_logprobs(conversation, ["Yes", "No"])
+    plain_after = backend.label_logprobs(conversation, ["Yes", "No"])
+    assert plain_after[0] == pytest.approx(plain_before[0], abs=1e-6)
+    assert with_adapter[0]["Yes"] != pytest.approx(plain_before[0]["Yes"], abs=1e-3)
+    again = HFBackend(HFBackendConfig(model=str(tiny_model_dir), adapter=str(adapter)))
+    assert again.label_logprobs(conversation, ["Yes", "No"])[0] == pytest.approx(with_adapter[0])

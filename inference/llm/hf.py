@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -53,7 +56,7 @@ def _pick_dtype(dtype: DType, device: str) -> torch.dtype:
 
 @functools.cache
 def load_causal_lm(
-    model: str, dtype: DType = "auto", device: Device = "auto", adapter: str | None = None
+    model: str, dtype: DType = "auto", device: Device = "auto"
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """Load (once per process) a causal LM and its left-padding tokenizer, in eval mode."""
     path = resolve_model(model)
@@ -65,12 +68,41 @@ def load_causal_lm(
     lm = AutoModelForCausalLM.from_pretrained(
         path, dtype=_pick_dtype(dtype, device_name), local_files_only=True
     )
-    if adapter is not None:
-        from peft import PeftModel
-
-        lm = PeftModel.from_pretrained(lm, adapter)
     lm.to(device_name).eval()
     return lm, tokenizer
+
+
+# The one PEFT wrapper of each loaded base model: adapters are added to it by name, so a
+# filter adapter and the plain generator share one copy of the base weights.
+_PEFT_WRAPPERS: dict[int, torch.nn.Module] = {}
+
+
+def attach_adapter(base: torch.nn.Module, adapter: str) -> tuple[torch.nn.Module, str]:
+    """The PEFT model over `base` with `adapter` loaded (once), and the adapter's name."""
+    from peft import PeftModel
+
+    folder = Path(adapter).resolve()
+    # PEFT adapter names cannot contain dots, so a path hash names each adapter.
+    name = "adapter_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    wrapper = _PEFT_WRAPPERS.get(id(base))
+    if wrapper is None:
+        wrapper = PeftModel.from_pretrained(base, str(folder), adapter_name=name)
+        _PEFT_WRAPPERS[id(base)] = wrapper
+    elif name not in wrapper.peft_config:
+        wrapper.load_adapter(str(folder), adapter_name=name)
+    wrapper.to(next(base.parameters()).device).eval()
+    return wrapper, name
+
+
+def _in_adapter_scope(operation: Callable) -> Callable:
+    """Run a backend operation inside its `adapter_scope`."""
+
+    @functools.wraps(operation)
+    def scoped(self: HFBackend, *args, **kwargs):
+        with self.adapter_scope():
+            return operation(self, *args, **kwargs)
+
+    return scoped
 
 
 class HFBackend:
@@ -78,15 +110,30 @@ class HFBackend:
 
     def __init__(self, config: HFBackendConfig = HFBackendConfig()) -> None:
         self.config = config
-        self.model, self.tokenizer = load_causal_lm(
-            config.model, config.dtype, config.device, config.adapter
-        )
+        self.base_model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
+        self.model, self.adapter_name = self.base_model, None
+        if config.adapter is not None:
+            self.model, self.adapter_name = attach_adapter(self.base_model, config.adapter)
         self.device = next(self.model.parameters()).device
         self.meter = UsageMeter()
 
     @property
     def model_name(self) -> str:
         return self.config.model if self.config.adapter is None else self.config.adapter
+
+    @contextlib.contextmanager
+    def adapter_scope(self) -> Iterator[None]:
+        """Run the model as this backend sees it: its own adapter active, or, for a plain
+        backend whose base another backend has wrapped with adapters, with them disabled."""
+        wrapper = _PEFT_WRAPPERS.get(id(self.base_model))
+        if wrapper is None:
+            yield
+        elif self.adapter_name is None:
+            with wrapper.disable_adapter():
+                yield
+        else:
+            wrapper.set_adapter(self.adapter_name)
+            yield
 
     # ----- prompt rendering and tokenisation -----
 
@@ -128,6 +175,7 @@ class HFBackend:
 
     # ----- the three operations -----
 
+    @_in_adapter_scope
     @torch.inference_mode()
     def generate(
         self,
@@ -165,6 +213,7 @@ class HFBackend:
         self.meter.record(agent, len(prompts), sum(map(len, encoded)), completion_tokens)
         return replies
 
+    @_in_adapter_scope
     @torch.inference_mode()
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
@@ -193,6 +242,7 @@ class HFBackend:
         self.meter.record(agent, len(prompts), sum(map(len, encoded)), 0)
         return results
 
+    @_in_adapter_scope
     @torch.inference_mode()
     def continuation_logprob(
         self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
