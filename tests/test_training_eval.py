@@ -145,7 +145,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({}, "--adapter PATH"),
     ({"filter_endpoint": "http://127.0.0.1:1/v1"}, "go together"),
-    ({"adapter": "/nowhere"}, "folder not found"),
+    ({"adapter": "/nowhere"}, "neither a folder nor a packaged adapter"),
     ({"adapter": ".", "threshold": 1.5}, "--threshold"),
     ({"adapter": ".", "top_k": 0}, "--top-k"),
 ])
@@ -205,3 +205,37 @@ def test_decision_rules() -> None:
     assert _parse_sentences("1, 3", 3).kept == (0, 2)
     unparsed = _parse_sentences("sentence one", 3)
     assert unparsed.kept == (0, 1, 2) and not unparsed.parsed
+
+
+def test_eval_filter_through_a_served_filter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The same report from a filter behind an OpenAI-compatible server (a scripted one that
+    answers Yes exactly for the gold passages, so the filter's chunk scores are perfect)."""
+    from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
+
+    gold_titles = {passage["title"] for line in SAMPLE.read_text(encoding="utf-8").splitlines()
+                   for passage in json.loads(line)["passages"] if passage["is_gold"]}
+
+    def served_filter(request: RecordedRequest) -> Reply:
+        body = request.json or {}
+        prompt = body["messages"][-1]["content"]
+        if not body.get("logprobs"):
+            return Reply(body=chat_reply("1"))  # the sentence stage: first sentence
+        gold = any(f"Text:\n{title}\n" in prompt for title in gold_titles)
+        yes, no = (-0.1, -3.0) if gold else (-3.0, -0.1)
+        return Reply(body=chat_reply("Yes" if gold else "No",
+                                     top_logprobs=[("Yes", yes), ("No", no)]))
+
+    data = training_dataset(tmp_path / "data", ["unrelated-question"])
+    with FakeOpenAIServer(served_filter) as server:
+        assert run_cli(["--dataset", str(SAMPLE), "--filter-endpoint", server.base_url,
+                        "--filter-model", "filter-test-00000000", "--base-model",
+                        str(tiny_model_dir), "--exclude-training-questions", str(data),
+                        "--out", str(tmp_path / "out"), "--quiet", "--device", "cpu"]) == 0
+        asked = [r.json["model"] for r in server.requests]
+    assert set(asked) == {"filter-test-00000000"} and len(asked) == 6 + 2
+    report = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    figures = report["chunk"]["trained filter"]
+    assert (figures["precision"], figures["recall"], figures["f1"], figures["auroc"]) == \
+        (1.0, 1.0, 1.0, 1.0)
+    assert report["sentence_answers"] == {"answers": 2, "unparsed": 0}
+    assert report["filter"]["served_as"] == "filter-test-00000000"

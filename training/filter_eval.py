@@ -51,7 +51,8 @@ class FilterEvalConfig:
 
     dataset: str = field(metadata={"help": "HotpotQA-format file with gold passages"})
     out: str = field(metadata={"help": "report folder"})
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter folder (hf)"})
+    adapter: str | None = field(
+        default=None, metadata={"help": "LoRA adapter folder, or a packaged adapter's name"})
     filter_endpoint: str | None = field(
         default=None, metadata={"help": "OpenAI-compatible base URL serving the filter"})
     filter_model: str | None = field(
@@ -86,8 +87,13 @@ class FilterEvalConfig:
         if not served and self.adapter is None:
             raise ConfigError("give the filter: --adapter PATH (in-process) or "
                               "--filter-endpoint URL --filter-model NAME (served)")
-        if self.adapter is not None and not Path(self.adapter).is_dir():
-            raise ConfigError(f"--adapter {self.adapter}: folder not found")
+        if self.adapter is not None:
+            from training.adapter import AdapterSaveError, resolve_adapter
+
+            try:
+                object.__setattr__(self, "adapter", str(resolve_adapter(self.adapter)))
+            except AdapterSaveError as err:
+                raise ConfigError(f"--adapter: {err}") from None
         if not 0 < self.threshold < 1:
             raise ConfigError(f"--threshold must be between 0 and 1, got {self.threshold}")
         if self.top_k < 1:
