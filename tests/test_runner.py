@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from inference.cli import main
-from inference.config import RunConfig
+from inference.config import GenerationConfig, RunConfig
 from inference.demo_data import write_demo_dataset
 from inference.errors import ConfigError
+from inference.filters.judge import JudgeConfig
 from inference.eval import runner
 from inference.llm.registry import BackendSpec
 
@@ -22,7 +23,10 @@ def demo_file(tmp_path):
 
 def tiny_config(dataset, model_dir, **changes) -> RunConfig:
     values = {"dataset": str(dataset), "pipelines": ("direct", "vanilla", "main-rag"),
-              "limit": 4, "generator": BackendSpec(model=str(model_dir), batch_size=4)}
+              "limit": 4, "generator": BackendSpec(model=str(model_dir), batch_size=4),
+              # The random tiny model never stops early: short replies keep the tests quick.
+              "generation": GenerationConfig(max_new_tokens=4),
+              "judge": JudgeConfig(predictor_max_new_tokens=4)}
     values.update(changes)
     return RunConfig(**values)
 
@@ -94,7 +98,8 @@ def test_a_different_config_is_refused_in_the_same_folder(tmp_path, demo_file, t
 def test_cli_eval_and_repeat_from_config(tmp_path, demo_file, tiny_model_dir, capsys):
     out = tmp_path / "cli-run"
     code = main(["eval", "--pipeline", "direct,vanilla", "--dataset", str(demo_file),
-                 "--limit", "2", "--model", str(tiny_model_dir), "--out", str(out), "--quiet"])
+                 "--limit", "2", "--model", str(tiny_model_dir), "--out", str(out), "--quiet",
+                 "--max-new-tokens", "4"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| direct | 2 |" in printed and "| vanilla | 2 |" in printed
