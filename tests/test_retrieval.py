@@ -145,7 +145,7 @@ def test_jsonl_corpus_and_bad_lines(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"bad\.jsonl:2: record has no text"):
         load_corpus(bad)
     (tmp_path / "broken.jsonl").write_text('{"id": "a", "text": "ok"}\n{oops\n')
-    with pytest.raises(DatasetError, match=r"broken\.jsonl:2: not valid JSON"):
+    with pytest.raises(DatasetError, match=r"broken\.jsonl, line 2: not valid JSON"):
         load_corpus(tmp_path / "broken.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DatasetError, match="empty"):

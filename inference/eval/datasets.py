@@ -127,7 +127,7 @@ def register_jsonl_format(
 
     def decorator(parse: RecordParser) -> RecordParser:
         def read(path: Path, require_documents: bool) -> Iterator[Example]:
-            for line_number, record in _iter_jsonl(path):
+            for line_number, record in iter_jsonl(path):
                 source = RecordSource(path, f"line {line_number}", f"{name}-{line_number}")
                 example = parse(record, source)
                 if documents_from and require_documents and not example.documents:
@@ -570,7 +570,7 @@ def _open_text(path: Path) -> IO[str]:
     return path.open(encoding="utf-8-sig")
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
     """(1-based line number, record) for each non-blank line of a jsonl file."""
     _check_readable(path)
     line_number = 0
@@ -606,7 +606,7 @@ def _first_record_keys(path: Path) -> set[str]:
         document = _load_json_document(path)
         return set(document) if isinstance(document, dict) else set()
     try:
-        for _, record in _iter_jsonl(path):
+        for _, record in iter_jsonl(path):
             return set(record)
     except DatasetError as line_error:
         # Not jsonl; it may be one JSON document over many lines (a plain SQuAD file).

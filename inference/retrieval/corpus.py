@@ -15,14 +15,12 @@ JSON, a record without text, a duplicate id, or an empty corpus.
 
 from __future__ import annotations
 
-import gzip
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from inference.errors import DatasetError
-from inference.eval.datasets import load_squad_corpus
+from inference.eval.datasets import iter_jsonl, load_squad_corpus
 from inference.types import Document, Example
 
 CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
@@ -32,28 +30,6 @@ CORPUS_FORMATS: tuple[str, ...] = get_args(CorpusFormat)
 def _require_file(path: Path) -> None:
     if not path.is_file():
         raise DatasetError(f"corpus file not found: {path}")
-
-
-def _open_text(path: Path) -> Any:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, object) for each non-blank line of a jsonl file."""
-    _require_file(path)
-    with _open_text(path) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DatasetError(f"{path}:{line_number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise DatasetError(f"{path}:{line_number}: expected a JSON object per line")
-            yield line_number, record
 
 
 def _text_of(record: dict[str, Any], where: str) -> str:
