@@ -72,10 +72,10 @@ def parse_template(path: Path) -> PromptTemplate:
 
 
 @functools.cache
-def load_template(name: str) -> PromptTemplate:
-    """Load `inference/prompts/<name>.yaml`."""
-    path = PROMPTS_DIR / f"{name}.yaml"
+def load_template(name: str, directory: Path = PROMPTS_DIR) -> PromptTemplate:
+    """Load `<directory>/<name>.yaml` (default: `inference/prompts/`)."""
+    path = directory / f"{name}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml")))
-        raise ConfigError(f"no prompt template {name!r} in {PROMPTS_DIR} (known: {known})")
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
+        raise ConfigError(f"no prompt template {name!r} in {directory} (known: {known})")
     return parse_template(path)
