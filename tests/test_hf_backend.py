@@ -113,7 +113,7 @@ def test_an_adapter_backend_shares_the_base_and_the_plain_backend_stays_plain(
     conversation = [CONVERSATIONS[0]]
     plain_before = backend.label_logprobs(conversation, ["Yes", "No"])
     adapted = HFBackend(HFBackendConfig(model=str(tiny_model_dir), adapter=str(adapter)))
-    assert adapted.base_model is backend.base_model  # one copy of the base weights
+    assert adapted.base_model is backend.base_model  # loaded from disk once
     with_adapter = adapted.label_logprobs(conversation, ["Yes", "No"])
     plain_after = backend.label_logprobs(conversation, ["Yes", "No"])
     assert plain_after[0] == pytest.approx(plain_before[0], abs=1e-6)

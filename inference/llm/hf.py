@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
@@ -72,8 +73,9 @@ def load_causal_lm(
     return lm, tokenizer
 
 
-# The one PEFT wrapper of each loaded base model: adapters are added to it by name, so a
-# filter adapter and the plain generator share one copy of the base weights.
+# The one PEFT wrapper of each loaded base model, holding every adapter by name. It wraps a
+# private in-memory copy of the base (loaded from disk once): PEFT injects LoRA layers in
+# place, and the plain base must stay plain for the generator, the CXMI scorer and the server.
 _PEFT_WRAPPERS: dict[int, torch.nn.Module] = {}
 
 
@@ -86,7 +88,7 @@ def attach_adapter(base: torch.nn.Module, adapter: str) -> tuple[torch.nn.Module
     name = "adapter_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
     wrapper = _PEFT_WRAPPERS.get(id(base))
     if wrapper is None:
-        wrapper = PeftModel.from_pretrained(base, str(folder), adapter_name=name)
+        wrapper = PeftModel.from_pretrained(copy.deepcopy(base), str(folder), adapter_name=name)
         _PEFT_WRAPPERS[id(base)] = wrapper
     elif name not in wrapper.peft_config:
         wrapper.load_adapter(str(folder), adapter_name=name)
@@ -123,17 +125,10 @@ class HFBackend:
 
     @contextlib.contextmanager
     def adapter_scope(self) -> Iterator[None]:
-        """Run the model as this backend sees it: its own adapter active, or, for a plain
-        backend whose base another backend has wrapped with adapters, with them disabled."""
-        wrapper = _PEFT_WRAPPERS.get(id(self.base_model))
-        if wrapper is None:
-            yield
-        elif self.adapter_name is None:
-            with wrapper.disable_adapter():
-                yield
-        else:
-            wrapper.set_adapter(self.adapter_name)
-            yield
+        """Run with this backend's own adapter active (backends may share one wrapper)."""
+        if self.adapter_name is not None:
+            self.model.set_adapter(self.adapter_name)
+        yield
 
     # ----- prompt rendering and tokenisation -----
 
