@@ -38,9 +38,9 @@ def test_label_logprobs_agree_with_a_manual_forward_pass(smollm):
 
 
 def test_padded_and_unpadded_batches_give_the_same_scores(smollm):
-    prompts = [QUESTION,
-               [{"role": "user", "content": "Document: The Nile flows through Egypt and Sudan "
-                                            "into the Mediterranean Sea. Is it useful? Yes or No."}],
+    document = ("Document: The Nile flows through Egypt and Sudan into the Mediterranean Sea. "
+                "Is it useful? Yes or No.")
+    prompts = [QUESTION, [{"role": "user", "content": document}],
                [{"role": "user", "content": "Hi"}]]
     together = smollm.label_logprobs(prompts, ["Yes", "No"])
     alone = [smollm.label_logprobs([p], ["Yes", "No"])[0] for p in prompts]

@@ -11,8 +11,8 @@ from inference.cli import main
 from inference.config import GenerationConfig, RunConfig
 from inference.demo_data import write_demo_dataset
 from inference.errors import ConfigError
-from inference.filters.judge import JudgeConfig
 from inference.eval import runner
+from inference.filters.judge import JudgeConfig
 from inference.llm.registry import BackendSpec
 
 
