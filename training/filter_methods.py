@@ -20,7 +20,7 @@ for each chunk and parses it with `parse_sentence_answer`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
@@ -69,9 +69,10 @@ def relevance_probability(logprob_yes: float, logprob_no: float) -> float:
     return 1.0 / (1.0 + math.exp(margin))
 
 
-def _in_steps(items: Sequence, desc: str, progress: bool) -> list[Sequence]:
+def _in_steps(items: Sequence, desc: str, progress: bool) -> Iterator[Sequence]:
+    """`items` in slices of _PROMPTS_PER_STEP, with a progress bar ticking per slice."""
     steps = [items[i:i + _PROMPTS_PER_STEP] for i in range(0, len(items), _PROMPTS_PER_STEP)]
-    return list(tqdm(steps, desc=desc, unit="step", disable=not progress or len(steps) < 2))
+    yield from tqdm(steps, desc=desc, unit="step", disable=not progress or len(steps) < 2)
 
 
 def filter_chunk_scores(backend: LLMBackend, examples: Sequence[Example], *,
