@@ -76,8 +76,11 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                        help="what amber's final answer reads (default memory_and_evidence)")
     group.add_argument("--stack-combine", choices=["both", "either", "zmean"], default="both",
                        help="how the stack filter combines MCF and the judge (default both)")
-    group.add_argument("--mcf-bar", choices=["fixed", "adaptive"], default="fixed",
-                       help="MCF keeps s >= --mcf-threshold (fixed) or s >= mean(s) (adaptive)")
+    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="fixed",
+                       help="MCF keeps s >= --mcf-threshold (fixed), s >= mean(s) (adaptive) "
+                            "or the --mcf-top-k best chunks of a round (top_k)")
+    group.add_argument("--mcf-top-k", type=int, default=2,
+                       help="chunks a round keeps under --mcf-bar top_k (default 2)")
     group.add_argument("--mcf-threshold", type=float, default=0.0,
                        help="fixed MCF bar on s = log P(Yes) - log P(No) (default 0)")
     group.add_argument("--sufficiency-threshold", type=float, default=0.5,
@@ -92,7 +95,7 @@ def _amber_sections(args: argparse.Namespace) -> dict:
 
     return {
         "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
-                         threshold=args.mcf_threshold),
+                         threshold=args.mcf_threshold, top_k=args.mcf_top_k),
         "amber": AmberConfig(
             filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
             answer_from=args.answer_from, stack=StackConfig(combine=args.stack_combine),

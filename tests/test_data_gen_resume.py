@@ -49,6 +49,15 @@ def cached_keys(path: Path) -> set[str]:
             if line.strip().endswith("}")}
 
 
+def settled_request_count(server: FakeOpenAIServer, quiet_s: float = 0.5) -> int:
+    count, since = len(server.requests), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(0.05)
+        if len(server.requests) != count:
+            count, since = len(server.requests), time.monotonic()
+    return count
+
+
 def test_resume_after_kill_asks_nothing_finished_again(tmp_path: Path) -> None:
     dataset, out = tmp_path / "data.jsonl", tmp_path / "labels"
     write_dataset(dataset)
@@ -70,7 +79,9 @@ def test_resume_after_kill_asks_nothing_finished_again(tmp_path: Path) -> None:
         process.wait()
         finished = cached_keys(cache)
         assert len(finished) < QUESTIONS * CHUNKS
-        asked_before = len(server.requests)
+        # A request the killed run sent just before dying may reach the server's log a little
+        # later; count the resumed run's requests only once that log has settled.
+        asked_before = settled_request_count(server)
 
         summary = run_labelling(LabelRunConfig(**settings, teacher=TeacherConfig(**teacher)),
                                 progress=False)

@@ -74,6 +74,22 @@ def test_adaptive_bar_keeps_scores_at_or_above_the_mean(filter_backend):
         s.document.id for s in result.scored if s.score >= result.threshold}
 
 
+def test_top_k_bar_keeps_the_k_best_chunks(filter_backend):
+    result = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", top_k=2,
+                                                           sentence_stage=False)
+                                 ).select("Who engineered the Calder Bridge?", DOCUMENTS)
+    ranked = sorted(result.scored, key=lambda s: -s.score)
+    assert [s.document.id for s in result.kept] == [s.document.id for s in ranked[:2]]
+    assert result.threshold == ranked[1].score
+    # More k than chunks keeps them all.
+    every = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", top_k=5,
+                                                          sentence_stage=False)
+                                ).chunk_stage("Who engineered the Calder Bridge?", DOCUMENTS)
+    assert len(every.kept) == 3
+    with pytest.raises(ConfigError, match="mcf.top_k"):
+        MCFConfig(bar="top_k", top_k=0)
+
+
 def test_both_stages_on_the_adapter_record_every_sentence_decision(filter_backend):
     mcf = MultiGranularFilter(filter_backend, MCFConfig(threshold=-1e9))  # keep every chunk
     before = filter_backend.meter.snapshot()

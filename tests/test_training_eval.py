@@ -71,8 +71,9 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
     assert report["questions"]["evaluated"] == 2
     assert report["questions"]["with_supporting_facts"] == 1
     assert report["passages"] == {"total": 6, "gold": 4}
-    assert list(report["chunk"]) == ["trained filter", "MAIN-RAG judge", "BM25 top-2",
-                                     "dense top-2", "keep all"]
+    assert list(report["chunk"]) == ["trained filter", "trained filter top-2",
+                                     "trained filter, adaptive bar", "MAIN-RAG judge",
+                                     "BM25 top-2", "dense top-2", "keep all"]
     for method, figures in report["chunk"].items():
         for key in ("precision", "recall", "f1", "micro_f1", "kept_per_question"):
             assert 0 <= figures[key] <= 10, (method, key)
@@ -80,14 +81,23 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
         assert (figures["auroc"] is not None) == has_score, method
     assert report["chunk"]["keep all"]["recall"] == 1.0
     assert report["chunk"]["BM25 top-2"]["kept_per_question"] == 2
+    assert report["chunk"]["trained filter top-2"]["kept_per_question"] == 2
+    # The adaptive bar (n = 0) keeps at least the best passage of every question.
+    assert report["chunk"]["trained filter, adaptive bar"]["kept_per_question"] >= 1
     assert list(report["sentence"]) == [
-        "trained filter (chunk → sentence)", "MAIN-RAG judge (whole passages)",
+        "trained filter (chunk → sentence)", "trained filter top-2 (chunk → sentence)",
+        "trained filter, adaptive bar (chunk → sentence)", "MAIN-RAG judge (whole passages)",
         "BM25 top-2 (whole passages)", "dense top-2 (whole passages)",
         "keep all (whole passages)", "oracle: gold passages, all sentences",
         "oracle: gold passages, filter sentence stage"]
     assert report["sentence"]["oracle: gold passages, all sentences"]["recall"] == 1.0
-    assert set(report["comparison"]) == {"f1_minus_MAIN-RAG judge", "f1_minus_BM25 top-2",
-                                         "f1_minus_dense top-2", "f1_minus_keep all"}
+    assert set(report["comparison"]) == {"trained filter", "trained filter top-2",
+                                         "trained filter, adaptive bar"}
+    top2 = report["comparison"]["trained filter top-2"]
+    assert set(top2) == {"f1_minus_MAIN-RAG judge", "f1_minus_BM25 top-2",
+                         "f1_minus_dense top-2", "f1_minus_keep all"}
+    assert top2["f1_minus_BM25 top-2"] == pytest.approx(
+        report["chunk"]["trained filter top-2"]["f1"] - report["chunk"]["BM25 top-2"]["f1"])
     markdown = (out / "report.md").read_text(encoding="utf-8")
     for row in [*report["chunk"], *report["sentence"]]:
         assert f"| {row} |" in markdown

@@ -39,6 +39,7 @@ from inference.types import Example
 from training import filter_methods as methods
 
 FILTER = "trained filter"
+FILTER_ADAPTIVE = "trained filter, adaptive bar"
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
 ORACLE_ALL = "oracle: gold passages, all sentences"
@@ -335,6 +336,12 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
             batch_size=config.batch_size)), examples, config.judge_n, progress))
     decisions = [
         methods.threshold_decisions(FILTER, examples, filter_scores_by_id, config.threshold),
+        # The same scores under the two other chunk rules MCF offers: the k best per question
+        # (the baselines' budget) and the adaptive bar on the log-odds (mean − n·σ, n = judge_n).
+        methods.top_k_decisions(filter_top_k(config.top_k), examples, filter_scores_by_id,
+                                config.top_k),
+        methods.adaptive_decisions(FILTER_ADAPTIVE, examples, filter_scores_by_id,
+                                   config.judge_n),
         methods.ChunkDecisions(JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
                                judge_state["scores"]),
         methods.top_k_decisions(f"BM25 top-{config.top_k}", examples,
@@ -407,9 +414,11 @@ def _sentence_level(config: FilterEvalConfig, cache: MethodCache, backend: Any,
                     ) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
     """Sentence-level rows: filter end to end, baselines (whole passages), oracle rows."""
     by_method = {d.method: d for d in decisions}
-    filter_kept = {e.id: set(by_method[FILTER].kept[e.id]) for e in examples}
-    # The sentence stage runs on every passage the filter kept or that is gold (the oracle
-    # rows need the latter); answers are cached per passage.
+    rules = [m for m in by_method if m.startswith(FILTER)]
+    filter_kept = {e.id: set().union(*(by_method[m].kept[e.id] for m in rules))
+                   for e in examples}
+    # The sentence stage runs on every passage some filter rule kept or that is gold (the
+    # oracle rows need the latter); answers are cached per passage.
     items = [(e, d) for e in examples for d in e.documents
              if d.id in filter_kept[e.id] or d.is_gold]
     answers = cache.get_or_compute(
@@ -428,10 +437,12 @@ def _sentence_level(config: FilterEvalConfig, cache: MethodCache, backend: Any,
                 for i in answers[d.id]["kept"]}
 
     gold_ids = {e.id: [d.id for d in e.documents if d.is_gold] for e in examples}
-    rows = {f"{FILTER} (chunk → sentence)": {e.id: stage(e, filter_kept[e.id])
-                                             for e in examples}}
+    rows = {}
     for method, decision in by_method.items():
-        if method != FILTER:
+        if method in rules:
+            rows[f"{method} (chunk → sentence)"] = {e.id: stage(e, decision.kept[e.id])
+                                                    for e in examples}
+        else:
             rows[f"{method} (whole passages)"] = {e.id: whole(e, decision.kept[e.id])
                                                   for e in examples}
     rows[ORACLE_ALL] = {e.id: whole(e, gold_ids[e.id]) for e in examples}
@@ -442,13 +453,19 @@ def _sentence_level(config: FilterEvalConfig, cache: MethodCache, backend: Any,
     return {name: sentence_quality(examples, kept) for name, kept in rows.items()}, parse
 
 
+def filter_top_k(k: int) -> str:
+    return f"{FILTER} top-{k}"
+
+
 def _comparison(chunk: Mapping[str, Mapping[str, float | None]], top_k: int
-                ) -> dict[str, float | None]:
-    """The trained filter's chunk F1 minus each baseline's."""
-    mine = chunk[FILTER]["f1"]
-    result = {}
-    for method in (JUDGE, f"BM25 top-{top_k}", f"dense top-{top_k}", KEEP_ALL):
-        theirs = chunk[method]["f1"]
-        result[f"f1_minus_{method}"] = (None if mine is None or theirs is None
-                                        else mine - theirs)
+                ) -> dict[str, dict[str, float | None]]:
+    """For each chunk rule of the trained filter: its chunk F1 minus each baseline's."""
+    baselines = (JUDGE, f"BM25 top-{top_k}", f"dense top-{top_k}", KEEP_ALL)
+    result: dict[str, dict[str, float | None]] = {}
+    for rule in (FILTER, filter_top_k(top_k), FILTER_ADAPTIVE):
+        mine = chunk[rule]["f1"]
+        result[rule] = {
+            f"f1_minus_{method}": (None if mine is None or chunk[method]["f1"] is None
+                                   else mine - chunk[method]["f1"])
+            for method in baselines}
     return result

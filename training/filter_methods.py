@@ -33,6 +33,7 @@ from inference.filters.filter_format import (
     parse_sentence_answer,
     sentence_prompt,
 )
+from inference.filters.judge import judge_bar
 from inference.llm.base import GenerationSettings, LLMBackend
 from inference.types import Document, Example
 
@@ -105,6 +106,26 @@ def top_k_decisions(method: str, examples: Sequence[Example], scores: dict[str, 
         ranked = sorted(enumerate(example.documents), key=lambda p: (-scores[p[1].id], p[0]))
         kept[example.id] = tuple(d.id for _, d in ranked[:k])
     return ChunkDecisions(method, kept, scores)
+
+
+def adaptive_decisions(method: str, examples: Sequence[Example], scores: dict[str, float],
+                       n: float) -> ChunkDecisions:
+    """Keep the passages whose log-odds reach the question's bar mean − n·σ (MCF `adaptive`).
+
+    `scores` are P(Yes); the bar is taken on log(P / (1 − P)) = log P(Yes) − log P(No), the
+    score MCF's adaptive bar uses, so both rules keep the same passages."""
+    kept = {}
+    for example in examples:
+        odds = {d.id: _log_odds(scores[d.id]) for d in example.documents}
+        bar = judge_bar(list(odds.values()), n)
+        kept[example.id] = tuple(sorted((i for i, s in odds.items() if s >= bar),
+                                        key=lambda i: -odds[i]))
+    return ChunkDecisions(method, kept, scores)
+
+
+def _log_odds(probability: float, floor: float = 1e-12) -> float:
+    p = min(max(probability, floor), 1 - floor)
+    return math.log(p / (1 - p))
 
 
 def keep_all(examples: Sequence[Example]) -> ChunkDecisions:

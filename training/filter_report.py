@@ -76,10 +76,10 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         table(report["chunk"], CHUNK_COLUMNS),
         "",
     ]
-    comparison = report["comparison"]
-    lines.append("Trained filter F1 minus: " + ", ".join(
-        f"{name.removeprefix('f1_minus_')} {value:+.3f}"
-        for name, value in comparison.items() if value is not None) + ".")
+    for rule, comparison in report["comparison"].items():
+        lines.append(f"- {rule}: F1 minus " + ", ".join(
+            f"{name.removeprefix('f1_minus_')} {value:+.3f}"
+            for name, value in comparison.items() if value is not None) + ".")
     lines.append("")
     if report["sentence"]:
         parse = report["sentence_answers"]
@@ -118,15 +118,20 @@ def plot_precision_recall(decisions: Sequence[ChunkDecisions], examples: Sequenc
     if all(labels) or not any(labels):
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    plotted: dict[int, str] = {}  # one curve per score table (the filter's rules share one)
     for index, decision in enumerate(decisions):
-        color = f"C{index}"
-        if decision.scores is not None:
+        color = plotted.get(id(decision.scores), f"C{index}")
+        if decision.scores is not None and id(decision.scores) not in plotted:
+            plotted[id(decision.scores)] = color
             values = [decision.scores[d.id] for e in examples for d in e.documents]
             precision, recall, _ = precision_recall_curve(labels, values)
             ax.plot(recall, precision, color=color, label=decision.method)
         figures = chunk[decision.method]
         ax.plot(figures["micro_recall"], figures["micro_precision"], "o", color=color,
                 label=None if decision.scores is not None else decision.method)
+        if decision.scores is not None:
+            ax.annotate(decision.method, (figures["micro_recall"], figures["micro_precision"]),
+                        fontsize="x-small", xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("recall (gold passages)")
     ax.set_ylabel("precision")
     ax.set_xlim(0, 1.02)

@@ -7,8 +7,8 @@ against a server that serves the adapter.
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
   s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: a fixed threshold
   (default 0: the filter finds "Yes" at least as likely as "No"), or MAIN-RAG's adaptive bar
-  τ = mean(s) − n·σ(s) over the round's chunks (`judge_bar`). Kept chunks are ordered by s,
-  best first.
+  τ = mean(s) − n·σ(s) over the round's chunks (`judge_bar`), or the k best chunks of the
+  round (`top_k`, a fixed reading budget). Kept chunks are ordered by s, best first.
 * Sentence stage: one batched generation over the kept chunks that have more than one
   sentence; the reply ("1, 3" / "none") is parsed with `parse_sentence_answer`. A kept
   chunk's text becomes its key sentences in their original order; its id, title and gold flag
@@ -42,7 +42,7 @@ from inference.llm.base import GenerationSettings, LLMBackend
 from inference.retrieval.sentences import split_sentences
 from inference.types import Document
 
-ChunkBar = Literal["fixed", "adaptive"]
+ChunkBar = Literal["fixed", "adaptive", "top_k"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
 # Where training writes the filter adapter that ships with the project (see training/).
 SHIPPED_ADAPTER = Path(__file__).resolve().parents[2] / "training" / "adapters" / "smollm2-filter"
@@ -57,10 +57,12 @@ class MCFConfig:
                                         "in-process on the filter's base model; default: the "
                                         "shipped training/adapters/smollm2-filter when present"})
     bar: ChunkBar = field(default="fixed", metadata={
-        "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s)"})
+        "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s); "
+                "top_k: keep the top_k best-scoring chunks of the round"})
     threshold: float = field(default=0.0, metadata={
         "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
     bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
+    top_k: int = field(default=2, metadata={"help": "chunks kept per round by the top_k bar"})
     sentence_stage: bool = field(default=True, metadata={
         "help": "narrow kept chunks to their key sentences"})
     sentence_max_new_tokens: int = field(default=16, metadata={
@@ -70,8 +72,10 @@ class MCFConfig:
                 "decides relevance) or drop_chunk"})
 
     def __post_init__(self) -> None:
-        if self.bar not in ("fixed", "adaptive"):
-            raise ConfigError(f"mcf.bar must be fixed or adaptive, got {self.bar!r}")
+        if self.bar not in ("fixed", "adaptive", "top_k"):
+            raise ConfigError(f"mcf.bar must be fixed, adaptive or top_k, got {self.bar!r}")
+        if self.top_k < 1:
+            raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
         if self.empty_sentence_answer not in ("keep_chunk", "drop_chunk"):
             raise ConfigError("mcf.empty_sentence_answer must be keep_chunk or drop_chunk, "
                               f"got {self.empty_sentence_answer!r}")
@@ -129,14 +133,20 @@ class MultiGranularFilter:
         if not documents:
             return FilterResult(kept=(), scored=(), threshold=None)
         scores = self.chunk_scores(question, documents)
-        values = [s["score"] for s in scores]
-        bar = (self.config.threshold if self.config.bar == "fixed"
-               else judge_bar(values, self.config.bar_n))
+        bar = self.bar([s["score"] for s in scores])
         scored = tuple(ScoredDocument(d, s["score"], s["score"] >= bar,
                                       {"p_yes": round(s["p_yes"], 4)})
                        for d, s in zip(documents, scores, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
         return FilterResult(kept=kept, scored=scored, threshold=bar)
+
+    def bar(self, scores: Sequence[float]) -> float:
+        """The round's bar on s. top_k: the k-th best score (ties at it are kept too)."""
+        if self.config.bar == "fixed":
+            return self.config.threshold
+        if self.config.bar == "adaptive":
+            return judge_bar(scores, self.config.bar_n)
+        return sorted(scores, reverse=True)[min(self.config.top_k, len(scores)) - 1]
 
     def sentence_stage(self, question: str,
                        kept: Sequence[ScoredDocument]) -> list[ScoredDocument]:
