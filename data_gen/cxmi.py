@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from data_gen.templates import load_data_gen_template
 from inference.llm.base import LLMBackend
-from inference.llm.hf import HFBackend
+from inference.llm.hf import HFBackend, shared_prefix_length
 from inference.types import Conversation
 
 AGENT = "cxmi"
@@ -156,7 +156,7 @@ class SharedPrefixCXMI:
         """Summed reply log-probs, like `HFBackend.continuation_logprob`, prefix computed once."""
         sequences, reply_lengths = self._encode(prompts, replies)
         shortest_prompt = min(len(s) - n for s, n in zip(sequences, reply_lengths, strict=True))
-        prefix_length = min(_common_prefix_length(sequences), shortest_prompt - 1)
+        prefix_length = min(shared_prefix_length(sequences), shortest_prompt - 1)
         model, device = self.backend.model, self.backend.device
         prefix_cache = None
         if prefix_length > 0:
@@ -192,17 +192,12 @@ class SharedPrefixCXMI:
     def _score_batch(self, suffixes: list[list[int]], reply_lengths: list[int],
                      prefix_cache: DynamicCache | None, prefix_length: int) -> list[float]:
         backend = self.backend
-        rows, width = len(suffixes), max(map(len, suffixes))
-        ids = torch.full((rows, width), backend.tokenizer.pad_token_id, dtype=torch.long)
-        suffix_mask = torch.zeros((rows, width), dtype=torch.long)
-        for row, suffix in enumerate(suffixes):
-            ids[row, width - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
-            suffix_mask[row, width - len(suffix):] = 1
+        rows = len(suffixes)
         # Positions continue from the prefix and skip the padding between prefix and suffix.
-        positions = prefix_length + (suffix_mask.cumsum(dim=1) - 1).clamp(min=0)
-        mask = torch.cat([torch.ones((rows, prefix_length), dtype=torch.long), suffix_mask], 1)
-        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-        inputs = {name: value.to(backend.device) for name, value in inputs.items()}
+        inputs = backend._left_pad(suffixes, offset=prefix_length)
+        inputs["attention_mask"] = torch.cat(
+            [torch.ones((rows, prefix_length), dtype=torch.long, device=backend.device),
+             inputs["attention_mask"]], dim=1)
         if prefix_cache is not None:
             # A fresh cache per batch: the forward pass appends to the one it is given.
             inputs["cache"] = DynamicCache(
@@ -223,17 +218,6 @@ class SharedPrefixCXMI:
             target = torch.tensor(suffix[-n_reply:], device=steps.device).unsqueeze(1)
             scores.append(steps.gather(1, target).sum().item())
         return scores
-
-
-def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    first = sequences[0]
-    length = min(map(len, sequences))
-    for other in sequences[1:]:
-        n = 0
-        while n < length and other[n] == first[n]:
-            n += 1
-        length = n
-    return length
 
 
 def naive_cxmi(

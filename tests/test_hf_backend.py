@@ -120,3 +120,38 @@ def test_an_adapter_backend_shares_the_base_and_the_plain_backend_stays_plain(
     assert with_adapter[0]["Yes"] != pytest.approx(plain_before[0]["Yes"], abs=1e-3)
     again = HFBackend(HFBackendConfig(model=str(tiny_model_dir), adapter=str(adapter)))
     assert again.label_logprobs(conversation, ["Yes", "No"])[0] == pytest.approx(with_adapter[0])
+
+
+SHARED_SYSTEM = ("You answer questions with the help of one document. Give only the answer, a "
+                 "few words, and do not repeat the question.")
+SHARED = [[{"role": "system", "content": SHARED_SYSTEM},
+           {"role": "user", "content": f"Question: Who built the bridge?\nDocument: {doc}"}]
+          for doc in ("The Calder Bridge was built by Wren Ivers in 1901.", "Penguins huddle.",
+                      "A long passage about rivers, deltas, floods and the towns beside them.")]
+
+
+def test_shared_prefix_is_computed_once_and_changes_no_result(tiny_model_dir):
+    """The KV cache of the prompts' common prefix, reused for every row, gives the scores and
+    the replies of the plain left-padded batch."""
+    plain = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=4,
+                                      shared_prefix_min_tokens=0))
+    shared = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=4,
+                                       shared_prefix_min_tokens=8))
+    inputs, full_ids = shared._batch_inputs([shared.prompt_ids(c) for c in SHARED])
+    assert "cache" in inputs and inputs["cache"].get_seq_length() >= 8
+    assert full_ids.shape[1] == inputs["cache"].get_seq_length() + inputs["input_ids"].shape[1]
+
+    labels = ["Yes", "No"]
+    for mine, theirs in zip(shared.label_logprobs(SHARED, labels),
+                            plain.label_logprobs(SHARED, labels), strict=True):
+        assert [mine[k] for k in labels] == pytest.approx([theirs[k] for k in labels], abs=1e-4)
+    replies = ["Wren Ivers", "No", "rivers and towns"]
+    assert shared.continuation_logprob(SHARED, replies) == pytest.approx(
+        plain.continuation_logprob(SHARED, replies), abs=1e-4)
+    settings = GenerationSettings(max_new_tokens=6)
+    assert shared.generate(SHARED, settings) == plain.generate(SHARED, settings)
+
+
+def test_shared_prefix_setting_is_checked():
+    with pytest.raises(Exception, match="shared_prefix_min_tokens"):
+        HFBackendConfig(shared_prefix_min_tokens=-1)

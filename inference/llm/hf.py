@@ -32,6 +32,9 @@ class HFBackendConfig:
     device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
     adapter: str | None = field(default=None, metadata={"help": "PEFT LoRA adapter folder"})
+    shared_prefix_min_tokens: int = field(default=32, metadata={
+        "help": "a batch whose prompts share at least this many leading tokens computes them "
+                "once and reuses their KV cache for every row; 0 turns this off"})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -41,6 +44,19 @@ class HFBackendConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.shared_prefix_min_tokens < 0:
+            raise ConfigError("shared_prefix_min_tokens must be >= 0, "
+                              f"got {self.shared_prefix_min_tokens}")
+
+
+def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Leading tokens common to every sequence, leaving each at least one token of its own."""
+    limit = min(len(s) for s in sequences) - 1
+    first = sequences[0]
+    length = 0
+    while length < limit and all(s[length] == first[length] for s in sequences):
+        length += 1
+    return length
 
 
 def _pick_device(device: Device) -> str:
@@ -155,7 +171,9 @@ class HFBackend:
         for start in range(0, len(order), self.config.batch_size):
             yield order[start:start + self.config.batch_size]
 
-    def _left_pad(self, sequences: Sequence[list[int]]) -> dict[str, torch.Tensor]:
+    def _left_pad(self, sequences: Sequence[list[int]], offset: int = 0
+                  ) -> dict[str, torch.Tensor]:
+        """Left-padded ids, mask and positions; positions start at `offset` (after a prefix)."""
         width = max(len(s) for s in sequences)
         pad = self.tokenizer.pad_token_id
         ids = torch.full((len(sequences), width), pad, dtype=torch.long)
@@ -164,9 +182,35 @@ class HFBackend:
             ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[row, width - len(seq):] = 1
         # Positions count real tokens only, so a left-padded row scores like an unpadded one.
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0) + offset
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
                 "position_ids": positions.to(self.device)}
+
+    def _batch_inputs(self, sequences: Sequence[list[int]], prefix_limit: int | None = None
+                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Model inputs for one batch, and the full (prefix + padded) ids of every row.
+
+        Where the rows share a long enough prefix (system prompt, question, ...), it is run
+        once at batch size 1 and its KV cache is repeated for every row; the rows' own tokens
+        then follow it, left-padded, so the pads sit between prefix and suffix, masked out.
+        Scores agree with the plain padded batch to float rounding (tested). `prefix_limit`
+        caps the prefix (continuation scoring keeps the reply out of it)."""
+        shared = shared_prefix_length(sequences) if len(sequences) > 1 else 0
+        if prefix_limit is not None:
+            shared = min(shared, prefix_limit)
+        minimum = self.config.shared_prefix_min_tokens
+        if minimum == 0 or shared < minimum:
+            inputs = self._left_pad(sequences)
+            return inputs, inputs["input_ids"]
+        prefix = torch.tensor([sequences[0][:shared]], dtype=torch.long, device=self.device)
+        cache = self.model(input_ids=prefix, use_cache=True).cache
+        cache.batch_repeat_interleave(len(sequences))
+        suffix = self._left_pad([s[shared:] for s in sequences], offset=shared)
+        mask = torch.cat([torch.ones((len(sequences), shared), dtype=torch.long,
+                                     device=self.device), suffix["attention_mask"]], dim=1)
+        inputs = {"input_ids": suffix["input_ids"], "attention_mask": mask,
+                  "position_ids": suffix["position_ids"], "cache": cache}
+        return inputs, torch.cat([prefix.expand(len(sequences), -1), suffix["input_ids"]], dim=1)
 
     # ----- the three operations -----
 
@@ -184,8 +228,11 @@ class HFBackend:
         completion_tokens = 0
         eos_ids = self._stop_token_ids()
         for batch in self._batches(encoded):
-            inputs = self._left_pad([encoded[i] for i in batch])
-            inputs.pop("position_ids")  # generate derives positions from the mask itself
+            inputs, full_ids = self._batch_inputs([encoded[i] for i in batch])
+            # generate takes every id (it skips those already in the cache) and derives the
+            # positions from the mask itself.
+            inputs.pop("position_ids")
+            inputs["input_ids"] = full_ids
             sampling = ({"do_sample": True, "temperature": settings.temperature}
                         if settings.temperature > 0 else {"do_sample": False})
             output = self.model.generate(
@@ -198,7 +245,7 @@ class HFBackend:
                 top_p=None, top_k=None,
                 **sampling,
             )
-            new_tokens = output[:, inputs["input_ids"].shape[1]:]
+            new_tokens = output[:, full_ids.shape[1]:]
             for row, index in enumerate(batch):
                 tokens = new_tokens[row].tolist()
                 produced = next((n for n, t in enumerate(tokens) if t in eos_ids), len(tokens))
@@ -228,8 +275,8 @@ class HFBackend:
                     for i in range(len(prompts))]
         results: list[dict[str, float]] = [{} for _ in prompts]
         for batch in self._batches(encoded):
-            logits = self.model(**self._left_pad([encoded[i] for i in batch]),
-                                logits_to_keep=1).logits[:, -1, :]
+            inputs, _ = self._batch_inputs([encoded[i] for i in batch])
+            logits = self.model(**inputs, logits_to_keep=1).logits[:, -1, :]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             for row, index in enumerate(batch):
                 results[index] = {label: logprobs[row, label_ids[index][k][0]].item()
@@ -254,8 +301,11 @@ class HFBackend:
         for batch in self._batches(sequences):
             longest_reply = max(len(reply_ids[i]) for i in batch)
             # Only the last positions predict reply tokens: project just those to the vocabulary.
-            logits = self.model(**self._left_pad([sequences[i] for i in batch]),
-                                logits_to_keep=longest_reply + 1).logits
+            # The prefix stops before each prompt's last token, which predicts the reply.
+            inputs, _ = self._batch_inputs(
+                [sequences[i] for i in batch],
+                prefix_limit=min(len(prompt_ids[i]) for i in batch) - 1)
+            logits = self.model(**inputs, logits_to_keep=longest_reply + 1).logits
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             for row, index in enumerate(batch):
                 reply = reply_ids[index]
