@@ -8,7 +8,8 @@ share of positives (by dropping records of the larger class) and the tasks are m
 asked shares (by dropping records of the over-represented tasks), all with a fixed seed.
 
 Output folder: `dataset/` (Hugging Face `DatasetDict.save_to_disk`), `train.jsonl`,
-`validation.jsonl`, and `stats.json` (counts per split and task, label balance, token
+`validation.jsonl`, `train_ids.txt` / `validation_ids.txt` (each split's question ids, for
+held-out evaluation runs), and `stats.json` (counts per split and task, label balance, token
 lengths, gold agreement, the policy used).
 """
 
@@ -291,6 +292,10 @@ def _save(by_split: Mapping[str, list[dict[str, Any]]], summary: BuildSummary, o
     try:
         for split, records in by_split.items():
             _write_jsonl(staging / f"{split}.jsonl", records)
+            # The split's question ids, for `sieverag eval --question-ids` (held-out runs).
+            ids = dict.fromkeys(r["question_id"] for r in records)
+            (staging / f"{split}_ids.txt").write_text("".join(f"{i}\n" for i in ids),
+                                                       encoding="utf-8")
         DatasetDict({split: Dataset.from_list(records) if records else Dataset.from_dict({})
                      for split, records in by_split.items()}).save_to_disk(staging / "dataset")
         (staging / "stats.json").write_text(json.dumps(asdict(summary), indent=2),

@@ -139,7 +139,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           if p.strip())
         config = RunConfig(
             dataset=args.dataset, pipelines=pipelines, dataset_format=args.format,
-            limit=args.limit, max_documents=args.max_documents,
+            limit=args.limit, question_ids=args.question_ids,
+            max_documents=args.max_documents,
             generation=GenerationConfig(max_new_tokens=args.max_new_tokens),
             judge=JudgeConfig(bar_n=args.judge_n),
             answer_extraction=args.answer_extraction, seed=args.seed,
@@ -241,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "triviaqa, or common {question, answers, ctxs} jsonl)")
     evaluate.add_argument("--format", default="auto", help="dataset format (default: detect)")
     evaluate.add_argument("--limit", type=int, help="evaluate the first N examples only")
+    evaluate.add_argument("--question-ids", metavar="FILE",
+                          help="evaluate only the example ids listed in FILE, one a line (e.g. "
+                               "build-dataset's validation_ids.txt); --limit applies after")
     evaluate.add_argument("--max-documents", type=int, help="read at most N documents per example")
     evaluate.add_argument("--max-new-tokens", type=int, default=32, help="answer length cap")
     evaluate.add_argument("--judge-n", type=float, default=0.0,

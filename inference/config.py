@@ -63,6 +63,10 @@ class RunConfig:
     pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={"help": "pipeline names"})
     dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
     limit: int | None = field(default=None, metadata={"help": "first N examples only"})
+    question_ids: str | None = field(default=None, metadata={
+        "help": "file of example ids to evaluate, one a line (e.g. build-dataset's "
+                "validation_ids.txt: the questions a filter was not trained on); limit then "
+                "keeps the first N of them in dataset order"})
     max_documents: int | None = field(default=None,
                                       metadata={"help": "read at most N documents per example"})
     generator: BackendSpec = field(default_factory=BackendSpec,

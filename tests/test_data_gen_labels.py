@@ -125,6 +125,8 @@ def test_build_dataset_splits_by_question_balances_and_mixes(tmp_path: Path,
     train_ids = {r["question_id"] for r in records["train"]}
     validation_ids = {r["question_id"] for r in records["validation"]}
     assert train_ids and validation_ids and not train_ids & validation_ids
+    assert set((out / "validation_ids.txt").read_text().split()) == validation_ids
+    assert set((out / "train_ids.txt").read_text().split()) == train_ids
     assert summary.questions == {"train": len(train_ids), "validation": len(validation_ids)}
     for split, rows in records.items():
         chunk = [r for r in rows if r["task"] == "chunk"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -10,7 +11,7 @@ import yaml
 from inference.cli import main
 from inference.config import GenerationConfig, RunConfig
 from inference.demo_data import write_demo_dataset
-from inference.errors import ConfigError
+from inference.errors import ConfigError, DatasetError
 from inference.eval import runner
 from inference.filters.judge import JudgeConfig
 from inference.llm.registry import BackendSpec
@@ -148,3 +149,23 @@ def test_cli_server_down_is_one_clear_error(tmp_path, demo_file, capsys):
                  "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "127.0.0.1:9" in err and "Traceback" not in err
+
+
+def test_question_ids_select_examples_in_dataset_order_before_the_limit(tmp_path, demo_file,
+                                                                        tiny_model_dir):
+    ids = tmp_path / "held_out.txt"
+    ids.write_text("demo-5-0\n\ndemo-2-0\ndemo-3-1\n", encoding="utf-8")
+    config = tiny_config(demo_file, tiny_model_dir, question_ids=str(ids), limit=2)
+    assert [e.id for e in runner.selected_examples(config)] == ["demo-2-0", "demo-3-1"]
+    out = tmp_path / "run"
+    runner.run_evaluation(replace(config, pipelines=("direct",)), out, progress=False)
+    records = [json.loads(line) for line in (out / "results" / "direct.jsonl").open()]
+    assert [r["id"] for r in records] == ["demo-2-0", "demo-3-1"]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["question_ids"] == str(ids) and saved["provenance"]["question_ids_sha256"]
+
+    ids.write_text("demo-2-0\nnot-a-question\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match="not-a-question"):
+        runner.selected_examples(config)
+    with pytest.raises(DatasetError, match="not found"):
+        runner.selected_examples(replace(config, question_ids=str(tmp_path / "gone.txt")))

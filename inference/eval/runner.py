@@ -46,6 +46,32 @@ def dataset_fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def read_question_ids(path: str | Path) -> list[str]:
+    """The ids listed in `path`, one a line (blank lines ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"question ids file {path} not found")
+    ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    ids = [i for i in ids if i]
+    if not ids:
+        raise DatasetError(f"question ids file {path} lists no id")
+    return ids
+
+
+def selected_examples(config: RunConfig) -> list[Example]:
+    """The run's examples: the dataset (or the listed ids of it, in dataset order), first N."""
+    if config.question_ids is None:
+        return load_examples(config.dataset, config.dataset_format, config.limit)
+    wanted = read_question_ids(config.question_ids)
+    examples = [e for e in load_examples(config.dataset, config.dataset_format)
+                if e.id in set(wanted)]
+    missing = sorted(set(wanted) - {e.id for e in examples})
+    if missing:
+        raise DatasetError(f"{config.question_ids}: {len(missing)} listed id(s) are not in "
+                           f"{config.dataset}, e.g. {missing[0]!r}")
+    return examples[:config.limit]
+
+
 def provenance(config: RunConfig) -> dict:
     """Where and with what a run was made: prompt hashes, data fingerprint, versions."""
     versions = {}
@@ -58,6 +84,8 @@ def provenance(config: RunConfig) -> dict:
                     if config.mcf.adapter else None)
     return {
         "dataset_sha256": dataset_fingerprint(config.dataset),
+        "question_ids_sha256": (dataset_fingerprint(config.question_ids)
+                                if config.question_ids else None),
         "filter_adapter": (json.loads(adapter_card.read_text(encoding="utf-8"))
                            if adapter_card is not None and adapter_card.is_file() else None),
         "prompt_sha256": {
@@ -198,7 +226,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
     out_dir = Path(out_dir)
     config = with_trained_filter(config)
-    examples = load_examples(config.dataset, config.dataset_format, config.limit)
+    examples = selected_examples(config)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)
