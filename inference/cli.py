@@ -81,6 +81,9 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                             "or the --mcf-top-k best chunks of a round (top_k)")
     group.add_argument("--mcf-top-k", type=int, default=2,
                        help="chunks a round keeps under --mcf-bar top_k (default 2)")
+    group.add_argument("--mcf-lexical-weight", type=float, default=0.0,
+                       help="fuse the filter's score with BM25 of the question: z(s) + "
+                            "w·z(BM25) (needs --mcf-bar adaptive or top_k; default 0: off)")
     group.add_argument("--mcf-threshold", type=float, default=0.0,
                        help="fixed MCF bar on s = log P(Yes) - log P(No) (default 0)")
     group.add_argument("--sufficiency-threshold", type=float, default=0.5,
@@ -95,7 +98,8 @@ def _amber_sections(args: argparse.Namespace) -> dict:
 
     return {
         "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
-                         threshold=args.mcf_threshold, top_k=args.mcf_top_k),
+                         threshold=args.mcf_threshold, top_k=args.mcf_top_k,
+                         lexical_weight=args.mcf_lexical_weight),
         "amber": AmberConfig(
             filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
             answer_from=args.answer_from, stack=StackConfig(combine=args.stack_combine),

@@ -90,6 +90,30 @@ def test_top_k_bar_keeps_the_k_best_chunks(filter_backend):
         MCFConfig(bar="top_k", top_k=0)
 
 
+def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
+    from inference.filters.base import z_scores
+    from inference.retrieval.bm25 import question_scores
+
+    question = "Who engineered the Calder Bridge?"
+    alone = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", sentence_stage=False)
+                                ).chunk_stage(question, DOCUMENTS)
+    fused = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", lexical_weight=0.5,
+                                                          sentence_stage=False)
+                                ).chunk_stage(question, DOCUMENTS)
+    bm25 = question_scores(question, [d.as_context() for d in DOCUMENTS])
+    expected = [f + 0.5 * b for f, b in zip(z_scores([s.score for s in alone.scored]),
+                                            z_scores(bm25), strict=True)]
+    assert [s.score for s in fused.scored] == pytest.approx(expected, abs=1e-6)
+    assert [s.details["bm25"] for s in fused.scored] == pytest.approx(bm25, abs=1e-3)
+    assert [s.details["filter_score"] for s in fused.scored] == pytest.approx(
+        [s.score for s in alone.scored], abs=1e-3)
+    assert len(fused.kept) == 2
+    with pytest.raises(ConfigError, match="lexical_weight needs bar"):
+        MCFConfig(lexical_weight=1.0)
+    with pytest.raises(ConfigError, match="lexical_weight must be"):
+        MCFConfig(bar="top_k", lexical_weight=-1)
+
+
 def test_both_stages_on_the_adapter_record_every_sentence_decision(filter_backend):
     mcf = MultiGranularFilter(filter_backend, MCFConfig(threshold=-1e9))  # keep every chunk
     before = filter_backend.meter.snapshot()

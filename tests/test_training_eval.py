@@ -72,7 +72,8 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
     assert report["questions"]["with_supporting_facts"] == 1
     assert report["passages"] == {"total": 6, "gold": 4}
     assert list(report["chunk"]) == ["trained filter", "trained filter top-2",
-                                     "trained filter, adaptive bar", "MAIN-RAG judge",
+                                     "trained filter, adaptive bar",
+                                     "trained filter + BM25 prior top-2", "MAIN-RAG judge",
                                      "BM25 top-2", "dense top-2", "keep all"]
     for method, figures in report["chunk"].items():
         for key in ("precision", "recall", "f1", "micro_f1", "kept_per_question"):
@@ -86,13 +87,15 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
     assert report["chunk"]["trained filter, adaptive bar"]["kept_per_question"] >= 1
     assert list(report["sentence"]) == [
         "trained filter (chunk → sentence)", "trained filter top-2 (chunk → sentence)",
-        "trained filter, adaptive bar (chunk → sentence)", "MAIN-RAG judge (whole passages)",
+        "trained filter, adaptive bar (chunk → sentence)",
+        "trained filter + BM25 prior top-2 (chunk → sentence)", "MAIN-RAG judge (whole passages)",
         "BM25 top-2 (whole passages)", "dense top-2 (whole passages)",
         "keep all (whole passages)", "oracle: gold passages, all sentences",
         "oracle: gold passages, filter sentence stage"]
     assert report["sentence"]["oracle: gold passages, all sentences"]["recall"] == 1.0
     assert set(report["comparison"]) == {"trained filter", "trained filter top-2",
-                                         "trained filter, adaptive bar"}
+                                         "trained filter, adaptive bar",
+                                         "trained filter + BM25 prior top-2"}
     top2 = report["comparison"]["trained filter top-2"]
     assert set(top2) == {"f1_minus_MAIN-RAG judge", "f1_minus_BM25 top-2",
                          "f1_minus_dense top-2", "f1_minus_keep all"}

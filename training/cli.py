@@ -21,8 +21,8 @@ def cmd_eval_filter(args: argparse.Namespace) -> int:
         question_ids_file=args.question_ids,
         allow_training_questions=args.allow_training_questions, limit=args.limit,
         threshold=args.threshold, top_k=args.top_k, judge_n=args.judge_n,
-        embedding_model=args.embedding_model, batch_size=args.batch_size, device=args.device,
-        dtype=args.dtype)
+        lexical_weight=args.lexical_weight, embedding_model=args.embedding_model,
+        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     command = "sieverag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = run_filter_eval(config, progress=not args.quiet, command=command)
     questions = report["questions"]
@@ -71,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="k of the BM25 and dense baselines (default 2)")
     parser.add_argument("--judge-n", type=float, default=0.0,
                         help="n of the judge bar mean(r) - n*std(r) (default 0)")
+    parser.add_argument("--lexical-weight", type=float, default=1.0,
+                        help="w of the 'trained filter + BM25 prior' row, top-k of z(log-odds) "
+                             "+ w*z(BM25) as MCF's --mcf-lexical-weight (default 1; 0: no row)")
     parser.add_argument("--embedding-model", default="all-minilm-l6-v2",
                         help="dense baseline's embedding model (default all-minilm-l6-v2)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")

@@ -75,6 +75,9 @@ class FilterEvalConfig:
         default=0.5, metadata={"help": "keep a passage when the filter's P(Yes) exceeds this"})
     top_k: int = field(default=2, metadata={"help": "k of the BM25 and dense top-k baselines"})
     judge_n: float = field(default=0.0, metadata={"help": "n of the judge bar mean(r) − n·σ(r)"})
+    lexical_weight: float = field(default=1.0, metadata={
+        "help": "w of the 'trained filter + BM25 prior' row: top-k of z(log-odds) + w·z(BM25) "
+                "(MCF's lexical_weight); 0 leaves the row out"})
     embedding_model: str = field(default="all-minilm-l6-v2",
                                  metadata={"help": "dense baseline's embedding model"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass (hf)"})
@@ -99,6 +102,8 @@ class FilterEvalConfig:
             raise ConfigError(f"--threshold must be between 0 and 1, got {self.threshold}")
         if self.top_k < 1:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+        if self.lexical_weight < 0:
+            raise ConfigError(f"--lexical-weight must be >= 0, got {self.lexical_weight}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.batch_size < 1:
@@ -334,6 +339,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         lambda: _judge_state(HFBackend(HFBackendConfig(
             model=str(base_path), dtype=config.dtype, device=config.device,
             batch_size=config.batch_size)), examples, config.judge_n, progress))
+    bm25 = methods.bm25_scores(examples)
     decisions = [
         methods.threshold_decisions(FILTER, examples, filter_scores_by_id, config.threshold),
         # The same scores under the two other chunk rules MCF offers: the k best per question
@@ -342,10 +348,17 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                                 config.top_k),
         methods.adaptive_decisions(FILTER_ADAPTIVE, examples, filter_scores_by_id,
                                    config.judge_n),
+    ]
+    if config.lexical_weight > 0:
+        # MCF with its lexical prior (mcf.lexical_weight), at the baselines' budget.
+        decisions.append(methods.top_k_decisions(
+            filter_with_prior(config.top_k), examples,
+            methods.prior_fused_scores(examples, filter_scores_by_id, bm25,
+                                       config.lexical_weight), config.top_k))
+    decisions += [
         methods.ChunkDecisions(JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
                                judge_state["scores"]),
-        methods.top_k_decisions(f"BM25 top-{config.top_k}", examples,
-                                methods.bm25_scores(examples), config.top_k),
+        methods.top_k_decisions(f"BM25 top-{config.top_k}", examples, bm25, config.top_k),
         methods.top_k_decisions(
             f"dense top-{config.top_k}", examples,
             methods.dense_scores(examples, config.embedding_model, config.device), config.top_k),
@@ -457,12 +470,18 @@ def filter_top_k(k: int) -> str:
     return f"{FILTER} top-{k}"
 
 
+def filter_with_prior(k: int) -> str:
+    return f"{FILTER} + BM25 prior top-{k}"
+
+
 def _comparison(chunk: Mapping[str, Mapping[str, float | None]], top_k: int
                 ) -> dict[str, dict[str, float | None]]:
     """For each chunk rule of the trained filter: its chunk F1 minus each baseline's."""
     baselines = (JUDGE, f"BM25 top-{top_k}", f"dense top-{top_k}", KEEP_ALL)
     result: dict[str, dict[str, float | None]] = {}
-    for rule in (FILTER, filter_top_k(top_k), FILTER_ADAPTIVE):
+    rules = [r for r in (FILTER, filter_top_k(top_k), FILTER_ADAPTIVE, filter_with_prior(top_k))
+             if r in chunk]
+    for rule in rules:
         mine = chunk[rule]["f1"]
         result[rule] = {
             f"f1_minus_{method}": (None if mine is None or chunk[method]["f1"] is None

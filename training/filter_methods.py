@@ -123,6 +123,20 @@ def adaptive_decisions(method: str, examples: Sequence[Example], scores: dict[st
     return ChunkDecisions(method, kept, scores)
 
 
+def prior_fused_scores(examples: Sequence[Example], probabilities: dict[str, float],
+                       prior: dict[str, float], weight: float) -> dict[str, float]:
+    """Per question, MCF's fused score z(log-odds) + weight·z(prior) (`mcf.with_prior`)."""
+    from inference.filters.mcf import with_prior
+
+    fused = {}
+    for example in examples:
+        ids = [d.id for d in example.documents]
+        values = with_prior([_log_odds(probabilities[i]) for i in ids], [prior[i] for i in ids],
+                            weight)
+        fused.update(zip(ids, values, strict=True))
+    return fused
+
+
 def _log_odds(probability: float, floor: float = 1e-12) -> float:
     p = min(max(probability, floor), 1 - floor)
     return math.log(p / (1 - p))
@@ -136,14 +150,13 @@ def keep_all(examples: Sequence[Example]) -> ChunkDecisions:
 
 def bm25_scores(examples: Sequence[Example]) -> dict[str, float]:
     """Passage id → BM25 score of the passage for its question, among that question's passages."""
-    from inference.retrieval.bm25 import BM25Index
+    from inference.retrieval.bm25 import question_scores
 
     scores = {}
     for example in examples:
-        index = BM25Index.build([d.as_context() for d in example.documents], show_progress=False)
-        for document, score in zip(example.documents, index.scores(example.question),
-                                   strict=True):
-            scores[document.id] = float(score)
+        values = question_scores(example.question, [d.as_context() for d in example.documents])
+        for document, score in zip(example.documents, values, strict=True):
+            scores[document.id] = score
     return scores
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,3 +55,9 @@ class KeepAll:
 
 
 FilterFactory = Callable[..., DocumentFilter]
+
+
+def z_scores(values: Sequence[float]) -> list[float]:
+    """(x − mean) / σ over `values` (population σ); all zeros when σ = 0."""
+    mean, sigma = statistics.fmean(values), statistics.pstdev(values)
+    return [(v - mean) / sigma if sigma > 0 else 0.0 for v in values]

@@ -9,6 +9,8 @@ against a server that serves the adapter.
   (default 0: the filter finds "Yes" at least as likely as "No"), or MAIN-RAG's adaptive bar
   τ = mean(s) − n·σ(s) over the round's chunks (`judge_bar`), or the k best chunks of the
   round (`top_k`, a fixed reading budget). Kept chunks are ordered by s, best first.
+  Optionally (`lexical_weight` w > 0) s becomes z(s) + w·z(BM25), z over the round's chunks:
+  the filter's judgement fused with how well each chunk matches the question's words.
 * Sentence stage: one batched generation over the kept chunks that have more than one
   sentence; the reply ("1, 3" / "none") is parsed with `parse_sentence_answer`. A kept
   chunk's text becomes its key sentences in their original order; its id, title and gold flag
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from inference.errors import ConfigError
-from inference.filters.base import FilterResult, ScoredDocument
+from inference.filters.base import FilterResult, ScoredDocument, z_scores
 from inference.filters.filter_format import (
     CHUNK_LABELS,
     IRRELEVANT,
@@ -63,6 +65,10 @@ class MCFConfig:
         "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
     bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
     top_k: int = field(default=2, metadata={"help": "chunks kept per round by the top_k bar"})
+    lexical_weight: float = field(default=0.0, metadata={
+        "help": "w of a lexical prior: a chunk's score becomes z(s) + w·z(BM25 of the question "
+                "against the round's chunks), z over the round; 0 ranks by the filter alone. "
+                "Needs the adaptive or top_k bar"})
     sentence_stage: bool = field(default=True, metadata={
         "help": "narrow kept chunks to their key sentences"})
     sentence_max_new_tokens: int = field(default=16, metadata={
@@ -76,6 +82,11 @@ class MCFConfig:
             raise ConfigError(f"mcf.bar must be fixed, adaptive or top_k, got {self.bar!r}")
         if self.top_k < 1:
             raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
+        if self.lexical_weight < 0:
+            raise ConfigError(f"mcf.lexical_weight must be >= 0, got {self.lexical_weight}")
+        if self.lexical_weight > 0 and self.bar == "fixed":
+            raise ConfigError("mcf.lexical_weight needs bar adaptive or top_k: a fused score "
+                              "is relative to the round, a fixed threshold on it means nothing")
         if self.empty_sentence_answer not in ("keep_chunk", "drop_chunk"):
             raise ConfigError("mcf.empty_sentence_answer must be keep_chunk or drop_chunk, "
                               f"got {self.empty_sentence_answer!r}")
@@ -87,6 +98,11 @@ class MCFConfig:
 def shipped_adapter() -> str | None:
     """The shipped filter adapter folder, or None when training has not produced it."""
     return str(SHIPPED_ADAPTER) if (SHIPPED_ADAPTER / "adapter_config.json").is_file() else None
+
+
+def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -> list[float]:
+    """z(scores) + weight·z(prior), both z-normalised over the same chunks."""
+    return [s + weight * p for s, p in zip(z_scores(scores), z_scores(prior), strict=True)]
 
 
 def document_sentences(document: Document) -> list[str]:
@@ -133,10 +149,18 @@ class MultiGranularFilter:
         if not documents:
             return FilterResult(kept=(), scored=(), threshold=None)
         scores = self.chunk_scores(question, documents)
-        bar = self.bar([s["score"] for s in scores])
-        scored = tuple(ScoredDocument(d, s["score"], s["score"] >= bar,
-                                      {"p_yes": round(s["p_yes"], 4)})
-                       for d, s in zip(documents, scores, strict=True))
+        values = [s["score"] for s in scores]
+        details = [{"p_yes": round(s["p_yes"], 4)} for s in scores]
+        if self.config.lexical_weight > 0:
+            from inference.retrieval.bm25 import question_scores
+
+            lexical = question_scores(question, [d.as_context() for d in documents])
+            for detail, score, bm25 in zip(details, values, lexical, strict=True):
+                detail.update(filter_score=round(score, 4), bm25=round(bm25, 4))
+            values = with_prior(values, lexical, self.config.lexical_weight)
+        bar = self.bar(values)
+        scored = tuple(ScoredDocument(d, value, value >= bar, detail)
+                       for d, value, detail in zip(documents, values, details, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
         return FilterResult(kept=kept, scored=scored, threshold=bar)
 

@@ -18,13 +18,12 @@ then go through MCF's sentence stage.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from inference.errors import ConfigError
-from inference.filters.base import FilterResult, ScoredDocument
+from inference.filters.base import FilterResult, ScoredDocument, z_scores
 from inference.filters.judge import MainRagJudge
 from inference.filters.mcf import MultiGranularFilter
 from inference.types import Document
@@ -46,12 +45,6 @@ class StackConfig:
         if self.combine not in COMBINATIONS:
             raise ConfigError(f"stack.combine must be one of {', '.join(COMBINATIONS)}, "
                               f"got {self.combine!r}")
-
-
-def z_scores(values: Sequence[float]) -> list[float]:
-    """(x − mean) / σ over `values` (population σ); all zeros when σ = 0."""
-    mean, sigma = statistics.fmean(values), statistics.pstdev(values)
-    return [(v - mean) / sigma if sigma > 0 else 0.0 for v in values]
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,10 @@ class BM25Index:
     def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
         """Top-k (position, score) per query; a query with no known word gets []."""
         return self.search_tokens(self.tokenize_queries(queries), k)
+
+
+def question_scores(question: str, texts: Sequence[str]) -> list[float]:
+    """BM25 of `question` against each of a handful of `texts`, the IDF taken over them
+    (how a filter or an evaluation ranks a question's own passages lexically)."""
+    index = BM25Index.build(list(texts), show_progress=False)
+    return [float(score) for score in index.scores(question)]
