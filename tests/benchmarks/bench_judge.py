@@ -3,9 +3,12 @@
 Batched: Agent-1's answers for all pairs generated as batches; Agent-2 scored by
 `label_logprobs` (one forward pass per batch, nothing decoded). Naive: per document, Agent-1
 at batch size 1, then Agent-2's verdict *generated* with its evidence (up to 48 new tokens)
-and parsed for Yes/No. Same model, same (question, document) pairs, same prompts.
-Also: the scoring part alone, the Yes/No agreement of both judges, and `main-rag` seconds and
-LLM calls per 10-document question.
+and parsed for Yes/No. Same model, same (question, document) pairs, same prompts (the naive
+judge's prompt adds the request for a verdict with evidence).
+The scoring part alone: `label_logprobs` over exactly the naive judge's prompts against the
+time it took to generate their verdicts, and whether the two read the same decision
+(log P(Yes) > log P(No) vs a verdict starting with Yes) where the verdict starts with Yes or
+No. Last, `main-rag` seconds and LLM calls per 10-document question.
 
     python tests/benchmarks/bench_judge.py [--quick] [--pairs 64] [--dataset PATH]
 """
@@ -44,20 +47,14 @@ def load_questions(dataset: Path, n_pairs: int) -> list[tuple[str, list]]:
     return grouped
 
 
-def batched_judge(judge: MainRagJudge, examples) -> tuple[list[float], float, float]:
-    """(scores, total seconds, scoring-only seconds) as the pipeline runs it: per question,
-    Agent-1 answers all its documents in one batch, Agent-2 scores them in one forward pass."""
-    scores: list[float] = []
-    total = scoring = 0.0
+def batched_judge(judge: MainRagJudge, examples) -> float:
+    """Seconds of the judge stage as the pipeline runs it: per question, Agent-1 answers all
+    its documents in one batch, Agent-2 scores them in one forward pass."""
+    start = time.perf_counter()
     for question, documents in examples:
-        start = time.perf_counter()
         answers = judge.predict_answers(question, documents)
-        middle = time.perf_counter()
-        scores += judge.judge_scores(question, documents, answers)
-        end = time.perf_counter()
-        total += end - start
-        scoring += end - middle
-    return scores, total, scoring
+        judge.judge_scores(question, documents, answers)
+    return time.perf_counter() - start
 
 
 def parse_verdict(text: str) -> str | None:
@@ -66,11 +63,12 @@ def parse_verdict(text: str) -> str | None:
     return {"yes": YES, "no": NO}.get(first)
 
 
-def naive_judge(judge: MainRagJudge, pairs) -> tuple[list[str], float, float]:
-    """(verdict texts, total seconds, verdict-generation seconds), one document at a time."""
+def naive_judge(judge: MainRagJudge, pairs) -> tuple[list, list[str], float, float]:
+    """(judge prompts, verdict texts, total seconds, verdict-generation seconds), one
+    document at a time."""
     start = time.perf_counter()
     verdict_seconds = 0.0
-    verdicts = []
+    prompts, verdicts = [], []
     predictor = GenerationSettings(max_new_tokens=judge.config.predictor_max_new_tokens,
                                    stop=("\n",))
     for question, document in pairs:
@@ -79,12 +77,26 @@ def naive_judge(judge: MainRagJudge, pairs) -> tuple[list[str], float, float]:
         judge_prompt = judge.judge_prompt.messages(question=question,
                                                    document=document.as_context(), answer=answer)
         judge_prompt[-1]["content"] += VERDICT_REQUEST
+        prompts.append(judge_prompt)
         t = time.perf_counter()
         verdicts.append(judge.backend.generate([judge_prompt],
                                                GenerationSettings(max_new_tokens=48),
                                                agent="judge")[0])
         verdict_seconds += time.perf_counter() - t
-    return verdicts, time.perf_counter() - start, verdict_seconds
+    return prompts, verdicts, time.perf_counter() - start, verdict_seconds
+
+
+def score_verdict_prompts(judge: MainRagJudge, prompts, per_question: list[int]
+                          ) -> tuple[list[float], float]:
+    """(log P(Yes) − log P(No) per prompt, seconds): the naive judge's own prompts read by
+    `label_logprobs`, one batched call per question as the pipeline would."""
+    margins: list[float] = []
+    start = time.perf_counter()
+    for n in per_question:
+        batch, prompts = prompts[:n], prompts[n:]
+        margins += [lp[YES] - lp[NO]
+                    for lp in judge.backend.label_logprobs(batch, [YES, NO], agent="judge")]
+    return margins, time.perf_counter() - start
 
 
 def main() -> int:
@@ -104,11 +116,18 @@ def main() -> int:
     pairs = [(q, d) for q, documents in questions for d in documents]
     backend.generate([[{"role": "user", "content": "warm up"}]], GenerationSettings(4))
 
-    scores, batched_s, scoring_s = batched_judge(judge, questions)
-    verdicts, naive_s, verdict_s = naive_judge(judge, pairs)
+    # Alternate question by question, so that a busier moment hits both sides alike.
+    batched_s = naive_s = verdict_s = 0.0
+    prompts, verdicts = [], []
+    for question, documents in questions:
+        batched_s += batched_judge(judge, [(question, documents)])
+        p, v, seconds, verdict_seconds = naive_judge(judge, [(question, d) for d in documents])
+        prompts, verdicts = prompts + p, verdicts + v
+        naive_s, verdict_s = naive_s + seconds, verdict_s + verdict_seconds
+    margins, scoring_s = score_verdict_prompts(judge, prompts, [len(d) for _, d in questions])
     parsed = [parse_verdict(v) for v in verdicts]
-    comparable = [(s, p) for s, p in zip(scores, parsed, strict=True) if p is not None]
-    agree = sum((s > 0) == (p == YES) for s, p in comparable)
+    comparable = [(m, p) for m, p in zip(margins, parsed, strict=True) if p is not None]
+    agree = sum((m > 0) == (p == YES) for m, p in comparable)
 
     pipeline = build_pipeline("main-rag", PipelineContext(generator=backend,
                                                           filter_backend=backend))
@@ -132,6 +151,9 @@ def main() -> int:
         "scoring_ratio": round(verdict_s / scoring_s, 2),
         "decision_agreement": round(agree / len(comparable), 3) if comparable else None,
         "verdicts_parsed": len(comparable),
+        "verdict_yes_share": (round(sum(p == YES for _, p in comparable) / len(comparable), 3)
+                              if comparable else None),
+        "mean_verdict_words": round(sum(len(v.split()) for v in verdicts) / n, 1),
         "main_rag_seconds_per_question": round(main_rag_s, 2),
         "main_rag_llm_calls_per_question": calls,
         "main_rag_documents_per_question": docs_per_q,
