@@ -76,9 +76,9 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                        help="what amber's final answer reads (default memory_and_evidence)")
     group.add_argument("--stack-combine", choices=["both", "either", "zmean"], default="both",
                        help="how the stack filter combines MCF and the judge (default both)")
-    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="fixed",
-                       help="MCF keeps s >= --mcf-threshold (fixed), s >= mean(s) (adaptive) "
-                            "or the --mcf-top-k best chunks of a round (top_k)")
+    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="adaptive",
+                       help="MCF keeps s >= mean(s) over the round (adaptive, default), "
+                            "s >= --mcf-threshold (fixed) or the --mcf-top-k best chunks (top_k)")
     group.add_argument("--mcf-top-k", type=int, default=2,
                        help="chunks a round keeps under --mcf-bar top_k (default 2)")
     group.add_argument("--mcf-lexical-weight", type=float, default=0.0,

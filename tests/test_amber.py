@@ -12,6 +12,7 @@ from fake_backend import ScriptedBackend
 
 from inference.collector import CollectorConfig, normalise_query
 from inference.errors import ConfigError
+from inference.filters.mcf import MCFConfig
 from inference.pipelines import PipelineContext, build_pipeline
 from inference.pipelines.amber_config import AmberConfig
 from inference.types import Document, Example
@@ -63,7 +64,9 @@ class Agents:
 
 def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amber):
     backend = ScriptedBackend(reply=agents.reply, labels=agents.labels)
+    # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps.
     context = PipelineContext(generator=backend, filter_backend=backend, mcf_backend=backend,
+                              mcf=MCFConfig(bar="fixed"),
                               amber=replace(AmberConfig(k=3), **amber), search=search)
     return build_pipeline(pipeline, context).run(EXAMPLE), backend
 

@@ -45,7 +45,7 @@ def filter_backend(tiny_model_dir, adapter_dir):
 
 
 def test_chunk_scores_are_yes_minus_no_log_probs_of_the_adapter(filter_backend, tiny_model_dir):
-    mcf = MultiGranularFilter(filter_backend, MCFConfig(sentence_stage=False))
+    mcf = MultiGranularFilter(filter_backend, MCFConfig(bar="fixed", sentence_stage=False))
     before = filter_backend.meter.snapshot()
     result = mcf.select("Where was Liora Tamsin born?", DOCUMENTS)
     usage = filter_backend.meter.since(before)
@@ -109,13 +109,13 @@ def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
         [s.score for s in alone.scored], abs=1e-3)
     assert len(fused.kept) == 2
     with pytest.raises(ConfigError, match="lexical_weight needs bar"):
-        MCFConfig(lexical_weight=1.0)
+        MCFConfig(bar="fixed", lexical_weight=1.0)
     with pytest.raises(ConfigError, match="lexical_weight must be"):
         MCFConfig(bar="top_k", lexical_weight=-1)
 
 
 def test_both_stages_on_the_adapter_record_every_sentence_decision(filter_backend):
-    mcf = MultiGranularFilter(filter_backend, MCFConfig(threshold=-1e9))  # keep every chunk
+    mcf = MultiGranularFilter(filter_backend, MCFConfig(bar="fixed", threshold=-1e9))  # keep all
     before = filter_backend.meter.snapshot()
     result = mcf.select("Who engineered the Calder Bridge?", DOCUMENTS)
     usage = filter_backend.meter.since(before)
