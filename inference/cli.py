@@ -73,12 +73,16 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                        help="unseen documents taken per amber round (default 5)")
     group.add_argument("--answer-from", choices=["memory", "memory_and_evidence", "evidence"],
                        default="memory_and_evidence",
-                       help="what amber's final answer reads (default memory_and_evidence)")
+                       help="what amber's final answer reads (default memory_and_evidence; "
+                            "evidence suits a small generator that garbles notes)")
+    group.add_argument("--min-evidence", type=int, default=1,
+                       help="amber reads the best-scored dropped chunks when it kept fewer "
+                            "than this (default 1; 0: off)")
     group.add_argument("--stack-combine", choices=["both", "either", "zmean"], default="both",
                        help="how the stack filter combines MCF and the judge (default both)")
-    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="adaptive",
-                       help="MCF keeps s >= mean(s) over the round (adaptive, default), "
-                            "s >= --mcf-threshold (fixed) or the --mcf-top-k best chunks (top_k)")
+    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="fixed",
+                       help="MCF keeps s >= --mcf-threshold (fixed, default), s >= mean(s) over "
+                            "the round (adaptive) or the --mcf-top-k best chunks (top_k)")
     group.add_argument("--mcf-top-k", type=int, default=2,
                        help="chunks a round keeps under --mcf-bar top_k (default 2)")
     group.add_argument("--mcf-lexical-weight", type=float, default=0.0,
@@ -102,7 +106,8 @@ def _amber_sections(args: argparse.Namespace) -> dict:
                          lexical_weight=args.mcf_lexical_weight),
         "amber": AmberConfig(
             filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
-            answer_from=args.answer_from, stack=StackConfig(combine=args.stack_combine),
+            answer_from=args.answer_from, min_evidence=args.min_evidence,
+            stack=StackConfig(combine=args.stack_combine),
             collector=CollectorConfig(sufficiency_threshold=args.sufficiency_threshold)),
     }
 

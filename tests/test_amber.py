@@ -119,12 +119,30 @@ def test_stops_at_max_iterations_with_new_documents_and_new_queries_each_round()
 
 
 def test_stops_when_a_round_adds_nothing_and_then_answers_without_documents():
-    output, backend = run_amber(Agents(keep="no chunk says this"))
+    output, backend = run_amber(Agents(keep="no chunk says this"), min_evidence=0)
     trace = output.trace
     assert trace["stop_reason"] == "no_progress" and len(trace["rounds"]) == 1
     assert trace["rounds"][0]["kept"] == [] and trace["rounds"][0]["memory_update"] is None
     assert set(usage(backend)) == {"filter_chunk", "generator"}
     assert output.documents_read == () and "Notes:" not in backend.calls[-1][1]
+    assert trace["fallback_evidence"] == []
+
+
+def test_with_nothing_kept_the_answer_reads_the_best_dropped_chunks():
+    output, backend = run_amber(Agents(keep="no chunk says this"), min_evidence=2)
+    trace = output.trace
+    assert trace["stop_reason"] == "no_progress" and trace["rounds"][0]["kept"] == []
+    scored = sorted(trace["rounds"][0]["scored"], key=lambda s: -s["score"])
+    assert trace["fallback_evidence"] == [s["id"] for s in scored[:2]]
+    assert [d.id for d in output.documents_read] == trace["fallback_evidence"]
+    assert [e["id"] for e in trace["evidence"]] == trace["fallback_evidence"]
+    # The answer reads them; no memory agent ran, since no round kept anything.
+    assert set(usage(backend)) == {"filter_chunk", "generator"}
+    texts = {d.id: d.text for d in EXAMPLE.documents}
+    assert backend.calls[-1][0] == "generator"
+    assert all(texts[i] in backend.calls[-1][1] for i in trace["fallback_evidence"])
+    with pytest.raises(ConfigError, match="min_evidence"):
+        AmberConfig(min_evidence=-1)
 
 
 def test_pool_exhaustion_is_no_progress():

@@ -5,11 +5,12 @@ so any backend serving the filter works: `hf` with the LoRA adapter in-process, 
 against a server that serves the adapter.
 
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
-  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: MAIN-RAG's adaptive
-  bar τ = mean(s) − n·σ(s) over the round's chunks (`judge_bar`; the default, the best
-  threshold-free rule on held-out HotpotQA), a fixed threshold (0: the filter finds "Yes" at
-  least as likely as "No"), or the k best chunks of the round (`top_k`, a fixed reading
-  budget). Kept chunks are ordered by s, best first.
+  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: a fixed threshold
+  (the default, 0: the filter finds "Yes" at least as likely as "No"; the shipped filter is
+  calibrated to it, and in amber's loop it is the only bar that can reject a whole round of
+  noise), MAIN-RAG's adaptive bar τ = mean(s) − n·σ(s) over the round's chunks
+  (`judge_bar`), or the k best chunks of the round (`top_k`, a fixed reading budget).
+  Kept chunks are ordered by s, best first.
   Optionally (`lexical_weight` w > 0) s becomes z(s) + w·z(BM25), z over the round's chunks:
   the filter's judgement fused with how well each chunk matches the question's words.
 * Sentence stage: one batched generation over the kept chunks that have more than one
@@ -59,7 +60,7 @@ class MCFConfig:
         default=None, metadata={"help": "PEFT adapter folder of the trained filter, run "
                                         "in-process on the filter's base model; default: the "
                                         "shipped training/adapters/smollm2-filter when present"})
-    bar: ChunkBar = field(default="adaptive", metadata={
+    bar: ChunkBar = field(default="fixed", metadata={
         "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s); "
                 "top_k: keep the top_k best-scoring chunks of the round"})
     threshold: float = field(default=0.0, metadata={

@@ -18,8 +18,10 @@ Each round:
    stops when it has no new one (`no_new_query`).
 
 The answer is one generator call (agent `generator`) on the memory and, by default, the kept
-evidence (`amber.answer_from`: also the memory alone, or the evidence alone); with nothing to
-read it answers directly. `documents_read` is the kept evidence (key sentences only).
+evidence (`amber.answer_from`: also the memory alone, or the evidence alone); when fewer
+than `amber.min_evidence` chunks were kept, the best-scored dropped ones are read too (a weak
+filter or a strict bar must not leave the answer blind); with nothing to read it answers
+directly. `documents_read` is the kept evidence (key sentences only).
 The trace holds every round: query, documents, scores and sentence choices, the three memory
 agents' replies, the memory after the round, the sufficiency verdict, the next query, and the
 stop reason. `amber-mcf`, `amber-judge`, `amber-stack` and `amber-none` are `amber` with the
@@ -197,14 +199,28 @@ class AmberPipeline:
                 stop_reason = "no_new_query"
                 break
             queries.append(following.query)
+        fallback = self._fallback(results, evidence)
         raw = self._generate_answer(question, memory, evidence.documents)
         trace = {"pipeline": self.name, "filter": self.filter_name, "queries": queries,
                  "rounds": rounds, "evidence": evidence.trace(), "memory": memory,
-                 "stop_reason": stop_reason, "answer_from": self.config.answer_from}
+                 "stop_reason": stop_reason, "answer_from": self.config.answer_from,
+                 "fallback_evidence": fallback}
         return PipelineOutput(
             answer=extract_answer(raw, example.question, self.context.answer_extraction),
             raw_answer=raw, documents_read=tuple(evidence.documents),
             filter_result=_combined(results), trace=trace)
+
+    def _fallback(self, results: Sequence[FilterResult], evidence: _Evidence) -> list[str]:
+        """Top up the evidence to `min_evidence` chunks with the best-scored dropped ones
+        (whole chunks, any round); returns their ids."""
+        missing = self.config.min_evidence - len(evidence.items)
+        if missing <= 0:
+            return []
+        dropped = [(number, s) for number, result in enumerate(results, start=1)
+                   for s in result.scored if not s.kept]
+        best = sorted(dropped, key=lambda item: -item[1].score)[:missing]
+        evidence.items.extend(best)
+        return [s.document.id for _, s in best]
 
     def _generate_answer(self, question: str, memory: str, documents: Sequence[Document]) -> str:
         evidence = format_documents(documents)

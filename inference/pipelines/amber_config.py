@@ -26,6 +26,10 @@ class AmberConfig:
     answer_from: AnswerFrom = field(default="memory_and_evidence", metadata={
         "help": "what the final answer reads: the memory, the memory and the kept evidence, "
                 "or the kept evidence only (the memory then only steers the loop)"})
+    min_evidence: int = field(default=1, metadata={
+        "help": "when the loop ends with fewer kept chunks than this, the best-scored chunks "
+                "the filter dropped are read too (whole), so the answer is never written blind "
+                "while documents were seen; 0 turns this off"})
     stack: StackConfig = field(default_factory=StackConfig,
                                metadata={"help": "how `stack` combines MCF and the judge"})
     memory: MemoryConfig = field(default_factory=MemoryConfig,
@@ -40,6 +44,8 @@ class AmberConfig:
         if self.answer_from not in get_args(AnswerFrom):
             raise ConfigError(f"amber.answer_from must be one of "
                               f"{', '.join(get_args(AnswerFrom))}, got {self.answer_from!r}")
+        if self.min_evidence < 0:
+            raise ConfigError(f"amber.min_evidence must be >= 0, got {self.min_evidence}")
         if self.k < 1 or self.max_iterations < 1:
             raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
                               f"{self.k} and {self.max_iterations}")
