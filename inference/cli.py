@@ -66,7 +66,7 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                        "amber-mcf, amber-judge, amber-stack, amber-none fix it per pipeline)")
     group.add_argument("--filter-adapter", metavar="PATH",
                        help="LoRA adapter folder of the trained filter, run in-process on the "
-                       "filter's model (default: the shipped training/adapters/smollm2-filter "
+                       "filter's model (default: $SIEVERAG_CACHE/adapters/smollm2-filter "
                        "when present; a served filter is --filter-endpoint/--filter-model)")
     group.add_argument("--max-iterations", type=int, default=3, help="amber rounds at most")
     group.add_argument("--amber-k", type=int, default=5,
@@ -178,14 +178,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from inference.config import RunConfig
     from inference.demo_data import write_demo_dataset
     from inference.eval.runner import run_evaluation
-    from inference.filters.mcf import shipped_adapter
+    from inference.filters.mcf import default_filter_dir, shipped_adapter
 
     out = Path(args.out)
     dataset = write_demo_dataset(out / "demo.jsonl")
     sections = _amber_sections(args)
     trained = args.filter_adapter or args.filter_endpoint or shipped_adapter()
     if args.amber_filter in ("mcf", "stack") and not trained:
-        print("demo: no trained filter adapter yet (training/adapters/smollm2-filter); "
+        print(f"demo: no trained filter adapter yet ({default_filter_dir()}); "
               "amber filters with the judge instead", file=sys.stderr)
         sections["amber"] = replace(sections["amber"], filter="judge")
     config = RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla", "main-rag", "amber"),

@@ -25,8 +25,6 @@ from inference.io_utils import write_atomic
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 METADATA_FILE = "sieverag_adapter.json"
-PACKAGED_ADAPTERS = Path(__file__).resolve().parent / "adapters"
-"""Adapters shipped as package data: `training/adapters/<name>/` (config, weights, metadata)."""
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the LoRA weights must be gathered before saving: use "
               "accelerate_configs/deepspeed_zero3.yaml (zero3_save_16bit_model: true)")
 
@@ -110,15 +108,18 @@ def _check_reloads(folder: Path, base_model_dir: Path, saved: dict[str, tuple[in
 
 
 def packaged_adapters() -> dict[str, Path]:
-    """Name → folder of every adapter shipped inside the package."""
-    if not PACKAGED_ADAPTERS.is_dir():
+    """Name → folder of every adapter kept in sieverag's cache ($SIEVERAG_CACHE/adapters/)."""
+    from inference.llm.models import cache_dir
+
+    folder = cache_dir() / "adapters"
+    if not folder.is_dir():
         return {}
-    return {folder.name: folder for folder in sorted(PACKAGED_ADAPTERS.iterdir())
-            if (folder / WEIGHTS_FILE).is_file()}
+    return {adapter.name: adapter for adapter in sorted(folder.iterdir())
+            if (adapter / WEIGHTS_FILE).is_file()}
 
 
 def resolve_adapter(name_or_path: str) -> Path:
-    """An adapter folder, or the folder of a packaged adapter given by name."""
+    """An adapter folder, or the folder of an adapter in the cache given by name."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -127,7 +128,7 @@ def resolve_adapter(name_or_path: str) -> Path:
         return packaged[name_or_path]
     known = ", ".join(packaged) or "none"
     raise AdapterSaveError(f"adapter {name_or_path!r} is neither a folder nor a packaged "
-                           f"adapter (packaged: {known})")
+                           f"adapter in the cache (there: {known})")
 
 
 def adapter_content_hash(adapter_dir: str | Path) -> str:

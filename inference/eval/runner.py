@@ -24,7 +24,7 @@ from inference.eval.datasets import load_examples
 from inference.eval.records import build_record, trust_metrics
 from inference.eval.report import write_report
 from inference.eval.summary import summarize
-from inference.filters.mcf import SHIPPED_ADAPTER, shipped_adapter
+from inference.filters.mcf import default_filter_dir, shipped_adapter
 from inference.filters.registry import NEEDS_TRAINED_FILTER
 from inference.io_utils import JsonlLog, write_atomic
 from inference.llm.base import GenerationSettings, LLMBackend, Usage
@@ -155,7 +155,7 @@ def _served_filter(config: RunConfig) -> bool:
 
 
 def with_trained_filter(config: RunConfig) -> RunConfig:
-    """`config` with `mcf.adapter` set to the shipped filter adapter where MCF runs in-process
+    """`config` with `mcf.adapter` set to the cached default filter where MCF runs in-process
     and no adapter was given (so the run's config.yaml names the adapter it used); an error
     when MCF is needed and there is no trained filter at all."""
     if not needs_trained_filter(config):
@@ -165,7 +165,7 @@ def with_trained_filter(config: RunConfig) -> RunConfig:
     if mcf_backend_spec(config) is None:
         raise ConfigError(
             "the mcf and stack filters need the trained filter, and no adapter was given or "
-            f"shipped ({SHIPPED_ADAPTER}): pass --filter-adapter PATH, or --filter-endpoint/"
+            f"found ({default_filter_dir()}): pass --filter-adapter PATH, or --filter-endpoint/"
             "--filter-model for a served one; amber-judge needs no training")
     return config
 

@@ -6,7 +6,7 @@ against a server that serves the adapter.
 
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
   s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: a fixed threshold
-  (the default, 0: the filter finds "Yes" at least as likely as "No"; the shipped filter is
+  (the default, 0: the filter finds "Yes" at least as likely as "No"; the trained filter is
   calibrated to it, and in amber's loop it is the only bar that can reject a whole round of
   noise), MAIN-RAG's adaptive bar τ = mean(s) − n·σ(s) over the round's chunks
   (`judge_bar`), or the k best chunks of the round (`top_k`, a fixed reading budget).
@@ -43,13 +43,20 @@ from inference.filters.filter_format import (
 )
 from inference.filters.judge import judge_bar
 from inference.llm.base import GenerationSettings, LLMBackend
+from inference.llm.models import cache_dir
 from inference.retrieval.sentences import split_sentences
 from inference.types import Document
 
 ChunkBar = Literal["fixed", "adaptive", "top_k"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
-# Where training writes the filter adapter that ships with the project (see training/).
-SHIPPED_ADAPTER = Path(__file__).resolve().parents[2] / "training" / "adapters" / "smollm2-filter"
+# The default trained filter: a folder in sieverag's cache (model files stay out of the
+# repository); README "Training" shows how to train it and put it there.
+DEFAULT_FILTER_NAME = "smollm2-filter"
+
+
+def default_filter_dir() -> Path:
+    """Where MCF looks for the trained filter when no adapter is given."""
+    return cache_dir() / "adapters" / DEFAULT_FILTER_NAME
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ class MCFConfig:
     adapter: str | None = field(
         default=None, metadata={"help": "PEFT adapter folder of the trained filter, run "
                                         "in-process on the filter's base model; default: the "
-                                        "shipped training/adapters/smollm2-filter when present"})
+                                        "trained filter in $SIEVERAG_CACHE/adapters/"
+                                        "smollm2-filter when present"})
     bar: ChunkBar = field(default="fixed", metadata={
         "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s); "
                 "top_k: keep the top_k best-scoring chunks of the round"})
@@ -98,8 +106,9 @@ class MCFConfig:
 
 
 def shipped_adapter() -> str | None:
-    """The shipped filter adapter folder, or None when training has not produced it."""
-    return str(SHIPPED_ADAPTER) if (SHIPPED_ADAPTER / "adapter_config.json").is_file() else None
+    """The default trained filter's folder, or None when none has been put there."""
+    folder = default_filter_dir()
+    return str(folder) if (folder / "adapter_config.json").is_file() else None
 
 
 def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -> list[float]:
