@@ -90,6 +90,8 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
                             "w·z(BM25) (needs --mcf-bar adaptive or top_k; default 0: off)")
     group.add_argument("--mcf-threshold", type=float, default=0.0,
                        help="fixed MCF bar on s = log P(Yes) - log P(No) (default 0)")
+    group.add_argument("--no-sentence-stage", action="store_true",
+                       help="MCF keeps whole chunks (skips narrowing them to key sentences)")
     group.add_argument("--sufficiency-threshold", type=float, default=0.5,
                        help="the memory suffices when P(Yes) >= this (default 0.5)")
 
@@ -103,7 +105,8 @@ def _amber_sections(args: argparse.Namespace) -> dict:
     return {
         "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
                          threshold=args.mcf_threshold, top_k=args.mcf_top_k,
-                         lexical_weight=args.mcf_lexical_weight),
+                         lexical_weight=args.mcf_lexical_weight,
+                         sentence_stage=not args.no_sentence_stage),
         "amber": AmberConfig(
             filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
             answer_from=args.answer_from, min_evidence=args.min_evidence,

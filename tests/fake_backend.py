@@ -8,8 +8,13 @@ from inference.llm.base import GenerationSettings, UsageMeter
 from inference.types import Conversation
 
 
+def user_text(conversation: Conversation) -> str:
+    return "\n\n".join(m["content"] for m in conversation if m["role"] == "user")
+
+
 class ScriptedBackend:
-    """Replies and label scores come from functions of the last user message."""
+    """Replies and label scores come from functions of the prompt's user text (every user
+    message, joined: a follow-up turn such as the judge's carries the first one's document)."""
 
     def __init__(self, reply: Callable[[str], str] = lambda text: "answer",
                  labels: Callable[[str], dict[str, float]] | None = None) -> None:
@@ -26,14 +31,14 @@ class ScriptedBackend:
                  settings: GenerationSettings = GenerationSettings(), *,
                  agent: str = "generator") -> list[str]:
         self.meter.record(agent, len(prompts), 10 * len(prompts), 2 * len(prompts))
-        self.calls += [(agent, p[-1]["content"]) for p in prompts]
-        return [self.reply(p[-1]["content"]) for p in prompts]
+        self.calls += [(agent, user_text(p)) for p in prompts]
+        return [self.reply(user_text(p)) for p in prompts]
 
     def label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
                        agent: str = "scorer") -> list[dict[str, float]]:
         self.meter.record(agent, len(prompts), 10 * len(prompts), 0)
-        self.calls += [(agent, p[-1]["content"]) for p in prompts]
-        return [{label: self.labels(p[-1]["content"]).get(label, -20.0) for label in labels}
+        self.calls += [(agent, user_text(p)) for p in prompts]
+        return [{label: self.labels(user_text(p)).get(label, -20.0) for label in labels}
                 for p in prompts]
 
     def continuation_logprob(self, prompts: Sequence[Conversation], continuations: Sequence[str],

@@ -45,14 +45,16 @@ def test_missing_or_broken_config_file(tmp_path):
 
 
 def test_templates_render_exactly_their_inputs():
-    template = load_template("judge_evaluator")
-    messages = template.messages(question="Q?", document="D {braces} kept", answer="A")
-    assert messages[0]["role"] == "system" and "noisy-document evaluator" in messages[0]["content"]
+    template = load_template("judge_predictor")
+    messages = template.messages(question="Q?", document="D {braces} kept")
+    assert messages[0]["role"] == "system" and "reliable assistant" in messages[0]["content"]
     assert "D {braces} kept" in messages[1]["content"]
     with pytest.raises(ValueError, match="missing inputs"):
-        template.messages(question="Q?", document="D")
+        template.messages(question="Q?")
     with pytest.raises(ValueError, match="unknown inputs"):
-        template.messages(question="Q?", document="D", answer="A", extra="x")
+        template.messages(question="Q?", document="D", extra="x")
+    # A template with no system prompt renders its user turn alone.
+    assert [m["role"] for m in load_template("judge_evaluator").messages()] == ["user"]
     assert len(template.sha256) == 64
 
 

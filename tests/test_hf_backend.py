@@ -155,3 +155,47 @@ def test_shared_prefix_is_computed_once_and_changes_no_result(tiny_model_dir):
 def test_shared_prefix_setting_is_checked():
     with pytest.raises(Exception, match="shared_prefix_min_tokens"):
         HFBackendConfig(shared_prefix_min_tokens=-1)
+
+
+def _continued(conversation, reply: str, follow_up: str) -> list[dict]:
+    return [*conversation, {"role": "assistant", "content": reply},
+            {"role": "user", "content": follow_up}]
+
+
+def test_label_logprobs_reuse_the_last_generate_calls_prompt_kv(tiny_model_dir):
+    """Prompts that continue the last generate call's conversations run only their new tokens
+    on the kept KV — rows picked from two kept batches, in any order — and score like the
+    uncached forward pass; a prompt that extends nothing runs whole."""
+    cached = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2))
+    plain = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2,
+                                      prompt_cache_tokens=0))
+    cached.generate(SHARED, GenerationSettings(max_new_tokens=4))
+    assert len(cached.prompt_cache.batches) == 2  # three prompts at batch size 2
+    follow_ups = [_continued(SHARED[i], answer, "Is the document useful? Yes or No.")
+                  for i, answer in ((2, "rivers"), (0, "Wren Ivers"), (1, ""))]
+    unrelated = [{"role": "user", "content": "Something else entirely?"}]
+    prompts = [*follow_ups, unrelated]
+    encoded = [cached.prompt_ids(p) for p in prompts]
+    extending = cached.prompt_cache.lookup(encoded)
+    assert sorted(extending) == [0, 1, 2]
+    for index, (batch, row) in extending.items():
+        kept = cached.prompt_cache.batches[batch].rows[row]
+        assert encoded[index][:len(kept)] == kept
+
+    labels = ["Yes", "No"]
+    for mine, theirs in zip(cached.label_logprobs(prompts, labels),
+                            plain.label_logprobs(prompts, labels), strict=True):
+        assert [mine[k] for k in labels] == pytest.approx([theirs[k] for k in labels], abs=1e-4)
+    assert cached.prompt_cache.reused_tokens == sum(
+        len(cached.prompt_ids(SHARED[i])) for i in (0, 1, 2))
+    assert plain.prompt_cache.batches == [] and plain.prompt_cache.reused_tokens == 0
+
+
+def test_prompt_cache_keeps_within_its_token_budget(tiny_model_dir):
+    small = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=1,
+                                      prompt_cache_tokens=len(SHARED[0][1]["content"])))
+    small.generate(SHARED, GenerationSettings(max_new_tokens=2))
+    assert 0 < small.prompt_cache.kept_tokens <= small.config.prompt_cache_tokens
+    assert len(small.prompt_cache.batches) < len(SHARED)
+    with pytest.raises(Exception, match="prompt_cache_tokens"):
+        HFBackendConfig(prompt_cache_tokens=-1)

@@ -50,13 +50,32 @@ def test_larger_n_lowers_the_bar_and_keeps_more():
 
 def test_judge_prompt_carries_question_document_and_predicted_answer():
     backend = ScriptedBackend(reply=lambda text: "Paris")
-    MainRagJudge(backend).select("Capital of France?", [Document(id="d", text="Paris is big.")])
+    judge = MainRagJudge(backend)
+    judge.select("Capital of France?", [Document(id="d", text="Paris is big.")])
     judge_prompt = [text for agent, text in backend.calls if agent == "judge"][0]
     assert "Capital of France?" in judge_prompt and "Paris is big." in judge_prompt
-    assert "Predicted answer: Paris" in judge_prompt
+    assert "noisy-document evaluator" in judge_prompt
+    conversation = judge.judge_messages("Capital of France?", Document(id="d", text="x"), "Paris")
+    assert [m["role"] for m in conversation] == ["system", "user", "assistant", "user"]
+    assert conversation[2]["content"] == "Paris"
 
 
 def test_no_documents_keeps_nothing_without_calls():
     backend = ScriptedBackend()
     result = MainRagJudge(backend).select("q", [])
     assert result.kept == () and result.threshold is None and backend.calls == []
+
+
+def test_judge_prompt_continues_the_predictor_conversation(tiny_model_dir):
+    """Agent-2's prompt starts with Agent-1's exact prompt tokens (so a prefix cache serves
+    the document once), whatever the predicted answer looks like."""
+    from inference.llm.hf import HFBackend, HFBackendConfig
+
+    hf = HFBackend(HFBackendConfig(model=str(tiny_model_dir)))
+    judge = MainRagJudge(hf)
+    document = Document(id="d", title="Paris", text="Paris is the capital of France.")
+    predictor = hf.prompt_ids(judge.predictor_prompt.messages(
+        question="Capital of France?", document=document.as_context()))
+    for answer in ("Paris", "", " 1901.", "\"Paris\"", "no idea\n"):
+        full = hf.prompt_ids(judge.judge_messages("Capital of France?", document, answer))
+        assert full[:len(predictor)] == predictor and len(full) > len(predictor) + 10

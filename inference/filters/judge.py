@@ -3,6 +3,10 @@
 Agent-1 (Predictor) answers the question from each document alone, all documents in one
 batched generation. Agent-2 (Judge) scores each (question, document, answer) triplet as
 r = log P("Yes") − log P("No") from one batched forward pass — no verdict is generated.
+Agent-2's prompt continues Agent-1's conversation (document and question, the predicted
+answer as the assistant's turn, then the evaluator's request), so its long part — the
+document — is a prefix Agent-1 already read: the `hf` backend's prompt cache and a server's
+prefix cache compute it once.
 The adaptive judge bar is τq = mean(r) − n·σ(r) over the question's documents (population
 standard deviation; n = 0 by default keeps the documents scoring at least the mean).
 Documents with r ≥ τq are kept, ordered by r descending. Agent-3 (Final-Predictor) is the
@@ -19,7 +23,7 @@ from inference.errors import ConfigError
 from inference.filters.base import FilterResult, ScoredDocument
 from inference.llm.base import GenerationSettings, LLMBackend
 from inference.prompt_templates import load_template
-from inference.types import Document
+from inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
 
@@ -66,12 +70,18 @@ class MainRagJudge:
                                       stop=("\n",))
         return [a.strip() for a in self.backend.generate(prompts, settings, agent="predictor")]
 
+    def judge_messages(self, question: str, document: Document, answer: str) -> Conversation:
+        """Agent-2's prompt: Agent-1's conversation on `document`, its `answer`, then the
+        evaluator's request."""
+        return [*self.predictor_prompt.messages(question=question, document=document.as_context()),
+                {"role": "assistant", "content": answer},
+                *self.judge_prompt.messages()]
+
     def judge_scores(
         self, question: str, documents: Sequence[Document], answers: Sequence[str]
     ) -> list[float]:
         """Agent-2: r = log P("Yes") − log P("No") for each (document, answer)."""
-        prompts = [self.judge_prompt.messages(question=question, document=d.as_context(),
-                                              answer=a)
+        prompts = [self.judge_messages(question, d, a)
                    for d, a in zip(documents, answers, strict=True)]
         logprobs = self.backend.label_logprobs(prompts, [YES, NO], agent="judge")
         return [lp[YES] - lp[NO] for lp in logprobs]

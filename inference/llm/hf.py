@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from inference.errors import ConfigError
 from inference.llm.base import GenerationSettings, UsageMeter
 from inference.llm.models import DEFAULT_MODEL, resolve_model
+from inference.llm.prompt_cache import PromptCache
 from inference.types import Conversation
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -35,6 +36,10 @@ class HFBackendConfig:
     shared_prefix_min_tokens: int = field(default=32, metadata={
         "help": "a batch whose prompts share at least this many leading tokens computes them "
                 "once and reuses their KV cache for every row; 0 turns this off"})
+    prompt_cache_tokens: int = field(default=8192, metadata={
+        "help": "keep the KV of the last generate call's prompts, up to this many positions; "
+                "a label_logprobs call whose prompts extend them computes only the new tokens "
+                "(MAIN-RAG's judge continuing the predictor's conversation); 0 turns this off"})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -47,6 +52,8 @@ class HFBackendConfig:
         if self.shared_prefix_min_tokens < 0:
             raise ConfigError("shared_prefix_min_tokens must be >= 0, "
                               f"got {self.shared_prefix_min_tokens}")
+        if self.prompt_cache_tokens < 0:
+            raise ConfigError(f"prompt_cache_tokens must be >= 0, got {self.prompt_cache_tokens}")
 
 
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -134,6 +141,7 @@ class HFBackend:
             self.model, self.adapter_name = attach_adapter(self.base_model, config.adapter)
         self.device = next(self.model.parameters()).device
         self.meter = UsageMeter()
+        self.prompt_cache = PromptCache(config.prompt_cache_tokens)
 
     @property
     def model_name(self) -> str:
@@ -171,9 +179,10 @@ class HFBackend:
         for start in range(0, len(order), self.config.batch_size):
             yield order[start:start + self.config.batch_size]
 
-    def _left_pad(self, sequences: Sequence[list[int]], offset: int = 0
+    def _left_pad(self, sequences: Sequence[list[int]], offset: int | torch.Tensor = 0
                   ) -> dict[str, torch.Tensor]:
-        """Left-padded ids, mask and positions; positions start at `offset` (after a prefix)."""
+        """Left-padded ids, mask and positions; positions start at `offset` (after a prefix;
+        a column tensor gives each row its own)."""
         width = max(len(s) for s in sequences)
         pad = self.tokenizer.pad_token_id
         ids = torch.full((len(sequences), width), pad, dtype=torch.long)
@@ -182,7 +191,7 @@ class HFBackend:
             ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[row, width - len(seq):] = 1
         # Positions count real tokens only, so a left-padded row scores like an unpadded one.
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0) + offset
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0) + torch.as_tensor(offset)
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
                 "position_ids": positions.to(self.device)}
 
@@ -227,8 +236,10 @@ class HFBackend:
         replies: list[str] = [""] * len(prompts)
         completion_tokens = 0
         eos_ids = self._stop_token_ids()
+        self.prompt_cache.clear()
         for batch in self._batches(encoded):
             inputs, full_ids = self._batch_inputs([encoded[i] for i in batch])
+            prompt_mask = inputs["attention_mask"]
             # generate takes every id (it skips those already in the cache) and derives the
             # positions from the mask itself.
             inputs.pop("position_ids")
@@ -243,9 +254,11 @@ class HFBackend:
                 stop_strings=list(settings.stop) or None,
                 tokenizer=self.tokenizer if settings.stop else None,
                 top_p=None, top_k=None,
+                return_dict_in_generate=True,
                 **sampling,
             )
-            new_tokens = output[:, full_ids.shape[1]:]
+            self.prompt_cache.keep([encoded[i] for i in batch], output.cache, prompt_mask)
+            new_tokens = output.sequences[:, full_ids.shape[1]:]
             for row, index in enumerate(batch):
                 tokens = new_tokens[row].tolist()
                 produced = next((n for n, t in enumerate(tokens) if t in eos_ids), len(tokens))
@@ -274,8 +287,11 @@ class HFBackend:
             return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
                     for i in range(len(prompts))]
         results: list[dict[str, float]] = [{} for _ in prompts]
-        for batch in self._batches(encoded):
-            inputs, _ = self._batch_inputs([encoded[i] for i in batch])
+        extending = self.prompt_cache.lookup(encoded)
+        fresh = [i for i in range(len(encoded)) if i not in extending]
+        for batch, inputs in [*self._continuation_batches(encoded, extending),
+                              *((b, self._batch_inputs([encoded[i] for i in b])[0])
+                                for b in self._batches_of(encoded, fresh))]:
             logits = self.model(**inputs, logits_to_keep=1).logits[:, -1, :]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             for row, index in enumerate(batch):
@@ -283,6 +299,35 @@ class HFBackend:
                                   for k, label in enumerate(labels)}
         self.meter.record(agent, len(prompts), sum(map(len, encoded)), 0)
         return results
+
+    def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int]
+                    ) -> Iterator[list[int]]:
+        """`_batches` over a subset of `sequences` (indices into the whole list)."""
+        for batch in self._batches([sequences[i] for i in indices]):
+            yield [indices[j] for j in batch]
+
+    def _continuation_batches(self, sequences: Sequence[list[int]],
+                              extending: dict[int, tuple[int, int]]
+                              ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+        """(indices, model inputs) for the sequences that extend prompts kept by the last
+        generate call: one batch per kept batch, only the new tokens run (lazily, so one
+        selected cache is alive at a time)."""
+        groups: dict[int, list[int]] = {}
+        for index, (kept_batch, _) in extending.items():
+            groups.setdefault(kept_batch, []).append(index)
+        for kept_batch, batch in groups.items():
+            kept = self.prompt_cache.batches[kept_batch]
+            batch.sort(key=lambda i: extending[i][1])  # kept row order: often no reordering
+            rows = [extending[i][1] for i in batch]
+            cache, prefix_mask = kept.select(rows, self.model.config)
+            lengths = [len(kept.rows[r]) for r in rows]
+            suffix = self._left_pad([sequences[i][n:] for i, n in zip(batch, lengths, strict=True)],
+                                    offset=torch.tensor(lengths).unsqueeze(1))
+            self.prompt_cache.reused_tokens += sum(lengths)
+            yield batch, {"input_ids": suffix["input_ids"], "position_ids": suffix["position_ids"],
+                          "attention_mask": torch.cat([prefix_mask, suffix["attention_mask"]],
+                                                      dim=1),
+                          "cache": cache}
 
     @_in_adapter_scope
     @torch.inference_mode()

@@ -74,8 +74,7 @@ def naive_judge(judge: MainRagJudge, pairs) -> tuple[list, list[str], float, flo
     for question, document in pairs:
         prompt = judge.predictor_prompt.messages(question=question, document=document.as_context())
         answer = judge.backend.generate([prompt], predictor, agent="predictor")[0].strip()
-        judge_prompt = judge.judge_prompt.messages(question=question,
-                                                   document=document.as_context(), answer=answer)
+        judge_prompt = judge.judge_messages(question, document, answer)
         judge_prompt[-1]["content"] += VERDICT_REQUEST
         prompts.append(judge_prompt)
         t = time.perf_counter()
