@@ -1,10 +1,13 @@
 """Judge-stage throughput: batched MAIN-RAG judge vs a naive one-document-at-a-time judge.
 
-Batched: Agent-1's answers for all pairs generated as batches; Agent-2 scored by
-`label_logprobs` (one forward pass per batch, nothing decoded). Naive: per document, Agent-1
-at batch size 1, then Agent-2's verdict *generated* with its evidence (up to 48 new tokens)
-and parsed for Yes/No. Same model, same (question, document) pairs, same prompts (the naive
-judge's prompt adds the request for a verdict with evidence).
+Batched: per question, Agent-1's answers for all its documents generated as one batch;
+Agent-2 scored by `label_logprobs` (one forward pass, nothing decoded) on the prompt KV that
+Agent-1 left in the backend's prompt cache (Agent-2 continues Agent-1's conversation, so only
+its short request runs). Naive: per document, Agent-1 at batch size 1, then Agent-2's verdict
+*generated* with its evidence (up to 48 new tokens) and parsed for Yes/No, on a backend with
+no prompt cache. Same model weights, same (question, document) pairs, same prompts (the naive
+judge's prompt adds the request for a verdict with evidence). The batched stage is also timed
+without the prompt cache (`ratio_without_prompt_cache`), to show what each part brings.
 The scoring part alone: `label_logprobs` over exactly the naive judge's prompts against the
 time it took to generate their verdicts, and whether the two read the same decision
 (log P(Yes) > log P(No) vs a verdict starting with Yes) where the verdict starts with Yes or
@@ -33,7 +36,9 @@ from inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa_distractor.jsonl"
-VERDICT_REQUEST = "\n\nStart your reply with Yes or No, then give your evidence in one sentence."
+# The naive judge asks for its verdict with evidence in place of the one-word reply.
+ONE_WORD = "One word: Yes or No."
+VERDICT_REQUEST = "Start your reply with Yes or No, then give your evidence in one sentence."
 
 
 def load_questions(dataset: Path, n_pairs: int) -> list[tuple[str, list]]:
@@ -75,7 +80,9 @@ def naive_judge(judge: MainRagJudge, pairs) -> tuple[list, list[str], float, flo
         prompt = judge.predictor_prompt.messages(question=question, document=document.as_context())
         answer = judge.backend.generate([prompt], predictor, agent="predictor")[0].strip()
         judge_prompt = judge.judge_messages(question, document, answer)
-        judge_prompt[-1]["content"] += VERDICT_REQUEST
+        assert ONE_WORD in judge_prompt[-1]["content"], "the evaluator template changed"
+        judge_prompt[-1]["content"] = judge_prompt[-1]["content"].replace(ONE_WORD,
+                                                                          VERDICT_REQUEST)
         prompts.append(judge_prompt)
         t = time.perf_counter()
         verdicts.append(judge.backend.generate([judge_prompt],
@@ -111,19 +118,25 @@ def main() -> int:
                                write_demo_dataset(Path("/tmp/sieverag-bench-demo.jsonl")))
     backend = HFBackend(HFBackendConfig(batch_size=16))
     judge = MainRagJudge(backend)
+    # The same loaded weights without the prompt cache: the naive judge, and the batched
+    # judge with every prompt read whole.
+    uncached = HFBackend(HFBackendConfig(batch_size=16, prompt_cache_tokens=0))
+    plain_judge = MainRagJudge(uncached)
     questions = load_questions(dataset, n_pairs)
     pairs = [(q, d) for q, documents in questions for d in documents]
     backend.generate([[{"role": "user", "content": "warm up"}]], GenerationSettings(4))
 
     # Alternate question by question, so that a busier moment hits both sides alike.
-    batched_s = naive_s = verdict_s = 0.0
+    batched_s = uncached_s = naive_s = verdict_s = 0.0
     prompts, verdicts = [], []
     for question, documents in questions:
         batched_s += batched_judge(judge, [(question, documents)])
-        p, v, seconds, verdict_seconds = naive_judge(judge, [(question, d) for d in documents])
+        uncached_s += batched_judge(plain_judge, [(question, documents)])
+        p, v, seconds, verdict_seconds = naive_judge(plain_judge,
+                                                     [(question, d) for d in documents])
         prompts, verdicts = prompts + p, verdicts + v
         naive_s, verdict_s = naive_s + seconds, verdict_s + verdict_seconds
-    margins, scoring_s = score_verdict_prompts(judge, prompts, [len(d) for _, d in questions])
+    margins, scoring_s = score_verdict_prompts(plain_judge, prompts, [len(d) for _, d in questions])
     parsed = [parse_verdict(v) for v in verdicts]
     comparable = [(m, p) for m, p in zip(margins, parsed, strict=True) if p is not None]
     agree = sum((m > 0) == (p == YES) for m, p in comparable)
@@ -145,6 +158,9 @@ def main() -> int:
         "judge_docs_per_s": round(n / batched_s, 3),
         "naive_docs_per_s": round(n / naive_s, 3),
         "ratio": round(naive_s / batched_s, 2),
+        "judge_docs_per_s_without_prompt_cache": round(n / uncached_s, 3),
+        "ratio_without_prompt_cache": round(naive_s / uncached_s, 2),
+        "prompt_tokens_reused": backend.prompt_cache.reused_tokens,
         "scoring_docs_per_s": round(n / scoring_s, 3),
         "verdict_generation_docs_per_s": round(n / verdict_s, 3),
         "scoring_ratio": round(verdict_s / scoring_s, 2),
@@ -161,6 +177,9 @@ def main() -> int:
     print(f"{'stage':<40}{'batched':>12}{'naive':>12}{'ratio':>8}")
     print(f"{'judge stage (Agent-1 + Agent-2), docs/s':<40}{figures['judge_docs_per_s']:>12}"
           f"{figures['naive_docs_per_s']:>12}{figures['ratio']:>8}")
+    print(f"{'  the same without the prompt cache':<40}"
+          f"{figures['judge_docs_per_s_without_prompt_cache']:>12}"
+          f"{figures['naive_docs_per_s']:>12}{figures['ratio_without_prompt_cache']:>8}")
     print(f"{'scoring only (log-probs vs verdict), docs/s':<40}"
           f"{figures['scoring_docs_per_s']:>12}{figures['verdict_generation_docs_per_s']:>12}"
           f"{figures['scoring_ratio']:>8}")
