@@ -145,11 +145,22 @@ def test_with_nothing_kept_the_answer_reads_the_best_dropped_chunks():
         AmberConfig(min_evidence=-1)
 
 
-def test_pool_exhaustion_is_no_progress():
-    output, _ = run_amber(Agents(), k=5, max_iterations=4)
+def test_an_exhausted_given_pool_stops_the_loop_without_asking_further():
+    output, backend = run_amber(Agents(), k=5, max_iterations=4)
     rounds = output.trace["rounds"]
-    assert [len(r["retrieved"]) for r in rounds] == [5, 5, 0]
-    assert output.trace["stop_reason"] == "no_progress"
+    assert [len(r["retrieved"]) for r in rounds] == [5, 5]
+    assert output.trace["stop_reason"] == "pool_exhausted"
+    # Round 1 asked for sufficiency and a query; round 2 saw the last documents, so it did not.
+    assert rounds[1]["sufficiency"] is None and rounds[1]["next_query"] is None
+    assert usage(backend)["sufficiency"] == 1 and usage(backend)["query_writer"] == 1
+    whole, _ = run_amber(Agents(), k=10, max_iterations=3)
+    assert whole.trace["stop_reason"] == "pool_exhausted" and len(whole.trace["rounds"]) == 1
+    # An answer from the evidence alone after the last round: no memory agent runs at all.
+    evidence_only, backend = run_amber(Agents(), k=10, max_iterations=3, answer_from="evidence")
+    assert evidence_only.trace["stop_reason"] == "pool_exhausted"
+    assert evidence_only.trace["rounds"][0]["memory_update"] is None
+    assert set(usage(backend)) <= {"filter_chunk", "filter_sentence", "generator"}
+    assert evidence_only.documents_read
 
 
 def test_queries_never_repeat_and_the_loop_stops_without_a_new_one():

@@ -11,11 +11,13 @@ Each round:
 2. Filter: the round's documents through the filter stage; kept documents (MCF: narrowed to
    their key sentences) join the evidence.
 3. AMU (`inference/memory.py`) revises the memory with the new evidence (skipped when nothing
-   new was kept).
+   new was kept, and in the last round when the answer reads the evidence alone).
 4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
-   `max_iterations` (`max_iterations`), or when the AIC (`inference/collector.py`) finds the
-   memory sufficient (`sufficient`); otherwise the AIC writes the next query, and the loop
-   stops when it has no new one (`no_new_query`).
+   `max_iterations` (`max_iterations`), when the question's given pool has no unseen
+   document left (`pool_exhausted`: e.g. `k` ≥ the given documents, so round 1 filters them
+   all), or when the AIC (`inference/collector.py`) finds the memory sufficient
+   (`sufficient`); otherwise the AIC writes the next query, and the loop stops when it has no
+   new one (`no_new_query`).
 
 The answer is one generator call (agent `generator`) on the memory and, by default, the kept
 evidence (`amber.answer_from`: also the memory alone, or the evidence alone); when fewer
@@ -90,6 +92,12 @@ class RoundDocuments:
         scores = self._bm25.scores(query)
         order = sorted(range(len(self._pool)), key=lambda i: (-scores[i], i))
         return [self._pool[i] for i in order]
+
+    @property
+    def exhausted(self) -> bool:
+        """The question's given pool has no unseen document left (never with an index)."""
+        return (self.context.search is None and self._pool is not None
+                and {d.id for d in self._pool} <= self.seen)
 
     def fetch(self, query: str) -> tuple[list[Document], int]:
         """The top-k unseen documents for `query` (now seen), and how many seen ones ranked
@@ -169,11 +177,15 @@ class AmberPipeline:
                       else FilterResult(kept=(), scored=(), threshold=None))
             results.append(result)
             evidence.items.extend((number, s) for s in result.kept)
+            last_round = number == self.config.max_iterations or documents.exhausted
+            # An answer from the evidence alone reads no memory: after the last round, nobody
+            # would read its update.
+            memory_read = self.config.answer_from != "evidence" or not last_round
             update = (self.memory_updater.update(question, memory,
                                                  format_documents(result.kept_documents))
-                      if result.kept else None)
+                      if result.kept and memory_read else None)
             # The memory only changes with new evidence, so a round without any adds nothing.
-            progressed = update is not None
+            progressed = bool(result.kept)
             memory = update.memory if update is not None else memory
             entry = {"round": number, "query": queries[-1],
                      "retrieved": [d.id for d in fresh], "skipped_seen": skipped,
@@ -187,6 +199,9 @@ class AmberPipeline:
                 stop_reason = "no_progress"
                 break
             if number == self.config.max_iterations:
+                break
+            if documents.exhausted:  # no further query could bring anything new
+                stop_reason = "pool_exhausted"
                 break
             verdict = self.collector.sufficiency(question, memory)
             entry["sufficiency"] = verdict.to_dict()
