@@ -38,7 +38,8 @@ SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa_distractor.jsonl"
 # The naive judge asks for its verdict with evidence in place of the one-word reply.
 ONE_WORD = "One word: Yes or No."
-VERDICT_REQUEST = "Start your reply with Yes or No, then give your evidence in one sentence."
+VERDICT_REQUEST = ('Answer in this form: "Yes, because <evidence from the document>" or '
+                   '"No, because <reason>".')
 
 
 def load_questions(dataset: Path, n_pairs: int) -> list[tuple[str, list]]:
