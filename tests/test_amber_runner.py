@@ -18,6 +18,7 @@ from inference.eval import runner
 from inference.filters.mcf import MCFConfig
 from inference.llm.registry import BackendSpec
 from inference.memory import MemoryConfig
+from inference.pipelines.amber import STOP_REASONS
 from inference.pipelines.amber_config import AmberConfig
 from inference.retrieval.config import IndexConfig
 from inference.retrieval.index import build_index
@@ -46,8 +47,7 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     record = json.loads((out / "results" / "amber-mcf.jsonl").open().readline())
     trace = record["trace"]
     assert trace["pipeline"] == "amber-mcf" and trace["filter"] == "mcf"
-    assert trace["stop_reason"] in {"sufficient", "max_iterations", "no_progress",
-                                    "no_new_query"}
+    assert trace["stop_reason"] in STOP_REASONS
     assert trace["rounds"][0]["query"] == record["question"]
     assert record["usage"]["filter_chunk"]["calls"] == len(trace["rounds"][0]["retrieved"])
     assert record["usage"]["generator"]["calls"] == 1

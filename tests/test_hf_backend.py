@@ -199,3 +199,29 @@ def test_prompt_cache_keeps_within_its_token_budget(tiny_model_dir):
     assert len(small.prompt_cache.batches) < len(SHARED)
     with pytest.raises(Exception, match="prompt_cache_tokens"):
         HFBackendConfig(prompt_cache_tokens=-1)
+
+
+@pytest.mark.parametrize("prefix_tokens", [0, 8])
+def test_greedy_decoding_matches_transformers_generate(tiny_model_dir, prefix_tokens):
+    """Rows leave the batch as they end, and every reply is still exactly transformers'
+    greedy `generate` of that prompt alone, cut at the stop string."""
+    mine = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=8,
+                                     shared_prefix_min_tokens=prefix_tokens))
+    prompts = [*SHARED, *CONVERSATIONS]
+    plain = mine.generate(prompts, GenerationSettings(max_new_tokens=12))
+    # A stop string that ends some replies early, so rows drop out at different steps.
+    stop = next(r[3:5] for r in plain if len(r) > 6)
+    for settings in (GenerationSettings(max_new_tokens=12),
+                     GenerationSettings(max_new_tokens=12, stop=(stop,))):
+        replies = mine.generate(prompts, settings)
+        for prompt, reply in zip(prompts, replies, strict=True):
+            ids = torch.tensor([mine.prompt_ids(prompt)])
+            with torch.no_grad():
+                out = mine.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=12, do_sample=False, top_p=None,
+                                          top_k=None, pad_token_id=mine.tokenizer.pad_token_id,
+                                          eos_token_id=mine._stop_token_ids())
+            expected = mine.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            cut = expected.find(stop) if stop in settings.stop and stop in expected else None
+            assert reply == expected[:cut]
+    assert any(stop in r for r in plain) and any(stop not in r for r in plain)

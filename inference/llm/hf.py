@@ -239,34 +239,83 @@ class HFBackend:
         self.prompt_cache.clear()
         for batch in self._batches(encoded):
             inputs, full_ids = self._batch_inputs([encoded[i] for i in batch])
-            prompt_mask = inputs["attention_mask"]
-            # generate takes every id (it skips those already in the cache) and derives the
-            # positions from the mask itself.
-            inputs.pop("position_ids")
-            inputs["input_ids"] = full_ids
-            sampling = ({"do_sample": True, "temperature": settings.temperature}
-                        if settings.temperature > 0 else {"do_sample": False})
-            output = self.model.generate(
-                **inputs,
-                max_new_tokens=settings.max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=eos_ids,
-                stop_strings=list(settings.stop) or None,
-                tokenizer=self.tokenizer if settings.stop else None,
-                top_p=None, top_k=None,
-                return_dict_in_generate=True,
-                **sampling,
-            )
-            self.prompt_cache.keep([encoded[i] for i in batch], output.cache, prompt_mask)
-            new_tokens = output.sequences[:, full_ids.shape[1]:]
-            for row, index in enumerate(batch):
-                tokens = new_tokens[row].tolist()
-                produced = next((n for n, t in enumerate(tokens) if t in eos_ids), len(tokens))
-                completion_tokens += produced
-                text = self.tokenizer.decode(tokens[:produced], skip_special_tokens=True)
+            rows = [encoded[i] for i in batch]
+            if settings.temperature > 0:
+                new_tokens = self._sample(inputs, full_ids, settings, eos_ids, rows)
+            else:
+                new_tokens = self._greedy(inputs, settings, eos_ids, rows)
+            for tokens, index in zip(new_tokens, batch, strict=True):
+                completion_tokens += len(tokens)
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 replies[index] = _cut_at_stop(text, settings.stop)
         self.meter.record(agent, len(prompts), sum(map(len, encoded)), completion_tokens)
         return replies
+
+    def _greedy(self, inputs: dict[str, torch.Tensor], settings: GenerationSettings,
+                eos_ids: Sequence[int], rows: Sequence[list[int]]) -> list[list[int]]:
+        """Greedy decoding of one batch: each row's new tokens, EOS excluded. A row leaves the
+        batch as soon as it ends (EOS, a stop string in its text, the length cap), so later
+        steps run only the rows still writing — on a CPU, where a decode step's cost grows
+        with its rows, a batch no longer pays for its longest reply in every row."""
+        output = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        cache = output.cache
+        self.prompt_cache.keep(rows, cache, inputs["attention_mask"])
+        tokens: list[list[int]] = [[] for _ in rows]
+        active = list(range(len(rows)))  # the batch row behind each cache row
+        mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
+        logits = output.logits[:, -1, :]
+        ends, window = set(eos_ids), max((len(s) for s in settings.stop), default=0) + 1
+        while True:
+            still = []
+            for slot, (row, token) in enumerate(zip(active, logits.argmax(dim=-1).tolist(),
+                                                    strict=True)):
+                if token in ends:
+                    continue
+                tokens[row].append(token)
+                if len(tokens[row]) >= settings.max_new_tokens:
+                    continue
+                if settings.stop and any(s in self.tokenizer.decode(tokens[row][-window:])
+                                         for s in settings.stop):
+                    continue
+                still.append(slot)
+            if not still:
+                return tokens
+            if len(still) < len(active):
+                index = torch.tensor(still, dtype=torch.long, device=self.device)
+                cache.batch_select_indices(index)
+                mask, positions = mask[index], positions[index]
+                active = [active[slot] for slot in still]
+            step = torch.tensor([[tokens[row][-1]] for row in active], device=self.device)
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            positions = positions + 1
+            logits = self.model(input_ids=step, attention_mask=mask, position_ids=positions,
+                                cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+
+    def _sample(self, inputs: dict[str, torch.Tensor], full_ids: torch.Tensor,
+                settings: GenerationSettings, eos_ids: Sequence[int],
+                rows: Sequence[list[int]]) -> list[list[int]]:
+        """Sampled decoding of one batch with transformers' generate: each row's new tokens
+        up to its first EOS."""
+        prompt_mask = inputs["attention_mask"]
+        # generate takes every id (it skips those already in the cache) and derives the
+        # positions from the mask itself.
+        inputs = {**inputs, "input_ids": full_ids}
+        inputs.pop("position_ids")
+        output = self.model.generate(
+            **inputs,
+            max_new_tokens=settings.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=list(eos_ids),
+            stop_strings=list(settings.stop) or None,
+            tokenizer=self.tokenizer if settings.stop else None,
+            top_p=None, top_k=None,
+            return_dict_in_generate=True,
+            do_sample=True, temperature=settings.temperature,
+        )
+        self.prompt_cache.keep(rows, output.cache, prompt_mask)
+        new_tokens = output.sequences[:, full_ids.shape[1]:].tolist()
+        return [row[:next((n for n, t in enumerate(row) if t in eos_ids), len(row))]
+                for row in new_tokens]
 
     @_in_adapter_scope
     @torch.inference_mode()

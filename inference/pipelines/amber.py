@@ -56,6 +56,8 @@ from inference.types import Document, Example
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
                                           **{f"amber-{f}": f for f in FILTER_NAMES}}
+# Why a question's loop ended (the trace's `stop_reason`; the module docstring says when).
+STOP_REASONS = ("sufficient", "max_iterations", "no_progress", "no_new_query", "pool_exhausted")
 # What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
 ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
                     "evidence": "answer_with_documents"}
