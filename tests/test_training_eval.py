@@ -158,7 +158,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({}, "--adapter PATH"),
     ({"filter_endpoint": "http://127.0.0.1:1/v1"}, "go together"),
-    ({"adapter": "/nowhere"}, "neither a folder nor a packaged adapter"),
+    ({"adapter": "/nowhere"}, "neither a folder nor an adapter in the cache"),
     ({"adapter": ".", "threshold": 1.5}, "--threshold"),
     ({"adapter": ".", "top_k": 0}, "--top-k"),
 ])

@@ -107,11 +107,11 @@ def _check_reloads(folder: Path, base_model_dir: Path, saved: dict[str, tuple[in
                                f"{saved[wrong[0]]}, expected {expected[wrong[0]]}")
 
 
-def packaged_adapters() -> dict[str, Path]:
+def cached_adapters() -> dict[str, Path]:
     """Name → folder of every adapter kept in sieverag's cache ($SIEVERAG_CACHE/adapters/)."""
-    from inference.llm.models import cache_dir
+    from inference.llm.models import adapters_dir
 
-    folder = cache_dir() / "adapters"
+    folder = adapters_dir()
     if not folder.is_dir():
         return {}
     return {adapter.name: adapter for adapter in sorted(folder.iterdir())
@@ -123,12 +123,12 @@ def resolve_adapter(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    packaged = packaged_adapters()
-    if name_or_path in packaged:
-        return packaged[name_or_path]
-    known = ", ".join(packaged) or "none"
-    raise AdapterSaveError(f"adapter {name_or_path!r} is neither a folder nor a packaged "
-                           f"adapter in the cache (there: {known})")
+    cached = cached_adapters()
+    if name_or_path in cached:
+        return cached[name_or_path]
+    known = ", ".join(cached) or "none"
+    raise AdapterSaveError(f"adapter {name_or_path!r} is neither a folder nor an adapter in "
+                           f"the cache (there: {known})")
 
 
 def adapter_content_hash(adapter_dir: str | Path) -> str:

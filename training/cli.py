@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "same held-out questions. Reruns into the same --out reuse finished work.")
     parser.add_argument("--dataset", required=True,
                         help="HotpotQA-format file (gold passages, optional supporting facts)")
-    parser.add_argument("--adapter", help="trained LoRA adapter folder, or a packaged adapter's "
-                        "name such as smollm2-filter (run in-process)")
+    parser.add_argument("--adapter", help="trained LoRA adapter folder, or the name of one in "
+                        "$SIEVERAG_CACHE/adapters such as smollm2-filter (run in-process)")
     parser.add_argument("--filter-endpoint",
                         help="OpenAI-compatible base URL serving the filter (instead of "
                              "in-process), e.g. http://127.0.0.1:8000/v1")

@@ -53,7 +53,8 @@ class FilterEvalConfig:
     dataset: str = field(metadata={"help": "HotpotQA-format file with gold passages"})
     out: str = field(metadata={"help": "report folder"})
     adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter folder, or a packaged adapter's name"})
+        default=None, metadata={"help": "LoRA adapter folder, or the name of an adapter in "
+                                        "$SIEVERAG_CACHE/adapters"})
     filter_endpoint: str | None = field(
         default=None, metadata={"help": "OpenAI-compatible base URL serving the filter"})
     filter_model: str | None = field(

@@ -43,7 +43,7 @@ from inference.filters.filter_format import (
 )
 from inference.filters.judge import judge_bar
 from inference.llm.base import GenerationSettings, LLMBackend
-from inference.llm.models import cache_dir
+from inference.llm.models import adapters_dir
 from inference.retrieval.sentences import split_sentences
 from inference.types import Document
 
@@ -56,7 +56,7 @@ DEFAULT_FILTER_NAME = "smollm2-filter"
 
 def default_filter_dir() -> Path:
     """Where MCF looks for the trained filter when no adapter is given."""
-    return cache_dir() / "adapters" / DEFAULT_FILTER_NAME
+    return adapters_dir() / DEFAULT_FILTER_NAME
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,9 +339,11 @@ class HFBackend:
         results: list[dict[str, float]] = [{} for _ in prompts]
         extending = self.prompt_cache.lookup(encoded)
         fresh = [i for i in range(len(encoded)) if i not in extending]
-        for batch, inputs in [*self._continuation_batches(encoded, extending),
-                              *((b, self._batch_inputs([encoded[i] for i in b])[0])
-                                for b in self._batches_of(encoded, fresh))]:
+        fresh_batches = ((b, self._batch_inputs([encoded[i] for i in b])[0])
+                         for b in self._batches_of(encoded, fresh))
+        # Chained generators: one batch's inputs (and selected cache) alive at a time.
+        for batch, inputs in itertools.chain(self._continuation_batches(encoded, extending),
+                                             fresh_batches):
             logits = self.model(**inputs, logits_to_keep=1).logits[:, -1, :]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             for row, index in enumerate(batch):

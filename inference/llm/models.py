@@ -43,6 +43,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SIEVERAG_CACHE") or user_cache_dir("sieverag"))
 
 
+def adapters_dir() -> Path:
+    """Where trained LoRA adapters are kept by name: $SIEVERAG_CACHE/adapters/<name>/."""
+    return cache_dir() / "adapters"
+
+
 def resolve_model(name_or_path: str) -> Path:
     """Return a local folder loadable with `from_pretrained` for an embedded name or a path."""
     if name_or_path in EMBEDDED_MODELS:

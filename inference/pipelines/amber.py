@@ -179,7 +179,8 @@ class AmberPipeline:
                       else FilterResult(kept=(), scored=(), threshold=None))
             results.append(result)
             evidence.items.extend((number, s) for s in result.kept)
-            last_round = number == self.config.max_iterations or documents.exhausted
+            exhausted = documents.exhausted
+            last_round = number == self.config.max_iterations or exhausted
             # An answer from the evidence alone reads no memory: after the last round, nobody
             # would read its update.
             memory_read = self.config.answer_from != "evidence" or not last_round
@@ -202,7 +203,7 @@ class AmberPipeline:
                 break
             if number == self.config.max_iterations:
                 break
-            if documents.exhausted:  # no further query could bring anything new
+            if exhausted:  # no further query could bring anything new
                 stop_reason = "pool_exhausted"
                 break
             verdict = self.collector.sufficiency(question, memory)
