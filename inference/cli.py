@@ -4,10 +4,11 @@ through the `sieverag.commands` entry points, so `inference` imports none of the
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -59,39 +60,58 @@ def _backend_specs(args: argparse.Namespace) -> dict:
             "filter": served(args.filter_endpoint, args.filter_model, "filter")}
 
 
+def _defaults(config_class: type) -> dict:
+    """A config dataclass's field defaults, so a flag's default is the config's own."""
+    return {f.name: f.default for f in fields(config_class)}
+
+
 def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("amber loop and trained filter")
+    from inference.filters.mcf import MCFConfig
+    from inference.pipelines.amber_config import AmberConfig
+
+    amber, mcf = _defaults(AmberConfig), _defaults(MCFConfig)
+    group = parser.add_argument_group(
+        "amber loop and trained filter (defaults: the settings that measured best)")
     group.add_argument("--amber-filter", choices=["mcf", "judge", "stack", "none"],
-                       default="mcf", help="filter stage of the `amber` pipeline (default mcf; "
-                       "amber-mcf, amber-judge, amber-stack, amber-none fix it per pipeline)")
-    group.add_argument("--filter-adapter", metavar="PATH",
-                       help="LoRA adapter folder of the trained filter, run in-process on the "
-                       "filter's model (default: $SIEVERAG_CACHE/adapters/smollm2-filter "
-                       "when present; a served filter is --filter-endpoint/--filter-model)")
-    group.add_argument("--max-iterations", type=int, default=3, help="amber rounds at most")
-    group.add_argument("--amber-k", type=int, default=5,
-                       help="unseen documents taken per amber round (default 5)")
+                       default=amber["filter"], help="filter stage of the `amber` pipeline "
+                       f"(default {amber['filter']}; amber-mcf, amber-judge, amber-stack, "
+                       "amber-none fix it per pipeline)")
+    group.add_argument("--filter-adapter", metavar="PATH_OR_NAME",
+                       help="the trained filter, run in-process on the filter's model: an "
+                       "adapter folder or the name of an installed or shipped filter "
+                       "(`sieverag filter list`; default smollm2-filter: the one installed "
+                       "under that name, else the shipped one; a served filter is "
+                       "--filter-endpoint/--filter-model)")
+    group.add_argument("--max-iterations", type=int, default=amber["max_iterations"],
+                       help=f"amber rounds at most (default {amber['max_iterations']})")
+    group.add_argument("--amber-k", type=int, default=amber["k"],
+                       help=f"unseen documents taken per amber round (default {amber['k']})")
     group.add_argument("--answer-from", choices=["memory", "memory_and_evidence", "evidence"],
-                       default="memory_and_evidence",
-                       help="what amber's final answer reads (default memory_and_evidence; "
-                            "evidence suits a small generator that garbles notes)")
-    group.add_argument("--min-evidence", type=int, default=1,
+                       default=amber["answer_from"],
+                       help=f"what amber's final answer reads (default {amber['answer_from']}: "
+                            "a generator as small as SmolLM2 garbles its notes)")
+    group.add_argument("--min-evidence", type=int, default=amber["min_evidence"],
                        help="amber reads the best-scored dropped chunks when it kept fewer "
-                            "than this (default 1; 0: off)")
+                            f"than this (default {amber['min_evidence']}; 0: off)")
     group.add_argument("--stack-combine", choices=["both", "either", "zmean"], default="both",
                        help="how the stack filter combines MCF and the judge (default both)")
-    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default="fixed",
-                       help="MCF keeps s >= --mcf-threshold (fixed, default), s >= mean(s) over "
-                            "the round (adaptive) or the --mcf-top-k best chunks (top_k)")
-    group.add_argument("--mcf-top-k", type=int, default=2,
-                       help="chunks a round keeps under --mcf-bar top_k (default 2)")
-    group.add_argument("--mcf-lexical-weight", type=float, default=0.0,
+    group.add_argument("--mcf-bar", choices=["fixed", "adaptive", "top_k"], default=mcf["bar"],
+                       help="MCF keeps s >= --mcf-threshold (fixed), s >= mean(s) over the "
+                            "round (adaptive) or the --mcf-top-k best chunks (top_k); "
+                            f"default {mcf['bar']}")
+    group.add_argument("--mcf-top-k", type=int, default=mcf["top_k"],
+                       help=f"chunks a round keeps under --mcf-bar top_k (default {mcf['top_k']})")
+    group.add_argument("--mcf-lexical-weight", type=float, default=mcf["lexical_weight"],
                        help="fuse the filter's score with BM25 of the question: z(s) + "
-                            "w·z(BM25) (needs --mcf-bar adaptive or top_k; default 0: off)")
-    group.add_argument("--mcf-threshold", type=float, default=0.0,
-                       help="fixed MCF bar on s = log P(Yes) - log P(No) (default 0)")
-    group.add_argument("--no-sentence-stage", action="store_true",
-                       help="MCF keeps whole chunks (skips narrowing them to key sentences)")
+                            "w·z(BM25) (adaptive or top_k bar only; 0: off; default 1 under "
+                            "those bars, off under fixed)")
+    group.add_argument("--mcf-threshold", type=float, default=mcf["threshold"],
+                       help="fixed MCF bar on s = log P(Yes) - log P(No) "
+                            f"(default {mcf['threshold']})")
+    group.add_argument("--sentence-stage", action=argparse.BooleanOptionalAction,
+                       default=mcf["sentence_stage"],
+                       help="MCF narrows kept chunks to their key sentences (default: off, "
+                            "whole chunks)")
     group.add_argument("--sufficiency-threshold", type=float, default=0.5,
                        help="the memory suffices when P(Yes) >= this (default 0.5)")
 
@@ -106,7 +126,7 @@ def _amber_sections(args: argparse.Namespace) -> dict:
         "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
                          threshold=args.mcf_threshold, top_k=args.mcf_top_k,
                          lexical_weight=args.mcf_lexical_weight,
-                         sentence_stage=not args.no_sentence_stage),
+                         sentence_stage=args.sentence_stage),
         "amber": AmberConfig(
             filter=args.amber_filter, k=args.amber_k, max_iterations=args.max_iterations,
             answer_from=args.answer_from, min_evidence=args.min_evidence,
@@ -177,28 +197,46 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from inference.config import RunConfig
     from inference.demo_data import write_demo_dataset
-    from inference.eval.runner import run_evaluation
-    from inference.filters.mcf import default_filter_dir, shipped_adapter
+    from inference.eval.runner import run_evaluation, with_trained_filter
+    from inference.trace import find_record, render_record
 
+    started = time.perf_counter()
     out = Path(args.out)
-    dataset = write_demo_dataset(out / "demo.jsonl")
-    sections = _amber_sections(args)
-    trained = args.filter_adapter or args.filter_endpoint or shipped_adapter()
-    if args.amber_filter in ("mcf", "stack") and not trained:
-        print(f"demo: no trained filter adapter yet ({default_filter_dir()}); "
-              "amber filters with the judge instead", file=sys.stderr)
-        sections["amber"] = replace(sections["amber"], filter="judge")
-    config = RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla", "main-rag", "amber"),
-                       limit=args.limit, **_backend_specs(args), **sections)
-    print(f"demo: {dataset} (invented facts: only documents can answer them); amber filters "
-          f"with {sections['amber'].filter}")
+    dataset = write_demo_dataset(out / "demo.jsonl", per_template=args.per_template)
+    config = with_trained_filter(RunConfig(
+        dataset=str(dataset), pipelines=DEMO_PIPELINES, limit=args.limit,
+        **_backend_specs(args), **_amber_sections(args)))
+    print(f"demo: {dataset} (invented facts: only the documents can answer them); amber "
+          f"filters with the trained filter {config.mcf.adapter or config.filter.model}")
     summaries = run_evaluation(config, out / "run", progress=not args.quiet)
     _print_summary(out / "run", summaries)
-    print(f"one question's amber trace: sieverag trace {out / 'run'} demo-0-0")
+    print()
+    print(_demo_verdict(summaries["vanilla"], summaries["amber-mcf"]))
+    first = next(iter(json.loads(line)["id"] for line in dataset.open(encoding="utf-8")))
+    print(f"\none question's amber trace (the demo set's first; `sieverag trace "
+          f"{out / 'run'} ID --pipeline amber-mcf` shows any other):\n")
+    print(render_record(find_record(out / "run", first, "amber-mcf")))
+    print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _demo_verdict(vanilla: dict, amber: dict) -> str:
+    """One line saying, from the figures, whether amber beat reading everything."""
+    fewer = 1 - amber["generator_input_tokens_per_question"] / max(
+        vanilla["generator_input_tokens_per_question"], 1e-9)
+    figures = (f"accuracy {amber['accuracy']:.3f} vs {vanilla['accuracy']:.3f}, F1 "
+               f"{amber['f1']:.3f} vs {vanilla['f1']:.3f}, its generator reading "
+               f"{fewer:.0%} fewer tokens")
+    if amber["accuracy"] > vanilla["accuracy"] or (
+            amber["accuracy"] == vanilla["accuracy"] and amber["f1"] > vanilla["f1"]):
+        return f"amber with the trained filter beats vanilla here: {figures}."
+    return f"amber with the trained filter does NOT beat vanilla here: {figures}."
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -288,11 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(evaluate)
     evaluate.set_defaults(func=cmd_eval)
 
-    demo = sub.add_parser("demo", help="run direct, vanilla, main-rag and amber on the built-in "
-                          "demo set", description="Write the demo set and compare pipelines "
-                          "on it.")
+    demo = sub.add_parser("demo", help="run direct, vanilla, main-rag and amber (with the "
+                          "trained filter) on the built-in demo set",
+                          description="Write the demo set, compare pipelines on it, and show "
+                          "one question's amber trace.")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
     demo.add_argument("--limit", type=int, help="first N demo questions only")
+    demo.add_argument("--per-template", type=int, default=3,
+                      help="questions per kind of fact (6 kinds; default 3: 18 questions)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_amber_flags(demo)
     _add_backend_flags(demo)
@@ -322,9 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(ask)
     ask.set_defaults(func=cmd_ask)
 
+    from inference.filters.cli import register as register_filter
     from inference.retrieval.cli import register as register_retrieval
 
     register_retrieval(sub)
+    register_filter(sub)
     for command in entry_points(group="sieverag.commands"):
         command.load()(sub)
     return parser

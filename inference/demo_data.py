@@ -91,9 +91,10 @@ def build_demo_examples(per_template: int = 6, noisy: int = 3, seed: int = 13) -
     return records
 
 
-def write_demo_dataset(path: str | Path, seed: int = 13) -> Path:
+def write_demo_dataset(path: str | Path, seed: int = 13, per_template: int = 6) -> Path:
     """Write the demo set as jsonl to `path` (atomically) and return the path."""
     path = Path(path)
-    lines = [json.dumps(r, ensure_ascii=False) for r in build_demo_examples(seed=seed)]
+    examples = build_demo_examples(per_template=per_template, seed=seed)
+    lines = [json.dumps(r, ensure_ascii=False) for r in examples]
     write_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -1,5 +1,9 @@
 """LoRA adapter arguments shared by both engines: `NAME=PATH` parsing, default names, ranks.
 
+PATH is an adapter folder or the name of an installed or shipped filter (found by
+`inference.filters.adapters.find_adapter`, like every other command); an adapter whose card
+does not fit the served base model or the filter prompts is refused before anything loads.
+
 A served adapter is chosen by its name in the request's `model` field, as with vLLM's
 `--lora-modules`. A bare PATH gets the name `<folder>-<hash8>`, the hash taken over the
 adapter's config and weights: vLLM keys its prefix cache by adapter name, so a retrained
@@ -8,17 +12,19 @@ adapter served under a reused name would be answered from the old adapter's cach
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.errors import AdapterError
-
-ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+from inference.filters.adapters import (
+    ADAPTER_NAME,
+    AdapterError,
+    adapter_content_hash,
+    check_card,
+    find_adapter,
+    read_adapter_config,
+)
 
 
 @dataclass(frozen=True)
@@ -40,14 +46,19 @@ def parse_adapter(spec: str) -> Adapter:
     if sep and not explicit and not whole.is_dir():
         raise AdapterError(f"--adapter {spec!r}: give NAME=PATH, NAME made of letters, digits, "
                            "'.', '_' or '-' (starting with a letter or digit), or a bare PATH")
-    path = Path(rest if explicit else spec).expanduser().resolve()
+    path = find_adapter(rest if explicit else spec).path.resolve()
     rank = lora_rank(path)
     return Adapter(name if explicit else default_adapter_name(path), path, rank)
 
 
-def resolve_adapters(specs: Sequence[str], base_name: str) -> tuple[Adapter, ...]:
-    """Parse every --adapter argument; names must be unique and differ from the base model."""
+def resolve_adapters(specs: Sequence[str], base_name: str,
+                     base_model_dir: Path | None = None) -> tuple[Adapter, ...]:
+    """Parse every --adapter argument; names must be unique and differ from the base model.
+    With the base model's folder, each adapter's card must fit it (`check_card`)."""
     adapters = tuple(parse_adapter(spec) for spec in specs)
+    if base_model_dir is not None:
+        for adapter in adapters:
+            check_card(adapter.path, base_model_dir)
     seen: dict[str, Path] = {}
     for adapter in adapters:
         if adapter.name == base_name:
@@ -58,24 +69,6 @@ def resolve_adapters(specs: Sequence[str], base_name: str) -> tuple[Adapter, ...
                                f" and {adapter.path}); give each adapter its own NAME")
         seen[adapter.name] = adapter.path
     return adapters
-
-
-def read_adapter_config(path: Path) -> dict:
-    """The adapter's `adapter_config.json`, checked to be a PEFT LoRA config."""
-    config_file = path / "adapter_config.json"
-    if not config_file.is_file():
-        what = "does not exist" if not path.exists() else "has no adapter_config.json"
-        raise AdapterError(f"adapter folder {path} {what}: give a PEFT LoRA adapter folder "
-                           "(holding adapter_config.json and adapter_model.safetensors)")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterError(f"cannot read {config_file}: {exc}") from exc
-    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"{config_file} is not a LoRA adapter config (peft_type "
-                           f"{config.get('peft_type') if isinstance(config, dict) else None!r}); "
-                           "only LoRA adapters can be served")
-    return config
 
 
 def lora_rank(path: Path) -> int:
@@ -92,16 +85,3 @@ def default_adapter_name(path: Path) -> str:
     """`<folder name>-<first 8 hex digits of the adapter's content hash>`."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name).strip("-._") or "adapter"
     return f"{stem}-{adapter_content_hash(path)[:8]}"
-
-
-def adapter_content_hash(path: Path) -> str:
-    """SHA-256 over the adapter's config and weight files (what the server would load)."""
-    files = [path / "adapter_config.json", *(path / name for name in _WEIGHT_FILES)]
-    digest = hashlib.sha256()
-    for file in files:
-        if file.is_file():
-            digest.update(file.name.encode() + b"\0")
-            with file.open("rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()

@@ -1,10 +1,9 @@
 """User-facing errors of the serving package (the CLI prints them as one line)."""
 
 from inference.errors import SieveragError
+from inference.filters.adapters import AdapterError
 
-
-class AdapterError(SieveragError):
-    """An --adapter argument names no usable PEFT LoRA adapter, or clashes with another name."""
+__all__ = ["AdapterError", "ServerStartError"]
 
 
 class ServerStartError(SieveragError):

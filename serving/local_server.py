@@ -18,6 +18,7 @@ import time
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
+from inference.llm.models import resolve_model
 from serving.adapters import resolve_adapters
 from serving.app import create_app
 from serving.auth import read_api_key
@@ -37,7 +38,8 @@ class LocalServer:
     def __init__(self, config: LocalServerConfig) -> None:
         self.config = config
         self._api_key = read_api_key(config.api_key_env)
-        adapters = resolve_adapters(config.adapters, base_name=config.model)
+        adapters = resolve_adapters(config.adapters, base_name=config.model,
+                                    base_model_dir=resolve_model(config.model))
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
                                      batch_window_s=config.batch_window_ms / 1000)

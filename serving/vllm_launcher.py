@@ -91,7 +91,6 @@ class VLLMServer:
         self.config = config
         executable = find_vllm(config.vllm_bin)
         self._api_key = read_api_key(config.api_key_env)
-        self.adapters = resolve_adapters(config.adapters, base_name=config.model)
         model, served_name = config.model, None
         if config.model in EMBEDDED_MODELS:
             # vLLM cannot know sieverag's embedded names: give it the converted folder,
@@ -100,6 +99,9 @@ class VLLMServer:
         elif Path(config.model).expanduser().is_dir():
             model = str(Path(config.model).expanduser().resolve())
             served_name = config.model
+        # A hub name is vLLM's to fetch: its weights are not here to check a card against.
+        self.adapters = resolve_adapters(config.adapters, base_name=config.model,
+                                         base_model_dir=Path(model) if served_name else None)
         self.command = build_vllm_command(config, self.adapters, executable=executable,
                                           model=model, served_model_name=served_name)
         self.model_names = [served_name or model, *(a.name for a in self.adapters)]

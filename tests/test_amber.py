@@ -64,10 +64,12 @@ class Agents:
 
 def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amber):
     backend = ScriptedBackend(reply=agents.reply, labels=agents.labels)
-    # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps.
+    # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps; both
+    # MCF stages and the memory in the answer, so every agent of the loop runs.
     context = PipelineContext(generator=backend, filter_backend=backend, mcf_backend=backend,
-                              mcf=MCFConfig(bar="fixed"),
-                              amber=replace(AmberConfig(k=3), **amber), search=search)
+                              mcf=MCFConfig(bar="fixed", sentence_stage=True),
+                              amber=replace(AmberConfig(k=3, answer_from="memory_and_evidence"),
+                                            **amber), search=search)
     return build_pipeline(pipeline, context).run(EXAMPLE), backend
 
 

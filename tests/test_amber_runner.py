@@ -13,8 +13,9 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 from inference.cli import main
 from inference.config import RunConfig, TrustConfig
 from inference.demo_data import write_demo_dataset
-from inference.errors import ConfigError
 from inference.eval import runner
+from inference.filters import adapters
+from inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
 from inference.filters.mcf import MCFConfig
 from inference.llm.registry import BackendSpec
 from inference.memory import MemoryConfig
@@ -23,8 +24,8 @@ from inference.pipelines.amber_config import AmberConfig
 from inference.retrieval.config import IndexConfig
 from inference.retrieval.index import build_index
 
-SHORT = AmberConfig(max_iterations=2, memory=MemoryConfig(review_max_new_tokens=8,
-                                                          refine_max_new_tokens=16))
+SHORT = AmberConfig(max_iterations=2, k=5, answer_from="memory_and_evidence",
+                    memory=MemoryConfig(review_max_new_tokens=8, refine_max_new_tokens=16))
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,9 @@ def adapter_dir(tiny_model_dir, tmp_path_factory):
 
 def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
         tmp_path, tiny_model_dir, adapter_dir, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "shipped_adapter", lambda: str(adapter_dir))
+    # A filter installed under the default name wins over the shipped one.
+    monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
+    installed = install_adapter(adapter_dir, DEFAULT_FILTER_NAME)
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(dataset=str(dataset), pipelines=("amber-mcf", "amber-judge"), limit=2,
                        generator=BackendSpec(model=str(tiny_model_dir), batch_size=8),
@@ -42,7 +45,7 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     out = tmp_path / "run"
     summaries = runner.run_evaluation(config, out, progress=False)
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["mcf"]["adapter"] == str(adapter_dir)  # the shipped default, made explicit
+    assert saved["mcf"]["adapter"] == str(installed)  # the default filter, made explicit
     assert saved["amber"]["max_iterations"] == 2
     record = json.loads((out / "results" / "amber-mcf.jsonl").open().readline())
     trace = record["trace"]
@@ -67,15 +70,17 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     assert "no question 'nope'" in capsys.readouterr().err
 
 
-def test_mcf_without_a_trained_filter_is_a_clear_error(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(runner, "shipped_adapter", lambda: None)
+def test_mcf_without_a_usable_trained_filter_is_a_clear_error(tmp_path, tiny_model_dir,
+                                                              monkeypatch):
+    monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped-nothing")
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(dataset=str(dataset), pipelines=("vanilla", "amber"),
                        generator=BackendSpec(model=str(tiny_model_dir)))
-    with pytest.raises(ConfigError, match="need the trained filter.*--filter-adapter"):
+    with pytest.raises(AdapterError, match="'smollm2-filter' is neither a folder nor the name"):
         runner.run_evaluation(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # nothing half-written
-    with pytest.raises(ConfigError, match="no adapter_config.json"):
+    with pytest.raises(AdapterError, match="no adapter_config.json"):
         runner.run_evaluation(
             RunConfig(**{**config.__dict__, "mcf": MCFConfig(adapter=str(tmp_path))}),
             tmp_path / "run", progress=False)

@@ -63,6 +63,7 @@ def test_unknown_names_and_bad_folders_are_clear_errors(tmp_path):
 def test_missing_model_package_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path))
     monkeypatch.setitem(models.EMBEDDED_MODELS, "ghost", models.EmbeddedModel(
-        package="no_such_package_xyz", gguf_file="x.gguf", install_hint="pip install ghost"))
+        package="no_such_package_xyz", gguf_file="x.gguf", install_hint="pip install ghost",
+        hub_name="nobody/ghost"))
     with pytest.raises(ModelNotFoundError, match="pip install ghost"):
         models.resolve_model("ghost")

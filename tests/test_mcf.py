@@ -60,7 +60,7 @@ def test_chunk_scores_are_yes_minus_no_log_probs_of_the_adapter(filter_backend, 
     assert [s.score for s in result.kept] == sorted((s.score for s in result.kept), reverse=True)
     # The adapter changes the scores: the base model alone gives others.
     base = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2))
-    plain = MultiGranularFilter(base, MCFConfig(sentence_stage=False)).chunk_stage(
+    plain = MultiGranularFilter(base, MCFConfig(bar="fixed")).chunk_stage(
         "Where was Liora Tamsin born?", DOCUMENTS)
     assert [s.score for s in plain.scored] != pytest.approx(expected, abs=1e-3)
 
@@ -95,7 +95,7 @@ def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
     from inference.retrieval.bm25 import question_scores
 
     question = "Who engineered the Calder Bridge?"
-    alone = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", sentence_stage=False)
+    alone = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", lexical_weight=0.0)
                                 ).chunk_stage(question, DOCUMENTS)
     fused = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", lexical_weight=0.5,
                                                           sentence_stage=False)
@@ -115,7 +115,8 @@ def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
 
 
 def test_both_stages_on_the_adapter_record_every_sentence_decision(filter_backend):
-    mcf = MultiGranularFilter(filter_backend, MCFConfig(bar="fixed", threshold=-1e9))  # keep all
+    mcf = MultiGranularFilter(filter_backend, MCFConfig(bar="fixed", threshold=-1e9,
+                                                        sentence_stage=True))  # keep all
     before = filter_backend.meter.snapshot()
     result = mcf.select("Who engineered the Calder Bridge?", DOCUMENTS)
     usage = filter_backend.meter.since(before)
@@ -139,7 +140,8 @@ def scripted(reply: str, yes: dict[str, float] | None = None) -> ScriptedBackend
 
 def test_sentence_stage_keeps_key_sentences_in_original_order_with_ids_and_gold():
     backend = scripted("1, 3")
-    result = MultiGranularFilter(backend).select("Who engineered it?", DOCUMENTS[2:])
+    result = MultiGranularFilter(backend, MCFConfig(sentence_stage=True)).select(
+        "Who engineered it?", DOCUMENTS[2:])
     (kept,) = result.kept
     assert kept.document.id == "data-split"
     assert kept.document.text == "The Calder Bridge opened in 1901. Its engineer was Wren Ivers."
@@ -161,7 +163,8 @@ def test_sentence_stage_keeps_key_sentences_in_original_order_with_ids_and_gold(
     ("2", "keep_chunk", "parsed", "She later worked as a cartographer."),
 ])
 def test_sentence_replies_that_do_not_name_sentences(reply, setting, status, kept_text):
-    mcf = MultiGranularFilter(scripted(reply), MCFConfig(empty_sentence_answer=setting))
+    mcf = MultiGranularFilter(scripted(reply), MCFConfig(empty_sentence_answer=setting,
+                                                          sentence_stage=True))
     result = mcf.select("Where was she born?", DOCUMENTS[:1])
     (scored,) = result.scored
     assert scored.details["sentence_status"] == status
@@ -189,7 +192,8 @@ def test_stack_combinations(combine, kept):
     # MCF keeps alpha and beta (s >= 0); the judge keeps alpha and gamma (r >= mean r); the
     # mean z-scores are about 1.42, 0.17, -0.49 and -1.09.
     mcf = MultiGranularFilter(scripted("1", {"alpha": 3.0, "beta": 0.0, "gamma": -4.0,
-                                             "delta": -3.0}))
+                                             "delta": -3.0}),
+                              MCFConfig(bar="fixed", sentence_stage=True))
     judge = MainRagJudge(scripted("pred", {"alpha": 2.0, "beta": 0.0, "gamma": 0.2,
                                            "delta": -2.0}))
     result = StackedFilter(mcf, judge, StackConfig(combine=combine)).select("q?", documents)

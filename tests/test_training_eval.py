@@ -121,12 +121,13 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
 
 
 def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> None:
-    from training.filter_eval import FilterEvalConfig, select_examples, training_sources
+    from training.filter_eval import FilterEvalConfig, select_examples, training_questions
 
     data = training_dataset(tmp_path / "data", [SECOND])
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
                               adapter=str(tiny_adapter), exclude_training=(str(data),))
-    selection = select_examples(config, training_sources(config, {}))
+    trained = training_questions(config, {})
+    selection = select_examples(config, trained)
     assert [e.id for e in selection.examples] == [FIRST]
     assert selection.excluded_training == 1
 
@@ -134,39 +135,58 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
     metadata = {"dataset": {"path": str(data)}}
     bare = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
                             adapter=str(tiny_adapter))
-    assert training_sources(bare, metadata) == (str(data),)
+    assert training_questions(bare, metadata) == trained
+    # A card listing its training questions needs no dataset folder (a shipped filter's).
+    carried = {"dataset": {"path": str(tmp_path / "gone"),
+                           "train_questions": [list(q) for q in trained.pairs]}}
+    assert training_questions(bare, carried).pairs == trained.pairs
 
     ids = tmp_path / "ids.txt"
     ids.write_text(f"{SECOND}\n", encoding="utf-8")
     listed = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
                               adapter=str(tiny_adapter), question_ids_file=str(ids))
     with pytest.raises(DatasetError, match="no question left"):
-        select_examples(listed, (str(data),))
+        select_examples(listed, trained)
 
 
 def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Path) -> None:
-    from training.filter_eval import FilterEvalConfig, training_sources
+    from training.filter_eval import FilterEvalConfig, training_questions
 
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path), adapter=str(tiny_adapter))
     with pytest.raises(ConfigError, match="--exclude-training-questions"):
-        training_sources(config, {})
+        training_questions(config, {})
     gone = {"dataset": {"path": str(tmp_path / "deleted")}}
     with pytest.raises(ConfigError, match="which is gone"):
-        training_sources(config, gone)
+        training_questions(config, gone)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({}, "--adapter PATH"),
     ({"filter_endpoint": "http://127.0.0.1:1/v1"}, "go together"),
-    ({"adapter": "/nowhere"}, "neither a folder nor an adapter in the cache"),
-    ({"adapter": ".", "threshold": 1.5}, "--threshold"),
-    ({"adapter": ".", "top_k": 0}, "--top-k"),
+    ({"adapter": "/nowhere"}, "adapter folder /nowhere does not exist"),
+    ({"adapter": "nope"}, "'nope' is neither a folder nor the name of an installed or shipped"),
+    ({"adapter": "LORA", "threshold": 1.5}, "--threshold"),
+    ({"adapter": "LORA", "top_k": 0}, "--top-k"),
 ])
-def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
+def test_config_errors_name_the_flag(kwargs: dict, message: str, tiny_adapter: Path) -> None:
     from training.filter_eval import FilterEvalConfig
 
+    if kwargs.get("adapter") == "LORA":
+        kwargs = {**kwargs, "adapter": str(tiny_adapter)}
     with pytest.raises(ConfigError, match=message):
         FilterEvalConfig(dataset=str(SAMPLE), out="out", **kwargs)
+
+
+def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
+                                                            tiny_adapter: Path) -> None:
+    from inference.filters import adapters
+    from training.filter_eval import FilterEvalConfig
+
+    monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped")
+    with pytest.raises(ConfigError, match="'smollm2-filter' is neither a folder"):
+        FilterEvalConfig(dataset=str(SAMPLE), out="out")
+    installed = adapters.install_adapter(tiny_adapter, "smollm2-filter")
+    assert FilterEvalConfig(dataset=str(SAMPLE), out="out").adapter == str(installed)
 
 
 def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) -> Example:
@@ -200,17 +220,20 @@ def test_sentence_quality_definitions() -> None:
 
 
 def test_decision_rules() -> None:
+    from inference.filters.filter_format import p_relevant, relevance_log_odds
     from training.filter_methods import (
         _parse_sentences,
-        relevance_probability,
         threshold_decisions,
         top_k_decisions,
     )
 
+    def relevance_probability(yes: float, no: float) -> float:
+        return p_relevant(relevance_log_odds({"Yes": yes, "No": no}))
+
     assert relevance_probability(-1.0, -1.0) == pytest.approx(0.5)
     assert relevance_probability(-0.1, -5.0) > 0.99
     assert relevance_probability(0.0, -1e6) == pytest.approx(1.0)
-    assert relevance_probability(-1e6, 0.0) == 0.0
+    assert relevance_probability(-1e6, 0.0) < 1e-300
     example = _example([True, False, False])
     scores = {"q/0": 0.3, "q/1": 0.9, "q/2": 0.9}
     assert threshold_decisions("f", [example], scores, 0.5).kept["q"] == ("q/1", "q/2")

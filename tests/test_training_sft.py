@@ -108,7 +108,8 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from training.adapter import METADATA_FILE, WEIGHTS_FILE, verify_adapter
+    from inference.filters.adapters import CARD_FILE, WEIGHTS_FILE
+    from training.adapter import verify_adapter
 
     changed = weights["changed"]
     lora = [n for n in changed if "lora_" in n]
@@ -129,7 +130,7 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict) -> None:
     with torch.no_grad():
         assert not torch.allclose(base_model(ids).logits, reloaded(ids).logits)
 
-    metadata = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))
+    metadata = json.loads((out / CARD_FILE).read_text(encoding="utf-8"))
     assert metadata["name"].startswith("filter-")
     assert metadata["base_model"] == str(model_dir)
     assert len(metadata["dataset"]["fingerprint"]) == 16

@@ -12,7 +12,6 @@ name, the base model, the dataset fingerprint, the recipe and the metrics.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -20,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from inference.errors import SieveragError
+from inference.filters.adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, adapter_content_hash
 from inference.io_utils import write_atomic
 
-WEIGHTS_FILE = "adapter_model.safetensors"
-CONFIG_FILE = "adapter_config.json"
-METADATA_FILE = "sieverag_adapter.json"
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the LoRA weights must be gathered before saving: use "
               "accelerate_configs/deepspeed_zero3.yaml (zero3_save_16bit_model: true)")
 
@@ -107,42 +104,6 @@ def _check_reloads(folder: Path, base_model_dir: Path, saved: dict[str, tuple[in
                                f"{saved[wrong[0]]}, expected {expected[wrong[0]]}")
 
 
-def cached_adapters() -> dict[str, Path]:
-    """Name → folder of every adapter kept in sieverag's cache ($SIEVERAG_CACHE/adapters/)."""
-    from inference.llm.models import adapters_dir
-
-    folder = adapters_dir()
-    if not folder.is_dir():
-        return {}
-    return {adapter.name: adapter for adapter in sorted(folder.iterdir())
-            if (adapter / WEIGHTS_FILE).is_file()}
-
-
-def resolve_adapter(name_or_path: str) -> Path:
-    """An adapter folder, or the folder of an adapter in the cache given by name."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    cached = cached_adapters()
-    if name_or_path in cached:
-        return cached[name_or_path]
-    known = ", ".join(cached) or "none"
-    raise AdapterSaveError(f"adapter {name_or_path!r} is neither a folder nor an adapter in "
-                           f"the cache (there: {known})")
-
-
-def adapter_content_hash(adapter_dir: str | Path) -> str:
-    """SHA-256 over the adapter's config and weights (what a server loads)."""
-    digest = hashlib.sha256()
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        path = Path(adapter_dir) / name
-        digest.update(name.encode() + b"\0")
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def adapter_name(base_model: str, adapter_dir: str | Path) -> str:
     """`filter-<base model name>-<first 8 hex digits of the content hash>`: unique per weights.
 
@@ -154,20 +115,6 @@ def adapter_name(base_model: str, adapter_dir: str | Path) -> str:
 
 def write_adapter_metadata(adapter_dir: str | Path, metadata: dict[str, Any]) -> Path:
     """Write `sieverag_adapter.json` atomically (temp file, then rename)."""
-    target = Path(adapter_dir) / METADATA_FILE
+    target = Path(adapter_dir) / CARD_FILE
     write_atomic(target, json.dumps(metadata, indent=2, default=str) + "\n")
     return target
-
-
-def read_adapter_metadata(adapter_dir: str | Path) -> dict[str, Any] | None:
-    """The adapter's `sieverag_adapter.json`, or None when it has none."""
-    path = Path(adapter_dir) / METADATA_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AdapterSaveError(f"cannot read {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise AdapterSaveError(f"{path} must hold a JSON object")
-    return data

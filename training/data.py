@@ -104,9 +104,9 @@ def content_fingerprint(splits: dict[str, Dataset]) -> str:
     return digest.hexdigest()[:16]
 
 
-def task_counts(records: Dataset) -> dict[str, int]:
-    """Records per task."""
+def column_counts(records: Dataset, column: str) -> dict[str, int]:
+    """Records per value of a provenance column (`task`, `source`)."""
     counts: dict[str, int] = {}
-    for task in records["task"] if "task" in records.column_names else []:
-        counts[task] = counts.get(task, 0) + 1
+    for value in records[column] if column in records.column_names else []:
+        counts[value] = counts.get(value, 0) + 1
     return counts

@@ -33,6 +33,7 @@ from typing import Any
 
 from inference.errors import ConfigError, DatasetError
 from inference.eval.metrics import filter_scores
+from inference.filters.adapters import CARD_FILE, check_card
 from inference.io_utils import write_atomic
 from inference.llm.models import DEFAULT_MODEL
 from inference.types import Example
@@ -53,8 +54,9 @@ class FilterEvalConfig:
     dataset: str = field(metadata={"help": "HotpotQA-format file with gold passages"})
     out: str = field(metadata={"help": "report folder"})
     adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter folder, or the name of an adapter in "
-                                        "$SIEVERAG_CACHE/adapters"})
+        default=None, metadata={"help": "LoRA adapter folder, or the name of an installed or "
+                                        "shipped filter (`sieverag filter list`); default: "
+                                        "smollm2-filter"})
     filter_endpoint: str | None = field(
         default=None, metadata={"help": "OpenAI-compatible base URL serving the filter"})
     filter_model: str | None = field(
@@ -89,16 +91,14 @@ class FilterEvalConfig:
         served = self.filter_endpoint is not None
         if served != (self.filter_model is not None):
             raise ConfigError("--filter-endpoint and --filter-model go together")
-        if not served and self.adapter is None:
-            raise ConfigError("give the filter: --adapter PATH (in-process) or "
-                              "--filter-endpoint URL --filter-model NAME (served)")
-        if self.adapter is not None:
-            from training.adapter import AdapterSaveError, resolve_adapter
+        if not served:
+            from inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, find_adapter
 
             try:
-                object.__setattr__(self, "adapter", str(resolve_adapter(self.adapter)))
-            except AdapterSaveError as err:
+                found = find_adapter(self.adapter or DEFAULT_FILTER_NAME)
+            except AdapterError as err:
                 raise ConfigError(f"--adapter: {err}") from None
+            object.__setattr__(self, "adapter", str(found.path))
         if not 0 < self.threshold < 1:
             raise ConfigError(f"--threshold must be between 0 and 1, got {self.threshold}")
         if self.top_k < 1:
@@ -134,33 +134,53 @@ def adapter_metadata(config: FilterEvalConfig) -> dict[str, Any]:
     """The adapter's `sieverag_adapter.json` ({} without an adapter or metadata)."""
     if config.adapter is None:
         return {}
-    from training.adapter import read_adapter_metadata
+    from inference.filters.adapters import read_card
 
-    return read_adapter_metadata(config.adapter) or {}
+    return read_card(config.adapter) or {}
 
 
-def training_sources(config: FilterEvalConfig, metadata: Mapping[str, Any]) -> tuple[str, ...]:
-    """The build-dataset folders whose train questions must be left out."""
+@dataclass(frozen=True)
+class TrainingQuestions:
+    """The (source, question id) pairs that trained the filter, and where they were read."""
+
+    pairs: frozenset[tuple[str, str]]
+    sources: tuple[str, ...]
+
+
+def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
+                       ) -> TrainingQuestions:
+    """The questions to leave out: the train splits of --exclude-training-questions, else the
+    list in the adapter's card (it travels with a shipped or installed filter), else the train
+    split of the dataset the card names."""
+    from training.data import question_ids
+
+    def from_datasets(folders: Sequence[str]) -> TrainingQuestions:
+        pairs = frozenset().union(*(question_ids(f, "train") for f in folders))
+        return TrainingQuestions(pairs, tuple(folders))
+
     if config.exclude_training:
-        return config.exclude_training
-    trained_on = (metadata.get("dataset") or {}).get("path")
+        return from_datasets(config.exclude_training)
+    dataset = metadata.get("dataset") or {}
+    if dataset.get("train_questions") is not None:
+        return TrainingQuestions(frozenset(tuple(q) for q in dataset["train_questions"]),
+                                 (f"{config.adapter}/{CARD_FILE}",))
+    trained_on = dataset.get("path")
     if trained_on:
         if not Path(trained_on).exists():
             raise ConfigError(f"the adapter was trained on {trained_on}, which is gone: pass "
                               "--exclude-training-questions DATASET_DIR (its build-dataset "
                               "output) so training questions are left out")
-        return (trained_on,)
+        return from_datasets((trained_on,))
     if config.question_ids_file or config.allow_training_questions:
-        return ()
+        return TrainingQuestions(frozenset(), ())
     raise ConfigError("cannot tell which questions trained the filter: pass "
                       "--exclude-training-questions DATASET_DIR, or --question-ids FILE, or "
                       "--allow-training-questions")
 
 
-def select_examples(config: FilterEvalConfig, sources: Sequence[str]) -> Selection:
+def select_examples(config: FilterEvalConfig, trained: TrainingQuestions) -> Selection:
     """The dataset's gold-marked rows minus training questions, within the id list, limited."""
     from inference.eval.datasets import detect_format, load_examples
-    from training.data import question_ids
 
     examples = load_examples(config.dataset)
     fmt = detect_format(config.dataset)
@@ -168,8 +188,7 @@ def select_examples(config: FilterEvalConfig, sources: Sequence[str]) -> Selecti
     if without_gold:
         raise DatasetError(f"{config.dataset}: eval-filter needs gold-marked passages "
                            f"(is_gold); question {without_gold[0]} has none")
-    trained = set().union(*(question_ids(s, "train") for s in sources)) if sources else set()
-    eligible = [e for e in examples if (fmt, e.id) not in trained]
+    eligible = [e for e in examples if (fmt, e.id) not in trained.pairs]
     excluded = len(examples) - len(eligible)
     outside = 0
     if config.question_ids_file:
@@ -182,7 +201,7 @@ def select_examples(config: FilterEvalConfig, sources: Sequence[str]) -> Selecti
     if not eligible:
         raise DatasetError(f"{config.dataset}: no question left to evaluate ({len(examples)} "
                            f"rows, {excluded} used for training, {outside} outside the id list)")
-    return Selection(eligible, len(examples), excluded, tuple(sources), outside)
+    return Selection(eligible, len(examples), excluded, trained.sources, outside)
 
 
 def _read_ids(path: Path) -> set[str]:
@@ -324,7 +343,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     metadata = adapter_metadata(config)
     base_model = config.base_model or metadata.get("base_model") or DEFAULT_MODEL
     base_path = resolve_model(base_model)
-    selection = select_examples(config, training_sources(config, metadata))
+    if config.adapter is not None:
+        check_card(config.adapter, base_path)
+    selection = select_examples(config, training_questions(config, metadata))
     examples = selection.examples
     question_key = sorted(e.id for e in examples)
     out = Path(config.out)
@@ -407,7 +428,7 @@ def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
                            chat_template_model=base_path)
         return build_backend(spec), {"endpoint": config.filter_endpoint,
                                      "model": config.filter_model}
-    from training.adapter import adapter_content_hash
+    from inference.filters.adapters import adapter_content_hash
 
     spec = BackendSpec(kind="hf", model=base_path, dtype=config.dtype, device=config.device,
                        batch_size=config.batch_size, adapter=config.adapter)

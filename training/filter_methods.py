@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from inference.filters.filter_format import (
-    IRRELEVANT,
-    RELEVANT,
+    CHUNK_LABELS,
     FilterAnswerError,
     chunk_prompt,
+    p_relevant,
     parse_sentence_answer,
+    relevance_log_odds,
     sentence_prompt,
 )
 from inference.filters.judge import judge_bar
@@ -62,14 +63,6 @@ class SentenceAnswer:
     reply: str
 
 
-def relevance_probability(logprob_yes: float, logprob_no: float) -> float:
-    """P(Yes) renormalised over the two labels: 1 / (1 + exp(lp_No − lp_Yes))."""
-    margin = logprob_no - logprob_yes
-    if margin > 700:  # exp would overflow; the probability is 0 to double precision
-        return 0.0
-    return 1.0 / (1.0 + math.exp(margin))
-
-
 def _in_steps(items: Sequence, desc: str, progress: bool) -> Iterator[Sequence]:
     """`items` in slices of _PROMPTS_PER_STEP, with a progress bar ticking per slice."""
     steps = [items[i:i + _PROMPTS_PER_STEP] for i in range(0, len(items), _PROMPTS_PER_STEP)]
@@ -83,9 +76,9 @@ def filter_chunk_scores(backend: LLMBackend, examples: Sequence[Example], *,
     scores: dict[str, float] = {}
     for step in _in_steps(pairs, "filter: chunks", progress):
         prompts = [chunk_prompt(e.question, d.text, d.title) for e, d in step]
-        logprobs = backend.label_logprobs(prompts, [RELEVANT, IRRELEVANT], agent="filter")
+        logprobs = backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter")
         for (_, document), lp in zip(step, logprobs, strict=True):
-            scores[document.id] = relevance_probability(lp[RELEVANT], lp[IRRELEVANT])
+            scores[document.id] = p_relevant(relevance_log_odds(lp))
     return scores
 
 

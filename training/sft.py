@@ -118,6 +118,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     if not trainer.accelerator.is_main_process:
         return output_dir
 
+    from inference.filters.adapters import filter_template_hashes, weights_sha256
+    from inference.llm.models import EMBEDDED_MODELS
     from training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
     check = verify_adapter(output_dir, base_dir, require_trained=trainer.state.global_step > 0)
@@ -127,13 +129,25 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
         "name": name,
         "base_model": model_args.model_name_or_path,
         "base_model_path": str(base_dir),
+        "base_model_hub_name": getattr(EMBEDDED_MODELS.get(model_args.model_name_or_path),
+                                       "hub_name", None),
+        # What `check_card` compares before the adapter is loaded onto a model.
+        "base_model_sha256": weights_sha256(base_dir),
+        "prompt_templates": filter_template_hashes(),
         "dataset": {
             "path": str(Path(script.dataset_path).resolve()),
             "fingerprint": data.content_fingerprint(used),
             "train_split": script.train_split,
             "eval_split": script.eval_split if evaluate else None,
             "records": {split: len(records) for split, records in used.items()},
-            "tasks": {split: data.task_counts(records) for split, records in used.items()},
+            "tasks": {split: data.column_counts(records, "task")
+                      for split, records in used.items()},
+            "sources": {split: data.column_counts(records, "source")
+                        for split, records in used.items()},
+            # Every question of the training split, so an evaluation can leave them out
+            # wherever the card goes (the dataset folder stays on the training machine).
+            "train_questions": sorted(map(list, data.question_ids(script.dataset_path,
+                                                                  script.train_split))),
             "dropped_longer_than_max_length": dropped,
         },
         "recipe": {

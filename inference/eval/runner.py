@@ -24,7 +24,7 @@ from inference.eval.datasets import load_examples
 from inference.eval.records import build_record, trust_metrics
 from inference.eval.report import write_report
 from inference.eval.summary import summarize
-from inference.filters.mcf import default_filter_dir, shipped_adapter
+from inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from inference.filters.registry import NEEDS_TRAINED_FILTER
 from inference.io_utils import JsonlLog, write_atomic
 from inference.llm.base import GenerationSettings, LLMBackend, Usage
@@ -155,34 +155,30 @@ def _served_filter(config: RunConfig) -> bool:
 
 
 def with_trained_filter(config: RunConfig) -> RunConfig:
-    """`config` with `mcf.adapter` set to the cached default filter where MCF runs in-process
-    and no adapter was given (so the run's config.yaml names the adapter it used); an error
-    when MCF is needed and there is no trained filter at all."""
-    if not needs_trained_filter(config):
+    """`config` with `mcf.adapter` resolved to the folder of the trained filter MCF runs
+    in-process (the one given by path or name, else `smollm2-filter`: installed or shipped),
+    checked against the filter's base model and prompts, so the run's config.yaml names the
+    adapter it used. A served filter is taken as configured."""
+    if not needs_trained_filter(config) or _served_filter(config):
         return config
-    if config.mcf.adapter is None and not _served_filter(config) and shipped_adapter():
-        config = replace(config, mcf=replace(config.mcf, adapter=shipped_adapter()))
-    if mcf_backend_spec(config) is None:
-        raise ConfigError(
-            "the mcf and stack filters need the trained filter, and no adapter was given or "
-            f"found ({default_filter_dir()}): pass --filter-adapter PATH, or --filter-endpoint/"
-            "--filter-model for a served one; amber-judge needs no training")
-    return config
+    folder = resolve_filter(config.mcf.adapter or DEFAULT_FILTER_NAME,
+                            _filter_base(config).model)
+    return replace(config, mcf=replace(config.mcf, adapter=str(folder)))
+
+
+def _filter_base(config: RunConfig) -> BackendSpec:
+    """The in-process model the trained filter's adapter goes on."""
+    return config.filter_backend if config.filter_backend.kind == "hf" else BackendSpec()
 
 
 def mcf_backend_spec(config: RunConfig) -> BackendSpec | None:
-    """The trained filter: the served filter when one is configured, else the filter's (or
-    the default) base model in-process with `mcf.adapter`; None when neither is set."""
+    """The trained filter: the served filter when one is configured, else its base model
+    in-process with `mcf.adapter` (see `with_trained_filter`); None when neither is set."""
     if _served_filter(config):
         return config.filter
     if config.mcf.adapter is None:
         return None
-    adapter = Path(config.mcf.adapter)
-    if not (adapter / "adapter_config.json").is_file():
-        raise ConfigError(f"filter adapter {adapter} has no adapter_config.json: pass the "
-                          "folder a training run saved (--filter-adapter PATH)")
-    base = config.filter_backend if config.filter_backend.kind == "hf" else BackendSpec()
-    return replace(base, adapter=str(adapter))
+    return replace(_filter_base(config), adapter=config.mcf.adapter)
 
 
 def build_context(config: RunConfig) -> tuple[PipelineContext, list[LLMBackend]]:

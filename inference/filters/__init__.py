@@ -1,15 +1,15 @@
 """Document filters: question + documents in, kept documents (ordered, scored, with the
 threshold used) out. `none` keeps all; `judge` is MAIN-RAG's training-free judge; `mcf` is
 Amber's multi-granular filter on the trained filter (chunks, then key sentences); `stack`
-runs both. `build_filter(name, FilterSetup(...))` makes one by name."""
+runs both. `build_filter(name, FilterSetup(...))` makes one by name. `adapters` finds the
+trained filter (a folder, a name in the user's cache, or the one shipped in `shipped/`)."""
 
 from inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
 from inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
-from inference.filters.mcf import MCFConfig, MultiGranularFilter, shipped_adapter
+from inference.filters.mcf import MCFConfig, MultiGranularFilter
 from inference.filters.registry import FILTER_NAMES, FilterName, FilterSetup, build_filter
 from inference.filters.stack import StackConfig, StackedFilter
 
 __all__ = ["FILTER_NAMES", "DocumentFilter", "FilterName", "FilterResult", "FilterSetup",
            "JudgeConfig", "KeepAll", "MCFConfig", "MainRagJudge", "MultiGranularFilter",
-           "ScoredDocument", "StackConfig", "StackedFilter", "build_filter", "judge_bar",
-           "shipped_adapter"]
+           "ScoredDocument", "StackConfig", "StackedFilter", "build_filter", "judge_bar"]

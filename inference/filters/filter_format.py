@@ -23,6 +23,7 @@ loss on the completion only; the other keys are provenance columns the trainer i
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -71,6 +72,16 @@ def sentence_prompt(question: str, chunk_sentences: Sequence[str], title: str = 
         raise ValueError("sentence_prompt needs at least one sentence")
     return load_template(SENTENCE_TEMPLATE).messages(
         question=question, sentences=numbered_sentences(chunk_sentences, title))
+
+
+def relevance_log_odds(label_logprobs: Mapping[str, float]) -> float:
+    """s = log P("Yes") − log P("No") from a chunk prompt's label log-probs."""
+    return label_logprobs[RELEVANT] - label_logprobs[IRRELEVANT]
+
+
+def p_relevant(log_odds: float) -> float:
+    """P("Yes") normalised over the two labels, from s = log P("Yes") − log P("No")."""
+    return 1.0 / (1.0 + math.exp(-max(min(log_odds, 700.0), -700.0)))
 
 
 def chunk_answer(relevant: bool) -> str:

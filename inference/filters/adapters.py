@@ -1,0 +1,292 @@
+"""Trained filter adapters: what a filter folder holds, its card, and where one is found.
+
+A filter adapter is a PEFT LoRA folder: `adapter_config.json`, `adapter_model.safetensors`
+and sieverag's card `sieverag_adapter.json` (what it was trained on, how, and how well it
+does). Every command that takes a filter finds it with `find_adapter`:
+
+1. an explicit folder path;
+2. a name in the user's cache, `$SIEVERAG_CACHE/adapters/<name>/` (a retrained filter
+   installed there under a shipped name wins over the shipped one);
+3. a filter shipped with sieverag, `inference/filters/shipped/<name>/` (package data).
+
+Before an adapter is loaded onto a base model, `check_card` compares its card with that
+model (sha256 of the weights) and with the filter prompt templates in use (sha256 of each
+file): a filter is only meaningful on the weights and prompts it was trained with, and a
+mismatch is refused with one error naming both sides.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from inference.errors import SieveragError
+from inference.io_utils import atomic_directory
+from inference.llm.models import adapters_dir
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+CARD_FILE = "sieverag_adapter.json"
+# What an installed or packaged adapter consists of: no checkpoints, no optimizer state.
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+DEFAULT_FILTER_NAME = "smollm2-filter"
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Card keys that `check_card` compares with the model and prompts in use.
+BASE_SHA_KEY = "base_model_sha256"
+TEMPLATES_KEY = "prompt_templates"
+
+Source = Literal["path", "cache", "shipped"]
+
+
+class AdapterError(SieveragError):
+    """An adapter folder is missing, malformed, or does not fit the model or prompts in use."""
+
+
+@dataclass(frozen=True)
+class FoundAdapter:
+    """An adapter folder and where the resolver found it."""
+
+    name: str
+    path: Path
+    source: Source
+
+
+# ----- where adapters are ------------------------------------------------------------------
+
+
+def _adapters_in(folder: Path) -> dict[str, Path]:
+    if not folder.is_dir():
+        return {}
+    return {child.name: child for child in sorted(folder.iterdir())
+            if (child / CONFIG_FILE).is_file()}
+
+
+def cached_adapters() -> dict[str, Path]:
+    """Name → folder of every adapter in the user's cache ($SIEVERAG_CACHE/adapters/)."""
+    return _adapters_in(adapters_dir())
+
+
+def shipped_adapters() -> dict[str, Path]:
+    """Name → folder of every adapter shipped with sieverag."""
+    return _adapters_in(SHIPPED_DIR)
+
+
+def available_adapters() -> list[tuple[FoundAdapter, bool]]:
+    """Every adapter found by name, cache first, each with whether a name lookup picks it
+    (a shipped adapter whose name is also in the cache is shadowed)."""
+    cached = cached_adapters()
+    found = [(FoundAdapter(name, path, "cache"), True) for name, path in cached.items()]
+    found += [(FoundAdapter(name, path, "shipped"), name not in cached)
+              for name, path in shipped_adapters().items()]
+    return found
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or "\\" in text or text.startswith(("~", "."))
+
+
+def find_adapter(name_or_path: str) -> FoundAdapter:
+    """The adapter for a folder path, else for a name in the cache, else a shipped name."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / CONFIG_FILE).is_file():
+            raise AdapterError(f"adapter folder {path} has no {CONFIG_FILE}: give a PEFT LoRA "
+                               "adapter folder (a training output or an installed filter)")
+        return FoundAdapter(path.name, path, "path")
+    if _looks_like_path(name_or_path):
+        raise AdapterError(f"adapter folder {path} does not exist")
+    for source, found in (("cache", cached_adapters()), ("shipped", shipped_adapters())):
+        if name_or_path in found:
+            return FoundAdapter(name_or_path, found[name_or_path], source)
+    known = ", ".join(sorted({a.name for a, _ in available_adapters()})) or "none"
+    raise AdapterError(f"adapter {name_or_path!r} is neither a folder nor the name of an "
+                       f"installed or shipped filter (known: {known}; see `sieverag filter list`)")
+
+
+# ----- what an adapter folder holds ------------------------------------------------------
+
+
+def read_adapter_config(folder: str | Path) -> dict[str, Any]:
+    """The adapter's `adapter_config.json`, checked to be a PEFT LoRA config."""
+    config_file = Path(folder) / CONFIG_FILE
+    if not config_file.is_file():
+        what = "does not exist" if not Path(folder).exists() else f"has no {CONFIG_FILE}"
+        raise AdapterError(f"adapter folder {folder} {what}: give a PEFT LoRA adapter folder "
+                           f"(holding {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config = _read_json(config_file)
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{config_file} is not a LoRA adapter config (peft_type "
+                           f"{config.get('peft_type')!r}); only LoRA adapters are supported")
+    return config
+
+
+def read_card(folder: str | Path) -> dict[str, Any] | None:
+    """The adapter's card (`sieverag_adapter.json`), or None when it has none."""
+    path = Path(folder) / CARD_FILE
+    return _read_json(path) if path.is_file() else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AdapterError(f"cannot read {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise AdapterError(f"{path} must hold a JSON object")
+    return data
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes, byte offsets)."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > path.stat().st_size:
+                raise ValueError(f"header length {length} exceeds the file")
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError, UnicodeDecodeError) as err:
+        raise AdapterError(f"{path} is not a readable safetensors file: {err}") from err
+    if not isinstance(header, dict):
+        raise AdapterError(f"{path} is not a readable safetensors file: bad header")
+    header.pop("__metadata__", None)
+    return header
+
+
+def check_adapter_files(folder: str | Path) -> None:
+    """Raise `AdapterError` naming the file unless `folder` holds a LoRA config, a
+    safetensors weights file with tensors, and (if present) a card that parses."""
+    folder = Path(folder)
+    read_adapter_config(folder)
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise AdapterError(f"adapter folder {folder} has no {WEIGHTS_FILE}")
+    if not safetensors_header(weights):
+        raise AdapterError(f"{weights} holds no tensors")
+    read_card(folder)
+
+
+# ----- identity: weights, prompts, content -------------------------------------------------
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """SHA-256 over a model folder's safetensors tensors: names, dtypes, shapes and bytes, in
+    name order (independent of how the header is laid out or which shard holds a tensor)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise AdapterError(f"model folder {model_dir} holds no .safetensors weights to identify")
+    stamp = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _weights_sha256(stamp)
+
+
+@functools.cache
+def _weights_sha256(stamp: tuple[tuple[str, int, int], ...]) -> str:
+    entries = []
+    for name, _, _ in stamp:
+        path = Path(name)
+        header = safetensors_header(path)
+        with path.open("rb") as handle:
+            start = 8 + struct.unpack("<Q", handle.read(8))[0]
+        entries += [(tensor, info, path, start) for tensor, info in header.items()]
+    digest = hashlib.sha256()
+    for tensor, info, path, start in sorted(entries, key=lambda e: e[0]):
+        digest.update(f"{tensor}\0{info['dtype']}\0{info['shape']}\0".encode())
+        begin, end = info["data_offsets"]
+        with path.open("rb") as handle:
+            handle.seek(start + begin)
+            remaining = end - begin
+            while remaining:
+                block = handle.read(min(remaining, 1 << 22))
+                if not block:
+                    raise AdapterError(f"{path} is truncated (tensor {tensor})")
+                digest.update(block)
+                remaining -= len(block)
+    return digest.hexdigest()
+
+
+def filter_template_hashes() -> dict[str, str]:
+    """sha256 of each filter prompt template file in use, by template name."""
+    from inference.filters.filter_format import CHUNK_TEMPLATE, SENTENCE_TEMPLATE
+    from inference.prompt_templates import load_template
+
+    return {name: load_template(name).sha256 for name in (CHUNK_TEMPLATE, SENTENCE_TEMPLATE)}
+
+
+def adapter_content_hash(folder: str | Path) -> str:
+    """SHA-256 over the adapter's config and weights (what a server loads)."""
+    digest = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        path = Path(folder) / name
+        digest.update(name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
+    """Refuse an adapter whose card names other base weights or other filter prompts than
+    the ones in use, with one error naming both. An adapter without a card is not checked."""
+    card = read_card(folder)
+    if card is None:
+        return
+    trained_on = card.get(BASE_SHA_KEY)
+    if trained_on:
+        in_use = weights_sha256(base_model_dir)
+        if in_use != trained_on:
+            raise AdapterError(
+                f"filter adapter {folder} was trained on base model "
+                f"{card.get('base_model', '?')} (weights sha256 {trained_on[:16]}…), but the "
+                f"model in use, {base_model_dir}, has weights sha256 {in_use[:16]}…: run it "
+                f"with --model {card.get('base_model', '<its base model>')}, or use a filter "
+                "trained on this model")
+    in_use_templates = filter_template_hashes()
+    for name, trained_sha in (card.get(TEMPLATES_KEY) or {}).items():
+        current = in_use_templates.get(name)
+        if current != trained_sha:
+            raise AdapterError(
+                f"filter adapter {folder} was trained with the prompt template {name} "
+                f"(sha256 {str(trained_sha)[:16]}…), but the template in use has sha256 "
+                f"{str(current)[:16]}…: the filter only works with the prompts it learned; "
+                "restore that template or retrain the filter")
+
+
+# ----- installing into the cache -----------------------------------------------------------
+
+
+def install_adapter(source: str | Path, name: str | None = None) -> Path:
+    """Copy an adapter's files (config, weights, card) into the cache as `name` (default:
+    the folder's name) after checking them; a failed install leaves the cache as it was."""
+    source = Path(source).expanduser()
+    check_adapter_files(source)
+    name = name or source.name
+    if not ADAPTER_NAME.fullmatch(name):
+        raise AdapterError(f"adapter name {name!r}: use letters, digits, '.', '_' or '-', "
+                           "starting with a letter or digit")
+    target = adapters_dir() / name
+    if target.resolve() == source.resolve():
+        raise AdapterError(f"{source} is already installed as {name!r}")
+    with atomic_directory(target) as staging:
+        for file in ADAPTER_FILES:
+            if (source / file).is_file():
+                shutil.copy2(source / file, staging / file)
+    return target
+
+
+def resolve_filter(name_or_path: str, base_model: str) -> Path:
+    """The folder of the filter adapter `name_or_path` (see `find_adapter`), checked to be a
+    whole adapter whose card fits `base_model` (an embedded name or a local folder) and the
+    filter prompts in use. Every command that loads a filter onto a model calls this."""
+    from inference.llm.models import resolve_model
+
+    found = find_adapter(name_or_path)
+    check_adapter_files(found.path)
+    check_card(found.path, resolve_model(base_model))
+    return found.path

@@ -1,0 +1,199 @@
+"""`sieverag filter package RUN_DIR`: a training output folder → a shippable filter adapter.
+
+The packaged folder holds exactly the three adapter files (`ADAPTER_FILES`), nothing else
+(no checkpoints, no optimizer state):
+
+* `adapter_model.safetensors` — the LoRA weights in bfloat16 (half the size; they load into
+  the float32 base). Before the folder is written, the bf16 adapter and the float32 one score
+  the same validation passages and the largest difference in P(Yes) must stay within
+  `max_p_yes_diff` (default 1e-2); the figure goes into the card.
+* `adapter_config.json` — PEFT's config, `base_model_name_or_path` the base model's public
+  name rather than the training machine's folder.
+* `sieverag_adapter.json` — the card: base model and the sha256 of its weights, the sha256
+  of each filter prompt template, the training data (fingerprint, sources, record counts,
+  the training questions), the recipe, the training metrics, the weights check, and the
+  held-out quality from an `eval-filter` report when one is given.
+
+The next retrained filter replaces the shipped one the same way:
+`sieverag filter package runs/filter-smollm2-cpu --eval-filter runs/eval-filter
+--out inference/filters/shipped/smollm2-filter`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.filters.adapters import (
+    BASE_SHA_KEY,
+    CARD_FILE,
+    CONFIG_FILE,
+    DEFAULT_FILTER_NAME,
+    TEMPLATES_KEY,
+    WEIGHTS_FILE,
+    AdapterError,
+    adapter_content_hash,
+    check_adapter_files,
+    filter_template_hashes,
+    read_adapter_config,
+    read_card,
+    weights_sha256,
+)
+from inference.io_utils import atomic_directory, write_json_atomic
+
+CARD_FORMAT = "sieverag-filter-card/1"
+# Keys of a training run's metadata that describe how the adapter was made, kept in the card.
+CARRIED_KEYS = ("dataset", "recipe", "metrics", "versions")
+# eval-filter's chunk-level figures kept per method in the card.
+HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "kept_per_question")
+
+
+@dataclass(frozen=True)
+class PackagedFilter:
+    """What `package_filter` wrote and measured."""
+
+    folder: Path
+    weights_bytes: int
+    passages_checked: int
+    max_p_yes_diff: float
+
+
+def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_FILTER_NAME,
+                   eval_dir: str | Path | None = None, check_passages: int = 200,
+                   max_p_yes_diff: float = 1e-2) -> PackagedFilter:
+    """Write the shippable adapter of the training output `run_dir` to `out` (replacing it
+    whole, or leaving it as it was when any check fails)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from inference.llm.models import EMBEDDED_MODELS, resolve_model
+
+    run_dir, out = Path(run_dir), Path(out)
+    check_adapter_files(run_dir)
+    metadata = read_card(run_dir)
+    if metadata is None or "base_model" not in metadata:
+        raise AdapterError(f"{run_dir} has no {CARD_FILE} naming its base model: give the "
+                           "output folder of a training run (`-m training.sft`)")
+    base_model = metadata["base_model"]
+    base_dir = resolve_model(base_model)
+    base_sha = weights_sha256(base_dir)
+    _same(run_dir, "base model weights sha256", metadata.get(BASE_SHA_KEY), base_sha)
+    templates = filter_template_hashes()
+    for template, sha in templates.items():
+        _same(run_dir, f"prompt template {template} sha256",
+              (metadata.get(TEMPLATES_KEY) or {}).get(template), sha)
+    embedded = EMBEDDED_MODELS.get(base_model)
+    hub_name = embedded.hub_name if embedded else metadata.get("base_model_hub_name") or base_model
+    passages = check_prompts(metadata, check_passages)
+    held_out = held_out_quality(eval_dir) if eval_dir is not None else None
+
+    with atomic_directory(out) as staging:
+        tensors = load_file(run_dir / WEIGHTS_FILE)
+        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+                  staging / WEIGHTS_FILE, metadata={"format": "pt"})
+        config = read_adapter_config(run_dir)
+        config["base_model_name_or_path"] = hub_name
+        write_json_atomic(staging / CONFIG_FILE, config)
+        diff = max_p_yes_difference(str(base_dir), run_dir, staging, passages)
+        if diff > max_p_yes_diff:
+            raise AdapterError(f"the bf16 weights of {run_dir} move P(Yes) by up to {diff:.4f} "
+                               f"on {len(passages)} passages (allowed {max_p_yes_diff}): ship "
+                               "this filter in float32 or retrain it")
+        card = {
+            "format": CARD_FORMAT,
+            "name": name,
+            "trained_as": metadata.get("name"),
+            "base_model": base_model,
+            "base_model_hub_name": hub_name,
+            BASE_SHA_KEY: base_sha,
+            TEMPLATES_KEY: templates,
+            **{key: _portable(metadata[key]) for key in CARRIED_KEYS if key in metadata},
+            "weights": {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
+                        "content_sha256": adapter_content_hash(staging),
+                        "p_yes_check": {"passages": len(passages),
+                                        "max_abs_diff_vs_float32": round(diff, 6)}},
+            "held_out": held_out,
+        }
+        write_json_atomic(staging / CARD_FILE, card)
+    return PackagedFilter(out, (out / WEIGHTS_FILE).stat().st_size, len(passages), diff)
+
+
+def _same(run_dir: Path, what: str, recorded: str | None, current: str) -> None:
+    """A run that recorded a hash must still match it (runs from before cards recorded none)."""
+    if recorded is not None and recorded != current:
+        raise AdapterError(f"{run_dir} was trained with {what} {recorded[:16]}…, but the one in "
+                           f"use now is {current[:16]}…: package it where it was trained, or "
+                           "retrain it")
+
+
+def _portable(value: Any) -> Any:
+    """`value` with the training machine's absolute paths reduced to their last part."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    if isinstance(value, str) and value.startswith("/") and Path(value).is_absolute():
+        return Path(value).name
+    return value
+
+
+def check_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
+    """Chunk-task prompts from the run's validation split (else its train split) for the
+    bf16-vs-float32 check: the passages the filter is meant to judge."""
+    folder = Path(str((metadata.get("dataset") or {}).get("path", "")))
+    for split in ("validation", "train"):
+        path = folder / f"{split}.jsonl"
+        if path.is_file():
+            prompts = []
+            with path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    record = json.loads(line)
+                    if record.get("task") == "chunk":
+                        prompts.append(record["prompt"])
+                    if len(prompts) == limit:
+                        break
+            if prompts:
+                return prompts
+    raise AdapterError(f"cannot find the run's training data ({folder}/validation.jsonl) for "
+                       "the bf16 check: package the run where its build-dataset folder is")
+
+
+def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
+                         prompts: Sequence[list[dict[str, str]]]) -> float:
+    """The largest |P(Yes)| difference between two adapters of one base over `prompts`."""
+    from inference.filters.filter_format import CHUNK_LABELS, p_relevant, relevance_log_odds
+    from inference.llm.hf import HFBackend, HFBackendConfig
+
+    def p_yes(adapter: Path) -> list[float]:
+        backend = HFBackend(HFBackendConfig(model=base_dir, dtype="float32", device="cpu",
+                                            adapter=str(adapter), prompt_cache_tokens=0))
+        scores = backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
+        return [p_relevant(relevance_log_odds(s)) for s in scores]
+
+    return max(abs(a - b) for a, b in zip(p_yes(reference), p_yes(candidate), strict=True))
+
+
+def held_out_quality(eval_dir: str | Path) -> dict[str, Any]:
+    """The chunk-level figures of an `eval-filter` report (report.json), for the card."""
+    path = Path(eval_dir) / "report.json"
+    if not path.is_file():
+        raise AdapterError(f"{path} not found: give the --out folder of `sieverag eval-filter`")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        chunk = report["chunk"]
+        questions = report["questions"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise AdapterError(f"{path} is not an eval-filter report: {err}") from err
+    return {
+        "dataset": Path(str(report.get("config", {}).get("dataset", ""))).name,
+        "questions": questions.get("evaluated"),
+        "training_questions_left_out": questions.get("excluded_as_training"),
+        "passages": report.get("passages"),
+        "chunk": {method: {k: figures.get(k) for k in HELD_OUT_FIGURES if k in figures}
+                  for method, figures in chunk.items()},
+        "sentence": {method: figures.get("f1") for method, figures in
+                     (report.get("sentence") or {}).items()},
+    }

@@ -1,0 +1,215 @@
+"""The filter adapter resolver, its card check, `filter install` and `filter package`, on the
+tiny model with a random LoRA adapter (the shipped filter itself: test_shipped_filter.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
+
+from inference.cli import main
+from inference.filters import adapters
+from inference.filters.adapters import (
+    CARD_FILE,
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterError,
+    check_card,
+    filter_template_hashes,
+    find_adapter,
+    install_adapter,
+    resolve_filter,
+    weights_sha256,
+)
+from inference.filters.filter_format import chunk_record
+
+
+@pytest.fixture(scope="module")
+def lora(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_lora_adapter(tiny_model_dir, tmp_path_factory.mktemp("lora") / "my-filter")
+
+
+@pytest.fixture
+def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """An empty user cache and an empty shipped folder, both under tmp_path."""
+    cache, shipped = tmp_path / "cache", tmp_path / "shipped"
+    monkeypatch.setenv("SIEVERAG_CACHE", str(cache))
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", shipped)
+    return cache / "adapters", shipped
+
+
+def copy_adapter(source: Path, target: Path, card: dict | None = None) -> Path:
+    target.mkdir(parents=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        (target / name).write_bytes((source / name).read_bytes())
+    if card is not None:
+        (target / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    return target
+
+
+def test_a_path_wins_then_the_cache_then_the_shipped_filter(lora, places, tmp_path):
+    cache, shipped = places
+    copy_adapter(lora, shipped / "smollm2-filter")
+    assert find_adapter("smollm2-filter").source == "shipped"
+    installed = install_adapter(lora, "smollm2-filter")
+    assert installed == cache / "smollm2-filter"
+    found = find_adapter("smollm2-filter")
+    assert (found.source, found.path) == ("cache", installed)  # a retrained filter wins
+    assert find_adapter(str(lora)).source == "path"
+    with pytest.raises(AdapterError, match="'nope' is neither a folder nor the name.*"
+                                           "known: smollm2-filter"):
+        find_adapter("nope")
+    with pytest.raises(AdapterError, match="adapter folder .*missing does not exist"):
+        find_adapter(str(tmp_path / "missing"))
+
+
+def test_filter_list_shows_what_is_found_where(lora, places, capsys):
+    cache, shipped = places
+    copy_adapter(lora, shipped / "smollm2-filter", {"base_model": "tiny"})
+    install_adapter(lora, "smollm2-filter")
+    copy_adapter(lora, shipped / "other")
+    assert main(["filter", "list"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].split()[:4] == ["smollm2-filter", "cache", "yes", "–"]
+    assert rows[2].split()[:4] == ["other", "shipped", "yes", "–"]
+    assert rows[3].split()[:4] == ["smollm2-filter", "shipped", "shadowed", "tiny"]
+
+
+def test_install_copies_only_the_adapter_files(lora, places, tmp_path):
+    cache, _ = places
+    run = copy_adapter(lora, tmp_path / "run", {"name": "filter-x"})
+    (run / "checkpoint-25").mkdir()
+    (run / "checkpoint-25" / "optimizer.pt").write_bytes(b"state")
+    (run / "training_args.bin").write_bytes(b"args")
+    assert main(["filter", "install", str(run), "--name", "mine"]) == 0
+    assert sorted(p.name for p in (cache / "mine").iterdir()) == sorted(
+        [CONFIG_FILE, WEIGHTS_FILE, CARD_FILE])
+
+
+@pytest.mark.parametrize(("breakage", "message"), [
+    ("not an adapter", "has no adapter_config.json"),
+    ("card does not parse", "cannot read .*sieverag_adapter.json"),
+    ("no safetensors", "has no adapter_model.safetensors"),
+    ("corrupt safetensors", "adapter_model.safetensors is not a readable safetensors file"),
+])
+def test_a_failed_install_names_the_file_and_overwrites_nothing(lora, places, tmp_path,
+                                                                breakage, message, capsys):
+    cache, _ = places
+    install_adapter(lora, "smollm2-filter")
+    before = {p.name: p.read_bytes() for p in (cache / "smollm2-filter").iterdir()}
+    bad = copy_adapter(lora, tmp_path / "bad")
+    if breakage == "not an adapter":
+        (bad / CONFIG_FILE).unlink()
+    elif breakage == "card does not parse":
+        (bad / CARD_FILE).write_text("{not json", encoding="utf-8")
+    elif breakage == "no safetensors":
+        (bad / WEIGHTS_FILE).unlink()
+    else:
+        (bad / WEIGHTS_FILE).write_bytes(b"\xff" * 64)
+    assert main(["filter", "install", str(bad), "--name", "smollm2-filter"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert re.search(message, error), error
+    after = {p.name: p.read_bytes() for p in (cache / "smollm2-filter").iterdir()}
+    assert after == before
+
+
+def test_a_card_for_other_weights_or_other_prompts_is_refused(lora, tiny_model_dir, tmp_path):
+    good = {"base_model": "tiny", "base_model_sha256": weights_sha256(tiny_model_dir),
+            "prompt_templates": filter_template_hashes()}
+    check_card(copy_adapter(lora, tmp_path / "good", good), tiny_model_dir)
+
+    other_base = copy_adapter(lora, tmp_path / "other-base",
+                              {**good, "base_model_sha256": "ab" * 32})
+    with pytest.raises(AdapterError) as refused:
+        resolve_filter(str(other_base), str(tiny_model_dir))
+    message = str(refused.value)
+    assert "trained on base model tiny (weights sha256 abababababababab…)" in message
+    assert f"{tiny_model_dir}, has weights sha256 {good['base_model_sha256'][:16]}" in message
+
+    prompts = {**good["prompt_templates"], "filter_chunk": "cd" * 32}
+    other_prompts = copy_adapter(lora, tmp_path / "other-prompts",
+                                 {**good, "prompt_templates": prompts})
+    with pytest.raises(AdapterError, match="prompt template filter_chunk \\(sha256 "
+                                           "cdcdcdcdcdcdcdcd…\\), but the template in use"):
+        resolve_filter(str(other_prompts), str(tiny_model_dir))
+
+
+def test_weights_hash_follows_the_tensors_not_the_file_layout(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"b": torch.ones(2, 3), "a": torch.arange(4.0)}
+    for name, meta in (("one", {"format": "pt"}), ("two", {"format": "pt", "note": "x"})):
+        (tmp_path / name).mkdir()
+        save_file(dict(reversed(list(tensors.items()))) if name == "two" else tensors,
+                  tmp_path / name / "model.safetensors", metadata=meta)
+    assert weights_sha256(tmp_path / "one") == weights_sha256(tmp_path / "two")
+    (tmp_path / "three").mkdir()
+    save_file({**tensors, "a": torch.arange(4.0) + 1}, tmp_path / "three" / "model.safetensors")
+    assert weights_sha256(tmp_path / "three") != weights_sha256(tmp_path / "one")
+
+
+def _training_run(lora: Path, tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A training output folder as training.sft leaves it, with its dataset folder."""
+    data = tmp_path / "dataset"
+    data.mkdir()
+    with (data / "validation.jsonl").open("w", encoding="utf-8") as handle:
+        for i in range(5):
+            handle.write(json.dumps(chunk_record(
+                question=f"Who built bridge {i}?", chunk_text=f"Bridge {i} was built by Ana.",
+                relevant=i % 2 == 0, source="hotpotqa", question_id=f"q{i}")) + "\n")
+    return copy_adapter(lora, tmp_path / "run", {
+        "name": "filter-tiny-1234abcd", "base_model": str(tiny_model_dir),
+        "base_model_path": str(tiny_model_dir),
+        "base_model_sha256": weights_sha256(tiny_model_dir),
+        "prompt_templates": filter_template_hashes(),
+        "dataset": {"path": str(data), "fingerprint": "f" * 16,
+                    "train_questions": [["hotpotqa", "q9"]]},
+        "recipe": {"values": {"learning_rate": 0.002}}, "metrics": {"eval_loss": 0.15}})
+
+
+def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model_dir,
+                                                                tmp_path, capsys):
+    from safetensors import safe_open
+
+    run = _training_run(lora, tiny_model_dir, tmp_path)
+    (run / "checkpoint-25").mkdir()
+    out = tmp_path / "shipped" / "tiny-filter"
+    assert main(["filter", "package", str(run), "--out", str(out), "--name", "tiny-filter",
+                 "--check-passages", "4"]) == 0
+    assert "P(Yes) of the bf16 adapter within" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE,
+                                                            CARD_FILE])
+    with safe_open(out / WEIGHTS_FILE, "pt") as weights:
+        assert {str(weights.get_tensor(k).dtype) for k in weights.keys()} == {"torch.bfloat16"}
+    config = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
+    assert config["base_model_name_or_path"] == str(tiny_model_dir)  # not embedded: as given
+    card = json.loads((out / CARD_FILE).read_text(encoding="utf-8"))
+    assert card["name"] == "tiny-filter" and card["trained_as"] == "filter-tiny-1234abcd"
+    assert card["base_model_sha256"] == weights_sha256(tiny_model_dir)
+    assert card["prompt_templates"] == filter_template_hashes()
+    assert card["dataset"]["train_questions"] == [["hotpotqa", "q9"]]
+    assert card["dataset"]["path"] == "dataset"  # no path of the training machine
+    assert card["weights"]["p_yes_check"]["passages"] == 4
+    assert 0 <= card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] < 1e-2
+    # The packaged filter resolves and fits its base model.
+    assert resolve_filter(str(out), str(tiny_model_dir)) == out
+
+
+def test_package_refuses_when_bf16_moves_the_scores_and_leaves_out_as_it_was(
+        lora, tiny_model_dir, tmp_path):
+    from inference.filters.packaging import package_filter
+
+    run = _training_run(lora, tiny_model_dir, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old", encoding="utf-8")
+    with pytest.raises(AdapterError, match="bf16 weights of .* move P\\(Yes\\) by up to"):
+        package_filter(run, out, check_passages=4, max_p_yes_diff=0.0)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    with pytest.raises(AdapterError, match="has no sieverag_adapter.json"):
+        package_filter(lora, tmp_path / "x")
