@@ -55,6 +55,8 @@ def _document_lines(entry: dict, indent: int = 4) -> list[str]:
     extras = []
     if "p_yes" in entry:
         extras.append(f"P(Yes) {entry['p_yes']:.2f}")
+    if "bm25" in entry:  # a score fused with the lexical prior: show both parts
+        extras.append(f"filter s {entry['filter_score']:+.2f} · BM25 {entry['bm25']:.2f}")
     if "mcf_score" in entry:
         extras.append(f"mcf {entry['mcf_score']:+.2f}{'✓' if entry.get('mcf_kept') else '✗'}")
     if "judge_score" in entry:
@@ -80,7 +82,9 @@ def _round_lines(entry: dict) -> list[str]:
         lines += _document_lines(scored)
     update = entry.get("memory_update")
     if update is None:
-        lines.append("  memory agents: not run (nothing new kept)")
+        lines.append("  memory agents: not run (" + (
+            "the answer reads the evidence, not the memory" if entry.get("kept")
+            else "nothing new kept") + ")")
     else:
         lines += _wrap("Reviewer:   ", update["reviewer"])
         lines += _wrap("Challenger: ", update["challenger"])

@@ -45,8 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "same held-out questions. Reruns into the same --out reuse finished work.")
     parser.add_argument("--dataset", required=True,
                         help="HotpotQA-format file (gold passages, optional supporting facts)")
-    parser.add_argument("--adapter", help="trained LoRA adapter folder, or the name of one in "
-                        "$SIEVERAG_CACHE/adapters such as smollm2-filter (run in-process)")
+    parser.add_argument("--adapter", help="trained LoRA adapter folder, or the name of an "
+                        "installed or shipped filter (`sieverag filter list`), run in-process; "
+                        "default: smollm2-filter")
     parser.add_argument("--filter-endpoint",
                         help="OpenAI-compatible base URL serving the filter (instead of "
                              "in-process), e.g. http://127.0.0.1:8000/v1")
@@ -58,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which = parser.add_argument_group("which questions")
     which.add_argument("--exclude-training-questions", nargs="+", metavar="DATASET_DIR",
                        help="build-dataset folder(s) whose train-split questions are left out "
-                            "(default: the dataset named in the adapter's metadata)")
+                            "(default: the questions listed in the adapter's card, else the "
+                            "dataset it names)")
     which.add_argument("--question-ids", "--split", metavar="FILE",
                        help="evaluate only these question ids (one a line), e.g. a "
                             "validation split's ids")
