@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -208,6 +209,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     out = Path(args.out)
+    # The demo shows the pipelines running: a fresh run each time, not a resumed one.
+    shutil.rmtree(out / "run", ignore_errors=True)
     dataset = write_demo_dataset(out / "demo.jsonl", per_template=args.per_template)
     config = with_trained_filter(RunConfig(
         dataset=str(dataset), pipelines=DEMO_PIPELINES, limit=args.limit,
@@ -218,7 +221,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_summary(out / "run", summaries)
     print()
     print(_demo_verdict(summaries["vanilla"], summaries["amber-mcf"]))
-    first = next(iter(json.loads(line)["id"] for line in dataset.open(encoding="utf-8")))
+    first = json.loads(dataset.read_text(encoding="utf-8").splitlines()[0])["id"]
     print(f"\none question's amber trace (the demo set's first; `sieverag trace "
           f"{out / 'run'} ID --pipeline amber-mcf` shows any other):\n")
     print(render_record(find_record(out / "run", first, "amber-mcf")))

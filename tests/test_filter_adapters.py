@@ -94,6 +94,7 @@ def test_install_copies_only_the_adapter_files(lora, places, tmp_path):
     ("card does not parse", "cannot read .*sieverag_adapter.json"),
     ("no safetensors", "has no adapter_model.safetensors"),
     ("corrupt safetensors", "adapter_model.safetensors is not a readable safetensors file"),
+    ("other prompts", "trained with the prompt template filter_chunk \\(sha256 0000"),
 ])
 def test_a_failed_install_names_the_file_and_overwrites_nothing(lora, places, tmp_path,
                                                                 breakage, message, capsys):
@@ -105,6 +106,9 @@ def test_a_failed_install_names_the_file_and_overwrites_nothing(lora, places, tm
         (bad / CONFIG_FILE).unlink()
     elif breakage == "card does not parse":
         (bad / CARD_FILE).write_text("{not json", encoding="utf-8")
+    elif breakage == "other prompts":
+        (bad / CARD_FILE).write_text(json.dumps({"prompt_templates": {"filter_chunk": "00" * 32}}),
+                                     encoding="utf-8")
     elif breakage == "no safetensors":
         (bad / WEIGHTS_FILE).unlink()
     else:

@@ -90,3 +90,26 @@ def test_a_tampered_card_is_refused_with_the_clear_error(tmp_path, embedded_mode
     (tampered / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
     with pytest.raises(AdapterError, match=message):
         resolve_filter(str(tampered), DEFAULT_MODEL)
+
+
+def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
+        no_user_filters, embedded_model_dir, tmp_path, capsys):
+    from inference.cli import main
+    from inference.retrieval.config import IndexConfig
+    from inference.retrieval.index import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "a", "title": "Liora Tamsin", "text": "Liora Tamsin was born in Quorrin in 1872."},
+        {"id": "b", "title": "Penguins", "text": "Penguins huddle together in winter."},
+        {"id": "c", "title": "Calder Bridge", "text": "The Calder Bridge opened in 1901."},
+    ]), encoding="utf-8")
+    index = tmp_path / "index"
+    build_index(corpus, index, IndexConfig(dense=None), show_progress=False)
+    assert main(["ask", "Where was Liora Tamsin born?", "--index", str(index), "--mode", "bm25",
+                 "--device", "cpu", "--trace"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Answer: ")
+    assert "Pipeline amber (filter mcf)" in shown
+    assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
+    assert "P(Yes)" in shown and "Liora Tamsin (a)" in shown

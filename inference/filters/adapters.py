@@ -247,9 +247,14 @@ def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
                 f"model in use, {base_model_dir}, has weights sha256 {in_use[:16]}…: run it "
                 f"with --model {card.get('base_model', '<its base model>')}, or use a filter "
                 "trained on this model")
-    in_use_templates = filter_template_hashes()
+    check_prompts(folder, card)
+
+
+def check_prompts(folder: str | Path, card: dict[str, Any]) -> None:
+    """Refuse an adapter whose card names other filter prompt templates than the ones in use."""
+    in_use = filter_template_hashes()
     for name, trained_sha in (card.get(TEMPLATES_KEY) or {}).items():
-        current = in_use_templates.get(name)
+        current = in_use.get(name)
         if current != trained_sha:
             raise AdapterError(
                 f"filter adapter {folder} was trained with the prompt template {name} "
@@ -263,9 +268,11 @@ def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
 
 def install_adapter(source: str | Path, name: str | None = None) -> Path:
     """Copy an adapter's files (config, weights, card) into the cache as `name` (default:
-    the folder's name) after checking them; a failed install leaves the cache as it was."""
+    the folder's name) after checking them (files, and the card's prompt templates; its base
+    model is checked when a command loads it); a failed install leaves the cache as it was."""
     source = Path(source).expanduser()
     check_adapter_files(source)
+    check_prompts(source, read_card(source) or {})
     name = name or source.name
     if not ADAPTER_NAME.fullmatch(name):
         raise AdapterError(f"adapter name {name!r}: use letters, digits, '.', '_' or '-', "
