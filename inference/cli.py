@@ -335,8 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "one question's amber trace.")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
     demo.add_argument("--limit", type=int, help="first N demo questions only")
-    demo.add_argument("--per-template", type=int, default=3,
-                      help="questions per kind of fact (6 kinds; default 3: 18 questions)")
+    demo.add_argument("--per-template", type=int, default=2,
+                      help="questions per kind of fact (6 kinds; default 2: 12 questions, "
+                           "about 2.5 minutes on 2 CPU cores)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_amber_flags(demo)
     _add_backend_flags(demo)

@@ -46,7 +46,7 @@ from inference.io_utils import atomic_directory, write_json_atomic
 
 CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card.
-CARRIED_KEYS = ("dataset", "recipe", "metrics", "versions")
+CARRIED_KEYS = ("recipe", "metrics", "versions")
 # eval-filter's chunk-level figures kept per method in the card.
 HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "kept_per_question")
 
@@ -88,6 +88,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
     embedded = EMBEDDED_MODELS.get(base_model)
     hub_name = embedded.hub_name if embedded else metadata.get("base_model_hub_name") or base_model
     passages = check_prompts(metadata, check_passages)
+    dataset = with_training_questions(metadata.get("dataset") or {})
     held_out = held_out_quality(eval_dir) if eval_dir is not None else None
 
     with atomic_directory(out) as staging:
@@ -111,6 +112,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
             BASE_SHA_KEY: base_sha,
             TEMPLATES_KEY: templates,
             **{key: _portable(metadata[key]) for key in CARRIED_KEYS if key in metadata},
+            "dataset": _portable(dataset),
             "weights": {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
                         "content_sha256": adapter_content_hash(staging),
                         "p_yes_check": {"passages": len(passages),
@@ -138,6 +140,27 @@ def _portable(value: Any) -> Any:
     if isinstance(value, str) and value.startswith("/") and Path(value).is_absolute():
         return Path(value).name
     return value
+
+
+def with_training_questions(dataset: dict[str, Any]) -> dict[str, Any]:
+    """The run's dataset record with its training questions and sources, read from the
+    build-dataset folder's train.jsonl when the run did not record them (runs from before
+    cards did not), so an evaluation anywhere can leave them out."""
+    if "train_questions" in dataset:
+        return dataset
+    path = Path(str(dataset.get("path", ""))) / "train.jsonl"
+    if not path.is_file():
+        raise AdapterError(f"the run records no training questions and {path} is gone: package "
+                           "the run where its build-dataset folder is")
+    questions: set[tuple[str, str]] = set()
+    sources: dict[str, int] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            questions.add((record["source"], record["question_id"]))
+            sources[record["source"]] = sources.get(record["source"], 0) + 1
+    return {**dataset, "sources": {"train": sources},
+            "train_questions": sorted(map(list, questions))}
 
 
 def check_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
