@@ -221,12 +221,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_summary(out / "run", summaries)
     print()
     print(_demo_verdict(summaries["vanilla"], summaries["amber-mcf"]))
+    print(_gold_first_line(out / "run" / "results" / "amber-mcf.jsonl"))
     first = json.loads(dataset.read_text(encoding="utf-8").splitlines()[0])["id"]
     print(f"\none question's amber trace (the demo set's first; `sieverag trace "
           f"{out / 'run'} ID --pipeline amber-mcf` shows any other):\n")
     print(render_record(find_record(out / "run", first, "amber-mcf")))
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _gold_first_line(results: Path) -> str:
+    """How often the filter's own score, BM25 and their fusion put the relevant document first
+    in amber's first round: which part of MCF's score did the work."""
+    firsts = {"the filter alone": 0, "BM25 alone": 0, "the fused score": 0}
+    parts = {"the filter alone": "filter_score", "BM25 alone": "bm25", "the fused score": "score"}
+    graded = 0
+    for line in results.read_text(encoding="utf-8").splitlines():
+        scored = json.loads(line)["trace"]["rounds"][0]["scored"]
+        gold = [s for s in scored if s.get("is_gold")]
+        if not gold or "bm25" not in gold[0]:
+            continue
+        graded += 1
+        for name, key in parts.items():
+            firsts[name] += all(gold[0][key] >= s[key] for s in scored)
+    if not graded:
+        return "(no fused filter scores to break down)"
+    return ("relevant document ranked first in round 1: " + ", ".join(
+        f"by {name} in {count} of {graded}" for name, count in firsts.items()))
 
 
 def _demo_verdict(vanilla: dict, amber: dict) -> str:

@@ -1,5 +1,5 @@
-"""One demo question end to end through `amber` on the embedded SmolLM2 (the judge as the
-filter stage; MCF too when the shipped trained filter exists)."""
+"""One demo question end to end through `amber` on the embedded SmolLM2, with the judge and
+with the shipped trained filter as the filter stage, the memory agents included."""
 
 from __future__ import annotations
 
@@ -12,21 +12,20 @@ from inference.collector import CollectorConfig
 from inference.config import RunConfig, TrustConfig
 from inference.demo_data import write_demo_dataset
 from inference.eval.runner import run_evaluation
-from inference.filters.mcf import shipped_adapter
 from inference.memory import MemoryConfig
 from inference.pipelines.amber import STOP_REASONS
 from inference.pipelines.amber_config import AmberConfig
 
 pytestmark = pytest.mark.integration
 
-PIPELINES = ("amber-judge", "amber-mcf") if shipped_adapter() else ("amber-judge",)
+PIPELINES = ("amber-judge", "amber-mcf")
 
 
 def test_one_demo_question_end_to_end(tmp_path, embedded_model_dir):
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(
         dataset=str(dataset), pipelines=PIPELINES, limit=1, trust=TrustConfig(enabled=False),
-        amber=AmberConfig(max_iterations=2,
+        amber=AmberConfig(max_iterations=2, answer_from="memory_and_evidence",
                           memory=MemoryConfig(review_max_new_tokens=32,
                                               refine_max_new_tokens=64),
                           collector=CollectorConfig(query_max_new_tokens=16)))

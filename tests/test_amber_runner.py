@@ -109,3 +109,22 @@ def test_ask_answers_over_an_index_and_shows_evidence_and_rounds(
     assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
     assert main(["ask", "q?", "--index", str(tmp_path / "none")]) == 2
     assert "index folder" in capsys.readouterr().err
+
+
+def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
+        tmp_path, tiny_model_dir, adapter_dir, monkeypatch, capsys):
+    monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
+    install_adapter(adapter_dir, DEFAULT_FILTER_NAME)
+    out = tmp_path / "demo"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "stale.txt").write_text("an earlier demo", encoding="utf-8")
+    assert main(["demo", "--out", str(out), "--limit", "2", "--quiet", "--model",
+                 str(tiny_model_dir)]) == 0
+    shown = capsys.readouterr().out
+    assert not (out / "run" / "stale.txt").exists()  # a fresh run, not a resumed one
+    for pipeline in ("direct", "vanilla", "main-rag", "amber-mcf"):
+        assert f"| {pipeline} | 2 |" in shown
+    assert "amber with the trained filter" in shown and "beat" in shown
+    assert "relevant document ranked first in round 1: by the filter alone in" in shown
+    assert "Question demo-0-0:" in shown and "Round 1 — query:" in shown
+    assert shown.rstrip().splitlines()[-1].startswith("demo finished in ")

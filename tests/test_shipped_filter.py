@@ -47,15 +47,18 @@ def test_the_shipped_filter_is_small_bf16_package_data_with_a_card():
     assert card["weights"]["dtype"] == "bfloat16"
     assert card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] <= 1e-2
     assert card["dataset"]["train_questions"] and card["dataset"]["fingerprint"]
-    assert card["held_out"]["chunk"]["trained filter, top-2"]["f1"] > 0
+    assert card["held_out"]["chunk"]["trained filter top-2"]["f1"] > 0
 
 
 def _passages() -> tuple[str, list[Document]]:
-    """One gold passage and two distractors from the test data (in that order)."""
+    """One gold passage and two distractors from the test data (in that order): the passage
+    that names the song, the hard distractor about the same label, and another question's.
+    (The question's other gold passage, the bridge entity "Love and Theft (duo)", which never
+    names the song, scores below the hard distractor: P(Yes) 0.155 vs 0.191.)"""
     rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     first, second = rows
     by_title = {p["title"]: p for p in first["passages"] + second["passages"]}
-    chosen = ["Love and Theft (duo)", "Sarah Buxton", "National Treasure (film)"]
+    chosen = ["If You Ever Get Lonely", "Sarah Buxton", "National Treasure (film)"]
     return first["question"], [Document(id=t, title=t, text=by_title[t]["text"])
                                for t in chosen]
 
@@ -112,4 +115,4 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
     assert shown.startswith("Answer: ")
     assert "Pipeline amber (filter mcf)" in shown
     assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
-    assert "P(Yes)" in shown and "Liora Tamsin (a)" in shown
+    assert "P(Yes) 0." in shown and "Liora Tamsin (a#0)" in shown

@@ -10,7 +10,7 @@ from inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
 def _held_out_f1(card: dict | None) -> str:
     chunk = ((card or {}).get("held_out") or {}).get("chunk") or {}
     top = next((figures for method, figures in chunk.items()
-                if method.startswith("trained filter, top-")), None)
+                if method.startswith("trained filter top-")), None)
     return "–" if not top or top.get("f1") is None else f"{top['f1']:.3f}"
 
 
