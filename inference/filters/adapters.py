@@ -65,8 +65,9 @@ class FoundAdapter:
 def _adapters_in(folder: Path) -> dict[str, Path]:
     if not folder.is_dir():
         return {}
+    # Hidden folders are an interrupted install's staging, never an adapter.
     return {child.name: child for child in sorted(folder.iterdir())
-            if (child / CONFIG_FILE).is_file()}
+            if not child.name.startswith(".") and (child / CONFIG_FILE).is_file()}
 
 
 def cached_adapters() -> dict[str, Path]:

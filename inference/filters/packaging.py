@@ -87,7 +87,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
               (metadata.get(TEMPLATES_KEY) or {}).get(template), sha)
     embedded = EMBEDDED_MODELS.get(base_model)
     hub_name = embedded.hub_name if embedded else metadata.get("base_model_hub_name") or base_model
-    passages = check_prompts(metadata, check_passages)
+    passages = validation_prompts(metadata, check_passages)
     dataset = with_training_questions(metadata.get("dataset") or {})
     held_out = held_out_quality(eval_dir) if eval_dir is not None else None
 
@@ -163,7 +163,7 @@ def with_training_questions(dataset: dict[str, Any]) -> dict[str, Any]:
             "train_questions": sorted(map(list, questions))}
 
 
-def check_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
+def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
     """Chunk-task prompts from the run's validation split (else its train split) for the
     bf16-vs-float32 check: the passages the filter is meant to judge."""
     folder = Path(str((metadata.get("dataset") or {}).get("path", "")))
