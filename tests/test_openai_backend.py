@@ -175,11 +175,13 @@ def test_continuation_logprob_sums_exactly_the_continuation_tokens(
     backend = make_backend(chat_template_model=str(tokenizer_dir))
     prompts = [ask("Capital of France?"), ask("Is the sky green?")]
     assert backend.continuation_logprob(prompts, list(continuations)) == [-1.75, -1.5]
-    sent = server.requests[0].json
+    # The two requests go out concurrently: find the first prompt's by its content.
+    (first,) = [r for r in server.requests if "Capital of France?" in r.json["prompt"]]
+    sent = first.json
     assert sent["prompt"].startswith("<|im_start|>system")
     assert sent["prompt"].endswith("<|im_start|>assistant\nParis is big.")
     assert (sent["echo"], sent["logprobs"], sent["max_tokens"]) == (True, 1, 1)
-    assert server.requests[0].path == "/v1/completions"
+    assert first.path == "/v1/completions"
 
 
 def test_continuation_logprob_reads_replies_without_a_generated_token(
