@@ -17,6 +17,7 @@ mismatch is refused with one error naming both sides.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -145,8 +146,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor names, dtypes, shapes, byte offsets)."""
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes, byte offsets)
+    and the file offset where the tensor data starts."""
     try:
         with path.open("rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
@@ -158,7 +160,7 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise AdapterError(f"{path} is not a readable safetensors file: bad header")
     header.pop("__metadata__", None)
-    return header
+    return header, 8 + length
 
 
 def check_adapter_files(folder: str | Path) -> None:
@@ -169,7 +171,7 @@ def check_adapter_files(folder: str | Path) -> None:
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise AdapterError(f"adapter folder {folder} has no {WEIGHTS_FILE}")
-    if not safetensors_header(weights):
+    if not safetensors_header(weights)[0]:
         raise AdapterError(f"{weights} holds no tensors")
     read_card(folder)
 
@@ -191,22 +193,20 @@ def weights_sha256(model_dir: str | Path) -> str:
 def _weights_sha256(stamp: tuple[tuple[str, int, int], ...]) -> str:
     entries = []
     for name, _, _ in stamp:
-        path = Path(name)
-        header = safetensors_header(path)
-        with path.open("rb") as handle:
-            start = 8 + struct.unpack("<Q", handle.read(8))[0]
-        entries += [(tensor, info, path, start) for tensor, info in header.items()]
+        header, data_start = safetensors_header(Path(name))
+        entries += [(tensor, info, name, data_start) for tensor, info in header.items()]
     digest = hashlib.sha256()
-    for tensor, info, path, start in sorted(entries, key=lambda e: e[0]):
-        digest.update(f"{tensor}\0{info['dtype']}\0{info['shape']}\0".encode())
-        begin, end = info["data_offsets"]
-        with path.open("rb") as handle:
-            handle.seek(start + begin)
+    with contextlib.ExitStack() as stack:
+        handles = {name: stack.enter_context(open(name, "rb")) for name, _, _ in stamp}
+        for tensor, info, name, data_start in sorted(entries, key=lambda e: e[0]):
+            digest.update(f"{tensor}\0{info['dtype']}\0{info['shape']}\0".encode())
+            begin, end = info["data_offsets"]
+            handles[name].seek(data_start + begin)
             remaining = end - begin
             while remaining:
-                block = handle.read(min(remaining, 1 << 22))
+                block = handles[name].read(min(remaining, 1 << 22))
                 if not block:
-                    raise AdapterError(f"{path} is truncated (tensor {tensor})")
+                    raise AdapterError(f"{name} is truncated (tensor {tensor})")
                 digest.update(block)
                 remaining -= len(block)
     return digest.hexdigest()
