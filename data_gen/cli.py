@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from inference.errors import ConfigError
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from data_gen.labelling import LabelRunConfig, run_labelling
-    from data_gen.teacher import TeacherConfig
+    from sieverag.data_gen.labelling import LabelRunConfig, run_labelling
+    from sieverag.data_gen.teacher import TeacherConfig
 
     if bool(args.teacher_endpoint) != bool(args.teacher_model):
         raise ConfigError("--teacher-endpoint and --teacher-model go together")
@@ -39,8 +39,8 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 
 def cmd_build_dataset(args: argparse.Namespace) -> int:
-    from data_gen.dataset import DatasetConfig, build_dataset, parse_mix
-    from data_gen.labels import LabelPolicy
+    from sieverag.data_gen.dataset import DatasetConfig, build_dataset, parse_mix
+    from sieverag.data_gen.labels import LabelPolicy
 
     policy = LabelPolicy(chunk_rule=args.chunk_rule, sentence_rule=args.sentence_rule,
                          gold=args.gold, chunk_cxmi_threshold=args.chunk_cxmi_threshold,
@@ -70,7 +70,7 @@ def _print_agreement(agreement: dict) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `label` and `build-dataset` to the `sieverag` command line."""
-    from data_gen.labels import CHUNK_RULES, GOLD_USES, SENTENCE_RULES, LabelPolicy
+    from sieverag.data_gen.labels import CHUNK_RULES, GOLD_USES, SENTENCE_RULES, LabelPolicy
 
     defaults = LabelPolicy()
 

@@ -30,10 +30,10 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from data_gen.templates import load_data_gen_template
-from inference.llm.base import LLMBackend
-from inference.llm.hf import HFBackend, shared_prefix_length
-from inference.types import Conversation
+from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
+from sieverag.inference.types import Conversation
 
 AGENT = "cxmi"
 

@@ -29,11 +29,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_gen.labelling import LABELS_FILE, read_labels
-from data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
-from inference.errors import ConfigError, DatasetError
-from inference.filters.filter_format import TASKS, chunk_record, sentence_record
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.data_gen.labelling import LABELS_FILE, read_labels
+from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.filters.filter_format import TASKS, chunk_record, sentence_record
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 SPLITS = ("train", "validation")
 
@@ -165,7 +165,7 @@ def mix_tasks(records: list[dict[str, Any]], mix: Mapping[str, float],
 
 
 def _is_positive(record: Mapping[str, Any]) -> bool:
-    from inference.filters.filter_format import RELEVANT
+    from sieverag.inference.filters.filter_format import RELEVANT
 
     return record["completion"][0]["content"] == RELEVANT
 
@@ -259,7 +259,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
 def _tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
-    from inference.llm.models import resolve_model
+    from sieverag.inference.llm.models import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
 

@@ -35,19 +35,19 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from data_gen.cxmi import AGENT as CXMI_AGENT
-from data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
-from data_gen.labels import LabelPolicy, gold_agreement
-from data_gen.strinc import strinc
-from data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
-from data_gen.templates import load_data_gen_template
-from inference.errors import ConfigError, DatasetError
-from inference.eval.datasets import detect_format, load_examples
-from inference.io_utils import JsonlLog, write_atomic
-from inference.llm.models import DEFAULT_MODEL
-from inference.prompt_templates import load_template
-from inference.retrieval.sentences import split_sentences
-from inference.types import Document, Example
+from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
+from sieverag.data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
+from sieverag.data_gen.labels import LabelPolicy, gold_agreement
+from sieverag.data_gen.strinc import strinc
+from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
+from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.datasets import detect_format, load_examples
+from sieverag.inference.io_utils import JsonlLog, write_atomic
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.types import Document, Example
 
 CXMILevel = Literal["chunk", "sentence", "both"]
 LABELS_FILE = "labels.jsonl"
@@ -301,7 +301,7 @@ def run_labelling(
 
 
 def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
-    from inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     return cxmi_scorer(HFBackend(HFBackendConfig(model=config.scorer or DEFAULT_MODEL,
                                                  device=config.device,

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError
 
 ChunkRule = Literal["teacher_and_auto", "auto", "teacher", "strinc", "cxmi"]
 SentenceRule = Literal["teacher_or_strinc", "auto", "teacher", "strinc", "cxmi"]

@@ -29,14 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from data_gen.templates import load_data_gen_template
-from inference.errors import ConfigError, DatasetError
-from inference.filters.filter_format import numbered_sentences
-from inference.io_utils import JsonlLog
-from inference.llm.base import GenerationSettings, Usage
-from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from inference.prompt_templates import load_template
-from inference.types import Conversation
+from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.filters.filter_format import numbered_sentences
+from sieverag.inference.io_utils import JsonlLog
+from sieverag.inference.llm.base import GenerationSettings, Usage
+from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.types import Conversation
 
 AGENT = "teacher"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)

@@ -13,9 +13,9 @@ from dataclasses import fields
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from inference.answers import ANSWER_EXTRACTIONS
-from inference.errors import ConfigError, SieveragError
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.answers import ANSWER_EXTRACTIONS
+from sieverag.inference.errors import ConfigError, SieveragError
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 
 def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _backend_specs(args: argparse.Namespace) -> dict:
-    from inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.registry import BackendSpec
 
     local = BackendSpec(kind="hf", model=args.model, dtype=args.dtype, device=args.device,
                         batch_size=args.batch_size)
@@ -67,8 +67,8 @@ def _defaults(config_class: type) -> dict:
 
 
 def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
-    from inference.filters.mcf import MCFConfig
-    from inference.pipelines.amber_config import AmberConfig
+    from sieverag.inference.filters.mcf import MCFConfig
+    from sieverag.inference.pipelines.amber_config import AmberConfig
 
     amber, mcf = _defaults(AmberConfig), _defaults(MCFConfig)
     group = parser.add_argument_group(
@@ -118,10 +118,10 @@ def _add_amber_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _amber_sections(args: argparse.Namespace) -> dict:
-    from inference.collector import CollectorConfig
-    from inference.filters.mcf import MCFConfig
-    from inference.filters.stack import StackConfig
-    from inference.pipelines.amber_config import AmberConfig
+    from sieverag.inference.collector import CollectorConfig
+    from sieverag.inference.filters.mcf import MCFConfig
+    from sieverag.inference.filters.stack import StackConfig
+    from sieverag.inference.pipelines.amber_config import AmberConfig
 
     return {
         "mcf": MCFConfig(adapter=args.filter_adapter, bar=args.mcf_bar,
@@ -141,7 +141,7 @@ def _default_out(prefix: str) -> Path:
 
 
 def _print_summary(out: Path, summaries: dict) -> None:
-    from inference.eval.report import TRUST_COLUMNS, comparison_table
+    from sieverag.inference.eval.report import TRUST_COLUMNS, comparison_table
 
     print(comparison_table(summaries))
     print()
@@ -150,16 +150,16 @@ def _print_summary(out: Path, summaries: dict) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from inference.config import (
+    from sieverag.inference.config import (
         GenerationConfig,
         RetrievalConfig,
         RunConfig,
         TrustConfig,
         load_run_config,
     )
-    from inference.eval.runner import run_evaluation
-    from inference.filters.judge import JudgeConfig
-    from inference.router import RouterConfig
+    from sieverag.inference.eval.runner import run_evaluation
+    from sieverag.inference.filters.judge import JudgeConfig
+    from sieverag.inference.router import RouterConfig
 
     if args.config:
         if args.dataset or args.pipeline:
@@ -184,7 +184,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             trust=TrustConfig(enabled=not args.no_trust, llm_judge=args.llm_judge),
             **_backend_specs(args), **_amber_sections(args),
         )
-    from inference.pipelines import PIPELINES
+    from sieverag.inference.pipelines import PIPELINES
 
     unknown = [p for p in config.pipelines if p not in PIPELINES]
     if unknown:
@@ -202,10 +202,10 @@ DEMO_PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from inference.config import RunConfig
-    from inference.demo_data import write_demo_dataset
-    from inference.eval.runner import run_evaluation, with_trained_filter
-    from inference.trace import find_record, render_record
+    from sieverag.inference.config import RunConfig
+    from sieverag.inference.demo_data import write_demo_dataset
+    from sieverag.inference.eval.runner import run_evaluation, with_trained_filter
+    from sieverag.inference.trace import find_record, render_record
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -264,18 +264,18 @@ def _demo_verdict(vanilla: dict, amber: dict) -> str:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from inference.trace import find_record, render_record
+    from sieverag.inference.trace import find_record, render_record
 
     print(render_record(find_record(args.run_dir, args.question_id, args.pipeline)))
     return 0
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from inference.config import RetrievalConfig, RunConfig
-    from inference.eval.runner import build_context, with_trained_filter
-    from inference.pipelines import build_pipeline
-    from inference.trace import render_loop
-    from inference.types import Example
+    from sieverag.inference.config import RetrievalConfig, RunConfig
+    from sieverag.inference.eval.runner import build_context, with_trained_filter
+    from sieverag.inference.pipelines import build_pipeline
+    from sieverag.inference.trace import render_loop
+    from sieverag.inference.types import Example
 
     if not Path(args.index).is_dir():
         raise ConfigError(f"index folder {args.index} not found; build one with "
@@ -388,8 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(ask)
     ask.set_defaults(func=cmd_ask)
 
-    from inference.filters.cli import register as register_filter
-    from inference.retrieval.cli import register as register_retrieval
+    from sieverag.inference.filters.cli import register as register_filter
+    from sieverag.inference.retrieval.cli import register as register_retrieval
 
     register_retrieval(sub)
     register_filter(sub)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from inference.errors import ConfigError
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.memory import shown_memory
-from inference.prompt_templates import load_template
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.memory import shown_memory
+from sieverag.inference.prompt_templates import load_template
 
 YES, NO = "Yes", "No"
 _WORD = re.compile(r"\w+")

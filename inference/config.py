@@ -7,15 +7,15 @@ from pathlib import Path
 
 import yaml
 
-from inference.answers import AnswerExtraction
-from inference.errors import ConfigError
-from inference.filters.judge import JudgeConfig
-from inference.filters.mcf import MCFConfig
-from inference.llm.registry import BackendSpec
-from inference.pipelines.amber_config import AmberConfig
-from inference.retrieval.index import SearchMode
-from inference.router import RouterConfig
-from inference.typed_config import from_mapping, to_mapping
+from sieverag.inference.answers import AnswerExtraction
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.router import RouterConfig
+from sieverag.inference.typed_config import from_mapping, to_mapping
 
 
 @dataclass(frozen=True)

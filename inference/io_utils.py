@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from inference.errors import DatasetError
+from sieverag.inference.errors import DatasetError
 
 
 def _staging_name(path: Path) -> dict[str, str]:

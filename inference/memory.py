@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.errors import ConfigError
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.prompt_templates import load_template
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.prompt_templates import load_template
 
 EMPTY_MEMORY = "(empty)"
 REVIEW_AGENT = "reviewer+challenger"

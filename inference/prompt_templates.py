@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from inference.errors import ConfigError
-from inference.types import Conversation
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.types import Conversation
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 

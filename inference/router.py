@@ -53,9 +53,9 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from inference.errors import ConfigError
-from inference.llm.base import LLMBackend
-from inference.prompt_templates import load_template
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.prompt_templates import load_template
 
 DEFAULT_INTENT_WORDS = ("why", "how", "explain", "compare", "according to", "describe",
                         "difference between", "what are the", "list", "which of")
@@ -193,7 +193,7 @@ def entity_words(question: str) -> list[str]:
 
 def _corpus_features(bm25, question: str) -> dict:
     """Vocabulary overlap and the top-2 BM25 scores, from one tokenisation of the question."""
-    from inference.retrieval.bm25 import make_tokenizer
+    from sieverag.inference.retrieval.bm25 import make_tokenizer
 
     # A fresh tokenizer stems every word, known or not; the index's vocabulary then says
     # which stems the corpus has (the same stems `BM25Index.tokenize_queries` would keep).

@@ -9,7 +9,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError
 
 WIDTH = 100
 SNIPPET = 240

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-from inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError
 
 T = TypeVar("T")
 

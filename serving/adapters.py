@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.filters.adapters import (
+from sieverag.inference.filters.adapters import (
     ADAPTER_NAME,
     AdapterError,
     adapter_content_hash,

@@ -18,11 +18,11 @@ from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
-from serving.auth import BearerAuth
-from serving.engine import BatchingEngine, EngineClosedError, SequenceRequest, SequenceResult
-from serving.openai_format import chat_body, completion_body
-from serving.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from serving.tokens import EncodedPrompt, encode_ids, encode_text
+from sieverag.serving.auth import BearerAuth
+from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest, SequenceResult
+from sieverag.serving.openai_format import chat_body, completion_body
+from sieverag.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text
 
 logger = logging.getLogger(__name__)
 

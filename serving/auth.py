@@ -9,8 +9,8 @@ import os
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inference.errors import ConfigError
-from serving.protocol import error_body
+from sieverag.inference.errors import ConfigError
+from sieverag.serving.protocol import error_body
 
 
 def read_api_key(env_var: str | None) -> str | None:

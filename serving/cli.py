@@ -11,9 +11,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from inference.errors import ConfigError
-from inference.llm.models import DEFAULT_MODEL
-from serving.config import LocalServerConfig, VLLMLaunchConfig
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 
 # Options of one engine only: flag -> config field.
 _LOCAL_ONLY = {"--max-batch-size": "max_batch_size", "--batch-window-ms": "batch_window_ms",
@@ -79,13 +79,13 @@ def run_serve(args: argparse.Namespace) -> int:
               "port": args.port, "api_key_env": args.api_key_env}
     if args.engine == "local":
         _refuse_options(args, _VLLM_ONLY, "vllm")
-        from serving.local_server import LocalServer
+        from sieverag.serving.local_server import LocalServer
 
         logging.getLogger(__name__).info("loading %s ...", args.model)
         LocalServer(LocalServerConfig(**common, **_given(args, _LOCAL_ONLY))).run()
         return 0
     _refuse_options(args, _LOCAL_ONLY, "local")
-    from serving.vllm_launcher import VLLMServer
+    from sieverag.serving.vllm_launcher import VLLMServer
 
     return VLLMServer(VLLMLaunchConfig(**common, **_given(args, _VLLM_ONLY))).run()
 

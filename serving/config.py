@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from inference.errors import ConfigError
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 if TYPE_CHECKING:
-    from inference.llm.hf import Device, DType
+    from sieverag.inference.llm.hf import Device, DType
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -23,9 +23,9 @@ from typing import Literal
 
 import torch
 
-from serving.decode_batch import RunningBatch, new_cache
-from serving.sampling import Sampling, choose_tokens
-from serving.served_model import ServedModel
+from sieverag.serving.decode_batch import RunningBatch, new_cache
+from sieverag.serving.sampling import Sampling, choose_tokens
+from sieverag.serving.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 

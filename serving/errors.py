@@ -1,7 +1,7 @@
 """User-facing errors of the serving package (the CLI prints them as one line)."""
 
-from inference.errors import SieveragError
-from inference.filters.adapters import AdapterError
+from sieverag.inference.errors import SieveragError
+from sieverag.inference.filters.adapters import AdapterError
 
 __all__ = ["AdapterError", "ServerStartError"]
 

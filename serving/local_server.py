@@ -18,14 +18,14 @@ import time
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from inference.llm.models import resolve_model
-from serving.adapters import resolve_adapters
-from serving.app import create_app
-from serving.auth import read_api_key
-from serving.config import LocalServerConfig
-from serving.engine import BatchingEngine
-from serving.errors import ServerStartError
-from serving.served_model import load_served_model
+from sieverag.inference.llm.models import resolve_model
+from sieverag.serving.adapters import resolve_adapters
+from sieverag.serving.app import create_app
+from sieverag.serving.auth import read_api_key
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.engine import BatchingEngine
+from sieverag.serving.errors import ServerStartError
+from sieverag.serving.served_model import load_served_model
 
 logger = logging.getLogger(__name__)
 

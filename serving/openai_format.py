@@ -14,8 +14,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from serving.engine import SequenceResult, TokenLogprob
-from serving.tokens import EncodedPrompt, prefix_offsets, token_text
+from sieverag.serving.engine import SequenceResult, TokenLogprob
+from sieverag.serving.tokens import EncodedPrompt, prefix_offsets, token_text
 
 
 def completion_body(

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from inference.errors import ConfigError
-from inference.llm.hf import Device, DType, load_causal_lm
-from serving.adapters import Adapter
-from serving.errors import AdapterError
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.hf import Device, DType, load_causal_lm
+from sieverag.serving.adapters import Adapter
+from sieverag.serving.errors import AdapterError
 
 
 @dataclass

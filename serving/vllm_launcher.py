@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from inference.llm.models import EMBEDDED_MODELS, resolve_model
-from serving.adapters import Adapter, resolve_adapters
-from serving.auth import read_api_key
-from serving.config import VLLMLaunchConfig
-from serving.errors import AdapterError, ServerStartError
+from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
+from sieverag.serving.adapters import Adapter, resolve_adapters
+from sieverag.serving.auth import read_api_key
+from sieverag.serving.config import VLLMLaunchConfig
+from sieverag.serving.errors import AdapterError, ServerStartError
 
 logger = logging.getLogger(__name__)
 

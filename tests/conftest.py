@@ -49,6 +49,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct, converted once into the sieverag cache."""
-    from inference.llm.models import DEFAULT_MODEL, resolve_model
+    from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from inference.llm.base import GenerationSettings, UsageMeter
-from inference.types import Conversation
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.types import Conversation
 
 
 def user_text(conversation: Conversation) -> str:

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 from fake_backend import ScriptedBackend
 
-from inference.collector import CollectorConfig, normalise_query
-from inference.errors import ConfigError
-from inference.filters.mcf import MCFConfig
-from inference.pipelines import PipelineContext, build_pipeline
-from inference.pipelines.amber_config import AmberConfig
-from inference.types import Document, Example
+from sieverag.inference.collector import CollectorConfig, normalise_query
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.types import Document, Example
 
 POOL = tuple(
     Document(id=f"d{i}", title=f"Topic {i}",

@@ -10,19 +10,19 @@ import pytest
 import yaml
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from inference.cli import main
-from inference.config import RunConfig, TrustConfig
-from inference.demo_data import write_demo_dataset
-from inference.eval import runner
-from inference.filters import adapters
-from inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
-from inference.filters.mcf import MCFConfig
-from inference.llm.registry import BackendSpec
-from inference.memory import MemoryConfig
-from inference.pipelines.amber import STOP_REASONS
-from inference.pipelines.amber_config import AmberConfig
-from inference.retrieval.config import IndexConfig
-from inference.retrieval.index import build_index
+from sieverag.inference.cli import main
+from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.demo_data import write_demo_dataset
+from sieverag.inference.eval import runner
+from sieverag.inference.filters import adapters
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.memory import MemoryConfig
+from sieverag.inference.pipelines.amber import STOP_REASONS
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.retrieval.config import IndexConfig
+from sieverag.inference.retrieval.index import build_index
 
 SHORT = AmberConfig(max_iterations=2, k=5, answer_from="memory_and_evidence",
                     memory=MemoryConfig(review_max_new_tokens=8, refine_max_new_tokens=16))

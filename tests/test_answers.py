@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.answers import extract_answer
+from sieverag.inference.answers import extract_answer
 
 
 @pytest.mark.parametrize(("reply", "expected"), [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from inference.config import RunConfig, load_run_config
-from inference.errors import ConfigError
-from inference.prompt_templates import load_template, parse_template
-from inference.typed_config import from_mapping
+from sieverag.inference.config import RunConfig, load_run_config
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.prompt_templates import load_template, parse_template
+from sieverag.inference.typed_config import from_mapping
 
 
 def test_round_trip_through_yaml(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from data_gen.cxmi import BatchedCXMI, SharedPrefixCXMI, cxmi_scorer, naive_cxmi
-from inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.data_gen.cxmi import BatchedCXMI, SharedPrefixCXMI, cxmi_scorer, naive_cxmi
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
 QUESTION = "In which city was the physicist Lise Meitner born?"
 ANSWERS = ["Vienna", "Wien"]

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
-from data_gen.cli import register
-from data_gen.dataset import DatasetConfig, build_dataset, parse_mix, split_of
-from data_gen.labelling import LABELS_FILE, SUMMARY_FILE, LabelRunConfig, run_labelling
-from data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
-from data_gen.teacher import TeacherConfig
-from inference.errors import ConfigError
-from inference.filters.filter_format import parse_sentence_answer
+from sieverag.data_gen.cli import register
+from sieverag.data_gen.dataset import DatasetConfig, build_dataset, parse_mix, split_of
+from sieverag.data_gen.labelling import LABELS_FILE, SUMMARY_FILE, LabelRunConfig, run_labelling
+from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from sieverag.data_gen.teacher import TeacherConfig
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.filter_format import parse_sentence_answer
 
 
 def entry(*, strinc=False, cxmi=None, teacher=None, gold=None, sentences=3,

@@ -12,16 +12,16 @@ from pathlib import Path
 
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
-from data_gen.labelling import LABELS_FILE, TEACHER_CACHE_FILE, LabelRunConfig, run_labelling
-from data_gen.teacher import TeacherConfig, cache_key
+from sieverag.data_gen.labelling import LABELS_FILE, TEACHER_CACHE_FILE, LabelRunConfig, run_labelling
+from sieverag.data_gen.teacher import TeacherConfig, cache_key
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS, CHUNKS = 6, 3
 
 RUN = """
 import json, sys
-from data_gen.labelling import LabelRunConfig, run_labelling
-from data_gen.teacher import TeacherConfig
+from sieverag.data_gen.labelling import LabelRunConfig, run_labelling
+from sieverag.data_gen.teacher import TeacherConfig
 teacher = TeacherConfig(**json.loads(sys.argv[2]))
 run_labelling(LabelRunConfig(**json.loads(sys.argv[1]), teacher=teacher), progress=False)
 """

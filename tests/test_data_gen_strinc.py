@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_gen.strinc import matching_alias, strinc
+from sieverag.data_gen.strinc import matching_alias, strinc
 
 
 @pytest.mark.parametrize(("text", "answers", "expected"), [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
-from data_gen.teacher import (
+from sieverag.data_gen.teacher import (
     TeacherCache,
     TeacherClient,
     TeacherConfig,
@@ -18,7 +18,7 @@ from data_gen.teacher import (
     cache_key,
     parse_teacher_reply,
 )
-from inference.errors import BackendUnavailableError, SieveragError
+from sieverag.inference.errors import BackendUnavailableError, SieveragError
 
 REQUEST = TeacherRequest("Where was Lise Meitner born?",
                          ("Lise Meitner was born in Vienna.", "She studied physics."),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.errors import DatasetError
-from inference.eval.datasets import (
+from sieverag.inference.errors import DatasetError
+from sieverag.inference.eval.datasets import (
     DATASET_FORMATS,
     detect_format,
     load_examples,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.errors import ModelNotFoundError
-from inference.llm import models
-from inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.llm import models
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
 pytestmark = pytest.mark.integration
 

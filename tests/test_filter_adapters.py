@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from inference.cli import main
-from inference.filters import adapters
-from inference.filters.adapters import (
+from sieverag.inference.cli import main
+from sieverag.inference.filters import adapters
+from sieverag.inference.filters.adapters import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -24,7 +24,7 @@ from inference.filters.adapters import (
     resolve_filter,
     weights_sha256,
 )
-from inference.filters.filter_format import chunk_record
+from sieverag.inference.filters.filter_format import chunk_record
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model
 
 def test_package_refuses_when_bf16_moves_the_scores_and_leaves_out_as_it_was(
         lora, tiny_model_dir, tmp_path):
-    from inference.filters.packaging import package_filter
+    from sieverag.inference.filters.packaging import package_filter
 
     run = _training_run(lora, tiny_model_dir, tmp_path)
     out = tmp_path / "out"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.filters.filter_format import (
+from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
     IRRELEVANT,
     NO_KEY_SENTENCES,
@@ -37,7 +37,7 @@ def test_sentence_prompt_numbers_sentences_from_one() -> None:
 
 
 def test_chunk_labels_are_one_token_each_after_the_assistant_prefix(tiny_model_dir) -> None:
-    from inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), device="cpu"))
     prompt = chunk_prompt("Who wrote Hamlet?", "Hamlet is a tragedy by Shakespeare.")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Is the sky blue?"}],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference.errors import DatasetError
-from inference.io_utils import (
+from sieverag.inference.errors import DatasetError
+from sieverag.inference.io_utils import (
     JsonlLog,
     atomic_directory,
     atomic_file,

@@ -7,8 +7,8 @@ import math
 import pytest
 from fake_backend import ScriptedBackend
 
-from inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
-from inference.types import Document
+from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
+from sieverag.inference.types import Document
 
 
 def test_judge_bar_is_mean_minus_n_population_std():
@@ -69,7 +69,7 @@ def test_no_documents_keeps_nothing_without_calls():
 def test_judge_prompt_continues_the_predictor_conversation(tiny_model_dir):
     """Agent-2's prompt starts with Agent-1's exact prompt tokens (so a prefix cache serves
     the document once), whatever the predicted answer looks like."""
-    from inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     hf = HFBackend(HFBackendConfig(model=str(tiny_model_dir)))
     judge = MainRagJudge(hf)

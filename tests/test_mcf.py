@@ -7,8 +7,8 @@ import pytest
 from fake_backend import ScriptedBackend
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from inference.errors import ConfigError
-from inference.filters import (
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters import (
     FilterSetup,
     MainRagJudge,
     MCFConfig,
@@ -17,10 +17,10 @@ from inference.filters import (
     StackedFilter,
     build_filter,
 )
-from inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
-from inference.filters.stack import z_scores
-from inference.llm.hf import HFBackend, HFBackendConfig
-from inference.types import Document
+from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
+from sieverag.inference.filters.stack import z_scores
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.types import Document
 
 DOCUMENTS = [
     Document(id="gold", title="Liora Tamsin", text="Liora Tamsin was born in Quorrin in 1848. "
@@ -91,8 +91,8 @@ def test_top_k_bar_keeps_the_k_best_chunks(filter_backend):
 
 
 def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
-    from inference.filters.base import z_scores
-    from inference.retrieval.bm25 import question_scores
+    from sieverag.inference.filters.base import z_scores
+    from sieverag.inference.retrieval.bm25 import question_scores
 
     question = "Who engineered the Calder Bridge?"
     alone = MultiGranularFilter(filter_backend, MCFConfig(bar="top_k", lexical_weight=0.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from fake_backend import ScriptedBackend
 
-from inference.errors import ConfigError
-from inference.memory import EMPTY_MEMORY, MemoryConfig, MemoryUpdater, cap_memory
-from inference.prompt_templates import load_template
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.memory import EMPTY_MEMORY, MemoryConfig, MemoryUpdater, cap_memory
+from sieverag.inference.prompt_templates import load_template
 
 
 def agent_reply(text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.eval.metrics import (
+from sieverag.inference.eval.metrics import (
     answer_accuracy,
     choice_accuracy,
     exact_match,

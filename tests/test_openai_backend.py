@@ -20,10 +20,10 @@ from fake_openai_server import (
     echo_reply,
 )
 
-from inference.errors import BackendUnavailableError, ConfigError, SieveragError
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from inference.types import Conversation
+from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.inference.types import Conversation
 
 BackendFactory = Callable[..., OpenAIBackend]
 

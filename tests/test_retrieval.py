@@ -10,31 +10,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.errors import ConfigError, DatasetError
-from inference.retrieval.bm25 import BM25Config, BM25Index
-from inference.retrieval.chunking import (
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index
+from sieverag.inference.retrieval.chunking import (
     ChunkingConfig,
     chunk_corpus,
     chunk_document,
     source_id_of,
     split_token_windows,
 )
-from inference.retrieval.config import IndexConfig, SearchConfig
-from inference.retrieval.corpus import detect_corpus_format, load_corpus, load_squad
-from inference.retrieval.dense import DenseConfig
-from inference.retrieval.evaluation import (
+from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
+from sieverag.inference.retrieval.corpus import detect_corpus_format, load_corpus, load_squad
+from sieverag.inference.retrieval.dense import DenseConfig
+from sieverag.inference.retrieval.evaluation import (
     ranked_sources,
     recall_at_k,
     reciprocal_rank,
     spread_subset,
 )
-from inference.retrieval.hybrid import min_max_normalise, reciprocal_rank_fusion, weighted_fusion
-from inference.retrieval.hygiene import apply_hygiene, removal_reason
-from inference.retrieval.index import Index, build_index
-from inference.retrieval.manifest import IndexFormatError
-from inference.retrieval.retrieved import RetrievedDocument
-from inference.retrieval.sentences import split_sentences
-from inference.types import Document
+from sieverag.inference.retrieval.hybrid import min_max_normalise, reciprocal_rank_fusion, weighted_fusion
+from sieverag.inference.retrieval.hygiene import apply_hygiene, removal_reason
+from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.manifest import IndexFormatError
+from sieverag.inference.retrieval.retrieved import RetrievedDocument
+from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.types import Document
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -435,7 +435,7 @@ def test_recall_mrr_and_subset() -> None:
 
 
 def test_shards_of_another_corpus_are_discarded(tmp_path: Path) -> None:
-    from inference.retrieval.dense import corpus_fingerprint, write_embedding_shards
+    from sieverag.inference.retrieval.dense import corpus_fingerprint, write_embedding_shards
 
     encoded: list[str] = []
 

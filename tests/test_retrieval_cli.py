@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.errors import ConfigError, DatasetError, SieveragError
-from inference.retrieval.cli import register
+from sieverag.inference.errors import ConfigError, DatasetError, SieveragError
+from sieverag.inference.retrieval.cli import register
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from inference.errors import ModelNotFoundError
-from inference.retrieval.chunking import ChunkingConfig
-from inference.retrieval.config import IndexConfig
-from inference.retrieval.dense import DenseConfig, DenseIndex, resolve_embedding_model
-from inference.retrieval.index import Index, build_index
-from inference.retrieval.rerank import CrossEncoderReranker
+from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.retrieval.chunking import ChunkingConfig
+from sieverag.inference.retrieval.config import IndexConfig
+from sieverag.inference.retrieval.dense import DenseConfig, DenseIndex, resolve_embedding_model
+from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.rerank import CrossEncoderReranker
 
 TEXTS = [
     "Rockets burn fuel to reach orbit around the Earth.",

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 from fake_backend import ScriptedBackend
 
-from inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
-from inference.errors import ConfigError
-from inference.eval.runner import run_evaluation
-from inference.llm.registry import BackendSpec
-from inference.retrieval.bm25 import BM25Index
-from inference.retrieval.config import IndexConfig
-from inference.retrieval.index import build_index
-from inference.router import Router, RouterConfig, entity_words
+from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.runner import run_evaluation
+from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.retrieval.bm25 import BM25Index
+from sieverag.inference.retrieval.config import IndexConfig
+from sieverag.inference.retrieval.index import build_index
+from sieverag.inference.router import Router, RouterConfig, entity_words
 
 CORPUS = [
     "Scurvy is caused by a lack of vitamin C.",

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from inference.cli import main
-from inference.config import GenerationConfig, RunConfig
-from inference.demo_data import write_demo_dataset
-from inference.errors import ConfigError, DatasetError
-from inference.eval import runner
-from inference.filters.judge import JudgeConfig
-from inference.llm.registry import BackendSpec
+from sieverag.inference.cli import main
+from sieverag.inference.config import GenerationConfig, RunConfig
+from sieverag.inference.demo_data import write_demo_dataset
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval import runner
+from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.llm.registry import BackendSpec
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.adapters import parse_adapter, resolve_adapters
-from serving.errors import AdapterError
+from sieverag.serving.adapters import parse_adapter, resolve_adapters
+from sieverag.serving.errors import AdapterError
 
 
 def write_adapter(folder: Path, *, r: object = 8, weights: bytes = b"weights",

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from inference.filters.judge import NO, YES, MainRagJudge
-from inference.llm.hf import HFBackend, HFBackendConfig
-from inference.llm.models import DEFAULT_MODEL
-from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from inference.types import Document
-from serving.config import LocalServerConfig
-from serving.local_server import LocalServer
+from sieverag.inference.filters.judge import NO, YES, MainRagJudge
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.inference.types import Document
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.local_server import LocalServer
 
 pytestmark = pytest.mark.integration
 

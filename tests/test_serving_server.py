@@ -19,13 +19,13 @@ import openai
 import pytest
 import torch
 
-from inference.llm.base import GenerationSettings
-from inference.llm.hf import HFBackend, HFBackendConfig
-from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from serving.config import LocalServerConfig
-from serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
-from serving.local_server import LocalServer
-from serving.served_model import load_served_model
+from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
+from sieverag.serving.local_server import LocalServer
+from sieverag.serving.served_model import load_served_model
 
 CONVERSATION = [{"role": "user", "content": "Which city is the capital of France?"}]
 REPLY = " Paris is the capital. ✓"
@@ -357,7 +357,7 @@ def test_api_key_is_required_and_never_logged(
 
 def test_missing_key_variable_is_a_clear_error(tiny_model_dir: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from inference.errors import ConfigError
+    from sieverag.inference.errors import ConfigError
 
     monkeypatch.delenv("SIEVERAG_UNSET_KEY", raising=False)
     with pytest.raises(ConfigError, match="SIEVERAG_UNSET_KEY"):
@@ -368,7 +368,7 @@ def test_missing_key_variable_is_a_clear_error(tiny_model_dir: Path,
 
 CLI_DRIVER = """
 import argparse, sys
-from serving.cli import register
+from sieverag.serving.cli import register
 parser = argparse.ArgumentParser(prog="sieverag")
 register(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args()
@@ -413,8 +413,8 @@ def test_cli_serves_model_with_adapter_and_stops_on_sigint(
 def test_cli_refuses_options_of_the_other_engine(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from inference.errors import ConfigError
-    from serving.cli import register
+    from sieverag.inference.errors import ConfigError
+    from sieverag.serving.cli import register
 
     parser = argparse.ArgumentParser(prog="sieverag")
     register(parser.add_subparsers(dest="command", required=True))

@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving import vllm_launcher
-from serving.adapters import Adapter
-from serving.config import VLLMLaunchConfig
-from serving.errors import AdapterError, ServerStartError
-from serving.vllm_launcher import INSTALL_HINT, VLLMServer, build_vllm_command, vllm_lora_rank
+from sieverag.serving import vllm_launcher
+from sieverag.serving.adapters import Adapter
+from sieverag.serving.config import VLLMLaunchConfig
+from sieverag.serving.errors import AdapterError, ServerStartError
+from sieverag.serving.vllm_launcher import INSTALL_HINT, VLLMServer, build_vllm_command, vllm_lora_rank
 
 STAND_IN = """#!{python}
 import json, os, signal, sys, time
@@ -209,7 +209,7 @@ def test_vllm_exiting_during_startup_is_an_error(
 
 CLI_DRIVER = """
 import argparse, sys
-from serving.cli import register
+from sieverag.serving.cli import register
 parser = argparse.ArgumentParser(prog="sieverag")
 register(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args()

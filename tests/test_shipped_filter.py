@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.filters import adapters
-from inference.filters.adapters import (
+from sieverag.inference.filters import adapters
+from sieverag.inference.filters.adapters import (
     CARD_FILE,
     CONFIG_FILE,
     DEFAULT_FILTER_NAME,
@@ -19,9 +19,9 @@ from inference.filters.adapters import (
     read_card,
     resolve_filter,
 )
-from inference.filters.mcf import MCFConfig, MultiGranularFilter
-from inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
-from inference.types import Document
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
+from sieverag.inference.types import Document
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def _passages() -> tuple[str, list[Document]]:
 
 def test_the_shipped_filter_loads_on_the_embedded_model_and_ranks_gold_first(
         no_user_filters, embedded_model_dir):
-    from inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
     assert folder == SHIPPED
@@ -97,9 +97,9 @@ def test_a_tampered_card_is_refused_with_the_clear_error(tmp_path, embedded_mode
 
 def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
         no_user_filters, embedded_model_dir, tmp_path, capsys):
-    from inference.cli import main
-    from inference.retrieval.config import IndexConfig
-    from inference.retrieval.index import build_index
+    from sieverag.inference.cli import main
+    from sieverag.inference.retrieval.config import IndexConfig
+    from sieverag.inference.retrieval.index import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in [

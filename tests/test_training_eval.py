@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.errors import ConfigError, DatasetError
-from inference.filters.filter_format import chunk_record
-from inference.types import Document, Example
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.filters.filter_format import chunk_record
+from sieverag.inference.types import Document, Example
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
@@ -52,7 +52,7 @@ def training_dataset(folder: Path, train_ids: list[str]) -> Path:
 
 
 def run_cli(argv: list[str]) -> int:
-    from training.cli import register
+    from sieverag.training.cli import register
 
     parser = argparse.ArgumentParser(prog="sieverag")
     register(parser.add_subparsers())
@@ -121,7 +121,7 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
 
 
 def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> None:
-    from training.filter_eval import FilterEvalConfig, select_examples, training_questions
+    from sieverag.training.filter_eval import FilterEvalConfig, select_examples, training_questions
 
     data = training_dataset(tmp_path / "data", [SECOND])
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
@@ -150,7 +150,7 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 
 
 def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Path) -> None:
-    from training.filter_eval import FilterEvalConfig, training_questions
+    from sieverag.training.filter_eval import FilterEvalConfig, training_questions
 
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path), adapter=str(tiny_adapter))
     with pytest.raises(ConfigError, match="--exclude-training-questions"):
@@ -168,7 +168,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
     ({"adapter": "LORA", "top_k": 0}, "--top-k"),
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str, tiny_adapter: Path) -> None:
-    from training.filter_eval import FilterEvalConfig
+    from sieverag.training.filter_eval import FilterEvalConfig
 
     if kwargs.get("adapter") == "LORA":
         kwargs = {**kwargs, "adapter": str(tiny_adapter)}
@@ -178,8 +178,8 @@ def test_config_errors_name_the_flag(kwargs: dict, message: str, tiny_adapter: P
 
 def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
                                                             tiny_adapter: Path) -> None:
-    from inference.filters import adapters
-    from training.filter_eval import FilterEvalConfig
+    from sieverag.inference.filters import adapters
+    from sieverag.training.filter_eval import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped")
@@ -199,8 +199,8 @@ def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) 
 
 
 def test_chunk_quality_definitions() -> None:
-    from training.filter_eval import chunk_quality
-    from training.filter_methods import ChunkDecisions
+    from sieverag.training.filter_eval import chunk_quality
+    from sieverag.training.filter_methods import ChunkDecisions
 
     example = _example([True, True, False, False])
     scores = {"q/0": 0.9, "q/1": 0.2, "q/2": 0.8, "q/3": 0.1}
@@ -211,7 +211,7 @@ def test_chunk_quality_definitions() -> None:
 
 
 def test_sentence_quality_definitions() -> None:
-    from training.filter_eval import sentence_quality, supporting_facts
+    from sieverag.training.filter_eval import sentence_quality, supporting_facts
 
     example = _example([True, False], supporting=[(0, 2), ()])
     assert supporting_facts(example) == {("q/0", 0), ("q/0", 2)}
@@ -220,8 +220,8 @@ def test_sentence_quality_definitions() -> None:
 
 
 def test_decision_rules() -> None:
-    from inference.filters.filter_format import p_relevant, relevance_log_odds
-    from training.filter_methods import (
+    from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
+    from sieverag.training.filter_methods import (
         _parse_sentences,
         threshold_decisions,
         top_k_decisions,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "training" / "recipes").glob("*.yaml"))
@@ -14,7 +14,7 @@ ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
 def parse(argv: list[str]):
-    from training.recipe import parse_recipe
+    from sieverag.training.recipe import parse_recipe
 
     return parse_recipe(argv)
 
@@ -111,7 +111,7 @@ def test_accelerate_configs_load(config: Path) -> None:
 
 
 def test_resume_picks_the_last_checkpoint(tmp_path: Path) -> None:
-    from training.sft import resume_checkpoint
+    from sieverag.training.sft import resume_checkpoint
 
     recipe = parse(["--config", write_recipe(tmp_path, ""), "--output_dir", str(tmp_path / "run")])
     assert resume_checkpoint(recipe) is None

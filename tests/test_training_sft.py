@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.filters.filter_format import chunk_record, sentence_record
+from sieverag.inference.filters.filter_format import chunk_record, sentence_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ LAUNCHED = '''
 import json, sys
 import torch
 from transformers import TrainerCallback
-from training.sft import main
+from sieverag.training.sft import main
 
 
 class ChangedWeights(TrainerCallback):
@@ -108,8 +108,8 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from inference.filters.adapters import CARD_FILE, WEIGHTS_FILE
-    from training.adapter import verify_adapter
+    from sieverag.inference.filters.adapters import CARD_FILE, WEIGHTS_FILE
+    from sieverag.training.adapter import verify_adapter
 
     changed = weights["changed"]
     lora = [n for n in changed if "lora_" in n]
@@ -183,7 +183,7 @@ def _rewrite(adapter: Path, change) -> None:
 
 
 def test_sound_adapter_passes(saved_adapter: Path, tiny_model_dir: Path) -> None:
-    from training.adapter import verify_adapter
+    from sieverag.training.adapter import verify_adapter
 
     check = verify_adapter(saved_adapter, tiny_model_dir)
     assert check.tensors == 8 and check.parameters > 0 and check.file_bytes > 0
@@ -199,7 +199,7 @@ def test_sound_adapter_passes(saved_adapter: Path, tiny_model_dir: Path) -> None
 ])
 def test_broken_adapters_fail_clearly(saved_adapter: Path, tiny_model_dir: Path, change,
                                       message: str) -> None:
-    from training.adapter import AdapterSaveError, verify_adapter
+    from sieverag.training.adapter import AdapterSaveError, verify_adapter
 
     _rewrite(saved_adapter, change)
     with pytest.raises(AdapterSaveError, match=message):
@@ -208,7 +208,7 @@ def test_broken_adapters_fail_clearly(saved_adapter: Path, tiny_model_dir: Path,
 
 def test_zero_byte_adapter_names_the_zero3_setting(saved_adapter: Path,
                                                    tiny_model_dir: Path) -> None:
-    from training.adapter import AdapterSaveError, verify_adapter
+    from sieverag.training.adapter import AdapterSaveError, verify_adapter
 
     (saved_adapter / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(AdapterSaveError, match="zero3_save_16bit_model"):
@@ -216,7 +216,7 @@ def test_zero_byte_adapter_names_the_zero3_setting(saved_adapter: Path,
 
 
 def test_adapter_name_is_unique_per_weights(saved_adapter: Path) -> None:
-    from training.adapter import adapter_name
+    from sieverag.training.adapter import adapter_name
 
     first = adapter_name("smollm2-135m-instruct", saved_adapter)
     assert first.startswith("filter-smollm2-135m-instruct-") and len(first.split("-")[-1]) == 8

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from inference.errors import ConfigError
-from inference.eval.trust import (
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.trust import (
     JUDGE_CRITERIA,
     JUDGE_PROMPT,
     QualityWeights,
@@ -26,9 +26,9 @@ from inference.eval.trust import (
     trust_report,
     trust_score,
 )
-from inference.llm.base import GenerationSettings, UsageMeter
-from inference.prompt_templates import load_template
-from inference.types import Document
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.types import Document
 
 DOCS = [
     Document(id="d1", text="Paris is the capital of France.", is_gold=True),

@@ -2,7 +2,7 @@
 filter evaluation.
 
 * `sft` — the training script: `accelerate launch --config_file accelerate_configs/X.yaml
-  -m training.sft --config training/recipes/Y.yaml [--field value ...]`;
+  -m sieverag.training.sft --config training/recipes/Y.yaml [--field value ...]`;
 * `sft_config` — its script arguments (`FilterScriptArguments`) and model/LoRA config
   (`FilterModelConfig`, TRL's `ModelConfig` with the filter's defaults);
 * `recipe` — `parse_recipe`: TrlParser over the two and TRL's `SFTConfig`, with recipe keys

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.errors import SieveragError
-from inference.filters.adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, adapter_content_hash
-from inference.io_utils import write_atomic
+from sieverag.inference.errors import SieveragError
+from sieverag.inference.filters.adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, adapter_content_hash
+from sieverag.inference.io_utils import write_atomic
 
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the LoRA weights must be gathered before saving: use "
               "accelerate_configs/deepspeed_zero3.yaml (zero3_save_16bit_model: true)")

@@ -6,12 +6,12 @@ import argparse
 import shlex
 import sys
 
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 
 def cmd_eval_filter(args: argparse.Namespace) -> int:
-    from training.filter_eval import FilterEvalConfig, run_filter_eval
-    from training.filter_report import CHUNK_COLUMNS, SENTENCE_COLUMNS, table
+    from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
+    from sieverag.training.filter_report import CHUNK_COLUMNS, SENTENCE_COLUMNS, table
 
     config = FilterEvalConfig(
         dataset=args.dataset, out=args.out, adapter=args.adapter,

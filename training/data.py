@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference.errors import DatasetError
+from sieverag.inference.errors import DatasetError
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -54,7 +54,7 @@ def load_filter_dataset(path: str | Path, splits: Iterable[str] = ("train", "val
         if missing and len(dataset[split]) > 0:
             raise DatasetError(f"filter dataset {folder}, split {split!r}: missing column(s) "
                                f"{', '.join(missing)}; records must follow "
-                               "inference.filters.filter_format")
+                               "sieverag.inference.filters.filter_format")
     return dataset
 
 

@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference.errors import ConfigError, DatasetError
-from inference.eval.metrics import filter_scores
-from inference.filters.adapters import CARD_FILE, check_card
-from inference.io_utils import write_atomic
-from inference.llm.models import DEFAULT_MODEL
-from inference.types import Example
-from training import filter_methods as methods
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.metrics import filter_scores
+from sieverag.inference.filters.adapters import CARD_FILE, check_card
+from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.types import Example
+from sieverag.training import filter_methods as methods
 
 FILTER = "trained filter"
 FILTER_ADAPTIVE = "trained filter, adaptive bar"
@@ -92,7 +92,7 @@ class FilterEvalConfig:
         if served != (self.filter_model is not None):
             raise ConfigError("--filter-endpoint and --filter-model go together")
         if not served:
-            from inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, find_adapter
+            from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, find_adapter
 
             try:
                 found = find_adapter(self.adapter or DEFAULT_FILTER_NAME)
@@ -134,7 +134,7 @@ def adapter_metadata(config: FilterEvalConfig) -> dict[str, Any]:
     """The adapter's `sieverag_adapter.json` ({} without an adapter or metadata)."""
     if config.adapter is None:
         return {}
-    from inference.filters.adapters import read_card
+    from sieverag.inference.filters.adapters import read_card
 
     return read_card(config.adapter) or {}
 
@@ -152,7 +152,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
     """The questions to leave out: the train splits of --exclude-training-questions, else the
     list in the adapter's card (it travels with a shipped or installed filter), else the train
     split of the dataset the card names."""
-    from training.data import question_ids
+    from sieverag.training.data import question_ids
 
     def from_datasets(folders: Sequence[str]) -> TrainingQuestions:
         pairs = frozenset().union(*(question_ids(f, "train") for f in folders))
@@ -180,7 +180,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
 
 def select_examples(config: FilterEvalConfig, trained: TrainingQuestions) -> Selection:
     """The dataset's gold-marked rows minus training questions, within the id list, limited."""
-    from inference.eval.datasets import detect_format, load_examples
+    from sieverag.inference.eval.datasets import detect_format, load_examples
 
     examples = load_examples(config.dataset)
     fmt = detect_format(config.dataset)
@@ -336,9 +336,9 @@ class MethodCache:
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                     command: str | None = None) -> dict[str, Any]:
     """Evaluate the filter and the baselines; write report.json, report.md and the plot."""
-    from inference.llm.hf import HFBackend, HFBackendConfig
-    from inference.llm.models import resolve_model
-    from training.filter_report import write_report
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.llm.models import resolve_model
+    from sieverag.training.filter_report import write_report
 
     metadata = adapter_metadata(config)
     base_model = config.base_model or metadata.get("base_model") or DEFAULT_MODEL
@@ -420,7 +420,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
 def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
                     ) -> tuple[Any, dict[str, Any]]:
     """The filter's backend and what identifies its answers (for the cache)."""
-    from inference.llm.registry import BackendSpec, build_backend
+    from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     if config.filter_endpoint:
         spec = BackendSpec(kind="openai", model=config.filter_model or "",
@@ -428,7 +428,7 @@ def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
                            chat_template_model=base_path)
         return build_backend(spec), {"endpoint": config.filter_endpoint,
                                      "model": config.filter_model}
-    from inference.filters.adapters import adapter_content_hash
+    from sieverag.inference.filters.adapters import adapter_content_hash
 
     spec = BackendSpec(kind="hf", model=base_path, dtype=config.dtype, device=config.device,
                        batch_size=config.batch_size, adapter=config.adapter)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from inference.filters.filter_format import (
+from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
     FilterAnswerError,
     chunk_prompt,
@@ -34,9 +34,9 @@ from inference.filters.filter_format import (
     relevance_log_odds,
     sentence_prompt,
 )
-from inference.filters.judge import judge_bar
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.types import Document, Example
+from sieverag.inference.filters.judge import judge_bar
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.types import Document, Example
 
 SENTENCE_SETTINGS = GenerationSettings(max_new_tokens=32, stop=("\n",))
 _PROMPTS_PER_STEP = 64  # prompts per backend call: a progress tick without losing batching
@@ -119,7 +119,7 @@ def adaptive_decisions(method: str, examples: Sequence[Example], scores: dict[st
 def prior_fused_scores(examples: Sequence[Example], probabilities: dict[str, float],
                        prior: dict[str, float], weight: float) -> dict[str, float]:
     """Per question, MCF's fused score z(log-odds) + weight·z(prior) (`mcf.with_prior`)."""
-    from inference.filters.mcf import with_prior
+    from sieverag.inference.filters.mcf import with_prior
 
     fused = {}
     for example in examples:
@@ -143,7 +143,7 @@ def keep_all(examples: Sequence[Example]) -> ChunkDecisions:
 
 def bm25_scores(examples: Sequence[Example]) -> dict[str, float]:
     """Passage id → BM25 score of the passage for its question, among that question's passages."""
-    from inference.retrieval.bm25 import question_scores
+    from sieverag.inference.retrieval.bm25 import question_scores
 
     scores = {}
     for example in examples:
@@ -156,7 +156,7 @@ def bm25_scores(examples: Sequence[Example]) -> dict[str, float]:
 def dense_scores(examples: Sequence[Example], embedding_model: str,
                  device: str = "auto") -> dict[str, float]:
     """Passage id → cosine of question and passage embeddings (unit vectors, dot product)."""
-    from inference.retrieval.dense import DenseConfig, make_encoder
+    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
     encode = make_encoder(DenseConfig(model=embedding_model, device=device))
     questions = encode([e.question for e in examples])
@@ -171,7 +171,7 @@ def dense_scores(examples: Sequence[Example], embedding_model: str,
 def judge_decisions(backend: LLMBackend, examples: Sequence[Example], bar_n: float, *,
                     progress: bool = True) -> ChunkDecisions:
     """The MAIN-RAG judge's keep decisions and scores r, question by question."""
-    from inference.filters.judge import JudgeConfig, MainRagJudge
+    from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 
     judge = MainRagJudge(backend, JudgeConfig(bar_n=bar_n))
     kept, scores = {}, {}

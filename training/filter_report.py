@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from inference.io_utils import write_atomic
-from inference.types import Example
-from training.filter_methods import ChunkDecisions
+from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.types import Example
+from sieverag.training.filter_methods import ChunkDecisions
 
 CHUNK_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"), ("auroc", "AUROC"),
                  ("average_precision", "AP"), ("kept_per_question", "kept/q"))

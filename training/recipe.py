@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 import yaml
 from trl import SFTConfig, TrlParser
 
-from inference.errors import ConfigError
-from training.sft_config import FilterModelConfig, FilterScriptArguments
+from sieverag.inference.errors import ConfigError
+from sieverag.training.sft_config import FilterModelConfig, FilterScriptArguments
 
 CONFIG_FLAG = "--config"
 # HfArgumentParser's message for command-line flags no dataclass field takes.
@@ -54,7 +54,7 @@ class _RecipeParser(TrlParser):
 
     def __init__(self, source: str) -> None:
         super().__init__((FilterScriptArguments, SFTConfig, FilterModelConfig),
-                         prog="training.sft")
+                         prog="sieverag.training.sft")
         self.source = source
 
     def error(self, message: str) -> NoReturn:

@@ -1,6 +1,6 @@
 """LoRA multi-task SFT of the filter with TRL's `SFTTrainer`, under accelerate / DeepSpeed.
 
-    accelerate launch --config_file accelerate_configs/cpu.yaml -m training.sft \\
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m sieverag.training.sft \\
         --config training/recipes/smollm2_filter_cpu.yaml [--field value ...]
 
 The recipe (see `training.recipe`) sets the script arguments, TRL's `SFTConfig` and the
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference.errors import ConfigError, DatasetError, SieveragError
-from training.recipe import Recipe, parse_recipe
+from sieverag.inference.errors import ConfigError, DatasetError, SieveragError
+from sieverag.training.recipe import Recipe, parse_recipe
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -69,8 +69,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     from transformers import AutoTokenizer
     from trl import SFTTrainer, get_peft_config
 
-    from inference.llm.models import resolve_model
-    from training import data
+    from sieverag.inference.llm.models import resolve_model
+    from sieverag.training import data
 
     script, args, model_args = recipe.script, recipe.training, recipe.model
     base_dir = resolve_model(model_args.model_name_or_path)
@@ -118,9 +118,9 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     if not trainer.accelerator.is_main_process:
         return output_dir
 
-    from inference.filters.adapters import filter_template_hashes, weights_sha256
-    from inference.llm.models import EMBEDDED_MODELS
-    from training.adapter import adapter_name, verify_adapter, write_adapter_metadata
+    from sieverag.inference.filters.adapters import filter_template_hashes, weights_sha256
+    from sieverag.inference.llm.models import EMBEDDED_MODELS
+    from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
     check = verify_adapter(output_dir, base_dir, require_trained=trainer.state.global_step > 0)
     name = script.adapter_name or adapter_name(model_args.model_name_or_path, output_dir)
@@ -189,11 +189,11 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> int:
-    """Entry point of `python -m training.sft` / `accelerate launch -m training.sft`."""
+    """Entry point of `python -m sieverag.training.sft` / `accelerate launch -m sieverag.training.sft`."""
     try:
         train(parse_recipe(sys.argv[1:] if argv is None else argv), callbacks)
     except SieveragError as err:
-        print(f"training.sft: error: {err}", file=sys.stderr)
+        print(f"sieverag.training.sft: error: {err}", file=sys.stderr)
         return 2
     return 0
 

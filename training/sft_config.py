@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig
 
-from inference.errors import ConfigError
-from inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 # Llama-family names of every attention (q, k, v, o) and MLP (gate, up, down) projection.
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -36,8 +36,8 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
-from inference.errors import DatasetError
-from inference.types import Document, Example
+from sieverag.inference.errors import DatasetError
+from sieverag.inference.types import Document, Example
 
 Record = dict[str, Any]
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from inference.eval.metrics import (
+from sieverag.inference.eval.metrics import (
     answer_accuracy,
     choice_accuracy,
     exact_match,
     filter_scores,
     token_f1,
 )
-from inference.eval.trust import Embed, answer_quality, judge_answer, trust_report
-from inference.llm.base import LLMBackend, Usage
-from inference.pipelines.base import PipelineOutput
-from inference.types import Example
+from sieverag.inference.eval.trust import Embed, answer_quality, judge_answer, trust_report
+from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.pipelines.base import PipelineOutput
+from sieverag.inference.types import Example
 
 
 def answer_metrics(example: Example, answer: str) -> dict[str, float]:

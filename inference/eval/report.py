@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from inference.io_utils import write_atomic
+from sieverag.inference.io_utils import write_atomic
 
 TABLE_COLUMNS = (
     ("em", "EM"),

@@ -18,23 +18,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from inference.config import RetrievalConfig, RunConfig, load_run_config
-from inference.errors import ConfigError, DatasetError
-from inference.eval.datasets import load_examples
-from inference.eval.records import build_record, trust_metrics
-from inference.eval.report import write_report
-from inference.eval.summary import summarize
-from inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
-from inference.filters.registry import NEEDS_TRAINED_FILTER
-from inference.io_utils import JsonlLog, write_atomic
-from inference.llm.base import GenerationSettings, LLMBackend, Usage
-from inference.llm.registry import BackendSpec, build_backend
-from inference.pipelines import PipelineContext, build_pipeline
-from inference.pipelines.amber import amber_filter
-from inference.pipelines.base import DocumentSource, QuerySearch
-from inference.prompt_templates import PROMPTS_DIR, load_template
-from inference.router import Router
-from inference.types import Document, Example
+from sieverag.inference.config import RetrievalConfig, RunConfig, load_run_config
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.datasets import load_examples
+from sieverag.inference.eval.records import build_record, trust_metrics
+from sieverag.inference.eval.report import write_report
+from sieverag.inference.eval.summary import summarize
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
+from sieverag.inference.io_utils import JsonlLog, write_atomic
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend, Usage
+from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines.amber import amber_filter
+from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
+from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
+from sieverag.inference.router import Router
+from sieverag.inference.types import Document, Example
 
 
 def dataset_fingerprint(path: str | Path) -> str:
@@ -195,7 +195,7 @@ def build_context(config: RunConfig) -> tuple[PipelineContext, list[LLMBackend]]
     documents = _capped_documents(config.max_documents)
     search = None
     if config.retrieval is not None:
-        from inference.retrieval.index import Index
+        from sieverag.inference.retrieval.index import Index
 
         index = Index.load(config.retrieval.index)
         documents = _retrieved_documents(index, config.retrieval)
@@ -238,7 +238,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     context, backends = build_context(config)
     embed = None
     if config.trust.enabled:
-        from inference.retrieval.dense import DenseConfig, make_encoder
+        from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
     llm_judge = context.generator if config.trust.llm_judge else None

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from inference.errors import ConfigError
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.prompt_templates import load_template
-from inference.retrieval.sentences import split_sentences
-from inference.types import Document
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.types import Document
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 Evidence = Document | str

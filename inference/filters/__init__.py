@@ -4,11 +4,11 @@ Amber's multi-granular filter on the trained filter (chunks, then key sentences)
 runs both. `build_filter(name, FilterSetup(...))` makes one by name. `adapters` finds the
 trained filter (a folder, a name in the user's cache, or the one shipped in `shipped/`)."""
 
-from inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
-from inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
-from inference.filters.mcf import MCFConfig, MultiGranularFilter
-from inference.filters.registry import FILTER_NAMES, FilterName, FilterSetup, build_filter
-from inference.filters.stack import StackConfig, StackedFilter
+from sieverag.inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
+from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.filters.registry import FILTER_NAMES, FilterName, FilterSetup, build_filter
+from sieverag.inference.filters.stack import StackConfig, StackedFilter
 
 __all__ = ["FILTER_NAMES", "DocumentFilter", "FilterName", "FilterResult", "FilterSetup",
            "JudgeConfig", "KeepAll", "MCFConfig", "MainRagJudge", "MultiGranularFilter",

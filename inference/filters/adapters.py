@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from inference.errors import SieveragError
-from inference.io_utils import atomic_directory
-from inference.llm.models import adapters_dir
+from sieverag.inference.errors import SieveragError
+from sieverag.inference.io_utils import atomic_directory
+from sieverag.inference.llm.models import adapters_dir
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -214,8 +214,8 @@ def _weights_sha256(stamp: tuple[tuple[str, int, int], ...]) -> str:
 
 def filter_template_hashes() -> dict[str, str]:
     """sha256 of each filter prompt template file in use, by template name."""
-    from inference.filters.filter_format import CHUNK_TEMPLATE, SENTENCE_TEMPLATE
-    from inference.prompt_templates import load_template
+    from sieverag.inference.filters.filter_format import CHUNK_TEMPLATE, SENTENCE_TEMPLATE
+    from sieverag.inference.prompt_templates import load_template
 
     return {name: load_template(name).sha256 for name in (CHUNK_TEMPLATE, SENTENCE_TEMPLATE)}
 
@@ -292,7 +292,7 @@ def resolve_filter(name_or_path: str, base_model: str) -> Path:
     """The folder of the filter adapter `name_or_path` (see `find_adapter`), checked to be a
     whole adapter whose card fits `base_model` (an embedded name or a local folder) and the
     filter prompts in use. Every command that loads a filter onto a model calls this."""
-    from inference.llm.models import resolve_model
+    from sieverag.inference.llm.models import resolve_model
 
     found = find_adapter(name_or_path)
     check_adapter_files(found.path)

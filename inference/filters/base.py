@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.types import Document
+from sieverag.inference.types import Document
 
 
 @dataclass(frozen=True)

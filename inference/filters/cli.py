@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
 
 
 def _held_out_f1(card: dict | None) -> str:
@@ -15,7 +15,7 @@ def _held_out_f1(card: dict | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from inference.filters.adapters import adapters_dir, available_adapters
+    from sieverag.inference.filters.adapters import adapters_dir, available_adapters
 
     found = available_adapters()
     if not found:
@@ -33,7 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from inference.filters.adapters import install_adapter
+    from sieverag.inference.filters.adapters import install_adapter
 
     target = install_adapter(args.path, args.name)
     print(f"installed {args.path} as {target.name!r}: {target}")
@@ -41,7 +41,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_package(args: argparse.Namespace) -> int:
-    from inference.filters.packaging import package_filter
+    from sieverag.inference.filters.packaging import package_filter
 
     packaged = package_filter(args.run_dir, args.out, name=args.name, eval_dir=args.eval_filter,
                               check_passages=args.check_passages)

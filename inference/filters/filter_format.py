@@ -28,8 +28,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from inference.prompt_templates import load_template
-from inference.types import Conversation
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.types import Conversation
 
 CHUNK_TEMPLATE = "filter_chunk"
 SENTENCE_TEMPLATE = "filter_sentence"

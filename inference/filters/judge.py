@@ -19,11 +19,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inference.errors import ConfigError
-from inference.filters.base import FilterResult, ScoredDocument
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.prompt_templates import load_template
-from inference.types import Conversation, Document
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
 

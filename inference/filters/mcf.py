@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from inference.errors import ConfigError
-from inference.filters.base import FilterResult, ScoredDocument, z_scores
-from inference.filters.filter_format import (
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
+from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
     FilterAnswerError,
     chunk_prompt,
@@ -40,10 +40,10 @@ from inference.filters.filter_format import (
     relevance_log_odds,
     sentence_prompt,
 )
-from inference.filters.judge import judge_bar
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.retrieval.sentences import split_sentences
-from inference.types import Document
+from sieverag.inference.filters.judge import judge_bar
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.types import Document
 
 ChunkBar = Literal["fixed", "adaptive", "top_k"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
@@ -153,7 +153,7 @@ class MultiGranularFilter:
         values = [s["score"] for s in scores]
         details = [{"p_yes": round(s["p_yes"], 4)} for s in scores]
         if self.config.prior_weight > 0:
-            from inference.retrieval.bm25 import question_scores
+            from sieverag.inference.retrieval.bm25 import question_scores
 
             lexical = question_scores(question, [d.as_context() for d in documents])
             for detail, score, bm25 in zip(details, values, lexical, strict=True):

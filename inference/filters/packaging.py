@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.filters.adapters import (
+from sieverag.inference.filters.adapters import (
     BASE_SHA_KEY,
     CARD_FILE,
     CONFIG_FILE,
@@ -42,7 +42,7 @@ from inference.filters.adapters import (
     read_card,
     weights_sha256,
 )
-from inference.io_utils import atomic_directory, write_json_atomic
+from sieverag.inference.io_utils import atomic_directory, write_json_atomic
 
 CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card.
@@ -69,14 +69,14 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
     import torch
     from safetensors.torch import load_file, save_file
 
-    from inference.llm.models import EMBEDDED_MODELS, resolve_model
+    from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
 
     run_dir, out = Path(run_dir), Path(out)
     check_adapter_files(run_dir)
     metadata = read_card(run_dir)
     if metadata is None or "base_model" not in metadata:
         raise AdapterError(f"{run_dir} has no {CARD_FILE} naming its base model: give the "
-                           "output folder of a training run (`-m training.sft`)")
+                           "output folder of a training run (`-m sieverag.training.sft`)")
     base_model = metadata["base_model"]
     base_dir = resolve_model(base_model)
     base_sha = weights_sha256(base_dir)
@@ -187,8 +187,8 @@ def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[s
 def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
                          prompts: Sequence[list[dict[str, str]]]) -> float:
     """The largest |P(Yes)| difference between two adapters of one base over `prompts`."""
-    from inference.filters.filter_format import CHUNK_LABELS, p_relevant, relevance_log_odds
-    from inference.llm.hf import HFBackend, HFBackendConfig
+    from sieverag.inference.filters.filter_format import CHUNK_LABELS, p_relevant, relevance_log_odds
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     def p_yes(adapter: Path) -> list[float]:
         backend = HFBackend(HFBackendConfig(model=base_dir, dtype="float32", device="cpu",

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from inference.errors import ConfigError
-from inference.filters.base import DocumentFilter, KeepAll
-from inference.filters.judge import JudgeConfig, MainRagJudge
-from inference.filters.mcf import MCFConfig, MultiGranularFilter
-from inference.filters.stack import StackConfig, StackedFilter
-from inference.llm.base import LLMBackend
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.base import DocumentFilter, KeepAll
+from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.filters.stack import StackConfig, StackedFilter
+from sieverag.inference.llm.base import LLMBackend
 
 FilterName = Literal["mcf", "judge", "stack", "none"]
 FILTER_NAMES: tuple[str, ...] = get_args(FilterName)

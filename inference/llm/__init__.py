@@ -2,8 +2,8 @@
 continuation_logprob): `hf` in-process transformers and `openai` for any OpenAI-compatible
 server. `build_backend(BackendSpec)` makes one; `resolve_model` finds embedded models."""
 
-from inference.llm.base import GenerationSettings, LLMBackend, Usage, UsageMeter
-from inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend, Usage, UsageMeter
+from sieverag.inference.llm.registry import BackendSpec, build_backend
 
 __all__ = ["BackendSpec", "GenerationSettings", "LLMBackend", "Usage", "UsageMeter",
            "build_backend"]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from inference.types import Conversation
+from sieverag.inference.types import Conversation
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from inference.errors import ConfigError
-from inference.llm.base import GenerationSettings, UsageMeter
-from inference.llm.models import DEFAULT_MODEL, resolve_model
-from inference.llm.prompt_cache import PromptCache
-from inference.types import Conversation
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
+from sieverag.inference.llm.prompt_cache import PromptCache
+from sieverag.inference.types import Conversation
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]

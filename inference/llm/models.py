@@ -15,7 +15,7 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
-from inference.errors import ModelNotFoundError
+from sieverag.inference.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -42,9 +42,9 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from inference.errors import BackendUnavailableError, ConfigError, SieveragError
-from inference.llm.base import GenerationSettings, UsageMeter
-from inference.types import Conversation
+from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.types import Conversation
 
 T = TypeVar("T")
 _DEFAULT_SETTINGS = GenerationSettings()

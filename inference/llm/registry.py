@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from inference.errors import ConfigError
-from inference.llm.base import LLMBackend
-from inference.llm.hf import Device, DType, HFBackend, HFBackendConfig
-from inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.hf import Device, DType, HFBackend, HFBackendConfig
+from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 
 BackendKind = Literal["hf", "openai"]
 
@@ -51,7 +51,7 @@ def _build_hf(spec: BackendSpec) -> LLMBackend:
 
 
 def _build_openai(spec: BackendSpec) -> LLMBackend:
-    from inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+    from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 
     template_model = spec.chat_template_model
     if template_model in EMBEDDED_MODELS:  # an embedded name means its converted folder

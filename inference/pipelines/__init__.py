@@ -4,8 +4,8 @@ variants, `auto`), built from a shared PipelineContext.
 Importing this package registers every pipeline; `build_pipeline(name, context)` makes one.
 """
 
-from inference.pipelines import amber, auto, main_rag, simple  # noqa: F401  (registration on import)
-from inference.pipelines.base import (
+from sieverag.inference.pipelines import amber, auto, main_rag, simple  # noqa: F401  (registration on import)
+from sieverag.inference.pipelines.base import (
     PIPELINES,
     Pipeline,
     PipelineContext,

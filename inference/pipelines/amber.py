@@ -36,22 +36,22 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inference.answers import extract_answer
-from inference.collector import InformationCollector
-from inference.filters.base import FilterResult, ScoredDocument
-from inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
-from inference.memory import MemoryUpdater, shown_memory
-from inference.pipelines.amber_config import AmberConfig
-from inference.pipelines.base import (
+from sieverag.inference.answers import extract_answer
+from sieverag.inference.collector import InformationCollector
+from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
+from sieverag.inference.memory import MemoryUpdater, shown_memory
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
     format_documents,
     question_text,
     register_pipeline,
 )
-from inference.prompt_templates import load_template
-from inference.retrieval.bm25 import BM25Index
-from inference.types import Document, Example
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.retrieval.bm25 import BM25Index
+from sieverag.inference.types import Document, Example
 
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,

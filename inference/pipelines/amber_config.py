@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from inference.collector import CollectorConfig
-from inference.errors import ConfigError
-from inference.filters.registry import FILTER_NAMES, FilterName
-from inference.filters.stack import StackConfig
-from inference.memory import MemoryConfig
+from sieverag.inference.collector import CollectorConfig
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.registry import FILTER_NAMES, FilterName
+from sieverag.inference.filters.stack import StackConfig
+from sieverag.inference.memory import MemoryConfig
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
 

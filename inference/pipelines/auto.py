@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inference.errors import ConfigError
-from inference.pipelines.base import (
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
     build_pipeline,
     register_pipeline,
 )
-from inference.pipelines.simple import DirectPipeline
-from inference.router import Router
-from inference.types import Example
+from sieverag.inference.pipelines.simple import DirectPipeline
+from sieverag.inference.router import Router
+from sieverag.inference.types import Example
 
 
 @register_pipeline("auto")

@@ -6,16 +6,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.answers import AnswerExtraction, extract_answer
-from inference.errors import ConfigError
-from inference.filters.base import FilterResult
-from inference.filters.judge import JudgeConfig
-from inference.filters.mcf import MCFConfig
-from inference.llm.base import GenerationSettings, LLMBackend
-from inference.pipelines.amber_config import AmberConfig
-from inference.prompt_templates import load_template
-from inference.router import Router
-from inference.types import Document, Example
+from sieverag.inference.answers import AnswerExtraction, extract_answer
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.router import Router
+from sieverag.inference.types import Document, Example
 
 
 @dataclass(frozen=True)

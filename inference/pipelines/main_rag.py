@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inference.filters.judge import MainRagJudge
-from inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
-from inference.types import Example
+from sieverag.inference.filters.judge import MainRagJudge
+from sieverag.inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
+from sieverag.inference.types import Example
 
 
 @register_pipeline("main-rag")

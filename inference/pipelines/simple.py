@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
-from inference.types import Example
+from sieverag.inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
+from sieverag.inference.types import Example
 
 
 @register_pipeline("direct")

@@ -19,8 +19,8 @@ import numpy as np
 import Stemmer
 from bm25s.tokenization import Tokenizer
 
-from inference.errors import ConfigError
-from inference.io_utils import atomic_directory
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.io_utils import atomic_directory
 
 BM25Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopWords = Literal["en", "none"]

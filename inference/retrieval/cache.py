@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inference.retrieval.retrieved import Ranking
+from sieverag.inference.retrieval.retrieved import Ranking
 
 
 def cache_key(*parts: Any) -> str:

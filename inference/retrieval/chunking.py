@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from inference.errors import ConfigError
-from inference.retrieval.sentences import split_sentences
-from inference.types import Document
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.types import Document
 
 ChunkStrategy = Literal["tokens", "sentences", "none"]
 CHUNK_STRATEGIES: tuple[str, ...] = get_args(ChunkStrategy)

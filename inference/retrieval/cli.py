@@ -15,19 +15,19 @@ from pathlib import Path
 
 import platformdirs
 
-from inference.errors import ConfigError, DatasetError
-from inference.io_utils import write_json_atomic
-from inference.retrieval.bm25 import BM25Config
-from inference.retrieval.cache import cache_key
-from inference.retrieval.chunking import CHUNK_STRATEGIES, ChunkingConfig
-from inference.retrieval.config import IndexConfig, SearchConfig
-from inference.retrieval.corpus import CORPUS_FORMATS, load_squad
-from inference.retrieval.dense import DenseConfig
-from inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset
-from inference.retrieval.hygiene import HYGIENE_PRESETS, apply_hygiene
-from inference.retrieval.index import SEARCH_MODES, Index, build_index, ensure_index
-from inference.retrieval.rerank import CrossEncoderReranker
-from inference.types import Example
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.io_utils import write_json_atomic
+from sieverag.inference.retrieval.bm25 import BM25Config
+from sieverag.inference.retrieval.cache import cache_key
+from sieverag.inference.retrieval.chunking import CHUNK_STRATEGIES, ChunkingConfig
+from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
+from sieverag.inference.retrieval.corpus import CORPUS_FORMATS, load_squad
+from sieverag.inference.retrieval.dense import DenseConfig
+from sieverag.inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset
+from sieverag.inference.retrieval.hygiene import HYGIENE_PRESETS, apply_hygiene
+from sieverag.inference.retrieval.index import SEARCH_MODES, Index, build_index, ensure_index
+from sieverag.inference.retrieval.rerank import CrossEncoderReranker
+from sieverag.inference.types import Example
 
 DATA_DIR_ENV = "SIEVERAG_DATA_DIR"
 # Benchmarks with a gold source per question: name → (default file name, loader).

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, get_args
 
-from inference.errors import ConfigError
-from inference.retrieval.bm25 import BM25Config
-from inference.retrieval.chunking import ChunkingConfig
-from inference.retrieval.corpus import CorpusFormat
-from inference.retrieval.dense import DenseConfig
-from inference.retrieval.hybrid import RRF_K
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.retrieval.bm25 import BM25Config
+from sieverag.inference.retrieval.chunking import ChunkingConfig
+from sieverag.inference.retrieval.corpus import CorpusFormat
+from sieverag.inference.retrieval.dense import DenseConfig
+from sieverag.inference.retrieval.hybrid import RRF_K
 
 
 def _from_dict(cls: type, payload: Any, where: str) -> Any:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from inference.errors import DatasetError
-from inference.eval.datasets import iter_jsonl, load_squad_corpus
-from inference.types import Document, Example
+from sieverag.inference.errors import DatasetError
+from sieverag.inference.eval.datasets import iter_jsonl, load_squad_corpus
+from sieverag.inference.types import Document, Example
 
 CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
 CORPUS_FORMATS: tuple[str, ...] = get_args(CorpusFormat)

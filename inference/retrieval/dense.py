@@ -31,8 +31,8 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from inference.errors import ConfigError, ModelNotFoundError
-from inference.io_utils import atomic_file, atomic_path, write_json_atomic
+from sieverag.inference.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.io_utils import atomic_file, atomic_path, write_json_atomic
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

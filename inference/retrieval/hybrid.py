@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference.retrieval.retrieved import Ranking
+from sieverag.inference.retrieval.retrieved import Ranking
 
 RRF_K = 60
 

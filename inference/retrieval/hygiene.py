@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar, get_args
 
-from inference.errors import ConfigError
-from inference.retrieval.sentences import split_sentences
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.retrieval.sentences import split_sentences
 
 HygienePreset = Literal["off", "loose", "strict"]
 HYGIENE_PRESETS: tuple[str, ...] = get_args(HygienePreset)

@@ -23,18 +23,18 @@ from typing import Literal, get_args
 
 from tqdm.auto import tqdm
 
-from inference.errors import ConfigError, DatasetError
-from inference.io_utils import atomic_file
-from inference.retrieval import bm25 as bm25_files
-from inference.retrieval import dense as dense_files
-from inference.retrieval.bm25 import BM25Index
-from inference.retrieval.cache import RetrievalCache, cache_key
-from inference.retrieval.chunking import Chunk, chunk_corpus
-from inference.retrieval.config import IndexConfig, SearchConfig
-from inference.retrieval.corpus import detect_corpus_format, load_corpus
-from inference.retrieval.dense import DenseIndex, Encoder, ShardCallback
-from inference.retrieval.hybrid import reciprocal_rank_fusion, weighted_fusion
-from inference.retrieval.manifest import (
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.io_utils import atomic_file
+from sieverag.inference.retrieval import bm25 as bm25_files
+from sieverag.inference.retrieval import dense as dense_files
+from sieverag.inference.retrieval.bm25 import BM25Index
+from sieverag.inference.retrieval.cache import RetrievalCache, cache_key
+from sieverag.inference.retrieval.chunking import Chunk, chunk_corpus
+from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
+from sieverag.inference.retrieval.corpus import detect_corpus_format, load_corpus
+from sieverag.inference.retrieval.dense import DenseIndex, Encoder, ShardCallback
+from sieverag.inference.retrieval.hybrid import reciprocal_rank_fusion, weighted_fusion
+from sieverag.inference.retrieval.manifest import (
     MANIFEST_FILE,
     IndexFormatError,
     Manifest,
@@ -42,8 +42,8 @@ from inference.retrieval.manifest import (
     read_manifest,
     write_manifest,
 )
-from inference.retrieval.rerank import Reranker
-from inference.retrieval.retrieved import Ranking, RetrievedDocument
+from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.retrieved import Ranking, RetrievedDocument
 
 SearchMode = Literal["bm25", "dense", "hybrid", "rrf"]
 SEARCH_MODES: tuple[str, ...] = get_args(SearchMode)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference import __version__
-from inference.errors import ConfigError, DatasetError
-from inference.io_utils import write_json_atomic
-from inference.retrieval.config import IndexConfig
+from sieverag.inference import __version__
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.io_utils import write_json_atomic
+from sieverag.inference.retrieval.config import IndexConfig
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"

@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from inference.errors import ModelNotFoundError
-from inference.retrieval.retrieved import RetrievedDocument
+from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 
 class Reranker(Protocol):

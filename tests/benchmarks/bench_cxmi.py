@@ -35,13 +35,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from data_gen.cxmi import SharedPrefixCXMI, naive_cxmi  # noqa: E402
-from data_gen.labelling import chunk_sentences  # noqa: E402
-from data_gen.strinc import strinc  # noqa: E402
-from inference.eval.datasets import load_examples  # noqa: E402
-from inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from inference.types import Example  # noqa: E402
+from sieverag.data_gen.cxmi import SharedPrefixCXMI, naive_cxmi  # noqa: E402
+from sieverag.data_gen.labelling import chunk_sentences  # noqa: E402
+from sieverag.data_gen.strinc import strinc  # noqa: E402
+from sieverag.inference.eval.datasets import load_examples  # noqa: E402
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
+from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.types import Example  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa_distractor.jsonl"
 THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)

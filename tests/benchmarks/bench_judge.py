@@ -27,12 +27,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from inference.demo_data import write_demo_dataset  # noqa: E402
-from inference.eval.datasets import load_examples  # noqa: E402
-from inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
-from inference.llm.base import GenerationSettings  # noqa: E402
-from inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
+from sieverag.inference.demo_data import write_demo_dataset  # noqa: E402
+from sieverag.inference.eval.datasets import load_examples  # noqa: E402
+from sieverag.inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
+from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
+from sieverag.inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa_distractor.jsonl"

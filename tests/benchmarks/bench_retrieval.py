@@ -43,13 +43,13 @@ import platformdirs
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
-from inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
-from inference.retrieval.cli import default_data_dir, default_eval_index_dir  # noqa: E402
-from inference.retrieval.config import IndexConfig  # noqa: E402
-from inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
-from inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset  # noqa: E402
-from inference.retrieval.index import ensure_index  # noqa: E402
+from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
+from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
+from sieverag.inference.retrieval.cli import default_data_dir, default_eval_index_dir  # noqa: E402
+from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
+from sieverag.inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
+from sieverag.inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset  # noqa: E402
+from sieverag.inference.retrieval.index import ensure_index  # noqa: E402
 
 MIN_BM25_CHUNKS = 50_000
 QUICK_ARTICLES = 2
@@ -165,7 +165,7 @@ def _peak_rss_mb() -> float:
 
 
 def _dense_child(texts: list[str], shard_size: int, queue: multiprocessing.Queue) -> None:
-    from inference.retrieval.dense import DenseConfig, DenseIndex, make_encoder
+    from sieverag.inference.retrieval.dense import DenseConfig, DenseIndex, make_encoder
 
     config = DenseConfig(shard_size=shard_size)
     encoder = make_encoder(config)

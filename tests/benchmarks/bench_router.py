@@ -43,18 +43,18 @@ import platformdirs
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from inference.config import RetrievalConfig, RunConfig, TrustConfig  # noqa: E402
-from inference.eval.datasets import load_examples  # noqa: E402
-from inference.eval.runner import run_evaluation  # noqa: E402
-from inference.io_utils import write_atomic  # noqa: E402
-from inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from inference.llm.registry import BackendSpec  # noqa: E402
-from inference.retrieval.cli import default_data_dir  # noqa: E402
-from inference.retrieval.config import IndexConfig  # noqa: E402
-from inference.retrieval.corpus import load_corpus  # noqa: E402
-from inference.retrieval.evaluation import spread_subset  # noqa: E402
-from inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
-from inference.types import Document, Example  # noqa: E402
+from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.eval.datasets import load_examples  # noqa: E402
+from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
+from sieverag.inference.io_utils import write_atomic  # noqa: E402
+from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
+from sieverag.inference.retrieval.cli import default_data_dir  # noqa: E402
+from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
+from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
+from sieverag.inference.retrieval.evaluation import spread_subset  # noqa: E402
+from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
+from sieverag.inference.types import Document, Example  # noqa: E402
 
 NUTRITION_QUESTIONS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_questions.jsonl"
 SOURCES = ("hotpotqa", "popqa", "nutrition")

@@ -39,12 +39,12 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
 
 SERVER = """
 import logging, sys
-from serving.config import LocalServerConfig
-from serving.local_server import LocalServer
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.local_server import LocalServer
 logging.basicConfig(level=logging.INFO)
 LocalServer(LocalServerConfig(model=sys.argv[1], port=int(sys.argv[2]), access_log=False,
                               log_level="warning")).run()
