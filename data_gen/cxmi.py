@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
 from sieverag.inference.types import Conversation
@@ -157,11 +158,10 @@ class SharedPrefixCXMI:
         sequences, reply_lengths = self._encode(prompts, replies)
         shortest_prompt = min(len(s) - n for s, n in zip(sequences, reply_lengths, strict=True))
         prefix_length = min(shared_prefix_length(sequences), shortest_prompt - 1)
-        model, device = self.backend.model, self.backend.device
         prefix_cache = None
         if prefix_length > 0:
-            prefix = torch.tensor([sequences[0][:prefix_length]], device=device)
-            prefix_cache = model(input_ids=prefix, use_cache=True).cache
+            prefix_cache = kv.prefill(self.backend.model, sequences[0][:prefix_length],
+                                      self.backend.device)
         suffixes = [s[prefix_length:] for s in sequences]
         scores = [0.0] * len(sequences)
         for batch in self._batches(suffixes):
@@ -190,20 +190,15 @@ class SharedPrefixCXMI:
         return batches
 
     def _score_batch(self, suffixes: list[list[int]], reply_lengths: list[int],
-                     prefix_cache: DynamicCache | None, prefix_length: int) -> list[float]:
+                     prefix_cache: Cache | None, prefix_length: int) -> list[float]:
         backend = self.backend
         rows = len(suffixes)
-        # Positions continue from the prefix and skip the padding between prefix and suffix.
-        inputs = backend._left_pad(suffixes, offset=prefix_length)
-        inputs["attention_mask"] = torch.cat(
-            [torch.ones((rows, prefix_length), dtype=torch.long, device=backend.device),
-             inputs["attention_mask"]], dim=1)
-        if prefix_cache is not None:
-            # A fresh cache per batch: the forward pass appends to the one it is given.
-            inputs["cache"] = DynamicCache(
-                [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
-                 for keys, values, *_ in prefix_cache],
-                config=backend.model.config)
+        # Positions continue from the prefix and skip the padding between prefix and suffix;
+        # each batch gets its own copy of the prefix cache (a forward pass appends to it).
+        inputs = kv.continue_inputs(
+            suffixes, backend.tokenizer.pad_token_id,
+            None if prefix_cache is None else kv.expand_cache(prefix_cache, rows),
+            torch.ones((rows, prefix_length), dtype=torch.long, device=backend.device))
         longest_reply = max(reply_lengths)
         logits = backend.model(**inputs, use_cache=prefix_cache is not None,
                                logits_to_keep=longest_reply + 1).logits

@@ -23,7 +23,8 @@ from typing import Literal
 
 import torch
 
-from sieverag.serving.decode_batch import RunningBatch, new_cache
+from sieverag.inference.llm import kv
+from sieverag.serving.decode_batch import RunningBatch
 from sieverag.serving.sampling import Sampling, choose_tokens
 from sieverag.serving.served_model import ServedModel
 
@@ -138,7 +139,7 @@ class BatchingEngine:
                              device=self.served.device)
         with torch.inference_mode():
             for name in self.served.names:
-                cache = new_cache(self.served.model.config, self.served.name)
+                cache = kv.growing_cache(self.served.model.config, self.served.name)
                 with self.served.activated(name):
                     self.served.model(input_ids=probe, cache=cache, use_cache=True,
                                       logits_to_keep=1)
@@ -256,22 +257,15 @@ class BatchingEngine:
     def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows."""
         self.stats.prefill_batch_sizes[len(chunk)] += 1
-        device = self.served.device
         prompts = [s.request.prompt_ids for s in chunk]
         width = max(map(len, prompts))
-        ids = torch.full((len(chunk), width), self.served.tokenizer.pad_token_id or 0,
-                         dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        inputs = kv.left_pad(prompts, self.served.tokenizer.pad_token_id or 0,
+                             device=self.served.device)
         with_prompt_logprobs = any(s.request.prompt_logprobs for s in chunk)
-        cache = new_cache(self.served.model.config, self.served.name)
+        cache = kv.growing_cache(self.served.model.config, self.served.name)
         with self.served.activated(name):
             logits = self.served.model(
-                input_ids=ids.to(device), attention_mask=mask.to(device),
-                position_ids=positions.to(device), cache=cache, use_cache=True,
+                **inputs, cache=cache, use_cache=True,
                 logits_to_keep=0 if with_prompt_logprobs else 1,
             ).logits
         for row, sequence in enumerate(chunk):
@@ -282,7 +276,7 @@ class BatchingEngine:
                     sequence.request.top_logprobs)
         live = self._advance(chunk, logits[:, -1, :], first=True)
         if live:
-            batch = RunningBatch(chunk, cache, mask.to(device))
+            batch = RunningBatch(chunk, cache, inputs["attention_mask"])
             batch.keep(live)
             if name in self._running:
                 self._running[name].extend(batch)

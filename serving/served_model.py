@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.hf import Device, DType, load_causal_lm
+from sieverag.inference.llm.kv import eos_token_ids
 from sieverag.serving.adapters import Adapter
 from sieverag.serving.errors import AdapterError
 
@@ -56,7 +57,8 @@ def load_served_model(
     if not isinstance(max_model_len, int):
         raise ConfigError(f"model {model!r} config has no max_position_embeddings; cannot tell "
                           "its context length")
-    served = ServedModel(model, base, tokenizer, {}, max_model_len, _eos_token_ids(base, tokenizer))
+    served = ServedModel(model, base, tokenizer, {}, max_model_len,
+                         frozenset(eos_token_ids(base, tokenizer)))
     if adapters:
         served.model = _with_adapters(base, adapters)
         served.adapters = {a.name: f"adapter_{i}" for i, a in enumerate(adapters)}
@@ -86,9 +88,3 @@ def _loading(adapter: Adapter) -> Iterator[None]:
         raise AdapterError(f"cannot load adapter {adapter.name!r} from {adapter.path} onto the "
                            f"base model: {exc}; was it trained on this base model?") from exc
 
-
-def _eos_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    ids = {tokenizer.eos_token_id}
-    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
-    return frozenset(i for i in ids if i is not None)

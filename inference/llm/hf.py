@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import PromptCache
@@ -180,22 +181,6 @@ class HFBackend:
         for start in range(0, len(order), self.config.batch_size):
             yield order[start:start + self.config.batch_size]
 
-    def _left_pad(self, sequences: Sequence[list[int]], offset: int | torch.Tensor = 0
-                  ) -> dict[str, torch.Tensor]:
-        """Left-padded ids, mask and positions; positions start at `offset` (after a prefix;
-        a column tensor gives each row its own)."""
-        width = max(len(s) for s in sequences)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for row, seq in enumerate(sequences):
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
-        # Positions count real tokens only, so a left-padded row scores like an unpadded one.
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0) + torch.as_tensor(offset)
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
-                "position_ids": positions.to(self.device)}
-
     def _batch_inputs(self, sequences: Sequence[list[int]], prefix_limit: int | None = None
                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Model inputs for one batch, and the full (prefix + padded) ids of every row.
@@ -209,18 +194,16 @@ class HFBackend:
         if prefix_limit is not None:
             shared = min(shared, prefix_limit)
         minimum = self.config.shared_prefix_min_tokens
+        pad = self.tokenizer.pad_token_id
         if minimum == 0 or shared < minimum:
-            inputs = self._left_pad(sequences)
+            inputs = kv.left_pad(sequences, pad, device=self.device)
             return inputs, inputs["input_ids"]
+        cache = kv.prefill(self.model, sequences[0][:shared], self.device)
+        prefix_mask = torch.ones((len(sequences), shared), dtype=torch.long, device=self.device)
+        inputs = kv.continue_inputs([s[shared:] for s in sequences], pad,
+                                    kv.expand_cache(cache, len(sequences)), prefix_mask)
         prefix = torch.tensor([sequences[0][:shared]], dtype=torch.long, device=self.device)
-        cache = self.model(input_ids=prefix, use_cache=True).cache
-        cache.batch_repeat_interleave(len(sequences))
-        suffix = self._left_pad([s[shared:] for s in sequences], offset=shared)
-        mask = torch.cat([torch.ones((len(sequences), shared), dtype=torch.long,
-                                     device=self.device), suffix["attention_mask"]], dim=1)
-        inputs = {"input_ids": suffix["input_ids"], "attention_mask": mask,
-                  "position_ids": suffix["position_ids"], "cache": cache}
-        return inputs, torch.cat([prefix.expand(len(sequences), -1), suffix["input_ids"]], dim=1)
+        return inputs, torch.cat([prefix.expand(len(sequences), -1), inputs["input_ids"]], dim=1)
 
     # ----- the three operations -----
 
@@ -282,9 +265,7 @@ class HFBackend:
             if not still:
                 return tokens
             if len(still) < len(active):
-                index = torch.tensor(still, dtype=torch.long, device=self.device)
-                cache.batch_select_indices(index)
-                mask, positions = mask[index], positions[index]
+                mask, positions = kv.select_rows(cache, still, mask, positions)
                 active = [active[slot] for slot in still]
             step = torch.tensor([[tokens[row][-1]] for row in active], device=self.device)
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
@@ -372,14 +353,10 @@ class HFBackend:
             batch.sort(key=lambda i: extending[i][1])  # kept row order: often no reordering
             rows = [extending[i][1] for i in batch]
             cache, prefix_mask = kept.select(rows, self.model.config)
-            lengths = [len(kept.rows[r]) for r in rows]
-            suffix = self._left_pad([sequences[i][n:] for i, n in zip(batch, lengths, strict=True)],
-                                    offset=torch.tensor(lengths).unsqueeze(1))
-            self.prompt_cache.reused_tokens += sum(lengths)
-            yield batch, {"input_ids": suffix["input_ids"], "position_ids": suffix["position_ids"],
-                          "attention_mask": torch.cat([prefix_mask, suffix["attention_mask"]],
-                                                      dim=1),
-                          "cache": cache}
+            suffixes = [sequences[i][len(kept.rows[r]):] for i, r in zip(batch, rows, strict=True)]
+            self.prompt_cache.reused_tokens += sum(len(kept.rows[r]) for r in rows)
+            yield batch, kv.continue_inputs(suffixes, self.tokenizer.pad_token_id, cache,
+                                            prefix_mask)
 
     @_in_adapter_scope
     @torch.inference_mode()
@@ -416,13 +393,7 @@ class HFBackend:
         return scores
 
     def _stop_token_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        generation_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        if isinstance(generation_eos, int):
-            ids.add(generation_eos)
-        elif generation_eos:
-            ids.update(generation_eos)
-        return sorted(i for i in ids if i is not None)
+        return kv.eos_token_ids(self.model, self.tokenizer)
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> str:

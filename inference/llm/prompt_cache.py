@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from sieverag.inference.llm import kv
+
 
 @dataclass
 class KeptBatch:
@@ -36,14 +38,10 @@ class KeptBatch:
 
     def select(self, rows: Sequence[int], config) -> tuple[DynamicCache, torch.Tensor]:
         """A fresh cache (and mask) holding only `rows`, in that order; the kept tensors are
-        not modified (a forward pass concatenates onto new ones), so all rows in order are
-        used as they are, without a copy."""
-        if list(rows) == list(range(len(self.rows))):
-            return DynamicCache(ddp_cache_data=self.layers, config=config), self.mask
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
-        data = [(keys.index_select(0, index), values.index_select(0, index))
-                for keys, values in self.layers]
-        return DynamicCache(ddp_cache_data=data, config=config), self.mask.index_select(0, index)
+        not modified (a forward pass concatenates onto new ones)."""
+        cache = kv.cache_from_layers(self.layers, config)
+        (mask,) = kv.select_rows(cache, rows, self.mask)
+        return cache, mask
 
 
 class PromptCache:
@@ -64,13 +62,12 @@ class PromptCache:
         width = mask.shape[1]
         if self.kept_tokens + width * len(rows) > self.max_tokens:
             return False
-        layers = getattr(cache, "layers", None)
-        if not layers or not all(hasattr(layer, "keys") and getattr(layer, "keys", None)
-                                 is not None for layer in layers):
+        layers = kv.cache_layers(cache)
+        if layers is None:
             return False
         self.batches.append(KeptBatch(
             rows=[list(r) for r in rows],
-            layers=[(layer.keys[:, :, :width], layer.values[:, :, :width]) for layer in layers],
+            layers=[(keys[:, :, :width], values[:, :, :width]) for keys, values in layers],
             mask=mask))
         self.kept_tokens += width * len(rows)
         return True
