@@ -20,6 +20,7 @@ from sieverag.inference.filters import (
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.stack import z_scores
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.settings import validate_settings
 from sieverag.inference.types import Document
 
 DOCUMENTS = [
@@ -155,6 +156,26 @@ def test_sentence_stage_keeps_key_sentences_in_original_order_with_ids_and_gold(
     assert "[2] It crosses a gorge." in sentence_prompts[0]
 
 
+def test_blank_sentences_are_not_numbered_and_gold_follows_the_data_split():
+    from sieverag.inference.filters.mcf import document_sentences, source_positions
+
+    document = Document(id="d", title="Bridge", text="unused",
+                        sentences=("It opened in 1901.", "  ", "Wren Ivers built it.",
+                                   "It is red."), supporting_sentences=(2,))
+    assert document_sentences(document) == ["It opened in 1901.", "Wren Ivers built it.",
+                                             "It is red."]
+    assert source_positions(document) == [0, 2, 3]
+    backend = scripted("2")
+    result = MultiGranularFilter(backend, MCFConfig(sentence_stage=True)).select(
+        "Who built it?", [document])
+    (kept,) = result.kept
+    assert kept.details["key_sentences"] == [1]  # the number the filter named, 0-based
+    assert kept.document.sentences == ("Wren Ivers built it.",)
+    assert kept.document.supporting_sentences == (0,)  # gold index 2 of the data's split
+    (prompt,) = [text for agent, text in backend.calls if agent == "filter_sentence"]
+    assert "[2] Wren Ivers built it." in prompt and "[4]" not in prompt
+
+
 @pytest.mark.parametrize(("reply", "setting", "status", "kept_text"), [
     ("3, 1", "keep_chunk", "unparsed", "whole"),
     ("sentence two", "drop_chunk", "unparsed", "whole"),
@@ -218,7 +239,8 @@ def test_registry_builds_filters_by_name_and_explains_a_missing_trained_filter()
         build_filter("stack", FilterSetup(judge_backend=backend))
     with pytest.raises(ConfigError, match="unknown filter 'magic'"):
         build_filter("magic", setup)
-    with pytest.raises(ConfigError, match="mcf.bar must be"):
-        MCFConfig(bar="mean")
-    with pytest.raises(ConfigError, match="stack.combine must be"):
-        StackConfig(combine="all")
+    # A bad choice is refused when the settings are read, naming the field.
+    with pytest.raises(ConfigError, match="bar: Input should be 'fixed', 'adaptive' or"):
+        validate_settings(MCFConfig, {"bar": "mean"}, "test")
+    with pytest.raises(ConfigError, match="combine: Input should be 'both', 'either' or"):
+        validate_settings(StackConfig, {"combine": "all"}, "test")

@@ -3,8 +3,8 @@ exclusion of training questions, the metric definitions, and user errors."""
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,30 +51,38 @@ def training_dataset(folder: Path, train_ids: list[str]) -> Path:
     return folder
 
 
-def run_cli(argv: list[str]) -> int:
-    from sieverag.training.cli import register
+def evaluate(**settings) -> dict:
+    """`run_filter_eval` with the given FilterEvalConfig fields, no progress bars."""
+    from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
 
-    parser = argparse.ArgumentParser(prog="sieverag")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["eval-filter", *argv])
-    return args.func(args)
+    return run_filter_eval(FilterEvalConfig(dataset=str(SAMPLE), device="cpu", **settings),
+                           progress=False)
+
+
+def read_decisions(out: Path) -> list[dict]:
+    return [json.loads(line) for line in
+            (out / "decisions.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+MCF_ROWS = ["MCF fixed log-odds>=0", "MCF top_k=2", "MCF top_k=2 + BM25 prior w=1",
+            "MCF adaptive n=0", "MCF adaptive n=0 + BM25 prior w=1"]
+STAGE = "sentence stage (16 tokens, empty→keep chunk)"
 
 
 def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
                                       tmp_path: Path) -> None:
     data = training_dataset(tmp_path / "data", ["some-other-question"])
     out = tmp_path / "report"
-    assert run_cli(["--dataset", str(SAMPLE), "--adapter", str(tiny_adapter),
-                    "--base-model", str(tiny_model_dir), "--exclude-training-questions",
-                    str(data), "--out", str(out), "--quiet", "--device", "cpu"]) == 0
-    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    settings = {"adapter": str(tiny_adapter), "base_model": str(tiny_model_dir),
+                "exclude_training": (str(data),), "out": str(out)}
+    report = evaluate(**settings)
     assert report["questions"]["evaluated"] == 2
     assert report["questions"]["with_supporting_facts"] == 1
     assert report["passages"] == {"total": 6, "gold": 4}
-    assert list(report["chunk"]) == ["trained filter", "trained filter top-2",
-                                     "trained filter, adaptive bar",
-                                     "trained filter + BM25 prior top-2", "MAIN-RAG judge",
-                                     "BM25 top-2", "dense top-2", "keep all"]
+    assert list(report["chunk"]) == [*MCF_ROWS, "MAIN-RAG judge", "BM25 top-2", "dense top-2",
+                                     "keep all"]
+    assert list(report["filter"]["mcf_rows"]) == MCF_ROWS
+    assert report["filter"]["amber_default_row"] == "MCF top_k=2 + BM25 prior w=1"
     for method, figures in report["chunk"].items():
         for key in ("precision", "recall", "f1", "micro_f1", "kept_per_question"):
             assert 0 <= figures[key] <= 10, (method, key)
@@ -82,42 +90,59 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
         assert (figures["auroc"] is not None) == has_score, method
     assert report["chunk"]["keep all"]["recall"] == 1.0
     assert report["chunk"]["BM25 top-2"]["kept_per_question"] == 2
-    assert report["chunk"]["trained filter top-2"]["kept_per_question"] == 2
+    assert report["chunk"]["MCF top_k=2"]["kept_per_question"] == 2
     # The adaptive bar (n = 0) keeps at least the best passage of every question.
-    assert report["chunk"]["trained filter, adaptive bar"]["kept_per_question"] >= 1
+    assert report["chunk"]["MCF adaptive n=0"]["kept_per_question"] >= 1
+    whole = [f"{m} (whole passages)" for m in report["chunk"]]
+    staged = [f"{m} → {STAGE}" for m in MCF_ROWS]
     assert list(report["sentence"]) == [
-        "trained filter (chunk → sentence)", "trained filter top-2 (chunk → sentence)",
-        "trained filter, adaptive bar (chunk → sentence)",
-        "trained filter + BM25 prior top-2 (chunk → sentence)", "MAIN-RAG judge (whole passages)",
-        "BM25 top-2 (whole passages)", "dense top-2 (whole passages)",
-        "keep all (whole passages)", "oracle: gold passages, all sentences",
-        "oracle: gold passages, filter sentence stage"]
+        *(row for pair in zip(whole, staged, strict=False) for row in pair),
+        *whole[len(MCF_ROWS):], "oracle: gold passages, all sentences",
+        "oracle: gold passages → MCF sentence stage (16 tokens, empty→keep chunk)"]
     assert report["sentence"]["oracle: gold passages, all sentences"]["recall"] == 1.0
-    assert set(report["comparison"]) == {"trained filter", "trained filter top-2",
-                                         "trained filter, adaptive bar",
-                                         "trained filter + BM25 prior top-2"}
-    top2 = report["comparison"]["trained filter top-2"]
+    assert set(report["comparison"]) == set(MCF_ROWS)
+    top2 = report["comparison"]["MCF top_k=2"]
     assert set(top2) == {"f1_minus_MAIN-RAG judge", "f1_minus_BM25 top-2",
                          "f1_minus_dense top-2", "f1_minus_keep all"}
     assert top2["f1_minus_BM25 top-2"] == pytest.approx(
-        report["chunk"]["trained filter top-2"]["f1"] - report["chunk"]["BM25 top-2"]["f1"])
+        report["chunk"]["MCF top_k=2"]["f1"] - report["chunk"]["BM25 top-2"]["f1"])
     markdown = (out / "report.md").read_text(encoding="utf-8")
     for row in [*report["chunk"], *report["sentence"]]:
         assert f"| {row} |" in markdown
     assert (out / "pr_curve.png").stat().st_size > 0
-    decisions = [json.loads(line) for line in
-                 (out / "decisions.jsonl").read_text(encoding="utf-8").splitlines()]
+    decisions = read_decisions(out)
     assert [d["id"] for d in decisions] == [FIRST, SECOND]
+
+    # The kept passages are what amber's filter keeps: MultiGranularFilter on the same
+    # adapter, passages and config, run here on its own.
+    from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+
+    backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), adapter=str(tiny_adapter),
+                                        device="cpu"))
+    examples = {e.id: e for e in load_sample()}
+    for row, fields in report["filter"]["mcf_rows"].items():
+        mcf = MultiGranularFilter(backend, MCFConfig(**fields))
+        for decision in decisions:
+            example = examples[decision["id"]]
+            result = mcf.select(example.question, example.documents)
+            assert decision["kept"][row] == [s.document.id for s in result.kept], row
+            assert decision["scores"][row] == pytest.approx(
+                [s.score for s in result.scored], abs=1e-5)
 
     # A rerun reuses the cached model work and reproduces the figures.
     cached = {p.name: p.stat().st_mtime_ns for p in (out / "cache").iterdir()}
     assert set(cached) == {"filter-chunks.json", "judge.json", "filter-sentences.json"}
-    run_cli(["--dataset", str(SAMPLE), "--adapter", str(tiny_adapter), "--base-model",
-             str(tiny_model_dir), "--exclude-training-questions", str(data), "--out", str(out),
-             "--quiet", "--device", "cpu"])
+    again = evaluate(**settings)
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cache").iterdir()} == cached
-    again = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert again["chunk"] == report["chunk"]
+    assert again["sentence"] == report["sentence"]
+
+
+def load_sample() -> list[Example]:
+    from sieverag.inference.data import load_examples
+
+    return load_examples(str(SAMPLE))
 
 
 def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> None:
@@ -164,8 +189,9 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
     ({"filter_endpoint": "http://127.0.0.1:1/v1"}, "go together"),
     ({"adapter": "/nowhere"}, "adapter folder /nowhere does not exist"),
     ({"adapter": "nope"}, "'nope' is neither a folder nor the name of an installed or shipped"),
-    ({"adapter": "LORA", "threshold": 1.5}, "--threshold"),
+    ({"adapter": "LORA", "threshold": float("inf")}, "--threshold must be a finite log-odds"),
     ({"adapter": "LORA", "top_k": 0}, "--top-k"),
+    ({"adapter": "LORA", "sentence_max_new_tokens": 0}, "--sentence-max-new-tokens"),
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str, tiny_adapter: Path) -> None:
     from sieverag.training.filter_eval import FilterEvalConfig
@@ -219,13 +245,9 @@ def test_sentence_quality_definitions() -> None:
     assert (figures["precision"], figures["recall"]) == (0.5, 0.5)
 
 
-def test_decision_rules() -> None:
+def test_p_relevant_is_overflow_safe_and_baseline_top_k() -> None:
     from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
-    from sieverag.training.filter_methods import (
-        _parse_sentences,
-        threshold_decisions,
-        top_k_decisions,
-    )
+    from sieverag.training.filter_methods import top_k_decisions
 
     def relevance_probability(yes: float, no: float) -> float:
         return p_relevant(relevance_log_odds({"Yes": yes, "No": no}))
@@ -236,42 +258,186 @@ def test_decision_rules() -> None:
     assert relevance_probability(-1e6, 0.0) < 1e-300
     example = _example([True, False, False])
     scores = {"q/0": 0.3, "q/1": 0.9, "q/2": 0.9}
-    assert threshold_decisions("f", [example], scores, 0.5).kept["q"] == ("q/1", "q/2")
     assert top_k_decisions("t", [example], scores, 2).kept["q"] == ("q/1", "q/2")
-    assert _parse_sentences("1, 3", 3).kept == (0, 2)
-    unparsed = _parse_sentences("sentence one", 3)
-    assert unparsed.kept == (0, 1, 2) and not unparsed.parsed
+
+
+def test_row_names_say_which_mcf_config() -> None:
+    from sieverag.inference.filters.mcf import MCFConfig
+    from sieverag.training.filter_methods import (
+        mcf_row_name,
+        sentence_row_name,
+        sentence_stage_name,
+    )
+
+    assert mcf_row_name(MCFConfig()) == "MCF top_k=2 + BM25 prior w=1"  # amber's default
+    assert mcf_row_name(MCFConfig(bar="top_k", top_k=3, lexical_weight=0.0)) == "MCF top_k=3"
+    assert mcf_row_name(MCFConfig(bar="fixed", threshold=-0.5)) == "MCF fixed log-odds>=-0.5"
+    assert mcf_row_name(MCFConfig(bar="adaptive", bar_n=0.5, lexical_weight=2.0)) == \
+        "MCF adaptive n=0.5 + BM25 prior w=2"
+    assert sentence_stage_name(MCFConfig()) == "MCF sentence stage (16 tokens, empty→keep chunk)"
+    assert sentence_row_name(MCFConfig(bar="fixed", empty_sentence_answer="drop_chunk",
+                                       sentence_max_new_tokens=8)) == \
+        "MCF fixed log-odds>=0 → sentence stage (8 tokens, empty→drop chunk)"
+
+
+MCF_CONFIGS = [
+    {"bar": "fixed", "threshold": -1.0, "lexical_weight": 0.0},
+    {"bar": "top_k", "top_k": 2, "lexical_weight": 0.0},
+    {"bar": "top_k", "top_k": 2, "lexical_weight": 1.0},
+    {"bar": "adaptive", "bar_n": 0.0, "lexical_weight": 0.0},
+    {"bar": "adaptive", "bar_n": 0.0, "lexical_weight": 1.0, "empty_sentence_answer": "drop_chunk"},
+]
+
+
+def _scripted_filter():
+    """A filter whose verdicts and sentence replies depend on the passage only."""
+    from fake_backend import ScriptedBackend
+
+    verdicts = {"Sarah Buxton": -0.5, "Love and Theft (duo)": 2.0, "If You Ever Get Lonely": 1.0,
+                "National Treasure (film)": -3.0, "William Kronick": 0.5, "Jon Turteltaub": 0.2}
+    replies = {"Sarah Buxton": "sentence one", "Love and Theft (duo)": "none",
+               "If You Ever Get Lonely": "2, 3"}
+
+    def passage(text: str, by_title: dict):  # the passage's title is a line of its own
+        return next(v for title, v in by_title.items() if f"\n{title}\n" in text)
+
+    def labels(text: str) -> dict[str, float]:
+        return {"Yes": passage(text, verdicts), "No": 0.0}
+
+    def reply(text: str) -> str:
+        return passage(text, replies)
+
+    return ScriptedBackend(reply=reply, labels=labels)
+
+
+def test_mcf_rows_score_each_passage_once_and_keep_what_mcf_keeps() -> None:
+    """The rows run amber's MultiGranularFilter itself: on one caching backend they equal
+    MCF run alone on a fresh backend, config by config, both stages, while the model is
+    asked once per passage (chunk stage) and once per passage (sentence stage)."""
+    from sieverag.inference.filters.base import FilterResult, ScoredDocument
+    from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+    from sieverag.training import filter_methods as methods
+    from sieverag.training.caching_backend import CachingBackend
+
+    examples = load_sample()
+    configs = [MCFConfig(**c) for c in MCF_CONFIGS]
+    raw = _scripted_filter()
+    cached = CachingBackend(raw)
+    rows = [methods.mcf_results(cached, examples, c, progress=False) for c in configs]
+    first = examples[0]  # the question with supporting facts (the sentence-level rows')
+    staged, oracle = methods.mcf_sentence_results(cached, [first], configs, progress=False)
+    for config, chunk_rows, sentence_rows in zip(configs, rows, staged, strict=True):
+        alone = MultiGranularFilter(_scripted_filter(), config)
+        for example in examples:
+            assert chunk_rows[example.id] == alone.select(example.question, example.documents)
+        with_sentences = MultiGranularFilter(_scripted_filter(),
+                                             replace(config, sentence_stage=True))
+        assert sentence_rows[first.id] == with_sentences.select(first.question, first.documents)
+    chunk_asked = [text for agent, text in raw.calls if agent == "filter_chunk"]
+    sentence_asked = [text for agent, text in raw.calls if agent == "filter_sentence"]
+    assert len(chunk_asked) == 6 and len(set(chunk_asked)) == 6
+    assert len(sentence_asked) == len(set(sentence_asked)) == 3  # FIRST's three passages
+
+    # The oracle row is MCF's sentence stage on the gold passages.
+    gold = tuple(ScoredDocument(d, 0.0, True) for d in first.documents if d.is_gold)
+    assert oracle[first.id] == MultiGranularFilter(_scripted_filter(), configs[0]).narrow(
+        first.question, FilterResult(kept=gold, scored=gold, threshold=None))
+    # Sentence pairs: "none" keeps the chunk (keep_chunk) or drops it (drop_chunk, the last
+    # config); an unparsed reply keeps every sentence; "2, 3" keeps those two.
+    by_title = {d.title: d.id for d in first.documents}
+    kept_fixed = methods.kept_sentences(staged[0][first.id], first)
+    assert kept_fixed == {(by_title["Sarah Buxton"], i) for i in range(3)} | \
+        {(by_title["Love and Theft (duo)"], i) for i in range(3)} | \
+        {(by_title["If You Ever Get Lonely"], 1), (by_title["If You Ever Get Lonely"], 2)}
+    dropped = methods.kept_sentences(staged[-1][first.id], first)
+    assert not any(pid == by_title["Love and Theft (duo)"] for pid, _ in dropped)
+    statuses = methods.sentence_statuses([*staged, oracle])
+    assert statuses == {by_title["Sarah Buxton"]: "unparsed",
+                        by_title["Love and Theft (duo)"]: "none",
+                        by_title["If You Ever Get Lonely"]: "parsed"}
+
+
+def test_kept_sentences_index_the_data_split_when_it_has_blank_entries() -> None:
+    from fake_backend import ScriptedBackend
+
+    from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+    from sieverag.training.filter_methods import kept_sentences, whole_passages
+
+    document = Document(id="q/0", text="A. B. C.", sentences=("A.", " ", "B.", "C."),
+                        is_gold=True, supporting_sentences=(2,))
+    example = Example(id="q", question="?", answers=("x",), documents=(document,))
+    mcf = MultiGranularFilter(ScriptedBackend(reply=lambda text: "2",
+                                              labels=lambda text: {"Yes": 0.0, "No": -1.0}),
+                              MCFConfig(bar="fixed", sentence_stage=True))
+    result = mcf.select(example.question, example.documents)
+    assert kept_sentences(result, example) == {("q/0", 2)}  # "[2]" is B., the data's third
+    assert whole_passages(example, ["q/0"]) == {("q/0", 0), ("q/0", 2), ("q/0", 3)}
 
 
 def test_eval_filter_through_a_served_filter(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The same report from a filter behind an OpenAI-compatible server (a scripted one that
-    answers Yes exactly for the gold passages, so the filter's chunk scores are perfect)."""
+    scores the gold passages highest), with the sentence stage's "none" dropping the chunk;
+    every MCF row keeps, passages and sentences, what MultiGranularFilter keeps on a backend
+    of its own against the same server."""
     from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
+
+    from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+    from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     gold_titles = {passage["title"] for line in SAMPLE.read_text(encoding="utf-8").splitlines()
                    for passage in json.loads(line)["passages"] if passage["is_gold"]}
+    replies = {"Sarah Buxton": "sentence one", "Love and Theft (duo)": "none",
+               "If You Ever Get Lonely": "2"}
 
     def served_filter(request: RecordedRequest) -> Reply:
         body = request.json or {}
         prompt = body["messages"][-1]["content"]
-        if not body.get("logprobs"):
-            return Reply(body=chat_reply("1"))  # the sentence stage: first sentence
+        if not body.get("logprobs"):  # the sentence stage
+            return Reply(body=chat_reply(next(r for t, r in replies.items()
+                                              if f"{t}\n[1]" in prompt)))
         gold = any(f"Text:\n{title}\n" in prompt for title in gold_titles)
-        yes, no = (-0.1, -3.0) if gold else (-3.0, -0.1)
+        near = "Text:\nSarah Buxton\n" in prompt
+        yes, no = (-0.1, -3.0) if gold else (-1.0, -0.8) if near else (-3.0, -0.1)
         return Reply(body=chat_reply("Yes" if gold else "No",
                                      top_logprobs=[("Yes", yes), ("No", no)]))
 
     data = training_dataset(tmp_path / "data", ["unrelated-question"])
+    out = tmp_path / "out"
     with FakeOpenAIServer(served_filter) as server:
-        assert run_cli(["--dataset", str(SAMPLE), "--filter-endpoint", server.base_url,
-                        "--filter-model", "filter-test-00000000", "--base-model",
-                        str(tiny_model_dir), "--exclude-training-questions", str(data),
-                        "--out", str(tmp_path / "out"), "--quiet", "--device", "cpu"]) == 0
-        asked = [r.json["model"] for r in server.requests]
-    assert set(asked) == {"filter-test-00000000"} and len(asked) == 6 + 2
-    report = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
-    figures = report["chunk"]["trained filter"]
+        report = evaluate(filter_endpoint=server.base_url, filter_model="filter-test-00000000",
+                          base_model=str(tiny_model_dir), exclude_training=(str(data),),
+                          out=str(out), threshold=-1.0, empty_sentence_answer="drop_chunk")
+        asked = [r.json for r in server.requests]
+        spec = BackendSpec(model="filter-test-00000000",
+                           endpoint=server.base_url, chat_template_model=str(tiny_model_dir))
+        decisions = {d["id"]: d for d in read_decisions(out)}
+        for row, fields in report["filter"]["mcf_rows"].items():
+            mcf = MultiGranularFilter(build_backend(spec), MCFConfig(**fields))
+            staged = MultiGranularFilter(build_backend(spec),
+                                         MCFConfig(**{**fields, "sentence_stage": True}))
+            for example in load_sample():
+                decision = decisions[example.id]
+                chunks = mcf.select(example.question, example.documents)
+                assert decision["kept"][row] == [s.document.id for s in chunks.kept], row
+                if "kept_sentences" not in decision:
+                    continue
+                result = staged.select(example.question, example.documents)
+                # Kept sentences found by their text in the data's split (MCF strips them).
+                split = {d.id: [x.strip() for x in d.sentences] for d in example.documents}
+                expected = sorted([s.document.id, split[s.document.id].index(sentence.strip())]
+                                  for s in result.kept for sentence in s.document.sentences)
+                name = f"{row} → sentence stage (16 tokens, empty→drop chunk)"
+                assert decision["kept_sentences"][name] == expected, name
+    assert {body["model"] for body in asked} == {"filter-test-00000000"}
+    chunk_prompts = [json.dumps(b["messages"]) for b in asked if b.get("logprobs")]
+    sentence_prompts = [json.dumps(b["messages"]) for b in asked if not b.get("logprobs")]
+    # Each passage scored once and each sentence prompt asked once for all the MCF rows.
+    assert len(chunk_prompts) == len(set(chunk_prompts)) == 6
+    assert len(sentence_prompts) == len(set(sentence_prompts)) == 3
+    figures = report["chunk"]["MCF top_k=2"]
     assert (figures["precision"], figures["recall"], figures["f1"], figures["auroc"]) == \
         (1.0, 1.0, 1.0, 1.0)
-    assert report["sentence_answers"] == {"answers": 2, "unparsed": 0}
+    assert report["chunk"]["MCF fixed log-odds>=-1"]["kept_per_question"] == 2.5
+    assert report["sentence_answers"] == {"answers": 3, "unparsed": 1, "none": 1}
     assert report["filter"]["served_as"] == "filter-test-00000000"
+    assert "MCF top_k=2 → sentence stage (16 tokens, empty→drop chunk)" in report["sentence"]

@@ -1,8 +1,12 @@
-"""`eval-filter`: the trained filter against its baselines on held-out HotpotQA questions.
+"""`eval-filter`: the trained filter, as amber runs it, against its baselines on held-out
+HotpotQA questions.
 
-Every method (see `training.filter_methods`) runs on the SAME questions, chosen as the
-dataset's rows minus the questions any training split was built from (read from the
-`sieverag build-dataset` output, default: the dataset named in the adapter's metadata).
+The filter rows are the real MCF (`MultiGranularFilter`, inference/filters/mcf.py) under the
+`MCFConfig`s `mcf_configs` lists, each row named for its config (`filter_methods.mcf_row_name`);
+the judge row is the real `MainRagJudge`. Every method (see `training.filter_methods`) runs on
+the SAME questions, chosen as the dataset's rows minus the questions any training split was
+built from (read from the `sieverag build-dataset` output, default: the dataset named in the
+adapter's metadata).
 
 Metrics (definitions beside the code that computes them):
 
@@ -11,20 +15,22 @@ Metrics (definitions beside the code that computes them):
   (macro); the same pooled over all passages (micro); passages kept per question; AUROC and
   average precision of the method's score over all passages (methods with a score).
 * sentence level, on the questions with supporting facts, against the set of
-  (passage, sentence) supporting facts: the trained filter end to end (its chunk stage, then
-  its sentence stage on the kept passages) and every baseline keeping whole passages (all
-  their sentences); two oracle reference rows show the sentence stage alone on the gold
-  passages.
+  (passage, sentence) supporting facts: every MCF row as amber reads it by default (whole
+  passages) and with MCF's sentence stage on (`select` with `sentence_stage`), every baseline
+  keeping whole passages (all their sentences), and two oracle reference rows on the gold
+  passages (all sentences; MCF's sentence stage alone).
 
-Work is cached per method in `OUT/cache/` under a fingerprint of what decides it (model,
-adapter content, questions, settings), so a rerun after an interruption skips finished
-methods.
+Model work is cached in `OUT/cache/` under a fingerprint of what decides it (model, adapter
+content, and for the judge the questions and bar): the filter's answers per request
+(`filter-chunks.json`, `filter-sentences.json`, written after each stage) and the judge's
+decisions (`judge.json`), so a rerun after an interruption skips finished work.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,20 +40,22 @@ from typing import Any
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.metrics import filter_scores
 from sieverag.inference.filters.adapters import CARD_FILE, check_card
+from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import write_atomic
 from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
+from sieverag.training.caching_backend import CachingBackend
 
-FILTER = "trained filter"
-FILTER_ADAPTIVE = "trained filter, adaptive bar"
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
 ORACLE_ALL = "oracle: gold passages, all sentences"
-ORACLE_FILTER = "oracle: gold passages, filter sentence stage"
+WHOLE = " (whole passages)"
+_MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
 
 
-@dataclass(frozen=True)
+@settings
 class FilterEvalConfig:
     """What `eval-filter` compares and on which questions."""
 
@@ -74,13 +82,23 @@ class FilterEvalConfig:
     allow_training_questions: bool = field(
         default=False, metadata={"help": "evaluate without knowing the training questions"})
     limit: int | None = field(default=None, metadata={"help": "first N eligible questions"})
-    threshold: float = field(
-        default=0.5, metadata={"help": "keep a passage when the filter's P(Yes) exceeds this"})
-    top_k: int = field(default=2, metadata={"help": "k of the BM25 and dense top-k baselines"})
+    threshold: float = field(default=_MCF.threshold, metadata={
+        "help": "bar of the 'MCF fixed' row on s = log P(Yes) − log P(No) (MCF's threshold); "
+                "0 keeps a passage when P(Yes) >= P(No)"})
+    top_k: int = field(default=_MCF.top_k, metadata={
+        "help": "k of the 'MCF top_k' rows and of the BM25 and dense top-k baselines"})
+    bar_n: float = field(default=_MCF.bar_n, metadata={
+        "help": "n of the 'MCF adaptive' rows' bar mean(s) − n·σ(s) (MCF's bar_n)"})
     judge_n: float = field(default=0.0, metadata={"help": "n of the judge bar mean(r) − n·σ(r)"})
-    lexical_weight: float = field(default=1.0, metadata={
-        "help": "w of the 'trained filter + BM25 prior' row: top-k of z(log-odds) + w·z(BM25) "
-                "(MCF's lexical_weight); 0 leaves the row out"})
+    lexical_weight: float = field(default=DEFAULT_LEXICAL_WEIGHT, metadata={
+        "help": "w of the '+ BM25 prior' rows (top_k and adaptive): MCF's score z(s) + "
+                "w·z(BM25) (MCF's lexical_weight); 0 leaves those rows out"})
+    sentence_max_new_tokens: int = field(default=_MCF.sentence_max_new_tokens, metadata={
+        "help": "length cap of MCF's sentence-number reply (MCF's sentence_max_new_tokens)"})
+    empty_sentence_answer: EmptySentenceAnswer = field(
+        default=_MCF.empty_sentence_answer, metadata={
+            "help": "a kept passage whose sentence reply is 'none': keep_chunk or drop_chunk "
+                    "(MCF's empty_sentence_answer)"})
     embedding_model: str = field(default="all-minilm-l6-v2",
                                  metadata={"help": "dense baseline's embedding model"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass (hf)"})
@@ -92,28 +110,30 @@ class FilterEvalConfig:
         if served != (self.filter_model is not None):
             raise ConfigError("--filter-endpoint and --filter-model go together")
         if not served:
-            from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, find_adapter
+            from sieverag.inference.filters.adapters import (
+                DEFAULT_FILTER_NAME,
+                AdapterError,
+                find_adapter,
+            )
 
             try:
                 found = find_adapter(self.adapter or DEFAULT_FILTER_NAME)
             except AdapterError as err:
                 raise ConfigError(f"--adapter: {err}") from None
             object.__setattr__(self, "adapter", str(found.path))
-        if not 0 < self.threshold < 1:
-            raise ConfigError(f"--threshold must be between 0 and 1, got {self.threshold}")
+        if not math.isfinite(self.threshold):
+            raise ConfigError(f"--threshold must be a finite log-odds, got {self.threshold}")
         if self.top_k < 1:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
         if self.lexical_weight < 0:
             raise ConfigError(f"--lexical-weight must be >= 0, got {self.lexical_weight}")
+        if self.sentence_max_new_tokens < 1:
+            raise ConfigError(f"--sentence-max-new-tokens must be >= 1, got "
+                              f"{self.sentence_max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16, "
-                              f"got {self.dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -180,7 +200,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
 
 def select_examples(config: FilterEvalConfig, trained: TrainingQuestions) -> Selection:
     """The dataset's gold-marked rows minus training questions, within the id list, limited."""
-    from sieverag.inference.eval.datasets import detect_format, load_examples
+    from sieverag.inference.data import detect_format, load_examples
 
     examples = load_examples(config.dataset)
     fmt = detect_format(config.dataset)
@@ -312,25 +332,39 @@ def _micro(hits: int, kept: int, gold: int) -> dict[str, float]:
 
 
 class MethodCache:
-    """One JSON file per method under OUT/cache, valid while its fingerprint matches."""
+    """One JSON file per kind of model work under OUT/cache, valid while its fingerprint
+    matches."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
+    def load(self, key: str, fingerprint: Mapping[str, Any]) -> Any | None:
+        """The value stored under `key` for this fingerprint, else None."""
+        path = self.folder / f"{key}.json"
+        if not path.is_file():
+            return None
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        return stored["value"] if stored.get("fingerprint") == _digest(fingerprint) else None
+
+    def store(self, key: str, fingerprint: Mapping[str, Any], value: Any) -> None:
+        write_atomic(self.folder / f"{key}.json",
+                     json.dumps({"fingerprint": _digest(fingerprint), "value": value}))
+
     def get_or_compute(self, key: str, fingerprint: Mapping[str, Any],
                        compute: Callable[[], Any]) -> Any:
-        digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-        path = self.folder / f"{key}.json"
-        if path.is_file():
-            try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                stored = {}
-            if stored.get("fingerprint") == digest:
-                return stored["value"]
+        stored = self.load(key, fingerprint)
+        if stored is not None:
+            return stored
         value = compute()
-        write_atomic(path, json.dumps({"fingerprint": digest, "value": value}))
+        self.store(key, fingerprint, value)
         return value
+
+
+def _digest(fingerprint: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
 
 
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
@@ -352,9 +386,16 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     cache = MethodCache(out / "cache")
 
     filter_backend, filter_identity = _filter_backend(config, base_model, str(base_path))
-    filter_scores_by_id = cache.get_or_compute(
-        "filter-chunks", {"filter": filter_identity, "questions": question_key},
-        lambda: methods.filter_chunk_scores(filter_backend, examples, progress=progress))
+    # The filter's answers are keyed by request, so every MCF row reads each passage's score
+    # (and each sentence reply) once, from this run or an earlier one.
+    labels = cache.load("filter-chunks", filter_identity) or {}
+    replies = cache.load("filter-sentences", filter_identity) or {}
+    mcf_backend = CachingBackend(filter_backend, labels, replies)
+    configs = mcf_configs(config)
+    decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
+        mcf_backend, examples, c, progress=progress)) for c in configs]
+    if len(mcf_backend.labels) > len(labels):
+        cache.store("filter-chunks", filter_identity, mcf_backend.labels)
     judge_state = cache.get_or_compute(
         "judge", {"base": str(base_path), "n": config.judge_n, "questions": question_key,
                   "dtype": config.dtype},
@@ -362,21 +403,6 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
             model=str(base_path), dtype=config.dtype, device=config.device,
             batch_size=config.batch_size)), examples, config.judge_n, progress))
     bm25 = methods.bm25_scores(examples)
-    decisions = [
-        methods.threshold_decisions(FILTER, examples, filter_scores_by_id, config.threshold),
-        # The same scores under the two other chunk rules MCF offers: the k best per question
-        # (the baselines' budget) and the adaptive bar on the log-odds (mean − n·σ, n = judge_n).
-        methods.top_k_decisions(filter_top_k(config.top_k), examples, filter_scores_by_id,
-                                config.top_k),
-        methods.adaptive_decisions(FILTER_ADAPTIVE, examples, filter_scores_by_id,
-                                   config.judge_n),
-    ]
-    if config.lexical_weight > 0:
-        # MCF with its lexical prior (mcf.lexical_weight), at the baselines' budget.
-        decisions.append(methods.top_k_decisions(
-            filter_with_prior(config.top_k), examples,
-            methods.prior_fused_scores(examples, filter_scores_by_id, bm25,
-                                       config.lexical_weight), config.top_k))
     decisions += [
         methods.ChunkDecisions(JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
                                judge_state["scores"]),
@@ -387,20 +413,28 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         methods.keep_all(examples),
     ]
     chunk = {d.method: chunk_quality(examples, d) for d in decisions}
+    mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
 
     with_facts = [e for e in examples if has_supporting_facts(e)]
     sentence: dict[str, dict[str, float]] = {}
-    parse = {"answers": 0, "unparsed": 0}
+    sentence_kept: dict[str, dict[str, set[tuple[str, int]]]] = {}
+    parse = {"answers": 0, "unparsed": 0, "none": 0}
     if with_facts:
-        sentence, parse = _sentence_level(config, cache, filter_backend, filter_identity,
-                                          with_facts, decisions, progress)
+        sentence_kept, parse = _sentence_level(configs, mcf_backend, with_facts, decisions,
+                                               progress)
+        if len(mcf_backend.replies) > len(replies):
+            cache.store("filter-sentences", filter_identity, mcf_backend.replies)
+        sentence = {name: sentence_quality(with_facts, kept)
+                    for name, kept in sentence_kept.items()}
 
+    amber_default = methods.mcf_row_name(MCFConfig())
     report = {
         "command": command,
         "config": asdict(config),
         "filter": {"adapter": config.adapter, "name": metadata.get("name"),
                    "served_as": config.filter_model, "base_model": base_model,
-                   "threshold": config.threshold},
+                   "mcf_rows": mcf_rows,
+                   "amber_default_row": amber_default if amber_default in mcf_rows else None},
         "questions": {"evaluated": len(examples), "rows_in_dataset": selection.rows,
                       "excluded_as_training": selection.excluded_training,
                       "training_datasets": list(selection.training_sources),
@@ -411,10 +445,27 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         "chunk": chunk,
         "sentence": sentence,
         "sentence_answers": parse,
-        "comparison": _comparison(chunk, config.top_k),
+        "comparison": _comparison(chunk, list(mcf_rows), config.top_k),
     }
-    write_report(report, decisions, examples, out)
+    write_report(report, decisions, examples, out, sentence_kept)
     return report
+
+
+def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
+    """The MCF configs of the filter rows: the fixed bar, top_k, then (when lexical_weight > 0)
+    top_k with the BM25 prior, adaptive, then adaptive with the prior; every one with the
+    given sentence settings and its sentence stage off (the sentence-level rows turn it on)."""
+    sentences = {"sentence_max_new_tokens": config.sentence_max_new_tokens,
+                 "empty_sentence_answer": config.empty_sentence_answer}
+    top_k = {"bar": "top_k", "top_k": config.top_k, **sentences}
+    adaptive = {"bar": "adaptive", "bar_n": config.bar_n, **sentences}
+    with_prior = config.lexical_weight > 0
+    return [MCFConfig(bar="fixed", threshold=config.threshold, lexical_weight=0.0, **sentences),
+            MCFConfig(**top_k, lexical_weight=0.0),
+            *([MCFConfig(**top_k, lexical_weight=config.lexical_weight)] if with_prior else []),
+            MCFConfig(**adaptive, lexical_weight=0.0),
+            *([MCFConfig(**adaptive, lexical_weight=config.lexical_weight)] if with_prior
+              else [])]
 
 
 def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
@@ -423,14 +474,14 @@ def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
     from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     if config.filter_endpoint:
-        spec = BackendSpec(kind="openai", model=config.filter_model or "",
+        spec = BackendSpec(model=config.filter_model or "",
                            endpoint=config.filter_endpoint, api_key_env=config.api_key_env,
                            chat_template_model=base_path)
         return build_backend(spec), {"endpoint": config.filter_endpoint,
                                      "model": config.filter_model}
     from sieverag.inference.filters.adapters import adapter_content_hash
 
-    spec = BackendSpec(kind="hf", model=base_path, dtype=config.dtype, device=config.device,
+    spec = BackendSpec(model=base_path, dtype=config.dtype, device=config.device,
                        batch_size=config.batch_size, adapter=config.adapter)
     return build_backend(spec), {"base": base_model, "dtype": config.dtype,
                                  "adapter": adapter_content_hash(config.adapter or "")}
@@ -443,66 +494,40 @@ def _judge_state(backend: Any, examples: Sequence[Example], bar_n: float,
             "scores": decisions.scores}
 
 
-def _sentence_level(config: FilterEvalConfig, cache: MethodCache, backend: Any,
-                    identity: Mapping[str, Any], examples: Sequence[Example],
-                    decisions: Sequence[methods.ChunkDecisions], progress: bool
-                    ) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """Sentence-level rows: filter end to end, baselines (whole passages), oracle rows."""
-    by_method = {d.method: d for d in decisions}
-    rules = [m for m in by_method if m.startswith(FILTER)]
-    filter_kept = {e.id: set().union(*(by_method[m].kept[e.id] for m in rules))
-                   for e in examples}
-    # The sentence stage runs on every passage some filter rule kept or that is gold (the
-    # oracle rows need the latter); answers are cached per passage.
-    items = [(e, d) for e in examples for d in e.documents
-             if d.id in filter_kept[e.id] or d.is_gold]
-    answers = cache.get_or_compute(
-        "filter-sentences", {"filter": identity, "passages": sorted(d.id for _, d in items)},
-        lambda: {pid: asdict(a) for pid, a in
-                 methods.filter_sentences(backend, items, progress=progress).items()})
-
-    def whole(example: Example, kept_ids: Iterable[str]) -> set[tuple[str, int]]:
-        wanted = set(kept_ids)
-        return {(d.id, i) for d in example.documents if d.id in wanted
-                for i in range(len(d.sentences or ()))}
-
-    def stage(example: Example, kept_ids: Iterable[str]) -> set[tuple[str, int]]:
-        wanted = set(kept_ids)
-        return {(d.id, i) for d in example.documents if d.id in wanted
-                for i in answers[d.id]["kept"]}
-
+def _sentence_level(configs: Sequence[MCFConfig], backend: CachingBackend,
+                    examples: Sequence[Example], decisions: Sequence[methods.ChunkDecisions],
+                    progress: bool
+                    ) -> tuple[dict[str, dict[str, set[tuple[str, int]]]], dict[str, int]]:
+    """Row name → example id → kept (passage id, sentence index) pairs: every method's kept
+    passages whole, each MCF row also with MCF's sentence stage, and the oracle rows; with
+    the counts of MCF's sentence replies (answers, unparsed, none)."""
+    staged, oracle = methods.mcf_sentence_results(backend, examples, configs,
+                                                  progress=progress)
+    by_row = {methods.mcf_row_name(c): (c, results)
+              for c, results in zip(configs, staged, strict=True)}
+    rows: dict[str, dict[str, set[tuple[str, int]]]] = {}
+    for decision in decisions:
+        rows[decision.method + WHOLE] = {e.id: methods.whole_passages(e, decision.kept[e.id])
+                                         for e in examples}
+        if decision.method in by_row:
+            mcf, results = by_row[decision.method]
+            rows[methods.sentence_row_name(mcf)] = {
+                e.id: methods.kept_sentences(results[e.id], e) for e in examples}
     gold_ids = {e.id: [d.id for d in e.documents if d.is_gold] for e in examples}
-    rows = {}
-    for method, decision in by_method.items():
-        if method in rules:
-            rows[f"{method} (chunk → sentence)"] = {e.id: stage(e, decision.kept[e.id])
-                                                    for e in examples}
-        else:
-            rows[f"{method} (whole passages)"] = {e.id: whole(e, decision.kept[e.id])
-                                                  for e in examples}
-    rows[ORACLE_ALL] = {e.id: whole(e, gold_ids[e.id]) for e in examples}
-    rows[ORACLE_FILTER] = {e.id: stage(e, gold_ids[e.id]) for e in examples}
-    used = {d.id for _, d in items}
-    parse = {"answers": len(used),
-             "unparsed": sum(not answers[pid]["parsed"] for pid in used)}
-    return {name: sentence_quality(examples, kept) for name, kept in rows.items()}, parse
+    rows[ORACLE_ALL] = {e.id: methods.whole_passages(e, gold_ids[e.id]) for e in examples}
+    rows[f"oracle: gold passages → {methods.sentence_stage_name(configs[0])}"] = {
+        e.id: methods.kept_sentences(oracle[e.id], e) for e in examples}
+    statuses = list(methods.sentence_statuses([*staged, oracle]).values())
+    parse = {"answers": len(statuses), "unparsed": statuses.count("unparsed"),
+             "none": statuses.count("none") + statuses.count("none_dropped")}
+    return rows, parse
 
 
-def filter_top_k(k: int) -> str:
-    return f"{FILTER} top-{k}"
-
-
-def filter_with_prior(k: int) -> str:
-    return f"{FILTER} + BM25 prior top-{k}"
-
-
-def _comparison(chunk: Mapping[str, Mapping[str, float | None]], top_k: int
-                ) -> dict[str, dict[str, float | None]]:
-    """For each chunk rule of the trained filter: its chunk F1 minus each baseline's."""
+def _comparison(chunk: Mapping[str, Mapping[str, float | None]], rules: Sequence[str],
+                top_k: int) -> dict[str, dict[str, float | None]]:
+    """For each MCF row: its chunk F1 minus each baseline's."""
     baselines = (JUDGE, f"BM25 top-{top_k}", f"dense top-{top_k}", KEEP_ALL)
     result: dict[str, dict[str, float | None]] = {}
-    rules = [r for r in (FILTER, filter_top_k(top_k), FILTER_ADAPTIVE, filter_with_prior(top_k))
-             if r in chunk]
     for rule in rules:
         mine = chunk[rule]["f1"]
         result[rule] = {

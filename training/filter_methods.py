@@ -3,9 +3,11 @@
 Each method turns every evaluated question's passages into `ChunkDecisions`: a score per
 passage (None for methods without one) and the ids of the passages kept.
 
-* `trained filter` — the LoRA filter's verdict: P(Yes) = exp(lp_Yes) / (exp(lp_Yes) +
-  exp(lp_No)) from one batched next-token step (`label_logprobs`, the filter contract's
-  chunk task); kept when P(Yes) > threshold (0.5: log P(Yes) > log P(No)).
+* MCF rows — the filter amber runs, `inference.filters.mcf.MultiGranularFilter`, called
+  exactly as amber calls it (`select`), once per `MCFConfig`; the row's name says which
+  config (`mcf_row_name`): its bar (fixed threshold on s = log P(Yes) − log P(No), adaptive
+  mean − n·σ, or top_k), with or without the BM25 lexical prior, and for sentence-level rows
+  its sentence stage. Its score is MCF's: s, or z(s) + w·z(BM25) with the prior.
 * `MAIN-RAG judge` — `inference.filters.judge.MainRagJudge` on the same base model without
   the adapter: r = log P(Yes) − log P(No) after Agent-1's per-passage answer, kept when
   r ≥ τq = mean(r) − n·σ(r).
@@ -13,33 +15,24 @@ passage (None for methods without one) and the ids of the passages kept.
   retrieval package's BM25 (bm25s) and its dense encoder (all-MiniLM-L6-v2 cosine).
 * `keep all` — every passage.
 
-The trained filter's sentence stage (`filter_sentences`) generates the sentence-task answer
-for each chunk and parses it with `parse_sentence_answer`.
+MCF runs on a `CachingBackend` (`training.caching_backend`), so each passage is scored,
+and each sentence-stage reply generated, once for all the rows.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from tqdm.auto import tqdm
 
-from sieverag.inference.filters.filter_format import (
-    CHUNK_LABELS,
-    FilterAnswerError,
-    chunk_prompt,
-    p_relevant,
-    parse_sentence_answer,
-    relevance_log_odds,
-    sentence_prompt,
-)
-from sieverag.inference.filters.judge import judge_bar
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.types import Document, Example
+from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
+from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.types import Example
 
-SENTENCE_SETTINGS = GenerationSettings(max_new_tokens=32, stop=("\n",))
-_PROMPTS_PER_STEP = 64  # prompts per backend call: a progress tick without losing batching
+SentenceIds = set[tuple[str, int]]
+"""(passage id, index in the passage's own sentence split) pairs."""
 
 
 @dataclass(frozen=True)
@@ -53,42 +46,110 @@ class ChunkDecisions:
     """Passage id → the method's score (higher = more relevant); None: no score."""
 
 
-@dataclass(frozen=True)
-class SentenceAnswer:
-    """The filter's sentence-task answer for one passage."""
-
-    kept: tuple[int, ...]
-    """0-based key sentence indices; every sentence when the answer did not parse."""
-    parsed: bool
-    reply: str
+# ----- MCF, the filter amber runs ----------------------------------------------------------
 
 
-def _in_steps(items: Sequence, desc: str, progress: bool) -> Iterator[Sequence]:
-    """`items` in slices of _PROMPTS_PER_STEP, with a progress bar ticking per slice."""
-    steps = [items[i:i + _PROMPTS_PER_STEP] for i in range(0, len(items), _PROMPTS_PER_STEP)]
-    yield from tqdm(steps, desc=desc, unit="step", disable=not progress or len(steps) < 2)
+def mcf_row_name(config: MCFConfig) -> str:
+    """The report row of MCF's chunk stage under `config`, e.g. "MCF top_k=2 + BM25 prior w=1"."""
+    bar = {"fixed": f"fixed log-odds>={config.threshold:g}",
+           "adaptive": f"adaptive n={config.bar_n:g}",
+           "top_k": f"top_k={config.top_k}"}[config.bar]
+    prior = f" + BM25 prior w={config.prior_weight:g}" if config.prior_weight > 0 else ""
+    return f"MCF {bar}{prior}"
 
 
-def filter_chunk_scores(backend: LLMBackend, examples: Sequence[Example], *,
-                        progress: bool = True) -> dict[str, float]:
-    """Passage id → P(Yes) from the trained filter, all passages in batched calls."""
-    pairs = [(e, d) for e in examples for d in e.documents]
-    scores: dict[str, float] = {}
-    for step in _in_steps(pairs, "filter: chunks", progress):
-        prompts = [chunk_prompt(e.question, d.text, d.title) for e, d in step]
-        logprobs = backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter")
-        for (_, document), lp in zip(step, logprobs, strict=True):
-            scores[document.id] = p_relevant(relevance_log_odds(lp))
-    return scores
+def sentence_stage_name(config: MCFConfig) -> str:
+    """MCF's sentence stage under `config`, e.g. "MCF sentence stage (16 tokens, empty→keep
+    chunk)": the reply's length cap and what a "none" reply does."""
+    return f"MCF {_sentence_stage(config)}"
 
 
-def threshold_decisions(method: str, examples: Sequence[Example], scores: dict[str, float],
-                        threshold: float) -> ChunkDecisions:
-    """Keep the passages scoring above `threshold`, ordered by score."""
-    kept = {e.id: tuple(sorted((d.id for d in e.documents if scores[d.id] > threshold),
-                               key=lambda i: -scores[i]))
-            for e in examples}
+def sentence_row_name(config: MCFConfig) -> str:
+    """The report row of MCF under `config` with its sentence stage on, e.g. "MCF top_k=2 →
+    sentence stage (16 tokens, empty→keep chunk)"."""
+    return f"{mcf_row_name(config)} → {_sentence_stage(config)}"
+
+
+def _sentence_stage(config: MCFConfig) -> str:
+    empty = "keep" if config.empty_sentence_answer == "keep_chunk" else "drop"
+    return f"sentence stage ({config.sentence_max_new_tokens} tokens, empty→{empty} chunk)"
+
+
+def mcf_results(backend: LLMBackend, examples: Sequence[Example], config: MCFConfig, *,
+                progress: bool = True) -> dict[str, FilterResult]:
+    """Example id → `MultiGranularFilter(backend, config).select` on its passages."""
+    mcf = MultiGranularFilter(backend, config)
+    return {e.id: mcf.select(e.question, e.documents)
+            for e in tqdm(examples, desc=mcf_row_name(config), unit="question",
+                          disable=not progress)}
+
+
+def decisions_of(method: str, results: Mapping[str, FilterResult]) -> ChunkDecisions:
+    """A filter's results as `ChunkDecisions`: kept ids best first, every passage's score."""
+    kept = {example_id: tuple(s.document.id for s in result.kept)
+            for example_id, result in results.items()}
+    scores = {s.document.id: s.score for result in results.values() for s in result.scored}
     return ChunkDecisions(method, kept, scores)
+
+
+def mcf_sentence_results(backend: LLMBackend, examples: Sequence[Example],
+                         configs: Sequence[MCFConfig], *, progress: bool = True
+                         ) -> tuple[list[dict[str, FilterResult]], dict[str, FilterResult]]:
+    """MCF with its sentence stage on, per config (`select`, as amber runs it), and MCF's
+    sentence stage alone on each question's gold passages (the oracle row, under the first
+    config's sentence settings).
+
+    `backend` should be a `CachingBackend`: per question, one sentence-stage batch over every
+    passage some config keeps (or that is gold) fills it, and the configs' own runs read it.
+    """
+    filters = [MultiGranularFilter(backend, replace(c, sentence_stage=True)) for c in configs]
+    per_config: list[dict[str, FilterResult]] = [{} for _ in configs]
+    oracle: dict[str, FilterResult] = {}
+    for example in tqdm(examples, desc="MCF sentence stage", unit="question",
+                        disable=not progress):
+        gold = [ScoredDocument(d, 0.0, True) for d in example.documents if d.is_gold]
+        wanted = {s.document.id for f in filters
+                  for s in f.chunk_stage(example.question, example.documents).kept}
+        wanted |= {s.document.id for s in gold}
+        filters[0].sentence_stage(example.question, [
+            ScoredDocument(d, 0.0, True) for d in example.documents if d.id in wanted])
+        for results, mcf in zip(per_config, filters, strict=True):
+            results[example.id] = mcf.select(example.question, example.documents)
+        oracle[example.id] = filters[0].narrow(
+            example.question, FilterResult(kept=tuple(gold), scored=tuple(gold), threshold=None))
+    return per_config, oracle
+
+
+def kept_sentences(result: FilterResult, example: Example) -> SentenceIds:
+    """The (passage id, sentence index) pairs an MCF result with its sentence stage keeps:
+    each kept passage's `key_sentences`, mapped back to the data's sentence split."""
+    documents = {d.id: d for d in example.documents}
+    pairs: SentenceIds = set()
+    for scored in result.kept:
+        positions = source_positions(documents[scored.document.id])
+        pairs |= {(scored.document.id, positions[k]) for k in scored.details["key_sentences"]}
+    return pairs
+
+
+def whole_passages(example: Example, kept_ids: Iterable[str]) -> SentenceIds:
+    """Every sentence of the kept passages (the sentences MCF would number)."""
+    wanted = set(kept_ids)
+    return {(d.id, i) for d in example.documents if d.id in wanted for i in source_positions(d)}
+
+
+def sentence_statuses(results: Iterable[Mapping[str, FilterResult]]) -> dict[str, str]:
+    """Passage id → MCF's `sentence_status` where the sentence stage asked the filter
+    (parsed, unparsed, none, none_dropped), over every given result."""
+    statuses = {}
+    for by_example in results:
+        for result in by_example.values():
+            for scored in result.scored:
+                if "sentence_reply" in scored.details:
+                    statuses[scored.document.id] = scored.details["sentence_status"]
+    return statuses
+
+
+# ----- baselines ---------------------------------------------------------------------------
 
 
 def top_k_decisions(method: str, examples: Sequence[Example], scores: dict[str, float],
@@ -99,40 +160,6 @@ def top_k_decisions(method: str, examples: Sequence[Example], scores: dict[str, 
         ranked = sorted(enumerate(example.documents), key=lambda p: (-scores[p[1].id], p[0]))
         kept[example.id] = tuple(d.id for _, d in ranked[:k])
     return ChunkDecisions(method, kept, scores)
-
-
-def adaptive_decisions(method: str, examples: Sequence[Example], scores: dict[str, float],
-                       n: float) -> ChunkDecisions:
-    """Keep the passages whose log-odds reach the question's bar mean − n·σ (MCF `adaptive`).
-
-    `scores` are P(Yes); the bar is taken on log(P / (1 − P)) = log P(Yes) − log P(No), the
-    score MCF's adaptive bar uses, so both rules keep the same passages."""
-    kept = {}
-    for example in examples:
-        odds = {d.id: _log_odds(scores[d.id]) for d in example.documents}
-        bar = judge_bar(list(odds.values()), n)
-        kept[example.id] = tuple(sorted((i for i, s in odds.items() if s >= bar),
-                                        key=lambda i: -odds[i]))
-    return ChunkDecisions(method, kept, scores)
-
-
-def prior_fused_scores(examples: Sequence[Example], probabilities: dict[str, float],
-                       prior: dict[str, float], weight: float) -> dict[str, float]:
-    """Per question, MCF's fused score z(log-odds) + weight·z(prior) (`mcf.with_prior`)."""
-    from sieverag.inference.filters.mcf import with_prior
-
-    fused = {}
-    for example in examples:
-        ids = [d.id for d in example.documents]
-        values = with_prior([_log_odds(probabilities[i]) for i in ids], [prior[i] for i in ids],
-                            weight)
-        fused.update(zip(ids, values, strict=True))
-    return fused
-
-
-def _log_odds(probability: float, floor: float = 1e-12) -> float:
-    p = min(max(probability, floor), 1 - floor)
-    return math.log(p / (1 - p))
 
 
 def keep_all(examples: Sequence[Example]) -> ChunkDecisions:
@@ -174,33 +201,7 @@ def judge_decisions(backend: LLMBackend, examples: Sequence[Example], bar_n: flo
     from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 
     judge = MainRagJudge(backend, JudgeConfig(bar_n=bar_n))
-    kept, scores = {}, {}
-    for example in tqdm(examples, desc="MAIN-RAG judge", unit="question", disable=not progress):
-        result = judge.select(example.question, example.documents)
-        kept[example.id] = tuple(s.document.id for s in result.kept)
-        scores.update({s.document.id: s.score for s in result.scored})
-    return ChunkDecisions("MAIN-RAG judge", kept, scores)
-
-
-def filter_sentences(backend: LLMBackend, items: Sequence[tuple[Example, Document]], *,
-                     progress: bool = True) -> dict[str, SentenceAnswer]:
-    """Passage id → the filter's key sentences for each (question, passage with sentences).
-
-    A reply that does not follow the answer format keeps every sentence of its passage (the
-    filter then passes the chunk on whole) and counts as unparsed.
-    """
-    answers: dict[str, SentenceAnswer] = {}
-    for step in _in_steps(items, "filter: sentences", progress):
-        prompts = [sentence_prompt(e.question, d.sentences or (), d.title) for e, d in step]
-        replies = backend.generate(prompts, SENTENCE_SETTINGS, agent="filter")
-        for (_, document), reply in zip(step, replies, strict=True):
-            answers[document.id] = _parse_sentences(reply, len(document.sentences or ()))
-    return answers
-
-
-def _parse_sentences(reply: str, n_sentences: int) -> SentenceAnswer:
-    try:
-        return SentenceAnswer(tuple(parse_sentence_answer(reply, n_sentences)), True, reply)
-    except FilterAnswerError:
-        return SentenceAnswer(tuple(range(n_sentences)), False, reply)
-
+    results = {e.id: judge.select(e.question, e.documents)
+               for e in tqdm(examples, desc="MAIN-RAG judge", unit="question",
+                             disable=not progress)}
+    return decisions_of("MAIN-RAG judge", results)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +20,33 @@ PLOT_FILE = "pr_curve.png"
 
 
 def write_report(report: Mapping[str, Any], decisions: Sequence[ChunkDecisions],
-                 examples: Sequence[Example], out: Path) -> None:
-    """Write the JSON report, the Markdown report, the plot and decisions.jsonl into `out`."""
+                 examples: Sequence[Example], out: Path,
+                 sentence_kept: Mapping[str, Mapping[str, Iterable[tuple[str, int]]]]
+                 | None = None) -> None:
+    """Write the JSON report, the Markdown report, the plot and decisions.jsonl into `out`.
+
+    decisions.jsonl: per question, each chunk row's kept passage ids and scores, and (for
+    questions with supporting facts) each sentence row's kept [passage id, sentence index]."""
     out.mkdir(parents=True, exist_ok=True)
     plotted = plot_precision_recall(decisions, examples, report["chunk"], out / PLOT_FILE)
     full = {**report, "figures": {"precision_recall": PLOT_FILE if plotted else None}}
     write_atomic(out / "report.json", json.dumps(full, indent=2, default=str) + "\n")
     write_atomic(out / "report.md", markdown_report(full))
     lines = []
+    sentence_kept = sentence_kept or {}
     for example in examples:
-        lines.append(json.dumps({
+        record = {
             "id": example.id,
             "gold": [d.id for d in example.documents if d.is_gold],
             "kept": {d.method: list(d.kept[example.id]) for d in decisions},
             "scores": {d.method: [d.scores[doc.id] for doc in example.documents]
                        for d in decisions if d.scores is not None},
-        }))
+        }
+        sentences = {row: sorted([list(pair) for pair in kept[example.id]])
+                     for row, kept in sentence_kept.items() if example.id in kept}
+        if sentences:
+            record["kept_sentences"] = sentences
+        lines.append(json.dumps(record))
     write_atomic(out / "decisions.jsonl", "\n".join(lines) + "\n")
 
 
@@ -56,11 +67,14 @@ def markdown_report(report: Mapping[str, Any]) -> str:
     questions = report["questions"]
     passages = report["passages"]
     flt = report["filter"]
+    default = flt.get("amber_default_row")
     lines = [
         "# Filter evaluation",
         "",
-        f"Filter: {flt['name'] or flt['served_as'] or flt['adapter']} on {flt['base_model']} "
-        f"(keep when P(Yes) > {flt['threshold']}).",
+        f"Filter: {flt['name'] or flt['served_as'] or flt['adapter']} on {flt['base_model']}. "
+        "Each MCF row runs amber's filter (`MultiGranularFilter`) with the config its name "
+        "gives (s = log P(Yes) − log P(No))"
+        + (f"; amber's default is {default}." if default else "."),
         f"Dataset: {report['config']['dataset']} — {questions['evaluated']} questions "
         f"evaluated of {questions['rows_in_dataset']} rows; {questions['excluded_as_training']} "
         "left out as training questions"
@@ -86,10 +100,12 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         lines += [
             "## Sentence level (against supporting facts)",
             "",
-            f"{questions['with_supporting_facts']} questions with supporting facts. Baselines "
-            "keep whole passages (every sentence); the oracle rows start from the gold "
-            f"passages. Sentence answers: {parse['answers']}, unparsed {parse['unparsed']} "
-            "(an unparsed answer keeps its whole passage).",
+            f"{questions['with_supporting_facts']} questions with supporting facts. "
+            "'(whole passages)' rows keep every sentence of the passages kept (what amber "
+            "reads with the sentence stage off, its default); '→ sentence stage' rows run MCF "
+            "with its sentence stage on; the oracle rows start from the gold passages. "
+            f"Sentence answers: {parse['answers']}, unparsed {parse['unparsed']} (keeps its "
+            f"whole passage), none {parse['none']}.",
             "",
             table(report["sentence"], SENTENCE_COLUMNS),
             "",
@@ -118,12 +134,13 @@ def plot_precision_recall(decisions: Sequence[ChunkDecisions], examples: Sequenc
     if all(labels) or not any(labels):
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
-    plotted: dict[int, str] = {}  # one curve per score table (the filter's rules share one)
+    plotted: dict[tuple[float, ...], str] = {}  # one curve per score (MCF rows share some)
     for index, decision in enumerate(decisions):
-        color = plotted.get(id(decision.scores), f"C{index}")
-        if decision.scores is not None and id(decision.scores) not in plotted:
-            plotted[id(decision.scores)] = color
-            values = [decision.scores[d.id] for e in examples for d in e.documents]
+        values = (tuple(decision.scores[d.id] for e in examples for d in e.documents)
+                  if decision.scores is not None else ())
+        color = plotted.get(values, f"C{index % 10}")
+        if decision.scores is not None and values not in plotted:
+            plotted[values] = color
             precision, recall, _ = precision_recall_curve(labels, values)
             ax.plot(recall, precision, color=color, label=decision.method)
         figures = chunk[decision.method]

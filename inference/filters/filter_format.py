@@ -74,13 +74,16 @@ def sentence_prompt(question: str, chunk_sentences: Sequence[str], title: str = 
         question=question, sentences=numbered_sentences(chunk_sentences, title))
 
 
-def relevance_log_odds(label_logprobs: Mapping[str, float]) -> float:
-    """s = log P("Yes") − log P("No") from a chunk prompt's label log-probs."""
-    return label_logprobs[RELEVANT] - label_logprobs[IRRELEVANT]
+def relevance_log_odds(label_logprobs: Mapping[str, float], yes: str = RELEVANT,
+                       no: str = IRRELEVANT) -> float:
+    """s = log P(yes) − log P(no) from a prompt's label log-probs (default: the chunk task's
+    "Yes" / "No"); read every Yes/No verdict through this and `p_relevant`."""
+    return label_logprobs[yes] - label_logprobs[no]
 
 
 def p_relevant(log_odds: float) -> float:
-    """P("Yes") normalised over the two labels, from s = log P("Yes") − log P("No")."""
+    """P("Yes") normalised over the two labels, from s = log P("Yes") − log P("No"); the
+    logistic of s, clamped so that no float log-odds (±1e6 floors included) overflows."""
     return 1.0 / (1.0 + math.exp(-max(min(log_odds, 700.0), -700.0)))
 
 

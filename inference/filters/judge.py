@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.filter_format import relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
 
 
-@dataclass(frozen=True)
+@settings
 class JudgeConfig:
     """Settings of the MAIN-RAG judge."""
 
@@ -84,7 +86,7 @@ class MainRagJudge:
         prompts = [self.judge_messages(question, d, a)
                    for d, a in zip(documents, answers, strict=True)]
         logprobs = self.backend.label_logprobs(prompts, [YES, NO], agent="judge")
-        return [lp[YES] - lp[NO] for lp in logprobs]
+        return [relevance_log_odds(lp, YES, NO) for lp in logprobs]
 
     def select(self, question: str, documents: Sequence[Document]) -> FilterResult:
         if not documents:

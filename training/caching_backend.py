@@ -1,0 +1,88 @@
+"""`CachingBackend`: an LLM backend that answers each distinct request once.
+
+`eval-filter` runs the real MCF (`MultiGranularFilter`) under several bars on the same
+passages; wrapped in this backend, every passage's label log-probs and every sentence-stage
+reply come from the model once, and the other rows read them back. The decision rules stay
+MCF's own code: only the transport is cached.
+
+Entries are keyed by a SHA-256 digest of the request (the conversation and the labels, or
+the conversation and the decoding settings), so a changed prompt template or question is a
+new entry, never a stale answer. The two tables are plain JSON-ready dicts that
+`eval-filter` stores between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend, UsageMeter
+from sieverag.inference.types import Conversation
+
+
+def request_key(prompt: Conversation, detail: object) -> str:
+    """The digest that identifies one request: its conversation and what else decides it."""
+    text = json.dumps([prompt, detail], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class CachingBackend:
+    """Wraps `inner`; label log-probs and greedy replies are answered from memory when the
+    same request was made before (sampled replies and continuation log-probs pass through).
+
+    `labels` and `replies` (key → answer) may be given pre-filled from an earlier run."""
+
+    def __init__(self, inner: LLMBackend, labels: dict[str, dict[str, float]] | None = None,
+                 replies: dict[str, str] | None = None) -> None:
+        self.inner = inner
+        self.labels: dict[str, dict[str, float]] = dict(labels or {})
+        self.replies: dict[str, str] = dict(replies or {})
+
+    @property
+    def meter(self) -> UsageMeter:
+        """The wrapped backend's meter: it counts the requests that reached the model."""
+        return self.inner.meter
+
+    @property
+    def model_name(self) -> str:
+        return self.inner.model_name
+
+    def generate(self, prompts: Sequence[Conversation],
+                 settings: GenerationSettings = GenerationSettings(), *,
+                 agent: str = "generator") -> list[str]:
+        if settings.temperature > 0:  # a sampled reply is not a fixed answer to remember
+            return self.inner.generate(prompts, settings, agent=agent)
+        detail = {"max_new_tokens": settings.max_new_tokens, "stop": list(settings.stop)}
+        keys = [request_key(p, detail) for p in prompts]
+        missing = _first_occurrences(keys, self.replies)
+        if missing:
+            answers = self.inner.generate([prompts[i] for i in missing], settings, agent=agent)
+            self.replies.update(zip((keys[i] for i in missing), answers, strict=True))
+        return [self.replies[k] for k in keys]
+
+    def label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
+                       agent: str = "scorer") -> list[dict[str, float]]:
+        keys = [request_key(p, list(labels)) for p in prompts]
+        missing = _first_occurrences(keys, self.labels)
+        if missing:
+            answers = self.inner.label_logprobs([prompts[i] for i in missing], labels,
+                                                agent=agent)
+            self.labels.update(zip((keys[i] for i in missing), answers, strict=True))
+        return [dict(self.labels[k]) for k in keys]
+
+    def continuation_logprob(self, prompts: Sequence[Conversation],
+                             continuations: Sequence[str], *, agent: str = "scorer"
+                             ) -> list[float]:
+        return self.inner.continuation_logprob(prompts, continuations, agent=agent)
+
+
+def _first_occurrences(keys: Sequence[str], known: dict) -> list[int]:
+    """Indices of the keys not in `known`, each distinct key once (one model call per request)."""
+    seen: set[str] = set()
+    missing = []
+    for index, key in enumerate(keys):
+        if key not in known and key not in seen:
+            seen.add(key)
+            missing.append(index)
+    return missing
