@@ -1,15 +1,30 @@
-"""Shared fixtures: a tiny random model with the real SmolLM2 tokenizer, and the embedded model."""
+"""Shared fixtures: a tiny random model with the real SmolLM2 tokenizer, and the embedded model.
+
+Tests never read or write the user's cache: before any test module is imported, SIEVERAG_CACHE
+points at a temporary folder for the session (removed when it ends). The embedded model is
+converted into it once per session, and a second conversion fails the test that caused it.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="sieverag-test-cache-"))
+os.environ["SIEVERAG_CACHE"] = str(SESSION_CACHE)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -46,9 +61,31 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def embedded_model_converted_at_most_once() -> Iterator[None]:
+    """Fail a test that would convert the embedded model a second time (~15 s each): one that
+    points SIEVERAG_CACHE elsewhere and then loads the embedded model by name."""
+    from sieverag.inference.llm import models
+
+    convert = models._convert_gguf
+    converted: list[Path] = []
+
+    def convert_once(folder: Path, gguf_file: str, target: Path) -> None:
+        if converted:
+            pytest.fail(f"the embedded model is converted a second time this session, into "
+                        f"{target} (first into {converted[0]}); use the embedded_model_dir "
+                        "fixture, or keep SIEVERAG_CACHE where conftest.py set it")
+        converted.append(target)
+        convert(folder, gguf_file, target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(models, "_convert_gguf", convert_once)
+        yield
+
+
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
-    """The embedded SmolLM2-135M-Instruct, converted once into the sieverag cache."""
+    """The embedded SmolLM2-135M-Instruct, converted once into the session's cache."""
     from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL)

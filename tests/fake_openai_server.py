@@ -1,11 +1,11 @@
 """A scriptable stand-in for an OpenAI-compatible server, for tests that must not touch a network.
 
-`FakeOpenAIServer` binds 127.0.0.1 on a free port and serves every POST from a script:
-queued `Reply` objects are used first, in order, then the `responder` function (by default a
-chat reply that echoes the last user message). A reply can carry any status, headers and body
-(a dict is sent as JSON, a str or bytes verbatim, so broken JSON is easy) and a delay, so
-rate limits, server errors, timeouts and malformed bodies can all be staged. Every request
-is recorded with its path, headers, parsed JSON body and arrival time.
+`FakeOpenAIServer` binds 127.0.0.1 port 0 (`base_url` names the port it got) and serves every
+POST from a script: queued `Reply` objects are used first, in order, then the `responder`
+function (by default a chat reply that echoes the last user message). A reply can carry any
+status, headers and body (a dict is sent as JSON, a str or bytes verbatim, so broken JSON is
+easy) and a delay, so rate limits, server errors, timeouts and malformed bodies can all be
+staged. Every request is recorded with its path, headers and parsed JSON body.
 
     with FakeOpenAIServer() as server:
         server.script(Reply(status=429, headers={"Retry-After": "0.1"}),
@@ -43,7 +43,6 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     json: Any
-    received_at: float
 
 
 Responder = Callable[[RecordedRequest], Reply]
@@ -172,7 +171,7 @@ class FakeOpenAIServer:
                 except ValueError:
                     payload = None
                 headers = {name.lower(): value for name, value in self.headers.items()}
-                request = RecordedRequest(self.path, headers, payload, time.monotonic())
+                request = RecordedRequest(self.path, headers, payload)
                 reply = server._next_reply(request)
                 try:
                     time.sleep(reply.delay_s)

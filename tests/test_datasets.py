@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.eval.datasets import (
+from sieverag.inference.data import (
     DATASET_FORMATS,
     detect_format,
     load_examples,
     load_squad_corpus,
     load_squad_paragraphs,
 )
+from sieverag.inference.errors import DatasetError
 
 DATA = Path(__file__).parent / "data"
 SHARED_DATA = Path(__file__).parents[1].parent / "shared" / "data"

@@ -6,7 +6,6 @@ import asyncio
 import importlib.util
 import math
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,21 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def backoff_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits the backend asks for between attempts, in order; they return at once."""
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded_sleep(delay: float, result: Any = None) -> Any:
+        if delay > 0:  # asyncio.sleep(0) is a scheduling point, not a wait
+            waits.append(delay)
+        return await sleep(0, result)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded_sleep)
+    return waits
 
 
 @pytest.fixture
@@ -224,16 +238,16 @@ def test_multi_token_labels_are_scored_as_continuations(
 
 
 def test_retries_429_then_500_then_succeeds_honouring_retry_after(
-    server: FakeOpenAIServer, make_backend: BackendFactory
+    server: FakeOpenAIServer, make_backend: BackendFactory, backoff_waits: list[float]
 ) -> None:
     server.script(Reply(status=429, headers={"Retry-After": "0.3"}, body={"error": "slow down"}),
                   Reply(status=500, body={"error": "boom"}),
                   Reply(body=chat_reply("finally")))
     assert make_backend(backoff_s=0.01).generate([ask("q")]) == ["finally"]
-    first, second, third = (r.received_at for r in server.requests)
     assert len(server.requests) == 3
-    assert second - first >= 0.29  # Retry-After wins over the 0.01 s backoff
-    assert third - second < 0.25
+    # Retry-After wins over the backoff; then the second retry's backoff is 0.01 s x 2 x jitter.
+    assert backoff_waits[0] == 0.3 and 0.01 <= backoff_waits[1] <= 0.02
+    assert len(backoff_waits) == 2
 
 
 def test_timeout_is_retried(server: FakeOpenAIServer, make_backend: BackendFactory) -> None:
@@ -262,19 +276,20 @@ def test_client_errors_fail_at_once_with_the_server_message(
     assert len(server.requests) == 1
 
 
-def test_server_down_fails_fast_with_the_url_and_what_to_do() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
-    backend = OpenAIBackend(OpenAIBackendConfig(base_url=url, model="m", max_retries=2,
-                                                backoff_s=0.01))
-    started = time.monotonic()
-    with pytest.raises(BackendUnavailableError, match="is the server running") as error:
-        backend.generate([ask("q"), ask("r")])
-    backend.close()
-    assert url in str(error.value)
-    assert time.monotonic() - started < 3
+def test_server_down_fails_fast_with_the_url_and_what_to_do(backoff_waits: list[float]) -> None:
+    # A port held bound but not listening: connections are refused, and no other program can
+    # take it while the test runs.
+    with socket.socket() as down:
+        down.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{down.getsockname()[1]}/v1"
+        backend = OpenAIBackend(OpenAIBackendConfig(base_url=url, model="m", max_retries=2,
+                                                    backoff_s=0.01))
+        with pytest.raises(BackendUnavailableError, match="is the server running") as error:
+            backend.generate([ask("q"), ask("r")])
+        backend.close()
+    assert url in str(error.value) and "failed 3 attempt(s)" in str(error.value)
+    # Fast: between attempts it waits only its short backoff (0.01 s, doubled, with jitter).
+    assert backoff_waits and all(wait <= 0.02 for wait in backoff_waits)
 
 
 def test_api_key_is_sent_as_bearer_from_the_environment(

@@ -1,0 +1,356 @@
+"""The import layers, checked on the source (parsed with `ast`, nothing imported), and the
+wheel's package list.
+
+Inside `sieverag.inference` a module imports only its own layer or the layers below it
+(low → high):
+
+  shared base  types, errors, io_utils, prompt_templates, settings
+  data         inference.data (dataset loaders), demo_data
+  llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
+  agents       filters, memory, collector, router, answers
+  pipelines    inference.pipelines
+  composition  config, compose (build the roles and pipelines for every command)
+  evaluation   inference.eval, trace
+  command line every `cli.py`: anything in its own part
+
+Between the parts (the folders pyproject.toml maps to `sieverag.*`, see PART_IMPORTS):
+`inference` imports none of the others; data_gen, training and serving import `inference` and
+themselves only (they share the filter's contract through `inference`); training also reads
+its launch configs from `accelerate_configs`; the `sieverag` root (the command line) imports
+`inference` and finds the other parts' commands by import path; nothing imports the root.
+Every import counts, also those inside functions and under `if TYPE_CHECKING:`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+    "setuptools"]
+# Package name → repository folder, as the wheel maps them (e.g. sieverag.inference → inference).
+PART_FOLDERS: dict[str, str] = SETUPTOOLS["package-dir"]
+
+ROOT = "sieverag"
+INFERENCE = "sieverag.inference"
+DATA_GEN, TRAINING, SERVING = "sieverag.data_gen", "sieverag.training", "sieverag.serving"
+ACCELERATE_CONFIGS = "sieverag.accelerate_configs"
+
+# Each part → the parts it may import (itself included).
+PART_IMPORTS: dict[str, frozenset[str]] = {
+    ROOT: frozenset({ROOT, INFERENCE}),
+    INFERENCE: frozenset({INFERENCE}),
+    DATA_GEN: frozenset({DATA_GEN, INFERENCE}),
+    TRAINING: frozenset({TRAINING, INFERENCE, ACCELERATE_CONFIGS}),
+    SERVING: frozenset({SERVING, INFERENCE}),
+    ACCELERATE_CONFIGS: frozenset({ACCELERATE_CONFIGS}),
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    rank: int
+    members: tuple[str, ...]
+    """Modules, or packages standing for every module inside them."""
+
+
+LAYERS = (
+    Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
+                             f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
+                             f"{INFERENCE}.settings")),
+    Layer("data", 1, (f"{INFERENCE}.data", f"{INFERENCE}.demo_data")),
+    Layer("llm", 2, (f"{INFERENCE}.llm",)),
+    Layer("retrieval", 2, (f"{INFERENCE}.retrieval",)),
+    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.memory",
+                        f"{INFERENCE}.collector", f"{INFERENCE}.router",
+                        f"{INFERENCE}.answers")),
+    Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
+    Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
+    Layer("evaluation", 6, (f"{INFERENCE}.eval", f"{INFERENCE}.trace")),
+)
+COMMAND_LINE = Layer("command line", 7, ())
+
+# Libraries that run a generator: the layers that must run without an LLM import none.
+GENERATOR_LIBRARIES = ("transformers", "peft", "trl", "vllm")
+NO_GENERATOR_LAYERS = ("shared base", "data", "retrieval")
+
+
+@dataclass(frozen=True)
+class SourceModule:
+    name: str
+    path: Path
+    is_package: bool
+
+    @property
+    def shown(self) -> str:
+        """The file as a message names it, relative to the repository."""
+        return str(self.path.relative_to(REPO)) if self.path.is_relative_to(REPO) else str(
+            self.path)
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str
+    """The module imported: the most specific one named (`from a import b` → a.b if a module)."""
+    line: int
+    statement: str
+
+
+def source_modules() -> dict[str, SourceModule]:
+    """Every module of the parts, by dotted name."""
+    modules = {}
+    for package, folder in PART_FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO / folder).with_suffix("")
+            is_package = relative.name == "__init__"
+            name = ".".join((package, *(relative.parts[:-1] if is_package else relative.parts)))
+            modules[name] = SourceModule(name, path, is_package)
+    return modules
+
+
+def imports_of(module: SourceModule, known: set[str]) -> Iterator[Import]:
+    """Each import of the module's file, first-party targets resolved to known modules."""
+    tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, node.lineno, f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module)
+            names = [alias.name for alias in node.names]
+            statement = f"from {'.' * node.level}{node.module or ''} import {', '.join(names)}"
+            submodules = [f"{base}.{name}" for name in names if f"{base}.{name}" in known]
+            for target in submodules:
+                yield Import(target, node.lineno, statement)
+            if len(submodules) < len(names):
+                yield Import(base, node.lineno, statement)
+
+
+def _absolute(node: ast.ImportFrom, module: SourceModule) -> str:
+    """The module a `from` import reads from, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    package = module.name.split(".")
+    if not module.is_package:
+        package = package[:-1]
+    package = package[:len(package) - (node.level - 1)]
+    return ".".join([*package, node.module] if node.module else package)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer_of(module: str) -> Layer | None:
+    """The inference layer of a module; None for a module no layer claims."""
+    if module.rsplit(".", 1)[-1] == "cli":
+        return COMMAND_LINE
+    claims = [(len(member), layer) for layer in LAYERS for member in layer.members
+              if _within(module, member)]
+    return max(claims, key=lambda claim: claim[0])[1] if claims else None
+
+
+def part_of(module: str) -> str:
+    """The part (a package pyproject.toml maps to a folder) that holds the module."""
+    return max((part for part in PART_FOLDERS if _within(module, part)), key=len, default="")
+
+
+def violation(importer: str, target: str) -> str | None:
+    """Why `importer` may not import `target` (a first-party module); None when it may."""
+    importer_part, target_part = part_of(importer), part_of(target)
+    if target_part not in PART_IMPORTS.get(importer_part, ()):
+        if target_part == ROOT:
+            return "nothing imports the `sieverag` command line root"
+        if importer_part == ROOT:
+            return (f"the command line root imports only `inference`; it finds {target_part}'s "
+                    "commands by import path (sieverag/cli.py COMMANDS)")
+        if importer_part == INFERENCE:
+            return f"`inference` imports none of the parts built on it ({target_part})"
+        return (f"{importer_part} does not import {target_part}: the parts share the filter's "
+                "contract through `inference` only")
+    if importer_part != INFERENCE:
+        return None
+    have, want = layer_of(importer), layer_of(target)
+    if have is None or want is None:
+        return None  # reported by test_every_inference_module_has_a_layer
+    if have is want or want.rank < have.rank:
+        return None
+    if have.name == "retrieval" and want.name == "llm":
+        return "retrieval imports no LLM code (it runs without a generator)"
+    where = "beside" if want.rank == have.rank else "above"
+    return f"{have.name} imports {want.name}, a layer {where} it"
+
+
+def generator_library_violation(importer: str, target: str) -> str | None:
+    """Why `importer` may not import the third-party module `target`; None when it may."""
+    layer = layer_of(importer) if part_of(importer) == INFERENCE else None
+    library = target.split(".")[0]
+    if layer is not None and layer.name in NO_GENERATOR_LAYERS and library in \
+            GENERATOR_LIBRARIES:
+        return f"the {layer.name} layer imports no generator library ({library})"
+    return None
+
+
+MODULES = source_modules()
+
+
+def all_violations() -> list[str]:
+    known = set(MODULES)
+    found = []
+    for module in MODULES.values():
+        for imported in imports_of(module, known):
+            if imported.target.split(".")[0] != ROOT:
+                reason = generator_library_violation(module.name, imported.target)
+            elif imported.target not in known:
+                reason = "imports a module that does not exist"
+            else:
+                reason = violation(module.name, imported.target)
+            if reason:
+                found.append(f"{module.shown}:{imported.line}: `{imported.statement}` — {reason}")
+    return found
+
+
+# ----- the project's own code -----
+
+def test_the_parts_are_found_and_each_has_its_rules() -> None:
+    assert set(PART_FOLDERS) == set(PART_IMPORTS), (
+        "pyproject.toml's package-dir and PART_IMPORTS in tests/test_layers.py name different "
+        f"parts: {sorted(set(PART_FOLDERS) ^ set(PART_IMPORTS))}; give each part its rules")
+    for part in PART_FOLDERS:
+        assert part in MODULES and MODULES[part].is_package
+    assert f"{INFERENCE}.data.loading" in MODULES
+    assert "sieverag.cli" in MODULES and f"{INFERENCE}.cli" in MODULES
+
+
+def test_every_inference_module_has_a_layer() -> None:
+    unplaced = [f"{m.shown} ({m.name})" for m in MODULES.values()
+                if part_of(m.name) == INFERENCE and layer_of(m.name) is None]
+    assert not unplaced, ("modules no layer claims; add each to LAYERS in tests/test_layers.py:\n"
+                          + "\n".join(unplaced))
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    found = all_violations()
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+# ----- the checker itself -----
+
+@pytest.mark.parametrize(("importer", "target", "reason"), [
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.metrics",
+     "retrieval imports evaluation, a layer above it"),
+    ("sieverag.inference.retrieval.index", "sieverag.inference.llm.hf",
+     "retrieval imports no LLM code"),
+    ("sieverag.inference.llm.hf", "sieverag.inference.retrieval.bm25",
+     "llm imports retrieval, a layer beside it"),
+    ("sieverag.inference.data.readers", "sieverag.inference.retrieval.sentences",
+     "data imports retrieval, a layer above it"),
+    ("sieverag.inference.types", "sieverag.inference.data",
+     "shared base imports data, a layer above it"),
+    ("sieverag.inference.filters.judge", "sieverag.inference.cli",
+     "agents imports command line, a layer above it"),
+    ("sieverag.inference.pipelines.base", "sieverag.inference.config",
+     "pipelines imports composition, a layer above it"),
+    ("sieverag.inference.eval.runner", "sieverag.data_gen.cxmi", "`inference` imports none of"),
+    ("sieverag.inference.cli", "sieverag.accelerate_configs", "`inference` imports none of"),
+    ("sieverag.serving.cli", "sieverag.accelerate_configs", "sieverag.serving does not import"),
+    ("sieverag.training.sft", "sieverag.serving.config", "sieverag.training does not import"),
+    ("sieverag.serving.app", "sieverag.training.data", "sieverag.serving does not import"),
+    ("sieverag.data_gen.labelling", "sieverag.training.data", "sieverag.data_gen does not"),
+    ("sieverag.cli", "sieverag.serving.cli", "the command line root imports only"),
+    ("sieverag.inference.cli", "sieverag.cli", "nothing imports the `sieverag` command line"),
+])
+def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: str) -> None:
+    found = violation(importer, target)
+    assert found is not None and reason in found
+
+
+@pytest.mark.parametrize(("importer", "target"), [
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.data"),
+    ("sieverag.inference.eval.runner", "sieverag.inference.data"),
+    ("sieverag.inference.data.loading", "sieverag.inference.errors"),
+    ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
+    ("sieverag.inference.collector", "sieverag.inference.memory"),
+    ("sieverag.inference.retrieval.cli", "sieverag.inference.llm.models"),
+    ("sieverag.inference.cli", "sieverag.inference.retrieval.cli"),
+    ("sieverag.data_gen.labelling", "sieverag.inference.data"),
+    ("sieverag.training.filter_eval", "sieverag.inference.eval.metrics"),
+    ("sieverag.training.cli", "sieverag.accelerate_configs"),
+    ("sieverag.cli", "sieverag.inference.settings"),
+    ("sieverag.__main__", "sieverag.cli"),
+])
+def test_imports_down_the_layers_are_allowed(importer: str, target: str) -> None:
+    assert violation(importer, target) is None
+
+
+def test_generator_libraries_are_refused_below_the_llm_layer() -> None:
+    refused = generator_library_violation("sieverag.inference.retrieval.dense",
+                                          "transformers.models")
+    assert refused is not None and "retrieval layer imports no generator library" in refused
+    assert generator_library_violation("sieverag.inference.data.files", "peft") is not None
+    assert generator_library_violation("sieverag.inference.retrieval.dense",
+                                       "sentence_transformers") is None
+    assert generator_library_violation("sieverag.inference.llm.hf", "transformers") is None
+
+
+def test_imports_are_read_everywhere_in_a_file_and_resolved(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import bm25, missing_name\n"
+        "from ..eval import metrics\n"
+        "if TYPE_CHECKING:\n"
+        "    from sieverag.inference.llm.base import LLMBackend\n"
+        "def later():\n"
+        "    import transformers\n", encoding="utf-8")
+    module = SourceModule("sieverag.inference.retrieval.probe", source, is_package=False)
+    known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.eval.metrics",
+             "sieverag.inference.llm.base"}
+    assert {(found.target, found.line) for found in imports_of(module, known)} == {
+        ("typing", 1),
+        ("sieverag.inference.retrieval.bm25", 2), ("sieverag.inference.retrieval", 2),
+        ("sieverag.inference.eval.metrics", 3),
+        ("sieverag.inference.llm.base", 5),
+        ("transformers", 7),
+    }
+
+
+# ----- the wheel's package list -----
+
+def package_folders() -> dict[str, Path]:
+    """Every folder of the parts holding an `__init__.py`, by its installed package name."""
+    return {module.name: module.path.parent for module in MODULES.values() if module.is_package}
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    listed = set(SETUPTOOLS["packages"])
+    missing = [f"{folder.relative_to(REPO)}/ ({name})"
+               for name, folder in sorted(package_folders().items())
+               if name not in listed]
+    assert not missing, ("package folders missing from [tool.setuptools] packages in "
+                         "pyproject.toml (a wheel would leave them out):\n" + "\n".join(missing))
+
+
+def test_every_listed_package_is_a_package_folder() -> None:
+    stale = sorted(set(SETUPTOOLS["packages"]) - set(package_folders()))
+    assert not stale, f"pyproject.toml lists packages with no folder and __init__.py: {stale}"
+
+
+def test_every_folder_with_python_code_is_a_package() -> None:
+    loose = sorted({
+        str(path.parent.relative_to(REPO))
+        for folder in PART_FOLDERS.values() for path in (REPO / folder).rglob("*.py")
+        if not (path.parent / "__init__.py").is_file()
+    })
+    assert not loose, f"folders with .py files but no __init__.py (not installed): {loose}"
