@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/sieverag demo --out runs/demo
 
+# ruff, then every test (tests/test_layers.py is the import-layer contract).
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -25,8 +25,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BeforeValidator
 from tqdm import tqdm
 
 from sieverag.data_gen.labelling import LABELS_FILE, read_labels
@@ -34,22 +35,36 @@ from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, 
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import TASKS, chunk_record, sentence_record
 from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.settings import settings
 
 SPLITS = ("train", "validation")
 
 
-@dataclass(frozen=True)
+def _zero_is_none(value: Any) -> Any:
+    """A positive fraction of 0 (as a flag's "0" too) is None: chunks kept as labelled."""
+    try:
+        return None if value is not None and float(value) == 0 else value
+    except (TypeError, ValueError):
+        return value
+
+
+PositiveFraction = Annotated[float | None, BeforeValidator(_zero_is_none)]
+
+
+@settings
 class DatasetConfig:
     """How label files become a training set."""
 
     labels: tuple[str, ...] = field(metadata={"help": "label folders (from `sieverag label`)"})
     out: str = field(metadata={"help": "output folder"})
-    policy: LabelPolicy = field(default_factory=LabelPolicy)
+    policy: LabelPolicy = field(default_factory=LabelPolicy, metadata={
+        "help": "how the signals become labels (see README: label policy)"})
     mix: dict[str, float] | None = field(
-        default=None, metadata={"help": "task shares, e.g. {chunk: 0.5, sentence: 0.5}; "
-                                        "None keeps every record"})
-    chunk_positive_fraction: float | None = field(
-        default=0.5, metadata={"help": "share of relevant chunk records; None: as labelled"})
+        default=None, metadata={"help": "task shares, e.g. chunk=0.5,sentence=0.5 (in YAML a "
+                                        "mapping); unset keeps every record"})
+    chunk_positive_fraction: PositiveFraction = field(
+        default=0.5, metadata={"help": "share of relevant chunk records; 0 keeps them as "
+                                       "labelled"})
     validation_fraction: float = field(default=0.1,
                                        metadata={"help": "share of questions held out"})
     seed: int = field(default=0, metadata={"help": "seed of the split and the sampling"})
@@ -67,23 +82,11 @@ class DatasetConfig:
                                   f"{', '.join(TASKS)}, got {self.mix}")
         if self.chunk_positive_fraction is not None and not 0 < self.chunk_positive_fraction < 1:
             raise ConfigError("chunk_positive_fraction must be between 0 and 1 (exclusive), "
-                              f"got {self.chunk_positive_fraction}")
+                              f"or 0 to keep chunk records as labelled, got "
+                              f"{self.chunk_positive_fraction}")
         if not 0 <= self.validation_fraction < 1:
             raise ConfigError(f"validation_fraction must be in [0, 1), got "
                               f"{self.validation_fraction}")
-
-
-def parse_mix(text: str) -> dict[str, float]:
-    """`chunk=0.5,sentence=0.5` → {"chunk": 0.5, "sentence": 0.5}."""
-    mix = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        task, _, share = part.partition("=")
-        try:
-            mix[task.strip()] = float(share)
-        except ValueError:
-            raise ConfigError(f"--mix expects task=share pairs like chunk=0.5,sentence=0.5, "
-                              f"got {text!r}") from None
-    return mix
 
 
 def question_records(question: Mapping[str, Any], policy: LabelPolicy) -> list[dict[str, Any]]:

@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from pydantic import BeforeValidator
 from tqdm import tqdm
 
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
@@ -41,12 +42,13 @@ from sieverag.data_gen.labels import LabelPolicy, gold_agreement
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.data import detect_format, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.datasets import detect_format, load_examples
 from sieverag.inference.io_utils import JsonlLog, write_atomic
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Document, Example
 
 CXMILevel = Literal["chunk", "sentence", "both"]
@@ -56,21 +58,33 @@ TEACHER_CACHE_FILE = "teacher_cache.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
-@dataclass(frozen=True)
+def _none_word(value: Any) -> Any:
+    """The word `none`, as a flag or a YAML file spells it, is None."""
+    return None if isinstance(value, str) and value.strip().lower() == "none" else value
+
+
+# A scorer model, or None (`none`): no CXMI.
+ScorerName = Annotated[str | None, BeforeValidator(_none_word)]
+
+
+@settings
 class LabelRunConfig:
     """Settings of a `label` run."""
 
-    dataset: str = field(metadata={"help": "dataset file (hotpotqa, nq, popqa, squad, common)"})
-    out: str = field(metadata={"help": "output folder (resumable)"})
-    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
+    dataset: str = field(metadata={"help": "dataset file (hotpotqa, nq, popqa, squad, or "
+                                           "common {question, answers, ctxs} jsonl)"})
+    out: str = field(metadata={"help": "label folder (rerunning into it resumes)"})
+    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto (detect)"})
     limit: int | None = field(default=None, metadata={"help": "first N questions only"})
-    scorer: str | None = field(default=DEFAULT_MODEL,
-                               metadata={"help": "CXMI scorer model; None: no CXMI"})
-    cxmi_level: CXMILevel = field(default="both", metadata={"help": "chunk, sentence or both"})
+    scorer: ScorerName = field(default=DEFAULT_MODEL, metadata={
+        "help": "CXMI scorer: embedded name or local Hugging Face folder; none: no CXMI"})
+    cxmi_level: CXMILevel = field(default="both", metadata={
+        "help": "score chunks, sentences or both with CXMI"})
     batch_size: int = field(default=16, metadata={"help": "scorer sequences per forward pass"})
     device: Literal["auto", "cpu", "cuda"] = field(default="auto",
                                                    metadata={"help": "scorer device"})
-    teacher: TeacherConfig | None = field(default=None, metadata={"help": "teacher endpoint"})
+    teacher: TeacherConfig | None = field(default=None, metadata={
+        "help": "the teacher, any OpenAI-compatible API (unset: no teacher)"})
     max_documents: int | None = field(default=None,
                                       metadata={"help": "label at most N chunks per question"})
     borrowed_negatives: int = field(
@@ -84,9 +98,6 @@ class LabelRunConfig:
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
-        if self.cxmi_level not in ("chunk", "sentence", "both"):
-            raise ConfigError("cxmi_level must be chunk, sentence or both, "
-                              f"got {self.cxmi_level!r}")
         if self.batch_size < 1 or self.questions_per_step < 1:
             raise ConfigError("batch_size and questions_per_step must be >= 1")
         if self.max_documents is not None and self.max_documents < 1:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.settings import settings
 
 ChunkRule = Literal["teacher_and_auto", "auto", "teacher", "strinc", "cxmi"]
 SentenceRule = Literal["teacher_or_strinc", "auto", "teacher", "strinc", "cxmi"]
@@ -53,7 +54,7 @@ SENTENCE_RULES: tuple[SentenceRule, ...] = ("teacher_or_strinc", "auto", "teache
 GOLD_USES: tuple[GoldUse, ...] = ("prefer", "ignore", "only")
 
 
-@dataclass(frozen=True)
+@settings
 class LabelPolicy:
     """How the signals of `data_gen.labels` combine into chunk and sentence labels."""
 

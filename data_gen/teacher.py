@@ -36,13 +36,14 @@ from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.base import GenerationSettings, Usage
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Conversation
 
 AGENT = "teacher"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
-@dataclass(frozen=True)
+@settings
 class TeacherConfig:
     """Where the teacher is served and how hard to push it."""
 

@@ -1,4 +1,4 @@
-"""sieverag runtime: LLM backends, filters, pipelines and evaluation.
+"""sieverag runtime: dataset loading, LLM backends, retrieval, filters, pipelines and evaluation.
 
 `inference` is the base of the project: `data_gen`, `training` and `serving` import it,
 it imports none of them.

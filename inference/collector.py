@@ -15,7 +15,6 @@ if not, what to search for next.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,9 +22,11 @@ from dataclasses import dataclass, field
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.memory import shown_memory
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import settings
 
 YES, NO = "Yes", "No"
 _WORD = re.compile(r"\w+")
@@ -33,7 +34,7 @@ _QUERY_PREFIX = re.compile(r"^\s*(new |search )?query\s*[:\-]\s*", re.IGNORECASE
 _STOP_WORDS = frozenset(STOPWORDS_EN_PLUS)
 
 
-@dataclass(frozen=True)
+@settings
 class CollectorConfig:
     """Settings of the adaptive information collector (AIC)."""
 
@@ -115,7 +116,7 @@ class InformationCollector:
         """Whether the memory suffices to answer the question."""
         prompt = self.sufficiency_prompt.messages(question=question, memory=shown_memory(memory))
         logprobs = self.backend.label_logprobs([prompt], [YES, NO], agent="sufficiency")[0]
-        p_yes = 1.0 / (1.0 + math.exp(logprobs[NO] - logprobs[YES]))
+        p_yes = p_relevant(relevance_log_odds(logprobs, YES, NO))
         return Sufficiency(p_yes, p_yes >= self.config.sufficiency_threshold)
 
     def next_query(self, question: str, memory: str, previous: Sequence[str]) -> NextQuery:

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
-
-import yaml
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.router import RouterConfig
-from sieverag.inference.typed_config import from_mapping, to_mapping
+from sieverag.inference.settings import load_settings, settings, settings_to_yaml
 
 
-@dataclass(frozen=True)
+@settings
 class GenerationConfig:
     """Decoding of the final answer."""
 
@@ -29,7 +28,7 @@ class GenerationConfig:
             raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
-@dataclass(frozen=True)
+@settings
 class RetrievalConfig:
     """Retrieve each question's documents from an index instead of the dataset's own."""
 
@@ -42,7 +41,7 @@ class RetrievalConfig:
             raise ConfigError(f"retrieval.k must be >= 1, got {self.k}")
 
 
-@dataclass(frozen=True)
+@settings
 class TrustConfig:
     """Trust-aware metrics computed for every answer (inference/eval/trust.py)."""
 
@@ -55,7 +54,27 @@ class TrustConfig:
                             metadata={"help": "also grade answers 1-5 with the generator model"})
 
 
-@dataclass(frozen=True)
+@settings
+class ModelRoles:
+    """The three model roles, each in-process (model + optional adapter) or served (endpoint +
+    model name): the generator answers; the judge (MAIN-RAG, training-free) scores documents
+    on a base model; the filter (MCF) is the trained LoRA adapter."""
+
+    generator: BackendSpec = field(default_factory=BackendSpec,
+                                   metadata={"help": "the model that answers"})
+    judge: BackendSpec | None = field(default=None, metadata={
+        "help": "the MAIN-RAG judge's model (default: the generator's)"})
+    filter: BackendSpec = field(default_factory=BackendSpec, metadata={
+        "help": "the trained filter: in-process, its base `model` and `adapter` (a folder or "
+                f"a filter's name; default {DEFAULT_FILTER_NAME}: installed, else shipped); "
+                "served, `endpoint` and the served adapter's `model` name"})
+
+    @property
+    def judge_spec(self) -> BackendSpec:
+        return self.judge or self.generator
+
+
+@settings
 class RunConfig:
     """Everything that determines a run's results; `provenance` only records where it ran."""
 
@@ -69,10 +88,8 @@ class RunConfig:
                 "keeps the first N of them in dataset order"})
     max_documents: int | None = field(default=None,
                                       metadata={"help": "read at most N documents per example"})
-    generator: BackendSpec = field(default_factory=BackendSpec,
-                                   metadata={"help": "the model that answers"})
-    filter: BackendSpec | None = field(default=None,
-                                       metadata={"help": "the filter's model; default: generator"})
+    models: ModelRoles = field(default_factory=ModelRoles, metadata={
+        "help": "who runs each role: generator, judge, filter"})
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     mcf: MCFConfig = field(default_factory=MCFConfig,
@@ -100,24 +117,13 @@ class RunConfig:
         if self.max_documents is not None and self.max_documents < 1:
             raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
 
-    @property
-    def filter_backend(self) -> BackendSpec:
-        return self.filter or self.generator
-
     def without_provenance(self) -> RunConfig:
         return replace(self, provenance={})
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(to_mapping(self), sort_keys=False, allow_unicode=True)
+        return settings_to_yaml(self)
 
 
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config YAML strictly (unknown keys and bad values are errors)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
-    return from_mapping(RunConfig, data, where=str(path))
+    return load_settings(RunConfig, path)

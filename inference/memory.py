@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import settings
 
 EMPTY_MEMORY = "(empty)"
 REVIEW_AGENT = "reviewer+challenger"
 REFINE_AGENT = "refiner"
 
 
-@dataclass(frozen=True)
+@settings
 class MemoryConfig:
     """Settings of the memory updater (AMU)."""
 

@@ -49,19 +49,20 @@ as a check of the rule's behaviour, not as held-out accuracy.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import settings
 
 DEFAULT_INTENT_WORDS = ("why", "how", "explain", "compare", "according to", "describe",
                         "difference between", "what are the", "list", "which of")
 
 
-@dataclass(frozen=True)
+@settings
 class RouterConfig:
     """Thresholds of the retrieve-or-not decision (see the module docstring)."""
 
@@ -143,8 +144,7 @@ class Router:
         if self.config.self_check and self.backend is not None:
             prompt = self.self_check_prompt.messages(question=question)
             scores = self.backend.label_logprobs([prompt], ["Yes", "No"], agent="router")[0]
-            yes, no = math.exp(scores["Yes"]), math.exp(scores["No"])
-            features["self_check"] = round(yes / (yes + no), 4) if yes + no > 0 else 0.5
+            features["self_check"] = round(p_relevant(relevance_log_odds(scores)), 4)
         return features
 
     def decide(self, question: str) -> RouteDecision:

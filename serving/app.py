@@ -19,7 +19,12 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from sieverag.serving.auth import BearerAuth
-from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest, SequenceResult
+from sieverag.serving.engine import (
+    BatchingEngine,
+    EngineClosedError,
+    SequenceRequest,
+    SequenceResult,
+)
 from sieverag.serving.openai_format import chat_body, completion_body
 from sieverag.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text

@@ -1,114 +1,82 @@
 """`sieverag serve`: the embedded server (`--engine local`) or vLLM (`--engine vllm`).
 
-Registered with the `sieverag` command line through the `sieverag.commands` entry point;
-the engines are imported only when `serve` runs, so other commands start fast.
+The command's settings are the served model (`ServedModel`) plus one section of options per
+engine (`--local.*`, `--vllm.*`); the engines are imported only when `serve` runs, so other
+commands start fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
-from typing import Any
+from dataclasses import field
+from typing import Literal
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
+from sieverag.inference.settings import narrow, settings
+from sieverag.serving.config import (
+    LocalOptions,
+    LocalServerConfig,
+    ServedModel,
+    VLLMLaunchConfig,
+    VLLMOptions,
+)
 
-# Options of one engine only: flag -> config field.
-_LOCAL_ONLY = {"--max-batch-size": "max_batch_size", "--batch-window-ms": "batch_window_ms",
-               "--dtype": "dtype", "--device": "device"}
-_VLLM_ONLY = {"--tensor-parallel-size": "tensor_parallel_size",
-              "--gpu-memory-utilization": "gpu_memory_utilization",
-              "--max-model-len": "max_model_len", "--max-logprobs": "max_logprobs",
-              "--vllm-bin": "vllm_bin", "--startup-timeout": "startup_timeout_s"}
+Engine = Literal["local", "vllm"]
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `serve` subcommand."""
-    parser = subparsers.add_parser(
-        "serve", help="serve a model and its LoRA adapters over an OpenAI-compatible API",
-        description="Serve a base model and LoRA adapters (each selected by its name in the "
-        "request's `model` field) over an OpenAI-compatible API: the embedded server "
-        "(transformers + PEFT, CPU or GPU) or vLLM as a managed subprocess (GPU).")
-    parser.add_argument("--engine", choices=("local", "vllm"), default="local",
-                        help="local: the embedded server; vllm: run `vllm serve` "
-                        "(default local)")
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"base model: embedded name, local Hugging Face folder (or, with "
-                        f"vllm, a hub id); requests name it as given (default {DEFAULT_MODEL})")
-    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
-                        help="a PEFT LoRA adapter folder served as NAME; a bare PATH is named "
-                        "<folder>-<hash8> from its content (repeat for several adapters)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    parser.add_argument("--api-key-env", metavar="VAR",
-                        help="require `Authorization: Bearer <key>` on /v1 requests, the key "
-                        "read from environment variable VAR")
-
-    local = parser.add_argument_group("--engine local")
-    local.add_argument("--max-batch-size", type=int, metavar="N",
-                       help=_help(LocalServerConfig, "max_batch_size"))
-    local.add_argument("--batch-window-ms", type=float, metavar="M",
-                       help=_help(LocalServerConfig, "batch_window_ms"))
-    local.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
-                       help=_help(LocalServerConfig, "dtype"))
-    local.add_argument("--device", choices=("auto", "cpu", "cuda"),
-                       help=_help(LocalServerConfig, "device"))
-
-    vllm = parser.add_argument_group("--engine vllm")
-    vllm.add_argument("--tensor-parallel-size", type=int, metavar="N",
-                      help=_help(VLLMLaunchConfig, "tensor_parallel_size"))
-    vllm.add_argument("--gpu-memory-utilization", type=float, metavar="F",
-                      help=_help(VLLMLaunchConfig, "gpu_memory_utilization"))
-    vllm.add_argument("--max-model-len", type=int, metavar="N",
-                      help=_help(VLLMLaunchConfig, "max_model_len"))
-    vllm.add_argument("--max-logprobs", type=int, metavar="N",
-                      help=_help(VLLMLaunchConfig, "max_logprobs"))
-    vllm.add_argument("--vllm-bin", metavar="PATH", help=_help(VLLMLaunchConfig, "vllm_bin"))
-    vllm.add_argument("--startup-timeout", type=float, metavar="S",
-                      help=_help(VLLMLaunchConfig, "startup_timeout_s"))
-    parser.set_defaults(func=run_serve)
+# Each engine's options section and the config it completes.
+ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
+    "local": (LocalOptions, LocalServerConfig),
+    "vllm": (VLLMOptions, VLLMLaunchConfig),
+}
 
 
-def run_serve(args: argparse.Namespace) -> int:
+@settings
+class ServeCommand(ServedModel):
+    """Serve a base model and LoRA adapters (each selected by its name in the request's
+    `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
+    CPU or GPU) or vLLM as a managed subprocess (GPU)."""
+
+    engine: Engine = field(default="local", metadata={
+        "help": "local: the embedded server; vllm: run `vllm serve`"})
+    local: LocalOptions | None = field(default=None, metadata={
+        "help": "options of --engine local (unset: their defaults)"})
+    vllm: VLLMOptions | None = field(default=None, metadata={
+        "help": "options of --engine vllm (unset: their defaults)"})
+
+
+def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig:
+    """The chosen engine's config: the served model plus that engine's options; options of
+    the other engine are refused."""
+    for engine in ENGINE_CONFIGS:
+        if engine != command.engine and getattr(command, engine) is not None:
+            raise ConfigError(f"{', '.join(_given_flags(command, engine))} only apply to "
+                              f"--engine {engine}")
+    options_cls, config_cls = ENGINE_CONFIGS[command.engine]
+    options = getattr(command, command.engine) or options_cls()
+    return config_cls(**dataclasses.asdict(narrow(command, ServedModel)),
+                      **dataclasses.asdict(options))
+
+
+def _given_flags(command: ServeCommand, engine: str) -> list[str]:
+    """The flags of `engine`'s section set away from their defaults (the section's flags
+    when all hold their defaults)."""
+    options = getattr(command, engine)
+    defaults = type(options)()
+    return [f"--{engine}.{spec.name.replace('_', '-')}" for spec in dataclasses.fields(options)
+            if getattr(options, spec.name) != getattr(defaults, spec.name)] or [f"--{engine}.*"]
+
+
+def run_serve(command: ServeCommand) -> int:
     """Serve until SIGINT/SIGTERM; 0 after a clean stop."""
+    config = engine_config(command)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    common = {"model": args.model, "adapters": tuple(args.adapter), "host": args.host,
-              "port": args.port, "api_key_env": args.api_key_env}
-    if args.engine == "local":
-        _refuse_options(args, _VLLM_ONLY, "vllm")
+    if isinstance(config, LocalServerConfig):
         from sieverag.serving.local_server import LocalServer
 
-        logging.getLogger(__name__).info("loading %s ...", args.model)
-        LocalServer(LocalServerConfig(**common, **_given(args, _LOCAL_ONLY))).run()
+        logging.getLogger(__name__).info("loading %s ...", config.model)
+        LocalServer(config).run()
         return 0
-    _refuse_options(args, _LOCAL_ONLY, "local")
     from sieverag.serving.vllm_launcher import VLLMServer
 
-    return VLLMServer(VLLMLaunchConfig(**common, **_given(args, _VLLM_ONLY))).run()
-
-
-def _given(args: argparse.Namespace, options: dict[str, str]) -> dict[str, Any]:
-    """Config fields for the engine options given on the command line (others: defaults)."""
-    return {name: getattr(args, _dest(flag)) for flag, name in options.items()
-            if getattr(args, _dest(flag)) is not None}
-
-
-def _refuse_options(args: argparse.Namespace, options: dict[str, str], engine: str) -> None:
-    given = [flag for flag in options if getattr(args, _dest(flag)) is not None]
-    if given:
-        raise ConfigError(f"{', '.join(given)} only apply to --engine {engine}")
-
-
-def _dest(flag: str) -> str:
-    """The argparse destination of a flag: --max-batch-size -> max_batch_size."""
-    return flag.removeprefix("--").replace("-", "_")
-
-
-def _help(config: type, name: str) -> str:
-    """A config field's help text, with its default where it has one."""
-    spec = next(f for f in dataclasses.fields(config) if f.name == name)
-    text = spec.metadata["help"]
-    return text if spec.default is None else f"{text} (default {spec.default})"
+    return VLLMServer(config).run()

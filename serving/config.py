@@ -1,97 +1,95 @@
 """The settings of both serving engines, as validated dataclasses.
 
-Kept apart from the engines so `sieverag --help` and argument parsing import nothing heavy.
+Each option is defined once: `ServedModel` holds what both engines share, `LocalOptions` and
+`VLLMOptions` what only one uses. An engine's config is the shared part plus its own
+(`LocalServerConfig`, `VLLMLaunchConfig`); `sieverag serve` (`serving.cli`) takes the shared
+part and both option sections as flags. Kept apart from the engines so `sieverag --help` and
+argument parsing import nothing heavy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from dataclasses import field
+from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.settings import settings
 
-if TYPE_CHECKING:
-    from sieverag.inference.llm.hf import Device, DType
-
+# The choices of `inference.llm.hf`'s DType and Device, repeated: that module loads torch.
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
 
-@dataclass(frozen=True)
-class LocalServerConfig:
-    """What the embedded server serves and how; validated on construction."""
+@settings
+class ServedModel:
+    """What a server serves and where: the settings both engines share."""
 
     model: str = field(default=DEFAULT_MODEL, metadata={
-        "help": "base model: embedded name or local Hugging Face folder; requests name it as "
-                "given here"})
+        "help": "base model: embedded name or local Hugging Face folder (vllm also takes a hub "
+                "id); requests name it as given here"})
     adapters: tuple[str, ...] = field(default=(), metadata={
-        "help": "LoRA adapters as NAME=PATH (or a bare PATH, named <folder>-<hash8>)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = field(default=8000, metadata={"help": "TCP port; 0 picks a free one"})
+        "help": "LoRA adapters as NAME=PATH, comma-separated; PATH is a PEFT folder or a "
+                "filter's name, and a bare PATH is served as <folder>-<hash8> from its content"})
+    host: str = field(default="127.0.0.1", metadata={
+        "help": "address to bind (127.0.0.1: this machine only)"})
+    port: int = field(default=8000, metadata={
+        "help": "TCP port; 0 picks a free one (local engine only)"})
     api_key_env: str | None = field(default=None, metadata={
-        "help": "environment variable holding the API key that requests must send"})
+        "help": "require `Authorization: Bearer <key>` on /v1 requests, the key read from this "
+                "environment variable"})
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("model must name an embedded model, a local folder or a hub id, "
+                              "got ''")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.api_key_env is not None and not self.api_key_env:
+            raise ConfigError("api_key_env must name an environment variable, got ''")
+
+
+@settings
+class LocalOptions:
+    """How the embedded server (`--engine local`) loads the model and batches requests."""
+
     max_batch_size: int = field(default=32, metadata={
         "help": "most sequences in flight at once (a decode step runs all of one model's)"})
     batch_window_ms: float = field(default=10.0, metadata={
         "help": "when idle, how long to wait for more requests after the first one"})
-    dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on "
-                                                           "CPU"})
+    dtype: DType = field(default="auto", metadata={
+        "help": "auto: bfloat16 on GPU, float32 on CPU"})
     device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
     log_level: LogLevel = field(default="info", metadata={"help": "server log level"})
     access_log: bool = field(default=True, metadata={"help": "log one line per request"})
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ConfigError("model must name an embedded model or a local folder, got ''")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 0..65535, got {self.port}")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not self.batch_window_ms >= 0:
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
-        if self.api_key_env is not None and not self.api_key_env:
-            raise ConfigError("api_key_env must name an environment variable, got ''")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got "
-                              f"{self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
-            raise ConfigError(f"log_level must be critical, error, warning, info or debug, got "
-                              f"{self.log_level!r}")
 
 
-@dataclass(frozen=True)
-class VLLMLaunchConfig:
-    """How to run `vllm serve`; validated on construction."""
+@settings
+class VLLMOptions:
+    """How `vllm serve` (`--engine vllm`) runs."""
 
-    model: str = field(default=DEFAULT_MODEL, metadata={
-        "help": "base model: embedded name, local folder or Hugging Face id"})
-    adapters: tuple[str, ...] = field(default=(), metadata={
-        "help": "LoRA adapters as NAME=PATH (or a bare PATH, named <folder>-<hash8>)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = field(default=8000, metadata={"help": "TCP port"})
-    api_key_env: str | None = field(default=None, metadata={
-        "help": "environment variable holding the API key that requests must send"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs per model replica"})
     gpu_memory_utilization: float = field(default=0.9, metadata={
         "help": "fraction of each GPU's memory vLLM may use"})
     max_model_len: int | None = field(default=None, metadata={
-        "help": "context length cap (default: the model's)"})
+        "help": "context length cap; unset: the model's"})
     max_logprobs: int = field(default=20, metadata={
         "help": "most log-probs per token a request may ask for"})
     vllm_bin: str | None = field(default=None, metadata={
-        "help": "the vllm executable (default: `vllm` on PATH)"})
+        "help": "the vllm executable; unset: `vllm` on PATH"})
     startup_timeout_s: float = field(default=900.0, metadata={
         "help": "seconds to wait for /v1/models to answer"})
     stop_timeout_s: float = field(default=30.0, metadata={
         "help": "seconds a stopping vLLM gets before it is killed"})
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ConfigError("model must name a model, got ''")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 1..65535, got {self.port}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got "
                               f"{self.tensor_parallel_size}")
@@ -105,5 +103,23 @@ class VLLMLaunchConfig:
         if not self.startup_timeout_s > 0 or not self.stop_timeout_s > 0:
             raise ConfigError(f"startup_timeout_s and stop_timeout_s must be > 0, got "
                               f"{self.startup_timeout_s} and {self.stop_timeout_s}")
-        if self.api_key_env is not None and not self.api_key_env:
-            raise ConfigError("api_key_env must name an environment variable, got ''")
+
+
+@settings
+class LocalServerConfig(LocalOptions, ServedModel):
+    """What the embedded server serves and how; validated on construction."""
+
+    def __post_init__(self) -> None:
+        ServedModel.__post_init__(self)
+        LocalOptions.__post_init__(self)
+
+
+@settings
+class VLLMLaunchConfig(VLLMOptions, ServedModel):
+    """How to run `vllm serve`; validated on construction."""
+
+    def __post_init__(self) -> None:
+        ServedModel.__post_init__(self)
+        VLLMOptions.__post_init__(self)
+        if self.port == 0:  # vLLM binds the port it is given; the launcher must know it
+            raise ConfigError("port must be in 1..65535 for vllm, got 0")

@@ -66,7 +66,7 @@ def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amb
     backend = ScriptedBackend(reply=agents.reply, labels=agents.labels)
     # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps; both
     # MCF stages and the memory in the answer, so every agent of the loop runs.
-    context = PipelineContext(generator=backend, filter_backend=backend, mcf_backend=backend,
+    context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
                               mcf=MCFConfig(bar="fixed", sentence_stage=True),
                               amber=replace(AmberConfig(k=3, answer_from="memory_and_evidence"),
                                             **amber), search=search)
@@ -212,7 +212,7 @@ def test_memory_only_answers_do_not_show_evidence_and_the_config_is_validated():
     prompt = backend.calls[-1][1]
     assert "Notes:\nNotes after update 1." in prompt and "Evidence:" not in prompt
     assert output.documents_read  # what the memory was built from
-    with pytest.raises(ConfigError, match="amber.filter"):
+    with pytest.raises(ConfigError, match="AmberConfig: filter: Input should be"):
         AmberConfig(filter="magic")
     with pytest.raises(ConfigError, match="max_iterations"):
         AmberConfig(max_iterations=0)

@@ -5,18 +5,19 @@ records carry the trace, the adapter is resolved into config.yaml, `sieverag tra
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.cli import main
-from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.cli import main
+from sieverag.inference import compose
+from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
 from sieverag.inference.demo_data import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
-from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.memory import MemoryConfig
 from sieverag.inference.pipelines.amber import STOP_REASONS
@@ -26,6 +27,12 @@ from sieverag.inference.retrieval.index import build_index
 
 SHORT = AmberConfig(max_iterations=2, k=5, answer_from="memory_and_evidence",
                     memory=MemoryConfig(review_max_new_tokens=8, refine_max_new_tokens=16))
+
+
+def tiny_roles(model_dir, batch_size: int = 16, adapter: str | None = None) -> ModelRoles:
+    """Every role on the tiny model (the tiny adapter's base), the filter with `adapter`."""
+    spec = BackendSpec(model=str(model_dir), batch_size=batch_size)
+    return ModelRoles(generator=spec, filter=replace(spec, adapter=adapter))
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +47,13 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     installed = install_adapter(adapter_dir, DEFAULT_FILTER_NAME)
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(dataset=str(dataset), pipelines=("amber-mcf", "amber-judge"), limit=2,
-                       generator=BackendSpec(model=str(tiny_model_dir), batch_size=8),
+                       models=tiny_roles(tiny_model_dir, batch_size=8),
                        amber=SHORT, trust=TrustConfig(enabled=False))
     out = tmp_path / "run"
     summaries = runner.run_evaluation(config, out, progress=False)
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["mcf"]["adapter"] == str(installed)  # the default filter, made explicit
+    # The default filter, made explicit.
+    assert saved["models"]["filter"]["adapter"] == str(installed)
     assert saved["amber"]["max_iterations"] == 2
     record = json.loads((out / "results" / "amber-mcf.jsonl").open().readline())
     trace = record["trace"]
@@ -76,17 +84,17 @@ def test_mcf_without_a_usable_trained_filter_is_a_clear_error(tmp_path, tiny_mod
     monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped-nothing")
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(dataset=str(dataset), pipelines=("vanilla", "amber"),
-                       generator=BackendSpec(model=str(tiny_model_dir)))
+                       models=tiny_roles(tiny_model_dir))
     with pytest.raises(AdapterError, match="'smollm2-filter' is neither a folder nor the name"):
         runner.run_evaluation(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # nothing half-written
     with pytest.raises(AdapterError, match="no adapter_config.json"):
         runner.run_evaluation(
-            RunConfig(**{**config.__dict__, "mcf": MCFConfig(adapter=str(tmp_path))}),
+            replace(config, models=tiny_roles(tiny_model_dir, adapter=str(tmp_path))),
             tmp_path / "run", progress=False)
     # The judge needs no training; `auto` routed to amber needs it.
-    assert not runner.needs_trained_filter(RunConfig(dataset="d", pipelines=("amber-judge",)))
-    assert runner.needs_trained_filter(RunConfig(dataset="d", pipelines=("auto",),
+    assert not compose.needs_trained_filter(RunConfig(dataset="d", pipelines=("amber-judge",)))
+    assert compose.needs_trained_filter(RunConfig(dataset="d", pipelines=("auto",),
                                                  routed_pipeline="amber-stack"))
 
 
@@ -101,8 +109,8 @@ def test_ask_answers_over_an_index_and_shows_evidence_and_rounds(
     index = tmp_path / "index"
     build_index(corpus, index, IndexConfig(dense=None), show_progress=False)
     assert main(["ask", "Where was Liora Tamsin born?", "--index", str(index), "--mode", "bm25",
-                 "--model", str(tiny_model_dir), "--amber-filter", "none", "--amber-k", "1",
-                 "--max-iterations", "2", "--trace"]) == 0
+                 "--models.generator.model", str(tiny_model_dir), "--amber.filter", "none",
+                 "--amber.k", "1", "--amber.max-iterations", "2", "--trace"]) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("Answer: ") and "Evidence read (" in shown
     assert "[1] Liora Tamsin: Liora Tamsin was born in Quorrin." in shown
@@ -118,8 +126,9 @@ def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
     out = tmp_path / "demo"
     (out / "run").mkdir(parents=True)
     (out / "run" / "stale.txt").write_text("an earlier demo", encoding="utf-8")
-    assert main(["demo", "--out", str(out), "--limit", "2", "--quiet", "--model",
-                 str(tiny_model_dir)]) == 0
+    assert main(["demo", "--out", str(out), "--limit", "2", "--quiet",
+                 "--models.generator.model", str(tiny_model_dir),
+                 "--models.filter.model", str(tiny_model_dir)]) == 0
     shown = capsys.readouterr().out
     assert not (out / "run" / "stale.txt").exists()  # a fresh run, not a resumed one
     for pipeline in ("direct", "vanilla", "main-rag", "amber-mcf"):

@@ -7,12 +7,13 @@ import pytest
 from sieverag.inference.config import RunConfig, load_run_config
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.prompt_templates import load_template, parse_template
-from sieverag.inference.typed_config import from_mapping
+from sieverag.inference.settings import validate_settings
 
 
 def test_round_trip_through_yaml(tmp_path):
-    config = from_mapping(RunConfig, {"dataset": "d.jsonl", "pipelines": ["vanilla", "main-rag"],
-                                      "judge": {"bar_n": 1}, "limit": 5})
+    config = validate_settings(RunConfig, {"dataset": "d.jsonl", "pipelines": ["vanilla",
+                                                                          "main-rag"],
+                                           "judge": {"bar_n": 1}, "limit": 5}, "test")
     path = tmp_path / "config.yaml"
     path.write_text(config.to_yaml())
     assert load_run_config(path) == config
@@ -20,19 +21,21 @@ def test_round_trip_through_yaml(tmp_path):
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"dataset": "d", "judge": {"barn": 1}}, "unknown key.*config.judge: barn"),
-    ({"dataset": "d", "colour": "red"}, "unknown key.*colour"),
-    ({"dataset": "d", "answer_extraction": "all"}, "config.answer_extraction must be one of"),
-    ({"dataset": "d", "limit": "ten"}, "config.limit"),
+    ({"dataset": "d", "judge": {"barn": 1}}, "judge.barn: unknown setting"),
+    ({"dataset": "d", "colour": "red"}, "colour: unknown setting"),
+    ({"dataset": "d", "answer_extraction": "all"}, "answer_extraction: Input should be"),
+    ({"dataset": "d", "limit": "ten"}, "limit: Input should be a valid integer"),
     ({"dataset": "d", "limit": 0}, "limit must be >= 1"),
-    ({"dataset": "d", "generator": {"kind": "openai"}}, "needs an endpoint"),
-    ({"dataset": "d", "generator": {"kind": "grpc"}}, "config.generator.kind must be one of"),
+    ({"dataset": "d", "models": {"generator": {"kind": "openai"}}},
+     "models.generator.kind: unknown setting"),
+    ({"dataset": "d", "models": {"filter": {"endpoint": "http://h/v1", "adapter": "a"}}},
+     "adapter 'a' is for an in-process model"),
     ({"dataset": "d", "generation": {"max_new_tokens": 0}}, "max_new_tokens must be >= 1"),
-    ({"pipelines": ["vanilla"]}, "dataset"),
+    ({"pipelines": ["vanilla"]}, "dataset: Field required"),
 ])
 def test_bad_configs_are_errors_naming_the_field(data, message):
     with pytest.raises(ConfigError, match=message):
-        from_mapping(RunConfig, data)
+        validate_settings(RunConfig, data, "test")
 
 
 def test_missing_or_broken_config_file(tmp_path):

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
-from sieverag.data_gen.cli import register
-from sieverag.data_gen.dataset import DatasetConfig, build_dataset, parse_mix, split_of
-from sieverag.data_gen.labelling import LABELS_FILE, SUMMARY_FILE, LabelRunConfig, run_labelling
+from sieverag.cli import main
+from sieverag.data_gen.cli import BuildDatasetCommand, LabelCommand
+from sieverag.data_gen.dataset import DatasetConfig, build_dataset, split_of
+from sieverag.data_gen.labelling import (
+    CONFIG_FILE,
+    LABELS_FILE,
+    SUMMARY_FILE,
+    LabelRunConfig,
+    run_labelling,
+)
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.teacher import TeacherConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.filter_format import parse_sentence_answer
+from sieverag.inference.settings import parse_settings
 
 
 def entry(*, strinc=False, cxmi=None, teacher=None, gold=None, sentences=3,
@@ -155,14 +162,38 @@ def test_build_dataset_splits_by_question_balances_and_mixes(tmp_path: Path,
     assert mixed.counts["train"]["chunk"] == 3 * mixed.counts["train"]["sentence"]
 
 
-def test_split_is_stable_and_parse_mix_validates() -> None:
+def test_split_is_stable_and_mix_validates() -> None:
     assert split_of("abc", 0.5, 0) == split_of("abc", 0.5, 0)
     assert {split_of(f"q{i}", 0.0, 0) for i in range(50)} == {"train"}
-    assert parse_mix("chunk=0.7, sentence=0.3") == {"chunk": 0.7, "sentence": 0.3}
-    with pytest.raises(ConfigError):
-        parse_mix("chunk=lots")
+    with pytest.raises(ConfigError, match="mix.chunk"):
+        parse_settings(BuildDatasetCommand, ["--labels", "x", "--out", "y", "--mix",
+                                             "chunk=lots"], "sieverag build-dataset")
     with pytest.raises(ConfigError):
         DatasetConfig(labels=("x",), out="y", mix={"summary": 1.0})
+    assert DatasetConfig(labels=("x",), out="y", chunk_positive_fraction=0) \
+        .chunk_positive_fraction is None
+
+
+def test_build_dataset_command_reads_its_flags(tmp_path: Path, tiny_model_dir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    command = parse_settings(BuildDatasetCommand, [
+        "--labels", "a,b", "--out", "o", "--mix", "chunk=0.5,sentence=0.5",
+        "--policy.gold", "ignore", "--chunk-positive-fraction", "0"], "sieverag build-dataset")
+    assert command.labels == ("a", "b") and command.mix == {"chunk": 0.5, "sentence": 0.5}
+    assert command.policy.gold == "ignore" and command.chunk_positive_fraction is None
+
+    write_labels(tmp_path / "labels", [labelled_question(i) for i in range(4)])
+    out = tmp_path / "dataset"
+    assert main(["build-dataset", "--labels", str(tmp_path / "labels"), "--out", str(out),
+                 "--mix", "chunk=1,sentence=0", "--chunk-positive-fraction", "0",
+                 "--validation-fraction", "0", "--policy.chunk-rule", "strinc",
+                 "--tokenizer", str(tiny_model_dir), "--quiet"]) == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["counts"]["train"]["chunk"] == 32  # every chunk kept: no balancing
+    assert stats["counts"]["train"].get("sentence", 0) == 0
+    assert stats["policy"]["chunk_rule"] == "strinc"
+    assert "train: " in capsys.readouterr().out and stats["chunk_positive_fraction"]["train"] \
+        == 0.25
 
 
 def teacher_reply(request: RecordedRequest) -> Reply:
@@ -172,14 +203,19 @@ def teacher_reply(request: RecordedRequest) -> Reply:
                                              "key_sentences": [1] if relevant else []})))
 
 
-def test_label_run_records_every_signal_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    dataset = tmp_path / "data.jsonl"
+def write_dataset(path: Path) -> Path:
+    """Three copies of one question, each with a gold chunk and a distractor (common format)."""
     rows = [{"id": f"q{i}", "question": "Where was Lise Meitner born?", "answers": ["Vienna"],
              "ctxs": [{"title": "Meitner", "text": "She was born in Vienna. She studied physics.",
                        "is_gold": True},
                       {"title": "Danube", "text": "The Danube is long.", "is_gold": False}]}
             for i in range(3)]
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_label_run_records_every_signal_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    dataset = write_dataset(tmp_path / "data.jsonl")
     out = tmp_path / "labels"
     with FakeOpenAIServer(teacher_reply) as server:
         config = LabelRunConfig(dataset=str(dataset), out=str(out), scorer=str(tiny_model_dir),
@@ -210,13 +246,47 @@ def test_label_run_records_every_signal_and_resumes(tmp_path: Path, tiny_model_d
                                      scorer=str(tiny_model_dir)), progress=False)
 
 
-def test_cli_registers_label_and_build_dataset() -> None:
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    label = parser.parse_args(["label", "--dataset", "d.jsonl", "--out", "o", "--scorer", "none",
-                               "--teacher-endpoint", "http://h/v1", "--teacher-model", "m"])
-    assert label.scorer == "none" and label.teacher_model == "m" and label.func.__name__ \
-        == "cmd_label"
-    build = parser.parse_args(["build-dataset", "--labels", "a", "b", "--out", "o",
-                               "--mix", "chunk=0.5,sentence=0.5", "--gold", "ignore"])
-    assert build.labels == ["a", "b"] and build.gold == "ignore"
+def test_label_command_reads_teacher_section_and_scorer_none() -> None:
+    command = parse_settings(LabelCommand, [
+        "--dataset", "d.jsonl", "--out", "o", "--scorer", "none", "--teacher.endpoint",
+        "http://h/v1", "--teacher.model", "m", "--teacher.max-concurrency", "2"],
+        "sieverag label")
+    assert command.scorer is None and command.teacher == TeacherConfig(
+        endpoint="http://h/v1", model="m", max_concurrency=2)
+    assert parse_settings(LabelCommand, ["--dataset", "d", "--out", "o"], "sieverag label") \
+        .teacher is None
+    with pytest.raises(ConfigError, match="teacher.model"):
+        parse_settings(LabelCommand, ["--dataset", "d", "--out", "o", "--teacher.endpoint",
+                                      "http://h/v1"], "sieverag label")
+
+
+def test_label_command_config_file_gives_defaults_and_flags_override(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = write_dataset(tmp_path / "data.jsonl")
+    out = tmp_path / "labels"
+    config = tmp_path / "label.yaml"
+    config.write_text(f"dataset: {dataset}\nout: {out}\nscorer: none\nmax_documents: 1\n"
+                      "seed: 3\nquiet: true\n")
+    assert main(["label", "--config", str(config), "--max-documents", "2"]) == 0
+    settings = json.loads((out / CONFIG_FILE).read_text())
+    assert (settings["scorer"], settings["seed"], settings["max_documents"]) == (None, 3, 2)
+    assert json.loads((out / SUMMARY_FILE).read_text())["questions_total"] == 3
+    assert "labelled 3 question(s) now, 0 before; 3 in all" in capsys.readouterr().out
+    record = json.loads((out / LABELS_FILE).read_text().splitlines()[0])
+    assert len(record["chunks"]) == 2 and record["chunks"][0]["cxmi"] is None
+
+    config.write_text(f"dataset: {dataset}\nout: {out}\nscorr: none\n")
+    assert main(["label", "--config", str(config)]) == 2
+    assert "scorr: unknown setting" in capsys.readouterr().err
+
+
+def test_label_command_refuses_a_bad_teacher_url_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "labels"
+    assert main(["label", "--dataset", str(write_dataset(tmp_path / "data.jsonl")), "--out",
+                 str(out), "--scorer", "none", "--teacher.endpoint", "host:8000",
+                 "--teacher.model", "m"]) == 2
+    assert "base_url must start with http://" in capsys.readouterr().err
+    assert not out.exists()

@@ -12,7 +12,12 @@ from pathlib import Path
 
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
-from sieverag.data_gen.labelling import LABELS_FILE, TEACHER_CACHE_FILE, LabelRunConfig, run_labelling
+from sieverag.data_gen.labelling import (
+    LABELS_FILE,
+    TEACHER_CACHE_FILE,
+    LabelRunConfig,
+    run_labelling,
+)
 from sieverag.data_gen.teacher import TeacherConfig, cache_key
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.cli import main
+from sieverag.cli import main
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import (
     CARD_FILE,
@@ -87,6 +87,39 @@ def test_install_copies_only_the_adapter_files(lora, places, tmp_path):
     assert main(["filter", "install", str(run), "--name", "mine"]) == 0
     assert sorted(p.name for p in (cache / "mine").iterdir()) == sorted(
         [CONFIG_FILE, WEIGHTS_FILE, CARD_FILE])
+
+
+def test_install_takes_its_name_from_a_config_file_and_a_flag_overrides_it(lora, places,
+                                                                            tmp_path, capsys):
+    cache, _ = places
+    config = tmp_path / "install.yaml"
+    config.write_text("name: from-file\n", encoding="utf-8")
+    assert main(["filter", "install", str(lora), "--config", str(config)]) == 0
+    assert main(["filter", "install", str(lora), "--config", str(config), "--name", "flag"]) == 0
+    assert sorted(p.name for p in cache.iterdir()) == ["flag", "from-file"]
+    capsys.readouterr()
+    assert main(["filter", "list"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:3]
+    assert sorted(row.split()[:2] for row in rows) == [["flag", "cache"], ["from-file", "cache"]]
+
+
+def test_install_without_a_path_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["filter", "install", "--name", "mine"])
+    assert exit_info.value.code == 2
+    assert "the following arguments are required: PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["filter", "install", "x", "--config", "{config}"], "nmae: unknown setting"),
+    (["filter", "package", "run", "--out", "o", "--check-passages", "0"],
+     "check_passages must be >= 1, got 0"),
+])
+def test_filter_commands_refuse_bad_settings_by_name(places, tmp_path, capsys, argv, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text("nmae: typo\n", encoding="utf-8")
+    assert main([a.format(config=config) for a in argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("breakage", "message"), [

@@ -28,7 +28,11 @@ from sieverag.inference.retrieval.evaluation import (
     reciprocal_rank,
     spread_subset,
 )
-from sieverag.inference.retrieval.hybrid import min_max_normalise, reciprocal_rank_fusion, weighted_fusion
+from sieverag.inference.retrieval.hybrid import (
+    min_max_normalise,
+    reciprocal_rank_fusion,
+    weighted_fusion,
+)
 from sieverag.inference.retrieval.hygiene import apply_hygiene, removal_reason
 from sieverag.inference.retrieval.index import Index, build_index
 from sieverag.inference.retrieval.manifest import IndexFormatError
@@ -225,7 +229,7 @@ def test_bm25_empty_query_and_k_cap() -> None:
 
 
 def test_bm25_config_validation() -> None:
-    with pytest.raises(ConfigError, match="bm25.method"):
+    with pytest.raises(ConfigError, match="BM25Config: method: Input should be"):
         BM25Config(method="okapi")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="stemmer"):
         BM25Config(stemmer="klingon")

@@ -11,7 +11,13 @@ from types import SimpleNamespace
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
+from sieverag.inference.config import (
+    ModelRoles,
+    RetrievalConfig,
+    RunConfig,
+    TrustConfig,
+    load_run_config,
+)
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.llm.registry import BackendSpec
@@ -176,7 +182,8 @@ def test_auto_pipeline_routes_and_records_its_decisions(tmp_path: Path,
     dataset.write_text("".join(json.dumps({"id": i, "question": q, "answers": [a]}) + "\n"
                                for i, q, a in questions))
     config = RunConfig(dataset=str(dataset), pipelines=("auto",), dataset_format="triviaqa",
-                       generator=BackendSpec(model=str(tiny_model_dir), batch_size=4),
+                       models=ModelRoles(generator=BackendSpec(model=str(tiny_model_dir),
+                                                               batch_size=4)),
                        retrieval=RetrievalConfig(index=str(tmp_path / "index"), mode="bm25",
                                                  k=2),
                        trust=TrustConfig(enabled=False))

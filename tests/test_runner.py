@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from sieverag.inference.cli import main
-from sieverag.inference.config import GenerationConfig, RunConfig
+from sieverag.cli import main
+from sieverag.inference.config import GenerationConfig, ModelRoles, RunConfig
 from sieverag.inference.demo_data import write_demo_dataset
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval import runner
@@ -24,7 +24,8 @@ def demo_file(tmp_path):
 
 def tiny_config(dataset, model_dir, **changes) -> RunConfig:
     values = {"dataset": str(dataset), "pipelines": ("direct", "vanilla", "main-rag"),
-              "limit": 4, "generator": BackendSpec(model=str(model_dir), batch_size=4),
+              "limit": 4,
+              "models": ModelRoles(generator=BackendSpec(model=str(model_dir), batch_size=4)),
               # The random tiny model never stops early: short replies keep the tests quick.
               "generation": GenerationConfig(max_new_tokens=4),
               "judge": JudgeConfig(predictor_max_new_tokens=4)}
@@ -98,9 +99,9 @@ def test_a_different_config_is_refused_in_the_same_folder(tmp_path, demo_file, t
 
 def test_cli_eval_and_repeat_from_config(tmp_path, demo_file, tiny_model_dir, capsys):
     out = tmp_path / "cli-run"
-    code = main(["eval", "--pipeline", "direct,vanilla", "--dataset", str(demo_file),
-                 "--limit", "2", "--model", str(tiny_model_dir), "--out", str(out), "--quiet",
-                 "--max-new-tokens", "4"])
+    code = main(["eval", "--pipelines", "direct,vanilla", "--dataset", str(demo_file),
+                 "--limit", "2", "--models.generator.model", str(tiny_model_dir),
+                 "--out", str(out), "--quiet", "--generation.max-new-tokens", "4"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| direct | 2 |" in printed and "| vanilla | 2 |" in printed
@@ -112,14 +113,36 @@ def test_cli_eval_and_repeat_from_config(tmp_path, demo_file, tiny_model_dir, ca
     assert [first[p]["f1"] for p in first] == [second[p]["f1"] for p in second]
 
 
+def test_cli_flags_override_a_config_file(tmp_path, demo_file, tiny_model_dir):
+    """`--config RUN/config.yaml --limit 1 --amber.k 3` reruns with limit 1 and k 3: flags
+    override the file, nested ones too, and the rest of the file is kept."""
+    out = tmp_path / "first"
+    assert main(["eval", "--pipelines", "direct", "--dataset", str(demo_file), "--limit", "2",
+                 "--models.generator.model", str(tiny_model_dir), "--out", str(out),
+                 "--quiet", "--generation.max-new-tokens", "3"]) == 0
+    rerun = tmp_path / "rerun"
+    assert main(["eval", "--config", str(out / "config.yaml"), "--limit", "1",
+                 "--amber.k", "3", "--out", str(rerun), "--quiet"]) == 0
+    saved = yaml.safe_load((rerun / "config.yaml").read_text())
+    assert saved["limit"] == 1 and saved["amber"]["k"] == 3
+    assert saved["generation"]["max_new_tokens"] == 3 and saved["pipelines"] == ["direct"]
+    assert len((rerun / "results" / "direct.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("make_args", "message"), [
-    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(t / "missing.jsonl")],
+    (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(t / "missing.jsonl")],
      "not found"),
-    (lambda d, m, t: ["--pipeline", "nonsense", "--dataset", str(d)], "unknown pipeline"),
-    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(d), "--model", "no-such-model"],
+    (lambda d, m, t: ["--pipelines", "nonsense", "--dataset", str(d)], "unknown pipeline"),
+    (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(d),
+                      "--models.generator.model", "no-such-model"],
      "unknown model 'no-such-model'"),
-    (lambda d, m, t: ["--pipeline", "vanilla", "--dataset", str(d), "--filter-model", "x"],
-     "needs --filter-endpoint"),
+    (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(d), "--models.filter.endpoint",
+                      "http://127.0.0.1:9/v1", "--models.filter.adapter", "x"],
+     "adapter 'x' is for an in-process model"),
+    (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(d), "--amber.answer-from",
+                      "notes"], "amber.answer_from: Input should be"),
+    (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(d), "--amber.k", "many"],
+     "amber.k: Input should be a valid integer"),
 ])
 def test_cli_bad_input_is_one_clear_error(tmp_path, demo_file, tiny_model_dir, capsys,
                                           make_args, message):
@@ -133,20 +156,22 @@ def test_cli_bad_input_is_one_clear_error(tmp_path, demo_file, tiny_model_dir, c
 def test_cli_malformed_line_names_the_line_and_keeps_finished_results(
         tmp_path, demo_file, tiny_model_dir, capsys):
     out = tmp_path / "o"
-    assert main(["eval", "--pipeline", "direct", "--dataset", str(demo_file), "--limit", "1",
-                 "--model", str(tiny_model_dir), "--out", str(out), "--quiet"]) == 0
+    assert main(["eval", "--pipelines", "direct", "--dataset", str(demo_file), "--limit", "1",
+                 "--models.generator.model", str(tiny_model_dir), "--out", str(out),
+                 "--quiet"]) == 0
     kept = (out / "results" / "direct.jsonl").read_text()
     demo_file.write_text(demo_file.read_text() + "{not json\n")
-    code = main(["eval", "--pipeline", "direct", "--dataset", str(demo_file),
-                 "--model", str(tiny_model_dir), "--out", str(tmp_path / "o2"), "--quiet"])
+    code = main(["eval", "--pipelines", "direct", "--dataset", str(demo_file),
+                 "--models.generator.model", str(tiny_model_dir), "--out", str(tmp_path / "o2"),
+                 "--quiet"])
     assert code == 2 and "line 37" in capsys.readouterr().err
     assert (out / "results" / "direct.jsonl").read_text() == kept
 
 
 def test_cli_server_down_is_one_clear_error(tmp_path, demo_file, capsys):
-    code = main(["eval", "--pipeline", "direct", "--dataset", str(demo_file), "--limit", "1",
-                 "--generator-endpoint", "http://127.0.0.1:9/v1", "--generator-model", "m",
-                 "--out", str(tmp_path / "o"), "--quiet"])
+    code = main(["eval", "--pipelines", "direct", "--dataset", str(demo_file), "--limit", "1",
+                 "--models.generator.endpoint", "http://127.0.0.1:9/v1",
+                 "--models.generator.model", "m", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "127.0.0.1:9" in err and "Traceback" not in err
 
@@ -169,3 +194,26 @@ def test_question_ids_select_examples_in_dataset_order_before_the_limit(tmp_path
         runner.selected_examples(config)
     with pytest.raises(DatasetError, match="not found"):
         runner.selected_examples(replace(config, question_ids=str(tmp_path / "gone.txt")))
+
+
+def test_unknown_config_keys_and_flags_are_refused_by_name(tmp_path, demo_file, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"dataset: {demo_file}\namber: {{k: 3, rounds: 2}}\n", encoding="utf-8")
+    assert main(["eval", "--config", str(config), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "amber.rounds: unknown setting" in err and str(config) in err
+    with pytest.raises(SystemExit):
+        main(["eval", "--dataset", str(demo_file), "--amber.rounds", "2"])
+    assert "unrecognized arguments: --amber.rounds" in capsys.readouterr().err
+
+
+def test_a_preset_supplies_defaults_that_flags_override():
+    from sieverag.inference.cli import EvalCommand
+    from sieverag.inference.settings import parse_settings
+
+    command = parse_settings(EvalCommand, ["--preset", "amber-smollm2", "--dataset", "d.jsonl",
+                                           "--amber.k", "4"], "sieverag eval")
+    assert command.amber.k == 4 and command.amber.answer_from == "evidence"
+    assert command.models.filter.adapter == "smollm2-filter" and command.mcf.top_k == 2
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        parse_settings(EvalCommand, ["--preset", "nope"], "sieverag eval")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,7 @@ import torch
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
 from sieverag.serving.local_server import LocalServer
@@ -78,6 +82,8 @@ def base_name(server: LocalServer) -> str:
 
 def test_health_and_models_list_base_and_adapter(server: LocalServer, client: openai.OpenAI
                                                  ) -> None:
+    # Started on port 0, the server reports the port the system gave it.
+    assert server.port > 0 and server.base_url == f"http://127.0.0.1:{server.port}/v1"
     assert httpx.get(server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
     assert [m.id for m in client.models.list()] == [base_name(server), "lora"]
 
@@ -366,58 +372,84 @@ def test_missing_key_variable_is_a_clear_error(tiny_model_dir: Path,
 
 # ----- the command line -----
 
-CLI_DRIVER = """
-import argparse, sys
-from sieverag.serving.cli import register
-parser = argparse.ArgumentParser(prog="sieverag")
-register(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args()
-sys.exit(args.func(args))
-"""
+ANNOUNCED = re.compile(r"serving (?P<names>.+) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def test_a_bound_socket_accepts_connections_before_uvicorn_serves() -> None:
+    """The port announced by `run()` takes connections at once (they wait for uvicorn)."""
+    with local_server._bind("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        assert port > 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
 
 
-def test_cli_serves_model_with_adapter_and_stops_on_sigint(
+def test_cli_serves_model_with_adapter_on_the_port_it_reports_and_stops_on_sigint(
     tiny_model_dir: Path, tiny_adapter_dir: Path
 ) -> None:
-    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-c", CLI_DRIVER, "serve", "--engine", "local", "--model",
-         str(tiny_model_dir), "--adapter", f"filter={tiny_adapter_dir}", "--port", str(port)],
+        [sys.executable, "-m", "sieverag", "serve", "--engine", "local", "--model",
+         str(tiny_model_dir), "--adapters", f"filter={tiny_adapter_dir}", "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],
+                              daemon=True)
+    reader.start()
+    seen: list[str] = []
     try:
+        announced = None
         deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.communicate()[0]
+        while announced is None:
+            assert process.poll() is None and time.monotonic() < deadline, "".join(seen)
             try:
-                models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            announced = ANNOUNCED.search(seen[-1])
+        url = announced["url"]
+        assert int(announced["port"]) > 0
+        models = httpx.get(f"{url}/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == [str(tiny_model_dir), "filter"]
+        assert announced["names"] == f"{tiny_model_dir}, filter"
         process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=30)[0]
+        process.wait(timeout=30)
     finally:
         process.kill()
-    assert process.returncode == 0, output
-    assert f"serving {tiny_model_dir}, filter at http://127.0.0.1:{port}/v1" in output
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    assert process.returncode == 0, "".join(seen)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/models", timeout=1)
 
 
-def test_cli_refuses_options_of_the_other_engine(capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
+def test_cli_refuses_options_of_the_other_engine_without_starting_a_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sieverag.cli import main
 
-    from sieverag.inference.errors import ConfigError
-    from sieverag.serving.cli import register
+    def no_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a server was started")
 
-    parser = argparse.ArgumentParser(prog="sieverag")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["serve", "--engine", "local", "--tensor-parallel-size", "2"])
-    with pytest.raises(ConfigError, match="--tensor-parallel-size only apply to --engine vllm"):
-        args.func(args)
+    monkeypatch.setattr(local_server, "LocalServer", no_server)
+    assert main(["serve", "--engine", "local", "--vllm.tensor-parallel-size", "2"]) == 2
+    assert "--vllm.tensor-parallel-size only apply to --engine vllm" in capsys.readouterr().err
+    assert main(["serve", "--engine", "vllm", "--local.dtype", "float32"]) == 2
+    assert "--local.dtype only apply to --engine local" in capsys.readouterr().err
+
+
+def test_serve_settings_build_each_engine_config(tmp_path: Path) -> None:
+    from sieverag.inference.settings import parse_settings
+    from sieverag.serving.cli import ServeCommand, engine_config
+    from sieverag.serving.config import VLLMLaunchConfig
+
+    config_file = tmp_path / "serve.yaml"
+    config_file.write_text("engine: vllm\nport: 8123\nvllm:\n  max_model_len: 4096\n")
+    command = parse_settings(ServeCommand, ["--config", str(config_file), "--adapters",
+                                            "a=/x,/y", "--vllm.tensor-parallel-size", "2"],
+                             "sieverag serve")
+    assert engine_config(command) == VLLMLaunchConfig(
+        port=8123, adapters=("a=/x", "/y"), max_model_len=4096, tensor_parallel_size=2)
+    local = parse_settings(ServeCommand, ["--local.max-batch-size", "4"], "sieverag serve")
+    assert engine_config(local) == LocalServerConfig(max_batch_size=4)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,10 +22,15 @@ from sieverag.serving import vllm_launcher
 from sieverag.serving.adapters import Adapter
 from sieverag.serving.config import VLLMLaunchConfig
 from sieverag.serving.errors import AdapterError, ServerStartError
-from sieverag.serving.vllm_launcher import INSTALL_HINT, VLLMServer, build_vllm_command, vllm_lora_rank
+from sieverag.serving.vllm_launcher import (
+    INSTALL_HINT,
+    VLLMServer,
+    build_vllm_command,
+    vllm_lora_rank,
+)
 
 STAND_IN = """#!{python}
-import json, os, signal, sys, time
+import json, os, signal, socket, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 record = os.environ["FAKE_VLLM_RECORD"]
@@ -61,8 +67,14 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+class SharedPortServer(HTTPServer):
+    # The test holds the port bound (not listening) with SO_REUSEPORT; only this shares it.
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
 port = int(sys.argv[sys.argv.index("--port") + 1])
-HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+SharedPortServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
@@ -73,10 +85,19 @@ def write_adapter(folder: Path, r: int) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture()
+def port() -> Iterator[int]:
+    """A port no other program can take during the test, for the stand-in to serve on.
+
+    vLLM binds the port it is given (it cannot bind 0 and report one), so the launcher needs a
+    port number. Instead of picking a free one and hoping it stays free, the test holds it
+    bound, not listening, with SO_REUSEPORT: only the stand-in (same user, same option) can
+    bind it too, and connections go to the one socket that listens.
+    """
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 @pytest.fixture()
@@ -154,12 +175,11 @@ def test_missing_vllm_names_the_install_command(
 
 # ----- the subprocess, against the stand-in -----
 
-def test_start_ready_stop(stand_in: Path, tmp_path: Path, model_dir: Path,
+def test_start_ready_stop(stand_in: Path, tmp_path: Path, model_dir: Path, port: int,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIEVERAG_TEST_VLLM_KEY", "sk-vllm-secret")
     named = write_adapter(tmp_path / "chunk-filter", r=24)
     bare = write_adapter(tmp_path / "sentence-filter", r=8)
-    port = free_port()
     config = VLLMLaunchConfig(model=str(model_dir), adapters=(f"chunk={named}", str(bare)),
                               port=port, api_key_env="SIEVERAG_TEST_VLLM_KEY",
                               startup_timeout_s=30)
@@ -184,48 +204,53 @@ def test_start_ready_stop(stand_in: Path, tmp_path: Path, model_dir: Path,
     assert server._process is not None and server._process.poll() is not None
 
 
+class FakeClock:
+    """`time` for the launcher: `sleep` advances `monotonic` at once, so a timeout is a count
+    of polls, not seconds of waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_not_ready_in_time_is_an_error_and_stops_vllm(
-    stand_in: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    stand_in: Path, model_dir: Path, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_VLLM_MODE", "never")
-    server = VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=free_port(),
-                                         startup_timeout_s=1.0))
-    started = time.monotonic()
+    clock = FakeClock()
+    monkeypatch.setattr(vllm_launcher, "time", clock)
+    server = VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=port, startup_timeout_s=1.0))
     with pytest.raises(ServerStartError, match=r"did not answer .* within 1 s"):
         with server:
             pass
-    assert time.monotonic() - started < 15
+    # It gave up at the first poll past the timeout (polls every 0.25 s), and stopped vLLM.
+    assert 1.0 < clock.now <= 1.25
     assert server._process is not None and server._process.poll() is not None
 
 
 def test_vllm_exiting_during_startup_is_an_error(
-    stand_in: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    stand_in: Path, model_dir: Path, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_VLLM_MODE", "exit")
     with pytest.raises(ServerStartError, match="exited with code 3 before it was ready"):
-        with VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=free_port())):
+        with VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=port)):
             pass
-
-
-CLI_DRIVER = """
-import argparse, sys
-from sieverag.serving.cli import register
-parser = argparse.ArgumentParser(prog="sieverag")
-register(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args()
-sys.exit(args.func(args))
-"""
 
 
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
 def test_cli_forwards_signals_and_exits_cleanly(
-    stand_in: Path, tmp_path: Path, model_dir: Path, sent: signal.Signals
+    stand_in: Path, tmp_path: Path, model_dir: Path, port: int, sent: signal.Signals
 ) -> None:
-    port = free_port()
     adapter = write_adapter(tmp_path / "filter", r=16)
     process = subprocess.Popen(
-        [sys.executable, "-c", CLI_DRIVER, "serve", "--engine", "vllm", "--model", str(model_dir),
-         "--adapter", f"filter={adapter}", "--port", str(port), "--startup-timeout", "30"],
+        [sys.executable, "-m", "sieverag", "serve", "--engine", "vllm", "--model",
+         str(model_dir), "--adapters", f"filter={adapter}", "--port", str(port),
+         "--vllm.startup-timeout-s", "30"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.SimpleQueue[str] = queue.SimpleQueue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],

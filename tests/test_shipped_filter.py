@@ -97,7 +97,7 @@ def test_a_tampered_card_is_refused_with_the_clear_error(tmp_path, embedded_mode
 
 def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
         no_user_filters, embedded_model_dir, tmp_path, capsys):
-    from sieverag.inference.cli import main
+    from sieverag.cli import main
     from sieverag.inference.retrieval.config import IndexConfig
     from sieverag.inference.retrieval.index import build_index
 
@@ -110,7 +110,8 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
     index = tmp_path / "index"
     build_index(corpus, index, IndexConfig(dense=None), show_progress=False)
     assert main(["ask", "Where was Liora Tamsin born?", "--index", str(index), "--mode", "bm25",
-                 "--device", "cpu", "--trace"]) == 0
+                 "--models.generator.device", "cpu", "--models.filter.device", "cpu",
+                 "--trace"]) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("Answer: ")
     assert "Pipeline amber (filter mcf)" in shown

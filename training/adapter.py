@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from sieverag.inference.errors import SieveragError
-from sieverag.inference.filters.adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, adapter_content_hash
+from sieverag.inference.filters.adapters import (
+    CARD_FILE,
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    adapter_content_hash,
+)
 from sieverag.inference.io_utils import write_atomic
 
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the LoRA weights must be gathered before saving: use "

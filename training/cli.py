@@ -1,88 +1,105 @@
-"""`sieverag eval-filter` (registered through the `sieverag.commands` entry points)."""
+"""The training commands: `sieverag train` and `sieverag eval-filter` (see `sieverag.cli`)."""
 
 from __future__ import annotations
 
-import argparse
 import shlex
+import subprocess
 import sys
+from dataclasses import field
+from pathlib import Path
 
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.accelerate_configs import ACCELERATE_CONFIG_NAMES, ACCELERATE_CONFIGS_DIR
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.settings import narrow, settings
+from sieverag.training.filter_eval import FilterEvalConfig
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
-def cmd_eval_filter(args: argparse.Namespace) -> int:
-    from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
+@settings
+class TrainCommand:
+    """LoRA-train the filter: `accelerate launch -m sieverag.training.sft` with a shipped
+    accelerate config and a recipe (TRL's SFTConfig and the filter's script and LoRA
+    settings), as `trl sft` does. The recipe is checked before anything is launched."""
+
+    recipe: str = field(metadata={
+        "help": "a shipped recipe's name (smollm2_filter_cpu, llama3_8b_filter_zero2) or a "
+                "recipe YAML file"})
+    accelerate_config: str = field(default="cpu", metadata={
+        "help": "accelerate config: " + ", ".join(ACCELERATE_CONFIG_NAMES) + " (shipped) or "
+                "a YAML file"})
+    num_processes: int | None = field(default=None, metadata={
+        "help": "processes (GPUs) to launch; default: the accelerate config's"})
+    overrides: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4"})
+
+
+def recipe_path(recipe: str) -> Path:
+    """A shipped recipe by name, else a recipe file."""
+    shipped = RECIPES_DIR / f"{recipe}.yaml"
+    if shipped.is_file():
+        return shipped
+    path = Path(recipe)
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+        raise ConfigError(f"recipe {recipe!r} is neither a shipped recipe ({names}) nor a file")
+    return path
+
+
+def accelerate_config_path(name: str) -> Path:
+    """A shipped accelerate config by name, else a config file."""
+    if name in ACCELERATE_CONFIG_NAMES:
+        return ACCELERATE_CONFIGS_DIR / ACCELERATE_CONFIG_NAMES[name]
+    path = Path(name)
+    if not path.is_file():
+        raise ConfigError(f"accelerate config {name!r} is neither a shipped config "
+                          f"({', '.join(ACCELERATE_CONFIG_NAMES)}) nor a file")
+    return path
+
+
+def launch_command(command: TrainCommand) -> list[str]:
+    """The `accelerate launch` command line that trains `command`'s recipe, checked first."""
+    from sieverag.training.recipe import parse_recipe
+
+    recipe_args = ["--config", str(recipe_path(command.recipe))]
+    for name, value in command.overrides.items():
+        recipe_args += [f"--{name}", value]
+    parse_recipe(recipe_args)  # a bad recipe or override fails here, before the launch
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(accelerate_config_path(command.accelerate_config))]
+    if command.num_processes is not None:
+        launch += ["--num_processes", str(command.num_processes)]
+    return [*launch, "-m", "sieverag.training.sft", *recipe_args]
+
+
+def run_train(command: TrainCommand) -> int:
+    argv = launch_command(command)
+    print("launching: " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    return subprocess.run(argv, check=False).returncode
+
+
+@settings
+class EvalFilterCommand(FilterEvalConfig):
+    """Chunk-level P/R/F1 and AUROC against gold passages, sentence-level P/R/F1 against
+    supporting facts, for the trained filter run through MCF, the MAIN-RAG judge on the same
+    base model, BM25 and dense top-k, and keep-all, on the same held-out questions. Reruns
+    into the same --out reuse finished work."""
+
+    quiet: bool = field(default=False, metadata={"help": "no progress bars"})
+
+
+def run_eval_filter(command: EvalFilterCommand) -> int:
+    from sieverag.training.filter_eval import run_filter_eval
     from sieverag.training.filter_report import CHUNK_COLUMNS, SENTENCE_COLUMNS, table
 
-    config = FilterEvalConfig(
-        dataset=args.dataset, out=args.out, adapter=args.adapter,
-        filter_endpoint=args.filter_endpoint, filter_model=args.filter_model,
-        api_key_env=args.api_key_env, base_model=args.base_model,
-        exclude_training=tuple(args.exclude_training_questions or ()),
-        question_ids_file=args.question_ids,
-        allow_training_questions=args.allow_training_questions, limit=args.limit,
-        threshold=args.threshold, top_k=args.top_k, judge_n=args.judge_n,
-        lexical_weight=args.lexical_weight, embedding_model=args.embedding_model,
-        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
-    command = "sieverag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report = run_filter_eval(config, progress=not args.quiet, command=command)
+    config = narrow(command, FilterEvalConfig)
+    invocation = "sieverag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = run_filter_eval(config, progress=not command.quiet, command=invocation)
     questions = report["questions"]
     print(f"{questions['evaluated']} questions ({questions['excluded_as_training']} left out "
           f"as training questions)\n\nchunk level:\n{table(report['chunk'], CHUNK_COLUMNS)}")
     if report["sentence"]:
         print(f"\nsentence level ({questions['with_supporting_facts']} questions):\n"
               f"{table(report['sentence'], SENTENCE_COLUMNS)}")
-    print(f"\nreport: {args.out}/report.md, {args.out}/report.json")
+    print(f"\nreport: {config.out}/report.md, {config.out}/report.json")
     return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `eval-filter` to the `sieverag` command line."""
-    parser = subparsers.add_parser(
-        "eval-filter", help="score a trained filter against gold passages and baselines",
-        description="Chunk-level P/R/F1 and AUROC against gold passages, sentence-level "
-                    "P/R/F1 against supporting facts, for the trained filter, the MAIN-RAG "
-                    "judge on the same base model, BM25 and dense top-k, and keep-all, on the "
-                    "same held-out questions. Reruns into the same --out reuse finished work.")
-    parser.add_argument("--dataset", required=True,
-                        help="HotpotQA-format file (gold passages, optional supporting facts)")
-    parser.add_argument("--adapter", help="trained LoRA adapter folder, or the name of an "
-                        "installed or shipped filter (`sieverag filter list`), run in-process; "
-                        "default: smollm2-filter")
-    parser.add_argument("--filter-endpoint",
-                        help="OpenAI-compatible base URL serving the filter (instead of "
-                             "in-process), e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--filter-model", help="the served filter's model name")
-    parser.add_argument("--api-key-env", help="environment variable holding the server's key")
-    parser.add_argument("--base-model",
-                        help="base model of the filter and of the judge baseline (default: "
-                             f"the adapter's metadata, else {DEFAULT_MODEL})")
-    which = parser.add_argument_group("which questions")
-    which.add_argument("--exclude-training-questions", nargs="+", metavar="DATASET_DIR",
-                       help="build-dataset folder(s) whose train-split questions are left out "
-                            "(default: the questions listed in the adapter's card, else the "
-                            "dataset it names)")
-    which.add_argument("--question-ids", "--split", metavar="FILE",
-                       help="evaluate only these question ids (one a line), e.g. a "
-                            "validation split's ids")
-    which.add_argument("--allow-training-questions", action="store_true",
-                       help="evaluate although the training questions are unknown")
-    which.add_argument("--limit", type=int, help="the first N eligible questions only")
-    parser.add_argument("--threshold", type=float, default=0.5,
-                        help="keep a passage when the filter's P(Yes) exceeds this (default 0.5)")
-    parser.add_argument("--top-k", type=int, default=2,
-                        help="k of the BM25 and dense baselines (default 2)")
-    parser.add_argument("--judge-n", type=float, default=0.0,
-                        help="n of the judge bar mean(r) - n*std(r) (default 0)")
-    parser.add_argument("--lexical-weight", type=float, default=1.0,
-                        help="w of the 'trained filter + BM25 prior' row, top-k of z(log-odds) "
-                             "+ w*z(BM25) as MCF's --mcf-lexical-weight (default 1; 0: no row)")
-    parser.add_argument("--embedding-model", default="all-minilm-l6-v2",
-                        help="dense baseline's embedding model (default all-minilm-l6-v2)")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--dtype", default="auto",
-                        choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--out", default="runs/eval-filter", help="report folder "
-                        "(default runs/eval-filter)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(func=cmd_eval_filter)

@@ -189,7 +189,7 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> int:
-    """Entry point of `python -m sieverag.training.sft` / `accelerate launch -m sieverag.training.sft`."""
+    """Entry point of `accelerate launch -m sieverag.training.sft` (or `python -m ...`)."""
     try:
         train(parse_recipe(sys.argv[1:] if argv is None else argv), callbacks)
     except SieveragError as err:

@@ -18,23 +18,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.config import RetrievalConfig, RunConfig, load_run_config
+from sieverag.inference.compose import build_context, needs_trained_filter, resolve_roles
+from sieverag.inference.config import RunConfig, load_run_config
+from sieverag.inference.data import load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.datasets import load_examples
 from sieverag.inference.eval.records import build_record, trust_metrics
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
-from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
+from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.io_utils import JsonlLog, write_atomic
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend, Usage
-from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.pipelines import PipelineContext, build_pipeline
-from sieverag.inference.pipelines.amber import amber_filter
-from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
+from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
-from sieverag.inference.router import Router
-from sieverag.inference.types import Document, Example
+from sieverag.inference.types import Example
 
 
 def dataset_fingerprint(path: str | Path) -> str:
@@ -80,8 +76,8 @@ def provenance(config: RunConfig) -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    adapter_card = (Path(config.mcf.adapter) / "sieverag_adapter.json"
-                    if config.mcf.adapter else None)
+    adapter = config.models.filter.adapter if needs_trained_filter(config) else None
+    adapter_card = Path(adapter) / CARD_FILE if adapter else None
     return {
         "dataset_sha256": dataset_fingerprint(config.dataset),
         "question_ids_sha256": (dataset_fingerprint(config.question_ids)
@@ -117,111 +113,10 @@ def _merged_usage(
     return merged
 
 
-def _capped_documents(limit: int | None) -> DocumentSource:
-    def documents(example: Example) -> Sequence[Document]:
-        return example.documents if limit is None else example.documents[:limit]
-
-    return documents
-
-
-def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
-    """Each question's top-k chunks from the index (its retrieval cache spares repeats)."""
-
-    def documents(example: Example) -> Sequence[Document]:
-        return [hit.document for hit in index.search(example.question, config.k, config.mode)]
-
-    return documents
-
-
-def _index_search(index, config: RetrievalConfig) -> QuerySearch:
-    """Query-based search on the index in the configured mode (for later amber rounds)."""
-
-    def search(query: str, k: int) -> Sequence[Document]:
-        return [hit.document for hit in index.search(query, k, config.mode)]
-
-    return search
-
-
-def needs_trained_filter(config: RunConfig) -> bool:
-    """Whether some pipeline of the run filters with MCF (`mcf` or `stack`)."""
-    pipelines = set(config.pipelines)
-    if "auto" in pipelines:
-        pipelines.add(config.routed_pipeline)
-    return any(amber_filter(p, config.amber) in NEEDS_TRAINED_FILTER for p in pipelines)
-
-
-def _served_filter(config: RunConfig) -> bool:
-    return config.filter is not None and config.filter.kind == "openai"
-
-
-def with_trained_filter(config: RunConfig) -> RunConfig:
-    """`config` with `mcf.adapter` resolved to the folder of the trained filter MCF runs
-    in-process (the one given by path or name, else `smollm2-filter`: installed or shipped),
-    checked against the filter's base model and prompts, so the run's config.yaml names the
-    adapter it used. A served filter is taken as configured."""
-    if not needs_trained_filter(config) or _served_filter(config):
-        return config
-    folder = resolve_filter(config.mcf.adapter or DEFAULT_FILTER_NAME,
-                            _filter_base(config).model)
-    return replace(config, mcf=replace(config.mcf, adapter=str(folder)))
-
-
-def _filter_base(config: RunConfig) -> BackendSpec:
-    """The in-process model the trained filter's adapter goes on."""
-    return config.filter_backend if config.filter_backend.kind == "hf" else BackendSpec()
-
-
-def mcf_backend_spec(config: RunConfig) -> BackendSpec | None:
-    """The trained filter: the served filter when one is configured, else its base model
-    in-process with `mcf.adapter` (see `with_trained_filter`); None when neither is set."""
-    if _served_filter(config):
-        return config.filter
-    if config.mcf.adapter is None:
-        return None
-    return replace(_filter_base(config), adapter=config.mcf.adapter)
-
-
-def build_context(config: RunConfig) -> tuple[PipelineContext, list[LLMBackend]]:
-    """The pipelines' shared context for `config`, and its distinct backends (for usage)."""
-    generator = build_backend(config.generator)
-    filter_backend = build_backend(config.filter_backend)
-    mcf_spec = mcf_backend_spec(config) if needs_trained_filter(config) else None
-    mcf_backend = build_backend(mcf_spec) if mcf_spec is not None else None
-    backends: list[LLMBackend] = []
-    for backend in (generator, filter_backend, mcf_backend):
-        if backend is not None and all(backend is not b for b in backends):
-            backends.append(backend)
-    index = None
-    documents = _capped_documents(config.max_documents)
-    search = None
-    if config.retrieval is not None:
-        from sieverag.inference.retrieval.index import Index
-
-        index = Index.load(config.retrieval.index)
-        documents = _retrieved_documents(index, config.retrieval)
-        search = _index_search(index, config.retrieval)
-    context = PipelineContext(
-        generator=generator,
-        filter_backend=filter_backend,
-        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
-        judge=config.judge,
-        answer_extraction=config.answer_extraction,
-        documents=documents,
-        routed_pipeline=config.routed_pipeline,
-        router=Router(config.router, index=index,
-                      backend=generator if config.router.self_check else None),
-        mcf_backend=mcf_backend,
-        mcf=config.mcf,
-        amber=config.amber,
-        search=search,
-    )
-    return context, backends
-
-
 def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
     out_dir = Path(out_dir)
-    config = with_trained_filter(config)
+    config = resolve_roles(config)
     examples = selected_examples(config)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
@@ -235,7 +130,8 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     import torch
 
     torch.manual_seed(config.seed)
-    context, backends = build_context(config)
+    context, roles = build_context(config)
+    backends = roles.distinct()
     embed = None
     if config.trust.enabled:
         from sieverag.inference.retrieval.dense import DenseConfig, make_encoder

@@ -19,14 +19,15 @@ against a server that serves the adapter.
   chunk's text becomes its key sentences in their original order; its id, title and gold flag
   stay. A reply that does not parse keeps the whole chunk; a "none" reply keeps the whole
   chunk or drops it (`empty_sentence_answer`). Sentences are the data's own split
-  (`Document.sentences`) where it has one, else `split_sentences`. Every decision is recorded
-  in the scored document's `details`.
+  (`Document.sentences`, blank entries left out) where it has one, else `split_sentences`.
+  Every decision is recorded in the scored document's `details`; its `key_sentences` index
+  the numbered sentences (`source_positions` maps them to the data's split).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
@@ -43,21 +44,19 @@ from sieverag.inference.filters.filter_format import (
 from sieverag.inference.filters.judge import judge_bar
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Document
 
 ChunkBar = Literal["fixed", "adaptive", "top_k"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
 DEFAULT_LEXICAL_WEIGHT = 1.0
-@dataclass(frozen=True)
-class MCFConfig:
-    """Settings of the MCF filter (chunk bar, sentence stage) and which adapter serves it."""
 
-    adapter: str | None = field(
-        default=None, metadata={"help": "the trained filter, run in-process on the filter's "
-                                        "base model: an adapter folder, or the name of an "
-                                        "installed or shipped filter; default: smollm2-filter "
-                                        "(a retrained one installed under that name wins over "
-                                        "the shipped one)"})
+
+@settings
+class MCFConfig:
+    """The MCF filter's rules: the chunk bar and the sentence stage. Which model and adapter
+    run it is the run's filter role (`models.filter`)."""
+
     # Defaults: the chunk rule that measured best on held-out HotpotQA (README "Measured
     # results"): the filter's 2 best chunks of a round, its score fused with BM25.
     bar: ChunkBar = field(default="top_k", metadata={
@@ -87,8 +86,6 @@ class MCFConfig:
         return 0.0 if self.bar == "fixed" else DEFAULT_LEXICAL_WEIGHT
 
     def __post_init__(self) -> None:
-        if self.bar not in ("fixed", "adaptive", "top_k"):
-            raise ConfigError(f"mcf.bar must be fixed, adaptive or top_k, got {self.bar!r}")
         if self.top_k < 1:
             raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
         if self.lexical_weight is not None and self.lexical_weight < 0:
@@ -96,9 +93,6 @@ class MCFConfig:
         if self.lexical_weight and self.bar == "fixed":
             raise ConfigError("mcf.lexical_weight needs bar adaptive or top_k: a fused score "
                               "is relative to the round, a fixed threshold on it means nothing")
-        if self.empty_sentence_answer not in ("keep_chunk", "drop_chunk"):
-            raise ConfigError("mcf.empty_sentence_answer must be keep_chunk or drop_chunk, "
-                              f"got {self.empty_sentence_answer!r}")
         if self.sentence_max_new_tokens < 1:
             raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
                               f"{self.sentence_max_new_tokens}")
@@ -110,21 +104,34 @@ def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -
 
 
 def document_sentences(document: Document) -> list[str]:
-    """The document's sentences: the data's own split where it has one, else split_sentences."""
+    """The sentences MCF numbers: the data's own split where it has one (blank entries left
+    out), else split_sentences of the text."""
     if document.sentences:
-        return [s for s in document.sentences if s.strip()]
+        return [document.sentences[i] for i in source_positions(document)]
     return split_sentences(document.text)
 
 
+def source_positions(document: Document) -> list[int]:
+    """Where each of `document_sentences(document)` sits in the data's split
+    (`document.sentences`, whose indices `supporting_sentences` uses); for a text without a
+    split, its own index."""
+    if document.sentences:
+        return [i for i, sentence in enumerate(document.sentences) if sentence.strip()]
+    return list(range(len(split_sentences(document.text))))
+
+
 def narrowed(document: Document, sentences: Sequence[str], keep: Sequence[int]) -> Document:
-    """`document` reduced to the sentences at indices `keep` (increasing), ids and flags kept.
+    """`document` reduced to `sentences[i]` for i in `keep` (increasing; `sentences` is
+    `document_sentences(document)`), ids and flags kept.
 
     Gold key-sentence indices are renumbered to positions within the kept sentences.
     """
     kept = tuple(sentences[i].strip() for i in keep)
     gold = None
     if document.supporting_sentences is not None:
-        gold = tuple(pos for pos, i in enumerate(keep) if i in document.supporting_sentences)
+        positions = source_positions(document)
+        gold = tuple(pos for pos, i in enumerate(keep)
+                     if positions[i] in document.supporting_sentences)
     return replace(document, text=" ".join(kept), sentences=kept, supporting_sentences=gold)
 
 

@@ -187,7 +187,11 @@ def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[s
 def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
                          prompts: Sequence[list[dict[str, str]]]) -> float:
     """The largest |P(Yes)| difference between two adapters of one base over `prompts`."""
-    from sieverag.inference.filters.filter_format import CHUNK_LABELS, p_relevant, relevance_log_odds
+    from sieverag.inference.filters.filter_format import (
+        CHUNK_LABELS,
+        p_relevant,
+        relevance_log_odds,
+    )
     from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     def p_yes(adapter: Path) -> list[float]:
@@ -215,6 +219,8 @@ def held_out_quality(eval_dir: str | Path) -> dict[str, Any]:
         "questions": questions.get("evaluated"),
         "training_questions_left_out": questions.get("excluded_as_training"),
         "passages": report.get("passages"),
+        # The row of the MCF rule amber runs by default (e.g. "MCF top_k=2 + BM25 prior w=1").
+        "amber_default_row": (report.get("filter") or {}).get("amber_default_row"),
         "chunk": {method: {k: figures.get(k) for k in HELD_OUT_FIGURES if k in figures}
                   for method, figures in chunk.items()},
         "sentence": {method: figures.get("f1") for method, figures in

@@ -26,12 +26,13 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Document
 
 StackCombine = Literal["both", "either", "zmean"]
 
 
-@dataclass(frozen=True)
+@settings
 class StackConfig:
     """How the `stack` filter combines MCF and the judge (see the module docstring)."""
 

@@ -40,14 +40,18 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 }
 
 
-def cache_dir() -> Path:
-    """Root of sieverag's cache: $SIEVERAG_CACHE, else the user cache dir."""
+def cache_root() -> Path:
+    """Root of sieverag's cache: $SIEVERAG_CACHE, else the user cache dir.
+
+    Everything sieverag caches (converted models, installed adapters, retrieval indexes) lives
+    under it, so $SIEVERAG_CACHE moves all of it (the tests point it at a temporary folder).
+    """
     return Path(os.environ.get("SIEVERAG_CACHE") or user_cache_dir("sieverag"))
 
 
 def adapters_dir() -> Path:
     """Where trained LoRA adapters are kept by name: $SIEVERAG_CACHE/adapters/<name>/."""
-    return cache_dir() / "adapters"
+    return cache_root() / "adapters"
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -76,7 +80,7 @@ def _package_dir(package: str) -> Path | None:
 
 
 def _converted_embedded_model(name: str, model: EmbeddedModel) -> Path:
-    target = cache_dir() / "models" / name
+    target = cache_root() / "models" / name
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     package_dir = _package_dir(model.package)

@@ -4,45 +4,56 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.hf import Device, DType, HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
+from sieverag.inference.settings import settings
 
 BackendKind = Literal["hf", "openai"]
 
 
-@dataclass(frozen=True)
+@settings
 class BackendSpec:
-    """Which model answers, and where it runs (in-process `hf`, or a served `openai` endpoint)."""
+    """One model role: in-process (`model` [+ `adapter`], run by transformers) or served
+    (`endpoint` + the served `model` name, any OpenAI-compatible server)."""
 
-    kind: BackendKind = field(default="hf", metadata={"help": "hf (in-process) or openai (server)"})
     model: str = field(
         default=DEFAULT_MODEL,
-        metadata={"help": "embedded name or local folder (hf); served name (openai)"})
-    endpoint: str | None = field(
-        default=None, metadata={"help": "base URL, e.g. http://127.0.0.1:8000/v1"})
-    api_key_env: str | None = field(default=None, metadata={"help": "env var holding the API key"})
-    chat_template_model: str | None = field(
-        default=None,
-        metadata={"help": "openai: local tokenizer that renders chat prompts for scoring"})
-    dtype: DType = field(default="auto", metadata={"help": "hf: auto, float32, bfloat16, float16"})
-    device: Device = field(default="auto", metadata={"help": "hf: auto, cpu, cuda"})
-    batch_size: int = field(default=16, metadata={"help": "hf: prompts per forward pass"})
-    adapter: str | None = field(default=None, metadata={"help": "hf: PEFT LoRA adapter folder"})
-    max_concurrency: int = field(default=8, metadata={"help": "openai: requests in flight"})
+        metadata={"help": "in-process: embedded name or local folder; served: the model name "
+                          "the server knows (e.g. an adapter's name)"})
+    endpoint: str | None = field(default=None, metadata={
+        "help": "served: the server's base URL, e.g. http://127.0.0.1:8000/v1 (unset: "
+                "in-process)"})
+    adapter: str | None = field(default=None, metadata={
+        "help": "in-process: a PEFT LoRA adapter folder, or a filter's name "
+                "(`sieverag filter list`)"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "served: environment variable holding the API key"})
+    chat_template_model: str | None = field(default=None, metadata={
+        "help": "served: local tokenizer folder or embedded name rendering chat prompts for "
+                "scoring"})
+    dtype: DType = field(default="auto", metadata={
+        "help": "in-process weights dtype (auto: bf16 on GPU, fp32 on CPU)"})
+    device: Device = field(default="auto", metadata={"help": "in-process device"})
+    batch_size: int = field(default=16, metadata={"help": "in-process: prompts per forward pass"})
+    max_concurrency: int = field(default=8, metadata={"help": "served: requests in flight"})
 
     def __post_init__(self) -> None:
-        if self.kind not in BACKEND_BUILDERS:
-            raise ConfigError(f"backend kind must be one of {sorted(BACKEND_BUILDERS)}, "
-                              f"got {self.kind!r}")
-        if self.kind == "openai" and not self.endpoint:
-            raise ConfigError("an openai backend needs an endpoint (e.g. http://127.0.0.1:8000/v1)")
+        if self.endpoint is not None and self.adapter is not None:
+            raise ConfigError(
+                f"adapter {self.adapter!r} is for an in-process model; a served adapter is "
+                "named by `model` (the name the server gives it)")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ConfigError("batch_size and max_concurrency must be >= 1")
+
+    @property
+    def kind(self) -> BackendKind:
+        """`openai` when served, `hf` when in-process."""
+        return "openai" if self.endpoint else "hf"
 
 
 def _build_hf(spec: BackendSpec) -> LLMBackend:

@@ -157,7 +157,7 @@ class AmberPipeline:
         self.filter_name = filter_name or self.config.filter
         self.name = "amber" if filter_name is None else f"amber-{filter_name}"
         self.filter = build_filter(self.filter_name, FilterSetup(
-            judge_backend=context.filter_backend, mcf_backend=context.mcf_backend,
+            judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
             judge=context.judge, mcf=context.mcf, stack=self.config.stack))
         self.memory_updater = MemoryUpdater(context.generator, self.config.memory)
         self.collector = InformationCollector(context.generator, self.config.collector)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from dataclasses import field
+from typing import Literal
 
 from sieverag.inference.collector import CollectorConfig
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.registry import FILTER_NAMES, FilterName
+from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
 from sieverag.inference.memory import MemoryConfig
+from sieverag.inference.settings import settings
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
 
 
-@dataclass(frozen=True)
+@settings
 class AmberConfig:
     """The loop: documents per round, the filter stage, its length, what the answer reads."""
 
@@ -40,12 +41,6 @@ class AmberConfig:
                                        metadata={"help": "the information collector (AIC)"})
 
     def __post_init__(self) -> None:
-        if self.filter not in FILTER_NAMES:
-            raise ConfigError(f"amber.filter must be one of {', '.join(FILTER_NAMES)}, "
-                              f"got {self.filter!r}")
-        if self.answer_from not in get_args(AnswerFrom):
-            raise ConfigError(f"amber.answer_from must be one of "
-                              f"{', '.join(get_args(AnswerFrom))}, got {self.answer_from!r}")
         if self.min_evidence < 0:
             raise ConfigError(f"amber.min_evidence must be >= 0, got {self.min_evidence}")
         if self.k < 1 or self.max_iterations < 1:

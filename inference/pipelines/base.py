@@ -44,7 +44,7 @@ class PipelineContext:
     """Everything a pipeline may use; built once per run and shared by its pipelines."""
 
     generator: LLMBackend
-    filter_backend: LLMBackend
+    judge_backend: LLMBackend  # the MAIN-RAG judge's model
     generation: GenerationSettings = GenerationSettings(max_new_tokens=32)
     judge: JudgeConfig = JudgeConfig()
     answer_extraction: AnswerExtraction = "first_sentence"

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from sieverag.inference.filters.judge import MainRagJudge
-from sieverag.inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
+from sieverag.inference.pipelines.base import (
+    PipelineContext,
+    PipelineOutput,
+    Reader,
+    register_pipeline,
+)
 from sieverag.inference.types import Example
 
 
@@ -15,7 +20,7 @@ class MainRagPipeline:
 
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
-        self.judge = MainRagJudge(context.filter_backend, context.judge)
+        self.judge = MainRagJudge(context.judge_backend, context.judge)
         self.reader = Reader(context)
 
     def run(self, example: Example) -> PipelineOutput:

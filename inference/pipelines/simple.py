@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from sieverag.inference.pipelines.base import PipelineContext, PipelineOutput, Reader, register_pipeline
+from sieverag.inference.pipelines.base import (
+    PipelineContext,
+    PipelineOutput,
+    Reader,
+    register_pipeline,
+)
 from sieverag.inference.types import Example
 
 

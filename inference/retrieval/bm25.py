@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 import bm25s
 import numpy as np
@@ -21,6 +21,7 @@ from bm25s.tokenization import Tokenizer
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.io_utils import atomic_directory
+from sieverag.inference.settings import settings
 
 BM25Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopWords = Literal["en", "none"]
@@ -33,7 +34,7 @@ BM25S_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.
 FILES = (*BM25S_FILES, VOCAB_FILE, STOPWORDS_FILE, SETTINGS_FILE)
 
 
-@dataclass(frozen=True)
+@settings
 class BM25Config:
     """BM25 scoring and tokenisation settings."""
 
@@ -46,11 +47,6 @@ class BM25Config:
     stopwords: StopWords = field(default="en", metadata={"help": "stop-word list: en or none"})
 
     def __post_init__(self) -> None:
-        if self.method not in get_args(BM25Method):
-            raise ConfigError(f"bm25.method must be one of {', '.join(get_args(BM25Method))}, "
-                              f"got {self.method!r}")
-        if self.stopwords not in get_args(StopWords):
-            raise ConfigError(f"bm25.stopwords must be 'en' or 'none', got {self.stopwords!r}")
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ConfigError(f"bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
         if self.stemmer and self.stemmer not in Stemmer.algorithms():

@@ -21,6 +21,7 @@ from typing import Literal, get_args
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Document
 
 ChunkStrategy = Literal["tokens", "sentences", "none"]
@@ -31,7 +32,7 @@ DEFAULT_WINDOW: dict[str, tuple[int, int]] = {"tokens": (200, 40), "sentences": 
 _WORD = re.compile(r"\S+")
 
 
-@dataclass(frozen=True)
+@settings
 class ChunkingConfig:
     """How to cut documents into chunks; `size`/`overlap` count words or sentences."""
 
@@ -45,9 +46,6 @@ class ChunkingConfig:
                                         "default 40 words / 1 sentence"})
 
     def __post_init__(self) -> None:
-        if self.strategy not in CHUNK_STRATEGIES:
-            raise ConfigError(f"chunking.strategy must be one of {', '.join(CHUNK_STRATEGIES)}, "
-                              f"got {self.strategy!r}")
         default_size, default_overlap = DEFAULT_WINDOW[self.strategy]
         if self.size is None:
             object.__setattr__(self, "size", default_size)

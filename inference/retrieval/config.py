@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, get_args
+from dataclasses import asdict, field
+from typing import Any
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.retrieval.bm25 import BM25Config
@@ -11,24 +11,10 @@ from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat
 from sieverag.inference.retrieval.dense import DenseConfig
 from sieverag.inference.retrieval.hybrid import RRF_K
+from sieverag.inference.settings import settings, validate_settings
 
 
-def _from_dict(cls: type, payload: Any, where: str) -> Any:
-    """Build dataclass `cls` from a dict, refusing unknown keys."""
-    if not isinstance(payload, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(payload).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(payload) - known)
-    if unknown:
-        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(known))}")
-    try:
-        return cls(**payload)
-    except TypeError as error:
-        raise ConfigError(f"{where}: {error}") from None
-
-
-@dataclass(frozen=True)
+@settings
 class IndexConfig:
     """What to index and how: chunking, and which retrievers (None switches one off)."""
 
@@ -44,9 +30,6 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if self.bm25 is None and self.dense is None:
             raise ConfigError("an index needs at least one retriever: enable bm25 or dense")
-        if self.corpus_format not in get_args(CorpusFormat):
-            raise ConfigError(f"corpus_format must be one of {', '.join(get_args(CorpusFormat))},"
-                              f" got {self.corpus_format!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,21 +37,10 @@ class IndexConfig:
     @classmethod
     def from_dict(cls, payload: Any) -> IndexConfig:
         """The config a manifest recorded; unknown keys are an error."""
-        if not isinstance(payload, dict):
-            raise ConfigError(f"index config must be a mapping, got {type(payload).__name__}")
-        payload = dict(payload)
-        parts = {
-            "chunking": (ChunkingConfig, False),
-            "bm25": (BM25Config, True),
-            "dense": (DenseConfig, True),
-        }
-        for key, (part_cls, optional) in parts.items():
-            if key in payload and not (optional and payload[key] is None):
-                payload[key] = _from_dict(part_cls, payload[key], f"index config '{key}'")
-        return _from_dict(cls, payload, "index config")
+        return validate_settings(cls, payload, "index config")
 
 
-@dataclass(frozen=True)
+@settings
 class SearchConfig:
     """How searches fuse and rerank."""
 

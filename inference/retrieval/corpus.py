@@ -6,7 +6,7 @@ Formats (chosen by name, or detected from the file with `auto`):
   the line number;
 * `nutrition` — the shared textbook pages, `{"page_number", "text"}` per line (id `page-N`);
 * `squad` — the official SQuAD v1.1 JSON (or a `.zip` holding it): one document per paragraph
-  (read by `inference.eval.datasets`, ids `squad-p<n>`);
+  (read by `inference.data`, ids `squad-p<n>`);
 * `hotpotqa` — the shared HotpotQA jsonl: its passages, deduplicated by title (first text kept).
 
 Every reader fails with a `DatasetError` naming the file (and line) on a missing file, bad
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from sieverag.inference.data import iter_jsonl, load_squad_corpus
 from sieverag.inference.errors import DatasetError
-from sieverag.inference.eval.datasets import iter_jsonl, load_squad_corpus
 from sieverag.inference.types import Document, Example
 
 CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
@@ -77,7 +77,7 @@ def read_nutrition_pages(path: Path) -> list[Document]:
 def load_squad(path: Path | str) -> tuple[list[Document], list[Example]]:
     """SQuAD v1.1 as a retrieval benchmark: paragraphs (ids `squad-p<n>`) and questions.
 
-    Read by `inference.eval.datasets.load_squad_corpus`, so ids match the evaluation's;
+    Read by `inference.data.load_squad_corpus`, so ids match the evaluation's;
     each question's `metadata["gold_doc_id"]` names its paragraph.
     """
     path = Path(path)

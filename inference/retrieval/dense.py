@@ -23,9 +23,9 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import faiss
 import numpy as np
@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.io_utils import atomic_file, atomic_path, write_json_atomic
+from sieverag.inference.settings import settings
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -90,7 +91,7 @@ def load_embedding_model(name: str, device: Device = "auto") -> SentenceTransfor
                        None if device == "auto" else device)
 
 
-@dataclass(frozen=True)
+@settings
 class DenseConfig:
     """Embedding model and build settings of the dense index."""
 
@@ -107,8 +108,6 @@ class DenseConfig:
         if self.batch_size < 1 or self.shard_size < 1:
             raise ConfigError(f"dense.batch_size and dense.shard_size must be >= 1, got "
                               f"{self.batch_size} and {self.shard_size}")
-        if self.device not in get_args(Device):
-            raise ConfigError(f"dense.device must be auto, cpu or cuda, got {self.device!r}")
 
 
 def make_encoder(config: DenseConfig) -> Encoder:

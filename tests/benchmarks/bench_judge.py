@@ -27,8 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.demo_data import write_demo_dataset  # noqa: E402
-from sieverag.inference.eval.datasets import load_examples  # noqa: E402
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
 from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
@@ -143,7 +143,7 @@ def main() -> int:
     agree = sum((m > 0) == (p == YES) for m, p in comparable)
 
     pipeline = build_pipeline("main-rag", PipelineContext(generator=backend,
-                                                          filter_backend=backend))
+                                                          judge_backend=backend))
     timed = load_examples(dataset, limit=n_questions)
     before = backend.meter.snapshot()
     start = time.perf_counter()

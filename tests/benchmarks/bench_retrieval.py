@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import resource
 import sys
 import tempfile
@@ -38,14 +39,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import platformdirs
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from sieverag.inference.llm.models import cache_root  # noqa: E402
 from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
-from sieverag.inference.retrieval.cli import default_data_dir, default_eval_index_dir  # noqa: E402
+from sieverag.inference.retrieval.cli import (  # noqa: E402
+    DATA_DIR_ENV,
+    default_eval_index_dir,
+)
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
 from sieverag.inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset  # noqa: E402
@@ -223,7 +227,8 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=None,
                         help="embeddings per shard for (c) (default 2000; quick 100)")
     args = parser.parse_args()
-    data_dir = args.data_dir or default_data_dir()
+    data_dir = args.data_dir or Path(os.environ.get(DATA_DIR_ENV)
+                                     or ROOT.parent / "shared" / "data")
     if not (data_dir / "squad_dev_v1.1.json.zip").is_file():
         print(f"shared data not found in {data_dir}; pass --data-dir", file=sys.stderr)
         return 1
@@ -233,8 +238,8 @@ def main() -> int:
     figures |= bench_bm25(data_dir, [e.question for e in
                                      spread_subset(all_examples, 50 if args.quick else 200)])
     if args.quick:
-        squad = quick_squad_file(data_dir, QUICK_ARTICLES, Path(platformdirs.user_cache_dir(
-            "sieverag")) / "bench_retrieval" / "squad_quick.json")
+        squad = quick_squad_file(data_dir, QUICK_ARTICLES,
+                                 cache_root() / "bench_retrieval" / "squad_quick.json")
         figures |= bench_recall(squad, args.squad_questions or 150)
     else:
         figures |= bench_recall(data_dir / "squad_dev_v1.1.json.zip",

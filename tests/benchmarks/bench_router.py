@@ -33,29 +33,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import platformdirs
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig  # noqa: E402
-from sieverag.inference.eval.datasets import load_examples  # noqa: E402
+from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.io_utils import write_atomic  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.models import DEFAULT_MODEL, cache_root  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
-from sieverag.inference.retrieval.cli import default_data_dir  # noqa: E402
+from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
 from sieverag.inference.retrieval.evaluation import spread_subset  # noqa: E402
 from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
 from sieverag.inference.types import Document, Example  # noqa: E402
 
+# The checkout's shared data folder, as the other benchmarks read it.
+DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")
 NUTRITION_QUESTIONS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_questions.jsonl"
 SOURCES = ("hotpotqa", "popqa", "nutrition")
 # the name a row shows → the pipeline it runs
@@ -177,7 +178,7 @@ def main() -> None:
     parser.add_argument("--nutrition", type=int, help="nutrition questions (default all)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="generator model")
     parser.add_argument("-k", type=int, default=5, help="chunks retrieved per question")
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir())
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--work-dir", type=Path, help="corpus and index folder "
                         "(default: the user cache)")
     parser.add_argument("--threads", type=int, default=1,
@@ -193,7 +194,7 @@ def main() -> None:
     size = 4 if args.quick else None
     counts = (args.hotpotqa or size or 20, args.popqa or size or 20, args.nutrition or size)
     variant = "quick" if args.quick else "default"
-    work = args.work_dir or Path(platformdirs.user_cache_dir("sieverag")) / "bench-router"
+    work = args.work_dir or cache_root() / "bench-router"
     work = work / variant
 
     questions, corpus = pick_questions(args.data_dir, *counts)

@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import yaml  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from sieverag.inference.eval.datasets import load_examples  # noqa: E402
+from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.filters.filter_format import chunk_record, sentence_record  # noqa: E402
 from sieverag.training.recipe import parse_recipe  # noqa: E402
 from sieverag.training.sft import train  # noqa: E402

@@ -1,0 +1,132 @@
+"""Composition: a run config's model roles and sources → the objects pipelines use.
+
+One place decides who runs what, for every command (`eval`, `ask`, `demo`, `eval-filter`):
+* `resolve_roles(config)` — the trained filter's adapter found by path or name (installed,
+  else shipped) and checked against its base model and prompts, so the run's config.yaml
+  names the adapter folder it used;
+* `build_roles(models)` — one backend per role (`generator`, `judge`, `filter`); roles with
+  equal specs share one backend and one loaded model;
+* `build_context(config)` — the pipelines' shared context: backends, the document source
+  (the dataset's own documents or an index), the router.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
+from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.pipelines import PipelineContext
+from sieverag.inference.pipelines.amber import amber_filter
+from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
+from sieverag.inference.router import Router
+from sieverag.inference.types import Document, Example
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The backends of the three roles (`filter` is None when no pipeline uses it)."""
+
+    generator: LLMBackend
+    judge: LLMBackend
+    filter: LLMBackend | None
+
+    def distinct(self) -> list[LLMBackend]:
+        """Each backend once (roles may share one), for usage accounting."""
+        backends: list[LLMBackend] = []
+        for backend in (self.generator, self.judge, self.filter):
+            if backend is not None and all(backend is not b for b in backends):
+                backends.append(backend)
+        return backends
+
+
+def needs_trained_filter(config: RunConfig) -> bool:
+    """Whether some pipeline of the run filters with MCF (`mcf` or `stack`)."""
+    pipelines = set(config.pipelines)
+    if "auto" in pipelines:
+        pipelines.add(config.routed_pipeline)
+    return any(amber_filter(p, config.amber) in NEEDS_TRAINED_FILTER for p in pipelines)
+
+
+def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
+    """An in-process filter role with its adapter resolved to a checked folder (the given
+    path or name, else the default filter); a served filter as it is."""
+    if spec.endpoint is not None:
+        return spec
+    folder = resolve_filter(spec.adapter or DEFAULT_FILTER_NAME, spec.model)
+    return replace(spec, adapter=str(folder))
+
+
+def resolve_roles(config: RunConfig) -> RunConfig:
+    """`config` with the filter role's adapter resolved when a pipeline uses the filter."""
+    if not needs_trained_filter(config):
+        return config
+    models = replace(config.models, filter=resolve_filter_role(config.models.filter))
+    return replace(config, models=models)
+
+
+def build_roles(models: ModelRoles, *, with_filter: bool = True) -> Roles:
+    """One backend per role; the filter's adapter must be resolved (`resolve_filter_role`)."""
+    return Roles(generator=build_backend(models.generator),
+                 judge=build_backend(models.judge_spec),
+                 filter=build_backend(models.filter) if with_filter else None)
+
+
+def _capped_documents(limit: int | None) -> DocumentSource:
+    def documents(example: Example) -> Sequence[Document]:
+        return example.documents if limit is None else example.documents[:limit]
+
+    return documents
+
+
+def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
+    """Each question's top-k chunks from the index (its retrieval cache spares repeats)."""
+
+    def documents(example: Example) -> Sequence[Document]:
+        return [hit.document for hit in index.search(example.question, config.k, config.mode)]
+
+    return documents
+
+
+def _index_search(index, config: RetrievalConfig) -> QuerySearch:
+    """Query-based search on the index in the configured mode (for later amber rounds)."""
+
+    def search(query: str, k: int) -> Sequence[Document]:
+        return [hit.document for hit in index.search(query, k, config.mode)]
+
+    return search
+
+
+def build_context(config: RunConfig) -> tuple[PipelineContext, Roles]:
+    """The pipelines' shared context for `config` (roles resolved by `resolve_roles`), and
+    the role backends (for usage)."""
+    roles = build_roles(config.models, with_filter=needs_trained_filter(config))
+    index = None
+    documents = _capped_documents(config.max_documents)
+    search = None
+    if config.retrieval is not None:
+        from sieverag.inference.retrieval.index import Index
+
+        index = Index.load(config.retrieval.index)
+        documents = _retrieved_documents(index, config.retrieval)
+        search = _index_search(index, config.retrieval)
+    context = PipelineContext(
+        generator=roles.generator,
+        judge_backend=roles.judge,
+        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
+        judge=config.judge,
+        answer_extraction=config.answer_extraction,
+        documents=documents,
+        routed_pipeline=config.routed_pipeline,
+        router=Router(config.router, index=index,
+                      backend=roles.generator if config.router.self_check else None),
+        mcf_backend=roles.filter,
+        mcf=config.mcf,
+        amber=config.amber,
+        search=search,
+    )
+    return context, roles

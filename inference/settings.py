@@ -1,0 +1,189 @@
+"""One way to configure every command: typed dataclasses, a YAML file, flags.
+
+* `@settings` makes a config class: a frozen pydantic dataclass, validated on construction
+  (types, `Literal` choices, nested configs), unknown keys refused; each field's
+  `metadata={"help": ...}` is its flag's help.
+* `parse_settings(cls, argv, prog)` reads a command's config: the class's defaults, then a
+  named preset (`--preset NAME`, shipped YAML), then a YAML file (`--config FILE`, e.g. a run
+  folder's config.yaml), then flags (`--limit 5`, nested fields as dotted flags:
+  `--amber.collector.max-queries 3`). Later sources override earlier ones key by key.
+* `load_settings` / `settings_to_yaml` read and write a config as YAML, strictly.
+
+Flags come from pydantic-settings' command-line source, so every command spells them the
+same way: kebab-case names, `--flag/--no-flag` for booleans, comma-separated lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from sieverag.inference.errors import ConfigError
+
+T = TypeVar("T")
+
+# pydantic names an unknown key so for models and for dataclasses respectively.
+UNKNOWN_KEY_ERRORS = ("extra_forbidden", "unexpected_keyword_argument")
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def settings(cls: type[T]) -> type[T]:
+    """Make `cls` a config: frozen, validated on construction, unknown keys refused, each
+    field's `metadata["help"]` shown as its flag's help."""
+    made = pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))(cls)
+    for spec in dataclasses.fields(made):
+        if "help" in spec.metadata:
+            made.__pydantic_fields__[spec.name].description = spec.metadata["help"]
+    validating_init = made.__init__
+
+    @functools.wraps(validating_init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            validating_init(self, *args, **kwargs)
+        except ValidationError as err:  # built in code: the same error as from a file
+            names = [spec.name for spec in dataclasses.fields(made)]
+            raise ConfigError(_described(err, made.__name__, names)) from None
+
+    made.__init__ = __init__
+    return made
+
+
+def _described(err: ValidationError, where: str, positional: Sequence[str] = ()) -> str:
+    """One line naming each invalid setting by its dotted field (`positional`: the field
+    names of positional arguments, which pydantic reports by index)."""
+    problems = []
+    for error in err.errors():
+        loc = list(error["loc"])
+        if loc and isinstance(loc[0], int) and loc[0] < len(positional):
+            loc[0] = positional[loc[0]]
+        field = ".".join(str(part) for part in loc) or "(top level)"
+        message = ("unknown setting" if error["type"] in UNKNOWN_KEY_ERRORS
+                   else error["msg"].removeprefix("Value error, "))
+        problems.append(f"{field}: {message}")
+    return f"invalid settings in {where}: " + "; ".join(problems)
+
+
+def validate_settings(cls: type[T], data: Any, where: str) -> T:
+    """`cls` built from plain data; any invalid or unknown key is one `ConfigError` naming
+    the dotted field and `where` the data came from."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of settings, got {type(data).__name__}")
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as err:
+        raise ConfigError(_described(err, where)) from None
+
+
+def settings_to_data(config: Any) -> dict:
+    """Plain YAML/JSON-ready data of a config (tuples become lists)."""
+    return TypeAdapter(type(config)).dump_python(config, mode="json")
+
+
+def settings_to_yaml(config: Any) -> str:
+    return yaml.safe_dump(settings_to_data(config), sort_keys=False, allow_unicode=True)
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """The mapping in YAML file `path` (an empty file is an empty mapping)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def load_settings(cls: type[T], path: str | Path) -> T:
+    """Read a config YAML strictly (unknown keys and bad values are errors)."""
+    return validate_settings(cls, read_yaml_mapping(path), str(path))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    """The shipped preset `name` (`--preset NAME`)."""
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r} (shipped: {', '.join(preset_names())})")
+    return path
+
+
+def merge_settings(base: dict, override: dict) -> dict:
+    """`override` laid over `base`, nested mappings merged key by key."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_settings(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_settings(cls: type[T], argv: Sequence[str], prog: str) -> T:
+    """The config of a command run as `prog ARGV`: defaults < --preset < --config < flags."""
+    import argparse
+
+    sources = argparse.ArgumentParser(add_help=False)
+    sources.add_argument("--preset")
+    sources.add_argument("--config")
+    chosen, rest = sources.parse_known_args(list(argv))
+    data: dict = {}
+    where = ["flags"]
+    if chosen.preset:
+        data = merge_settings(data, read_yaml_mapping(preset_path(chosen.preset)))
+        where.insert(0, f"preset {chosen.preset}")
+    if chosen.config:
+        data = merge_settings(data, read_yaml_mapping(chosen.config))
+        where.insert(-1, str(chosen.config))
+    data = merge_settings(data, _parse_flags(cls, rest, prog))
+    return validate_settings(cls, data, " + ".join(where))
+
+
+def _parse_flags(cls: type, argv: list[str], prog: str) -> dict:
+    """Only the settings given as flags, nested as the config is (pydantic-settings)."""
+    import argparse
+
+    from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+
+    class CommandLine(BaseSettings, cls):  # the flags of `cls`'s fields
+        __doc__ = inspect.cleandoc(cls.__doc__ or "")
+        model_config = SettingsConfigDict(
+            extra="forbid", case_sensitive=True, cli_prog_name=prog, cli_kebab_case=True,
+            cli_implicit_flags=True, cli_avoid_json=True, cli_hide_none_type=True,
+            cli_enforce_required=False)
+
+    for spec in dataclasses.fields(cls):  # the subclass rebuilt its fields without help
+        if "help" in spec.metadata:
+            CommandLine.model_fields[spec.name].description = spec.metadata["help"]
+    source = CliSettingsSource(CommandLine)
+    source.root_parser.usage = f"{prog} [--config FILE] [--preset NAME] [flags]"
+    # --preset and --config are read before the flags; listed here for --help only.
+    group = source.root_parser.add_argument_group("configuration files")
+    group.add_argument("--preset", metavar="NAME", default=argparse.SUPPRESS,
+                       help="start from a shipped preset (" + ", ".join(preset_names()) + ")")
+    group.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                       help="start from a YAML file of these settings (e.g. a run folder's "
+                            "config.yaml); flags override it")
+    return source(args=argv)()
+
+
+def narrow(config: Any, cls: type[T]) -> T:
+    """The `cls` part of `config`, a command's settings that extend `cls` with fields of
+    their own (e.g. where results go)."""
+    return cls(**{spec.name: getattr(config, spec.name) for spec in dataclasses.fields(cls)})

@@ -1,0 +1,51 @@
+"""The `sieverag` dispatcher: commands listed without importing them, version, errors."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import sieverag
+from sieverag.cli import COMMANDS, GROUPS, main
+
+
+def test_help_lists_every_command_without_importing_torch():
+    probe = ("import sys, contextlib, io\nfrom sieverag.cli import main\n"
+             "out = io.StringIO()\n"
+             "with contextlib.redirect_stdout(out): code = main(['--help'])\n"
+             "print(code, 'torch' in sys.modules, 'pydantic_settings' in sys.modules)\n"
+             "print(out.getvalue())")
+    shown = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                           text=True).stdout
+    assert shown.startswith("0 False False")
+    for name in COMMANDS:
+        assert f"  {name.split(' ')[0]} " in shown
+
+
+def test_every_command_names_a_settings_class_and_a_run_function():
+    from sieverag.inference.settings import parse_settings
+
+    for name, command in COMMANDS.items():
+        module, _, settings_name = command.settings.partition(":")
+        run_module, _, run_name = command.run.partition(":")
+        assert callable(getattr(importlib.import_module(run_module), run_name)), name
+        settings_class = getattr(importlib.import_module(module), settings_name)
+        with pytest.raises(SystemExit) as done:  # --help of every command renders
+            parse_settings(settings_class, ["--help"], f"sieverag {name}")
+        assert done.value.code == 0
+    assert {name.split(" ")[0] for name in COMMANDS if " " in name} == set(GROUPS)
+
+
+def test_version_group_help_and_unknown_commands(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"sieverag {sieverag.__version__}"
+    assert sieverag.__version__ != "0.0.0+unknown"
+    assert main(["index", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "  build " in shown and "  search " in shown
+    assert main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+    assert main(["index", "nope"]) == 2
