@@ -118,7 +118,7 @@ def run_eval(command: EvalCommand) -> int:
 
 
 def run_demo(command: DemoCommand) -> int:
-    from sieverag.inference.demo_data import write_demo_dataset
+    from sieverag.inference.data.demo import write_demo_dataset
     from sieverag.inference.eval.runner import run_evaluation
     from sieverag.inference.trace import find_record, render_record
 

@@ -23,7 +23,7 @@ from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.amber import amber_filter
 from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
-from sieverag.inference.router import Router
+from sieverag.inference.pipelines.router import Router
 from sieverag.inference.types import Document, Example
 
 

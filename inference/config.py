@@ -12,8 +12,8 @@ from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.router import RouterConfig
 from sieverag.inference.retrieval.index import SearchMode
-from sieverag.inference.router import RouterConfig
 from sieverag.inference.settings import load_settings, settings, settings_to_yaml
 
 

@@ -7,7 +7,8 @@ reader (or a crashed run) sees the old file or the whole new one, never half of 
 * `atomic_file(path, mode)` — an open handle on such a temp file, fsynced before the rename;
 * `write_atomic` / `write_json_atomic` — whole text or JSON in one call;
 * `atomic_directory(path)` — a temp folder that replaces `path` whole;
-* `JsonlLog` — append-only records for resumable work.
+* `JsonlLog` — append-only records for resumable work;
+* `cache_root()` — where everything sieverag caches lives ($SIEVERAG_CACHE).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from platformdirs import user_cache_dir
 
 from sieverag.inference.errors import DatasetError
 
@@ -129,3 +132,12 @@ class JsonlLog:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def cache_root() -> Path:
+    """Root of sieverag's cache: $SIEVERAG_CACHE, else the user cache dir.
+
+    Everything sieverag caches (converted models, installed adapters, retrieval indexes) lives
+    under it, so $SIEVERAG_CACHE moves all of it (the tests point it at a temporary folder).
+    """
+    return Path(os.environ.get("SIEVERAG_CACHE") or user_cache_dir("sieverag"))

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.collector import CollectorConfig, normalise_query
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.collector import CollectorConfig, normalise_query
 from sieverag.inference.types import Document, Example
 
 POOL = tuple(

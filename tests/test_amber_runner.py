@@ -14,14 +14,14 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 from sieverag.cli import main
 from sieverag.inference import compose
 from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
-from sieverag.inference.demo_data import write_demo_dataset
+from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.memory import MemoryConfig
 from sieverag.inference.pipelines.amber import STOP_REASONS
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.memory import MemoryConfig
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from platformdirs import user_cache_dir
 
+from sieverag.inference.io_utils import cache_root
 from sieverag.inference.llm import models
 from sieverag.inference.retrieval.cli import default_eval_index_dir
 from sieverag.inference.retrieval.config import IndexConfig
 
 
 def test_under_pytest_the_cache_is_a_temporary_folder_not_the_users() -> None:
-    root = models.cache_root().resolve()
+    root = cache_root().resolve()
     users = Path(user_cache_dir("sieverag")).resolve()
     assert root != users and not root.is_relative_to(users)
     assert root.is_relative_to(Path(tempfile.gettempdir()).resolve())
@@ -24,7 +25,7 @@ def test_under_pytest_the_cache_is_a_temporary_folder_not_the_users() -> None:
 def test_without_sieverag_cache_the_root_is_the_users_cache(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SIEVERAG_CACHE")
-    assert models.cache_root() == Path(user_cache_dir("sieverag"))
+    assert cache_root() == Path(user_cache_dir("sieverag"))
 
 
 def test_every_cached_thing_lives_under_the_root(tmp_path: Path,

@@ -7,14 +7,14 @@ import math
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.collector import (
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.pipelines.collector import (
     CollectorConfig,
     InformationCollector,
     clean_query,
     expanded_query,
     normalise_query,
 )
-from sieverag.inference.errors import ConfigError
 
 
 def test_sufficiency_is_p_yes_normalised_over_yes_and_no_against_the_threshold():

@@ -5,10 +5,10 @@ Inside `sieverag.inference` a module imports only its own layer or the layers be
 (low → high):
 
   shared base  types, errors, io_utils, prompt_templates, settings
-  data         inference.data (dataset loaders), demo_data
+  data         inference.data (dataset loaders, the demo set)
   llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
-  agents       filters, memory, collector, router, answers
-  pipelines    inference.pipelines
+  agents       filters, answers
+  pipelines    inference.pipelines (with amber's memory and collector agents and the router)
   composition  config, compose (build the roles and pipelines for every command)
   evaluation   inference.eval, trace
   command line every `cli.py`: anything in its own part
@@ -69,12 +69,10 @@ LAYERS = (
     Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
                              f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
                              f"{INFERENCE}.settings")),
-    Layer("data", 1, (f"{INFERENCE}.data", f"{INFERENCE}.demo_data")),
+    Layer("data", 1, (f"{INFERENCE}.data",)),
     Layer("llm", 2, (f"{INFERENCE}.llm",)),
     Layer("retrieval", 2, (f"{INFERENCE}.retrieval",)),
-    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.memory",
-                        f"{INFERENCE}.collector", f"{INFERENCE}.router",
-                        f"{INFERENCE}.answers")),
+    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers")),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
     Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
     Layer("evaluation", 6, (f"{INFERENCE}.eval", f"{INFERENCE}.trace")),
@@ -281,7 +279,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.eval.runner", "sieverag.inference.data"),
     ("sieverag.inference.data.loading", "sieverag.inference.errors"),
     ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
-    ("sieverag.inference.collector", "sieverag.inference.memory"),
+    ("sieverag.inference.pipelines.collector", "sieverag.inference.pipelines.memory"),
     ("sieverag.inference.retrieval.cli", "sieverag.inference.llm.models"),
     ("sieverag.inference.cli", "sieverag.inference.retrieval.cli"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),

@@ -7,7 +7,12 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.memory import EMPTY_MEMORY, MemoryConfig, MemoryUpdater, cap_memory
+from sieverag.inference.pipelines.memory import (
+    EMPTY_MEMORY,
+    MemoryConfig,
+    MemoryUpdater,
+    cap_memory,
+)
 from sieverag.inference.prompt_templates import load_template
 
 

@@ -21,10 +21,10 @@ from sieverag.inference.config import (
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.pipelines.router import Router, RouterConfig, entity_words
 from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index
-from sieverag.inference.router import Router, RouterConfig, entity_words
 
 CORPUS = [
     "Scurvy is caused by a lack of vitamin C.",

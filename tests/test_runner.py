@@ -10,7 +10,7 @@ import yaml
 
 from sieverag.cli import main
 from sieverag.inference.config import GenerationConfig, ModelRoles, RunConfig
-from sieverag.inference.demo_data import write_demo_dataset
+from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.judge import JudgeConfig

@@ -7,7 +7,8 @@
 * `formats` — the format registry (`DATASET_FORMATS`, `register_format`,
   `register_jsonl_format`) the readers add themselves to;
 * `records` — reading one record's fields, with errors that name the file, line and field;
-* `files` — jsonl (gzip told by content) and whole JSON documents (zipped or not).
+* `files` — jsonl (gzip told by content) and whole JSON documents (zipped or not);
+* `demo` — `write_demo_dataset`: the demo set of invented facts (`sieverag demo`).
 
 It imports only the shared base (`inference.types`, `inference.errors`); retrieval,
 evaluation, data_gen and training import it (tests/test_layers.py keeps it so).

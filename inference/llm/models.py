@@ -7,15 +7,13 @@ to safetensors in the sieverag cache) or a local folder holding `config.json`.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from platformdirs import user_cache_dir
-
 from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.io_utils import cache_root
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -38,15 +36,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
-
-
-def cache_root() -> Path:
-    """Root of sieverag's cache: $SIEVERAG_CACHE, else the user cache dir.
-
-    Everything sieverag caches (converted models, installed adapters, retrieval indexes) lives
-    under it, so $SIEVERAG_CACHE moves all of it (the tests point it at a temporary folder).
-    """
-    return Path(os.environ.get("SIEVERAG_CACHE") or user_cache_dir("sieverag"))
 
 
 def adapters_dir() -> Path:

@@ -10,12 +10,12 @@ Each round:
    question.
 2. Filter: the round's documents through the filter stage; kept documents (MCF: narrowed to
    their key sentences) join the evidence.
-3. AMU (`inference/memory.py`) revises the memory with the new evidence (skipped when nothing
+3. AMU (`inference/pipelines/memory.py`) revises the memory with the new evidence (skipped when nothing
    new was kept, and in the last round when the answer reads the evidence alone).
 4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
    `max_iterations` (`max_iterations`), when the question's given pool has no unseen
    document left (`pool_exhausted`: e.g. `k` ≥ the given documents, so round 1 filters them
-   all), or when the AIC (`inference/collector.py`) finds the memory sufficient
+   all), or when the AIC (`inference/pipelines/collector.py`) finds the memory sufficient
    (`sufficient`); otherwise the AIC writes the next query, and the loop stops when it has no
    new one (`no_new_query`).
 
@@ -37,10 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sieverag.inference.answers import extract_answer
-from sieverag.inference.collector import InformationCollector
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
-from sieverag.inference.memory import MemoryUpdater, shown_memory
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.pipelines.base import (
     PipelineContext,
@@ -49,6 +47,8 @@ from sieverag.inference.pipelines.base import (
     question_text,
     register_pipeline,
 )
+from sieverag.inference.pipelines.collector import InformationCollector
+from sieverag.inference.pipelines.memory import MemoryUpdater, shown_memory
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.types import Document, Example

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Literal
 
-from sieverag.inference.collector import CollectorConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
-from sieverag.inference.memory import MemoryConfig
+from sieverag.inference.pipelines.collector import CollectorConfig
+from sieverag.inference.pipelines.memory import MemoryConfig
 from sieverag.inference.settings import settings
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]

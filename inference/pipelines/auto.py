@@ -1,4 +1,4 @@
-"""`auto`: the conditional router (inference/router.py) in front of another pipeline.
+"""`auto`: the conditional router (inference/pipelines/router.py) in front of another pipeline.
 
 Per question the router decides whether retrieval is worth it; if so the routed pipeline
 (`vanilla` by default, any registered one) runs, else the question is answered directly.
@@ -16,8 +16,8 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
     register_pipeline,
 )
+from sieverag.inference.pipelines.router import Router
 from sieverag.inference.pipelines.simple import DirectPipeline
-from sieverag.inference.router import Router
 from sieverag.inference.types import Example
 
 

@@ -13,8 +13,8 @@ from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.router import Router
 from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.router import Router
 from sieverag.inference.types import Document, Example
 
 

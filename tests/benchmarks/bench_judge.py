@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.demo_data import write_demo_dataset  # noqa: E402
+from sieverag.inference.data.demo import write_demo_dataset  # noqa: E402
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
 from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402

@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sieverag.inference.llm.models import cache_root  # noqa: E402
+from sieverag.inference.io_utils import cache_root  # noqa: E402
 from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
 from sieverag.inference.retrieval.cli import (  # noqa: E402

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.io_utils import write_atomic  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL, cache_root  # noqa: E402
+from sieverag.inference.io_utils import cache_root, write_atomic  # noqa: E402
+from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402

@@ -24,7 +24,7 @@ from bm25s.stopwords import STOPWORDS_EN_PLUS
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.memory import shown_memory
+from sieverag.inference.pipelines.memory import shown_memory
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import settings
 
