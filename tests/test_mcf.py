@@ -235,7 +235,7 @@ def test_registry_builds_filters_by_name_and_explains_a_missing_trained_filter()
     setup = FilterSetup(judge_backend=backend, mcf_backend=backend)
     assert build_filter("mcf", setup).name == "mcf"
     assert build_filter("stack", setup).name == "stack"
-    with pytest.raises(ConfigError, match="needs the trained filter.*--filter-adapter"):
+    with pytest.raises(ConfigError, match="needs the trained filter.*--models.filter.adapter"):
         build_filter("stack", FilterSetup(judge_backend=backend))
     with pytest.raises(ConfigError, match="unknown filter 'magic'"):
         build_filter("magic", setup)

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sieverag.inference.config import ModelRoles
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import chunk_record
+from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.types import Document, Example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,12 +53,22 @@ def training_dataset(folder: Path, train_ids: list[str]) -> Path:
     return folder
 
 
+def roles(base: Path, adapter: Path | str | None = None, *, endpoint: str | None = None,
+          served: str | None = None) -> ModelRoles:
+    """The judge on `base` on the CPU; the filter `adapter` on it, or served as `served`."""
+    judge = BackendSpec(model=str(base), device="cpu")
+    if endpoint is not None:
+        return ModelRoles(generator=judge, filter=BackendSpec(
+            model=served or "", endpoint=endpoint, chat_template_model=str(base)))
+    return ModelRoles(generator=judge, filter=BackendSpec(
+        model=str(base), device="cpu", adapter=None if adapter is None else str(adapter)))
+
+
 def evaluate(**settings) -> dict:
     """`run_filter_eval` with the given FilterEvalConfig fields, no progress bars."""
     from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
 
-    return run_filter_eval(FilterEvalConfig(dataset=str(SAMPLE), device="cpu", **settings),
-                           progress=False)
+    return run_filter_eval(FilterEvalConfig(dataset=str(SAMPLE), **settings), progress=False)
 
 
 def read_decisions(out: Path) -> list[dict]:
@@ -73,7 +85,7 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
                                       tmp_path: Path) -> None:
     data = training_dataset(tmp_path / "data", ["some-other-question"])
     out = tmp_path / "report"
-    settings = {"adapter": str(tiny_adapter), "base_model": str(tiny_model_dir),
+    settings = {"models": roles(tiny_model_dir, tiny_adapter),
                 "exclude_training": (str(data),), "out": str(out)}
     report = evaluate(**settings)
     assert report["questions"]["evaluated"] == 2
@@ -150,7 +162,7 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 
     data = training_dataset(tmp_path / "data", [SECOND])
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
-                              adapter=str(tiny_adapter), exclude_training=(str(data),))
+                              exclude_training=(str(data),))
     trained = training_questions(config, {})
     selection = select_examples(config, trained)
     assert [e.id for e in selection.examples] == [FIRST]
@@ -158,8 +170,7 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 
     # The adapter's metadata names its training dataset: used when no flag is given.
     metadata = {"dataset": {"path": str(data)}}
-    bare = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
-                            adapter=str(tiny_adapter))
+    bare = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"))
     assert training_questions(bare, metadata) == trained
     # A card listing its training questions needs no dataset folder (a shipped filter's).
     carried = {"dataset": {"path": str(tmp_path / "gone"),
@@ -169,7 +180,7 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
     ids = tmp_path / "ids.txt"
     ids.write_text(f"{SECOND}\n", encoding="utf-8")
     listed = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
-                              adapter=str(tiny_adapter), question_ids_file=str(ids))
+                              question_ids_file=str(ids))
     with pytest.raises(DatasetError, match="no question left"):
         select_examples(listed, trained)
 
@@ -177,8 +188,8 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Path) -> None:
     from sieverag.training.filter_eval import FilterEvalConfig, training_questions
 
-    config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path), adapter=str(tiny_adapter))
-    with pytest.raises(ConfigError, match="--exclude-training-questions"):
+    config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path))
+    with pytest.raises(ConfigError, match="--exclude-training DATASET_DIR"):
         training_questions(config, {})
     gone = {"dataset": {"path": str(tmp_path / "deleted")}}
     with pytest.raises(ConfigError, match="which is gone"):
@@ -186,33 +197,49 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"filter_endpoint": "http://127.0.0.1:1/v1"}, "go together"),
-    ({"adapter": "/nowhere"}, "adapter folder /nowhere does not exist"),
-    ({"adapter": "nope"}, "'nope' is neither a folder nor the name of an installed or shipped"),
-    ({"adapter": "LORA", "threshold": float("inf")}, "--threshold must be a finite log-odds"),
-    ({"adapter": "LORA", "top_k": 0}, "--top-k"),
-    ({"adapter": "LORA", "sentence_max_new_tokens": 0}, "--sentence-max-new-tokens"),
+    ({"threshold": float("inf")}, "--threshold must be a finite log-odds"),
+    ({"top_k": 0}, "--top-k"),
+    ({"sentence_max_new_tokens": 0}, "--sentence-max-new-tokens"),
+    ({"models": {"filter": {"endpoint": "http://127.0.0.1:1/v1", "adapter": "x"}}},
+     "adapter 'x' is for an in-process model"),
 ])
-def test_config_errors_name_the_flag(kwargs: dict, message: str, tiny_adapter: Path) -> None:
+def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
+    from sieverag.inference.settings import validate_settings
     from sieverag.training.filter_eval import FilterEvalConfig
 
-    if kwargs.get("adapter") == "LORA":
-        kwargs = {**kwargs, "adapter": str(tiny_adapter)}
     with pytest.raises(ConfigError, match=message):
-        FilterEvalConfig(dataset=str(SAMPLE), out="out", **kwargs)
+        validate_settings(FilterEvalConfig, {"dataset": str(SAMPLE), "out": "out", **kwargs},
+                          "test")
+
+
+@pytest.mark.parametrize(("adapter", "message"), [
+    ("/nowhere", "adapter folder /nowhere does not exist"),
+    ("nope", "'nope' is neither a folder nor the name of an installed or shipped"),
+])
+def test_a_bad_adapter_fails_before_any_work(adapter: str, message: str, tmp_path: Path,
+                                             tiny_model_dir: Path) -> None:
+    from sieverag.inference.filters.adapters import AdapterError
+
+    with pytest.raises(AdapterError, match=message):
+        evaluate(models=roles(tiny_model_dir, adapter), out=str(tmp_path / "out"),
+                 allow_training_questions=True)
+    assert not (tmp_path / "out").exists()
 
 
 def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
-                                                            tiny_adapter: Path) -> None:
+                                                            tiny_adapter: Path,
+                                                            tiny_model_dir: Path) -> None:
+    from sieverag.inference.compose import resolve_filter_role
     from sieverag.inference.filters import adapters
     from sieverag.training.filter_eval import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped")
-    with pytest.raises(ConfigError, match="'smollm2-filter' is neither a folder"):
-        FilterEvalConfig(dataset=str(SAMPLE), out="out")
+    config = FilterEvalConfig(dataset=str(SAMPLE), out="out", models=roles(tiny_model_dir))
+    with pytest.raises(adapters.AdapterError, match="'smollm2-filter' is neither a folder"):
+        resolve_filter_role(config.models.filter)
     installed = adapters.install_adapter(tiny_adapter, "smollm2-filter")
-    assert FilterEvalConfig(dataset=str(SAMPLE), out="out").adapter == str(installed)
+    assert resolve_filter_role(config.models.filter).adapter == str(installed)
 
 
 def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) -> Example:
@@ -404,8 +431,9 @@ def test_eval_filter_through_a_served_filter(tiny_model_dir: Path, tmp_path: Pat
     data = training_dataset(tmp_path / "data", ["unrelated-question"])
     out = tmp_path / "out"
     with FakeOpenAIServer(served_filter) as server:
-        report = evaluate(filter_endpoint=server.base_url, filter_model="filter-test-00000000",
-                          base_model=str(tiny_model_dir), exclude_training=(str(data),),
+        report = evaluate(models=roles(tiny_model_dir, endpoint=server.base_url,
+                                       served="filter-test-00000000"),
+                          exclude_training=(str(data),),
                           out=str(out), threshold=-1.0, empty_sentence_answer="drop_chunk")
         asked = [r.json for r in server.requests]
         spec = BackendSpec(model="filter-test-00000000",

@@ -37,13 +37,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.compose import resolve_filter_role
+from sieverag.inference.config import ModelRoles
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.metrics import filter_scores
-from sieverag.inference.filters.adapters import CARD_FILE, check_card
+from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import write_atomic
-from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.settings import settings
+from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.settings import settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
@@ -61,19 +63,10 @@ class FilterEvalConfig:
 
     dataset: str = field(metadata={"help": "HotpotQA-format file with gold passages"})
     out: str = field(metadata={"help": "report folder"})
-    adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter folder, or the name of an installed or "
-                                        "shipped filter (`sieverag filter list`); default: "
-                                        "smollm2-filter"})
-    filter_endpoint: str | None = field(
-        default=None, metadata={"help": "OpenAI-compatible base URL serving the filter"})
-    filter_model: str | None = field(
-        default=None, metadata={"help": "the served filter's model name (its adapter name)"})
-    api_key_env: str | None = field(
-        default=None, metadata={"help": "environment variable holding the server's key"})
-    base_model: str | None = field(
-        default=None, metadata={"help": "base model of the filter and the judge; default: the "
-                                        "adapter's metadata, else the embedded model"})
+    models: ModelRoles = field(default_factory=ModelRoles, metadata={
+        "help": "the trained filter (`filter`: in-process base model + adapter, default "
+                "smollm2-filter, or served) and the MAIN-RAG judge's model (`judge`, default: "
+                "`generator`'s settings, the embedded model); eval-filter generates no answers"})
     exclude_training: tuple[str, ...] = field(
         default=(), metadata={"help": "build-dataset folders whose train-split questions are "
                                       "left out; default: the adapter's training dataset"})
@@ -99,28 +92,10 @@ class FilterEvalConfig:
         default=_MCF.empty_sentence_answer, metadata={
             "help": "a kept passage whose sentence reply is 'none': keep_chunk or drop_chunk "
                     "(MCF's empty_sentence_answer)"})
-    embedding_model: str = field(default="all-minilm-l6-v2",
-                                 metadata={"help": "dense baseline's embedding model"})
-    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass (hf)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
-    dtype: str = field(default="auto", metadata={"help": "auto, float32, bfloat16, float16"})
+    embedding_model: str = field(default="all-minilm-l6-v2", metadata={
+        "help": "dense baseline's embedding model (run on the filter's device)"})
 
     def __post_init__(self) -> None:
-        served = self.filter_endpoint is not None
-        if served != (self.filter_model is not None):
-            raise ConfigError("--filter-endpoint and --filter-model go together")
-        if not served:
-            from sieverag.inference.filters.adapters import (
-                DEFAULT_FILTER_NAME,
-                AdapterError,
-                find_adapter,
-            )
-
-            try:
-                found = find_adapter(self.adapter or DEFAULT_FILTER_NAME)
-            except AdapterError as err:
-                raise ConfigError(f"--adapter: {err}") from None
-            object.__setattr__(self, "adapter", str(found.path))
         if not math.isfinite(self.threshold):
             raise ConfigError(f"--threshold must be a finite log-odds, got {self.threshold}")
         if self.top_k < 1:
@@ -132,8 +107,6 @@ class FilterEvalConfig:
                               f"{self.sentence_max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -150,13 +123,14 @@ class Selection:
 # ----- which questions ---------------------------------------------------------------------
 
 
-def adapter_metadata(config: FilterEvalConfig) -> dict[str, Any]:
-    """The adapter's `sieverag_adapter.json` ({} without an adapter or metadata)."""
-    if config.adapter is None:
+def adapter_metadata(filter_role: BackendSpec) -> dict[str, Any]:
+    """The in-process filter's card, `sieverag_adapter.json` ({} for a served filter or an
+    adapter without one); `filter_role` resolved by `resolve_filter_role`."""
+    if filter_role.adapter is None:
         return {}
     from sieverag.inference.filters.adapters import read_card
 
-    return read_card(config.adapter) or {}
+    return read_card(filter_role.adapter) or {}
 
 
 @dataclass(frozen=True)
@@ -167,9 +141,9 @@ class TrainingQuestions:
     sources: tuple[str, ...]
 
 
-def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
-                       ) -> TrainingQuestions:
-    """The questions to leave out: the train splits of --exclude-training-questions, else the
+def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
+                       card: str = CARD_FILE) -> TrainingQuestions:
+    """The questions to leave out: the train splits of --exclude-training, else the
     list in the adapter's card (it travels with a shipped or installed filter), else the train
     split of the dataset the card names."""
     from sieverag.training.data import question_ids
@@ -183,18 +157,18 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any]
     dataset = metadata.get("dataset") or {}
     if dataset.get("train_questions") is not None:
         return TrainingQuestions(frozenset(tuple(q) for q in dataset["train_questions"]),
-                                 (f"{config.adapter}/{CARD_FILE}",))
+                                 (card,))
     trained_on = dataset.get("path")
     if trained_on:
         if not Path(trained_on).exists():
             raise ConfigError(f"the adapter was trained on {trained_on}, which is gone: pass "
-                              "--exclude-training-questions DATASET_DIR (its build-dataset "
+                              "--exclude-training DATASET_DIR (its build-dataset "
                               "output) so training questions are left out")
         return from_datasets((trained_on,))
     if config.question_ids_file or config.allow_training_questions:
         return TrainingQuestions(frozenset(), ())
     raise ConfigError("cannot tell which questions trained the filter: pass "
-                      "--exclude-training-questions DATASET_DIR, or --question-ids FILE, or "
+                      "--exclude-training DATASET_DIR, or --question-ids-file FILE, or "
                       "--allow-training-questions")
 
 
@@ -370,22 +344,20 @@ def _digest(fingerprint: Mapping[str, Any]) -> str:
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                     command: str | None = None) -> dict[str, Any]:
     """Evaluate the filter and the baselines; write report.json, report.md and the plot."""
-    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-    from sieverag.inference.llm.models import resolve_model
     from sieverag.training.filter_report import write_report
 
-    metadata = adapter_metadata(config)
-    base_model = config.base_model or metadata.get("base_model") or DEFAULT_MODEL
-    base_path = resolve_model(base_model)
-    if config.adapter is not None:
-        check_card(config.adapter, base_path)
-    selection = select_examples(config, training_questions(config, metadata))
+    filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
+    judge_role = config.models.judge_spec
+    metadata = adapter_metadata(filter_role)
+    card = f"{filter_role.adapter}/{CARD_FILE}" if filter_role.adapter else CARD_FILE
+    selection = select_examples(config, training_questions(config, metadata, card))
     examples = selection.examples
     question_key = sorted(e.id for e in examples)
     out = Path(config.out)
     cache = MethodCache(out / "cache")
 
-    filter_backend, filter_identity = _filter_backend(config, base_model, str(base_path))
+    filter_backend = build_backend(filter_role)
+    filter_identity = _filter_identity(filter_role)
     # The filter's answers are keyed by request, so every MCF row reads each passage's score
     # (and each sentence reply) once, from this run or an earlier one.
     labels = cache.load("filter-chunks", filter_identity) or {}
@@ -397,11 +369,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     if len(mcf_backend.labels) > len(labels):
         cache.store("filter-chunks", filter_identity, mcf_backend.labels)
     judge_state = cache.get_or_compute(
-        "judge", {"base": str(base_path), "n": config.judge_n, "questions": question_key,
-                  "dtype": config.dtype},
-        lambda: _judge_state(HFBackend(HFBackendConfig(
-            model=str(base_path), dtype=config.dtype, device=config.device,
-            batch_size=config.batch_size)), examples, config.judge_n, progress))
+        "judge", {"judge": settings_to_data(judge_role), "n": config.judge_n,
+                  "questions": question_key},
+        lambda: _judge_state(build_backend(judge_role), examples, config.judge_n, progress))
     bm25 = methods.bm25_scores(examples)
     decisions += [
         methods.ChunkDecisions(JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
@@ -409,7 +379,8 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         methods.top_k_decisions(f"BM25 top-{config.top_k}", examples, bm25, config.top_k),
         methods.top_k_decisions(
             f"dense top-{config.top_k}", examples,
-            methods.dense_scores(examples, config.embedding_model, config.device), config.top_k),
+            methods.dense_scores(examples, config.embedding_model, filter_role.device),
+            config.top_k),
         methods.keep_all(examples),
     ]
     chunk = {d.method: chunk_quality(examples, d) for d in decisions}
@@ -430,9 +401,10 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     amber_default = methods.mcf_row_name(MCFConfig())
     report = {
         "command": command,
-        "config": asdict(config),
-        "filter": {"adapter": config.adapter, "name": metadata.get("name"),
-                   "served_as": config.filter_model, "base_model": base_model,
+        "config": settings_to_data(config),
+        "filter": {"adapter": filter_role.adapter, "name": metadata.get("name"),
+                   "served_as": filter_role.model if filter_role.endpoint else None,
+                   "base_model": None if filter_role.endpoint else filter_role.model,
                    "mcf_rows": mcf_rows,
                    "amber_default_row": amber_default if amber_default in mcf_rows else None},
         "questions": {"evaluated": len(examples), "rows_in_dataset": selection.rows,
@@ -468,23 +440,14 @@ def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
               else [])]
 
 
-def _filter_backend(config: FilterEvalConfig, base_model: str, base_path: str
-                    ) -> tuple[Any, dict[str, Any]]:
-    """The filter's backend and what identifies its answers (for the cache)."""
-    from sieverag.inference.llm.registry import BackendSpec, build_backend
-
-    if config.filter_endpoint:
-        spec = BackendSpec(model=config.filter_model or "",
-                           endpoint=config.filter_endpoint, api_key_env=config.api_key_env,
-                           chat_template_model=base_path)
-        return build_backend(spec), {"endpoint": config.filter_endpoint,
-                                     "model": config.filter_model}
+def _filter_identity(filter_role: BackendSpec) -> dict[str, Any]:
+    """What identifies the filter's answers (the cache key of its scores and replies)."""
+    if filter_role.endpoint:
+        return {"endpoint": filter_role.endpoint, "model": filter_role.model}
     from sieverag.inference.filters.adapters import adapter_content_hash
 
-    spec = BackendSpec(model=base_path, dtype=config.dtype, device=config.device,
-                       batch_size=config.batch_size, adapter=config.adapter)
-    return build_backend(spec), {"base": base_model, "dtype": config.dtype,
-                                 "adapter": adapter_content_hash(config.adapter or "")}
+    return {"base": filter_role.model, "dtype": filter_role.dtype,
+            "adapter": adapter_content_hash(filter_role.adapter or "")}
 
 
 def _judge_state(backend: Any, examples: Sequence[Example], bar_n: float,

@@ -33,9 +33,10 @@ class FilterSetup:
     def trained_filter(self, name: str) -> LLMBackend:
         if self.mcf_backend is None:
             raise ConfigError(
-                f"filter {name!r} needs the trained filter: pass --filter-adapter PATH (a LoRA "
-                "adapter folder), or --filter-endpoint/--filter-model for a served one; "
-                "`--amber-filter judge` needs no training")
+                f"filter {name!r} needs the trained filter: set --models.filter.adapter (a "
+                "LoRA adapter folder or a filter's name), or --models.filter.endpoint and "
+                "--models.filter.model for a served one; `--amber.filter judge` needs no "
+                "training")
         return self.mcf_backend
 
 
