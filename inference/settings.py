@@ -139,7 +139,7 @@ def parse_settings(cls: type[T], argv: Sequence[str], prog: str) -> T:
     """The config of a command run as `prog ARGV`: defaults < --preset < --config < flags."""
     import argparse
 
-    sources = argparse.ArgumentParser(add_help=False)
+    sources = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     sources.add_argument("--preset")
     sources.add_argument("--config")
     chosen, rest = sources.parse_known_args(list(argv))
@@ -159,14 +159,14 @@ def _parse_flags(cls: type, argv: list[str], prog: str) -> dict:
     """Only the settings given as flags, nested as the config is (pydantic-settings)."""
     import argparse
 
-    from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+    from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
     class CommandLine(BaseSettings, cls):  # the flags of `cls`'s fields
         __doc__ = inspect.cleandoc(cls.__doc__ or "")
         model_config = SettingsConfigDict(
             extra="forbid", case_sensitive=True, cli_prog_name=prog, cli_kebab_case=True,
             cli_implicit_flags=True, cli_avoid_json=True, cli_hide_none_type=True,
-            cli_enforce_required=False)
+            cli_enforce_required=False, cli_parse_none_str="none")
 
     for spec in dataclasses.fields(cls):  # the subclass rebuilt its fields without help
         if "help" in spec.metadata:
@@ -180,7 +180,10 @@ def _parse_flags(cls: type, argv: list[str], prog: str) -> dict:
     group.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                        help="start from a YAML file of these settings (e.g. a run folder's "
                             "config.yaml); flags override it")
-    return source(args=argv)()
+    try:
+        return source(args=argv)()
+    except SettingsError as err:  # a flag value the command-line source cannot read
+        raise ConfigError(f"invalid flags for {prog}: {err}") from None
 
 
 def narrow(config: Any, cls: type[T]) -> T:

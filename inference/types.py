@@ -13,6 +13,10 @@ class ChatMessage(TypedDict):
 
 Conversation = list[ChatMessage]
 
+# Where and in what precision an in-process model runs ("auto": cuda and bf16 when available).
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
 
 @dataclass(frozen=True)
 class Document:

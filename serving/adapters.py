@@ -44,7 +44,7 @@ def parse_adapter(spec: str) -> Adapter:
     explicit = (bool(sep) and ADAPTER_NAME.fullmatch(name) is not None
                 and not (whole.is_dir() and not Path(rest).expanduser().is_dir()))
     if sep and not explicit and not whole.is_dir():
-        raise AdapterError(f"--adapter {spec!r}: give NAME=PATH, NAME made of letters, digits, "
+        raise AdapterError(f"--adapters {spec!r}: give NAME=PATH, NAME made of letters, digits, "
                            "'.', '_' or '-' (starting with a letter or digit), or a bare PATH")
     path = find_adapter(rest if explicit else spec).path.resolve()
     rank = lora_rank(path)

@@ -1,6 +1,6 @@
 """`sieverag serve`: the embedded server (`--engine local`) or vLLM (`--engine vllm`).
 
-The command's settings are the served model (`ServedModel`) plus one section of options per
+The command's settings are the served model (`ServedModelConfig`) plus one section of options per
 engine (`--local.*`, `--vllm.*`); the engines are imported only when `serve` runs, so other
 commands start fast.
 """
@@ -17,7 +17,7 @@ from sieverag.inference.settings import narrow, settings
 from sieverag.serving.config import (
     LocalOptions,
     LocalServerConfig,
-    ServedModel,
+    ServedModelConfig,
     VLLMLaunchConfig,
     VLLMOptions,
 )
@@ -32,7 +32,7 @@ ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
 
 
 @settings
-class ServeCommand(ServedModel):
+class ServeCommand(ServedModelConfig):
     """Serve a base model and LoRA adapters (each selected by its name in the request's
     `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
     CPU or GPU) or vLLM as a managed subprocess (GPU)."""
@@ -54,7 +54,7 @@ def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig
                               f"--engine {engine}")
     options_cls, config_cls = ENGINE_CONFIGS[command.engine]
     options = getattr(command, command.engine) or options_cls()
-    return config_cls(**dataclasses.asdict(narrow(command, ServedModel)),
+    return config_cls(**dataclasses.asdict(narrow(command, ServedModelConfig)),
                       **dataclasses.asdict(options))
 
 

@@ -1,6 +1,6 @@
 """The settings of both serving engines, as validated dataclasses.
 
-Each option is defined once: `ServedModel` holds what both engines share, `LocalOptions` and
+Each option is defined once: `ServedModelConfig` holds what both engines share, `LocalOptions` and
 `VLLMOptions` what only one uses. An engine's config is the shared part plus its own
 (`LocalServerConfig`, `VLLMLaunchConfig`); `sieverag serve` (`serving.cli`) takes the shared
 part and both option sections as flags. Kept apart from the engines so `sieverag --help` and
@@ -15,15 +15,13 @@ from typing import Literal
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
+from sieverag.inference.types import Device, DType
 
-# The choices of `inference.llm.hf`'s DType and Device, repeated: that module loads torch.
-DType = Literal["auto", "float32", "bfloat16", "float16"]
-Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
 
 @settings
-class ServedModel:
+class ServedModelConfig:
     """What a server serves and where: the settings both engines share."""
 
     model: str = field(default=DEFAULT_MODEL, metadata={
@@ -106,20 +104,20 @@ class VLLMOptions:
 
 
 @settings
-class LocalServerConfig(LocalOptions, ServedModel):
+class LocalServerConfig(LocalOptions, ServedModelConfig):
     """What the embedded server serves and how; validated on construction."""
 
     def __post_init__(self) -> None:
-        ServedModel.__post_init__(self)
+        ServedModelConfig.__post_init__(self)
         LocalOptions.__post_init__(self)
 
 
 @settings
-class VLLMLaunchConfig(VLLMOptions, ServedModel):
+class VLLMLaunchConfig(VLLMOptions, ServedModelConfig):
     """How to run `vllm serve`; validated on construction."""
 
     def __post_init__(self) -> None:
-        ServedModel.__post_init__(self)
+        ServedModelConfig.__post_init__(self)
         VLLMOptions.__post_init__(self)
         if self.port == 0:  # vLLM binds the port it is given; the launcher must know it
             raise ConfigError("port must be in 1..65535 for vllm, got 0")

@@ -49,3 +49,23 @@ def test_version_group_help_and_unknown_commands(capsys):
     assert main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
     assert main(["index", "nope"]) == 2
+
+
+def test_flags_the_command_line_cannot_read_are_one_clear_error(capsys, tmp_path):
+    assert main(["build-dataset", "--labels", "a", "--out", str(tmp_path), "--mix", "chunk"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sieverag: error: invalid flags for sieverag build-dataset:")
+    assert "mix" in err and "Traceback" not in err and err.count("\n") == 1
+    # --config is never taken from an abbreviation.
+    with pytest.raises(SystemExit):
+        main(["eval", "--dataset", "d.jsonl", "--conf", "x.yaml"])
+    assert "unrecognized arguments: --conf x.yaml" in capsys.readouterr().err
+
+
+def test_none_reads_as_no_value_on_the_command_line():
+    from sieverag.inference.cli import EvalCommand
+    from sieverag.inference.settings import parse_settings
+
+    command = parse_settings(EvalCommand, ["--dataset", "d.jsonl", "--limit", "3",
+                                           "--mcf.lexical-weight", "none"], "sieverag eval")
+    assert command.limit == 3 and command.mcf.lexical_weight is None

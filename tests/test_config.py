@@ -28,8 +28,11 @@ def test_round_trip_through_yaml(tmp_path):
     ({"dataset": "d", "limit": 0}, "limit must be >= 1"),
     ({"dataset": "d", "models": {"generator": {"kind": "openai"}}},
      "models.generator.kind: unknown setting"),
-    ({"dataset": "d", "models": {"filter": {"endpoint": "http://h/v1", "adapter": "a"}}},
+    ({"dataset": "d", "models": {"filter": {"endpoint": "http://h/v1", "model": "f",
+                                             "adapter": "a"}}},
      "adapter 'a' is for an in-process model"),
+    ({"dataset": "d", "models": {"filter": {"endpoint": "http://h/v1"}}},
+     "a model served at http://h/v1 needs its name there"),
     ({"dataset": "d", "generation": {"max_new_tokens": 0}}, "max_new_tokens must be >= 1"),
     ({"pipelines": ["vanilla"]}, "dataset: Field required"),
 ])

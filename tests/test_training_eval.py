@@ -200,7 +200,8 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
     ({"threshold": float("inf")}, "--threshold must be a finite log-odds"),
     ({"top_k": 0}, "--top-k"),
     ({"sentence_max_new_tokens": 0}, "--sentence-max-new-tokens"),
-    ({"models": {"filter": {"endpoint": "http://127.0.0.1:1/v1", "adapter": "x"}}},
+    ({"models": {"filter": {"endpoint": "http://127.0.0.1:1/v1", "model": "f",
+                            "adapter": "x"}}},
      "adapter 'x' is for an in-process model"),
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 from sieverag.accelerate_configs import ACCELERATE_CONFIG_NAMES, ACCELERATE_CONFIGS_DIR
 from sieverag.inference.errors import ConfigError
@@ -30,8 +31,9 @@ class TrainCommand:
                 "a YAML file"})
     num_processes: int | None = field(default=None, metadata={
         "help": "processes (GPUs) to launch; default: the accelerate config's"})
-    overrides: dict[str, str] = field(default_factory=dict, metadata={
-        "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4"})
+    overrides: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4 (in YAML, "
+                "a mapping of any values)"})
 
 
 def recipe_path(recipe: str) -> Path:
@@ -63,7 +65,7 @@ def launch_command(command: TrainCommand) -> list[str]:
 
     recipe_args = ["--config", str(recipe_path(command.recipe))]
     for name, value in command.overrides.items():
-        recipe_args += [f"--{name}", value]
+        recipe_args += [f"--{name}", str(value)]
     parse_recipe(recipe_args)  # a bad recipe or override fails here, before the launch
     launch = [sys.executable, "-m", "accelerate.commands.launch",
               "--config_file", str(accelerate_config_path(command.accelerate_config))]

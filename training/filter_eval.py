@@ -33,7 +33,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,8 @@ class FilterEvalConfig:
     out: str = field(metadata={"help": "report folder"})
     models: ModelRoles = field(default_factory=ModelRoles, metadata={
         "help": "the trained filter (`filter`: in-process base model + adapter, default "
-                "smollm2-filter, or served) and the MAIN-RAG judge's model (`judge`, default: "
-                "`generator`'s settings, the embedded model); eval-filter generates no answers"})
+                "smollm2-filter, or served) and the MAIN-RAG judge's model (`judge`; default: "
+                "the in-process filter's base model, for a served filter `generator`'s)"})
     exclude_training: tuple[str, ...] = field(
         default=(), metadata={"help": "build-dataset folders whose train-split questions are "
                                       "left out; default: the adapter's training dataset"})
@@ -347,7 +347,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     from sieverag.training.filter_report import write_report
 
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
-    judge_role = config.models.judge_spec
+    judge_role = _judge_role(config.models, filter_role)
     metadata = adapter_metadata(filter_role)
     card = f"{filter_role.adapter}/{CARD_FILE}" if filter_role.adapter else CARD_FILE
     selection = select_examples(config, training_questions(config, metadata, card))
@@ -438,6 +438,16 @@ def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
             MCFConfig(**adaptive, lexical_weight=0.0),
             *([MCFConfig(**adaptive, lexical_weight=config.lexical_weight)] if with_prior
               else [])]
+
+
+def _judge_role(models: ModelRoles, filter_role: BackendSpec) -> BackendSpec:
+    """The judge row's model: `models.judge` when set, else the in-process filter's base model
+    without its adapter (the training-free baseline on the same model), else the generator's."""
+    if models.judge is not None:
+        return models.judge
+    if filter_role.endpoint is None:
+        return replace(filter_role, adapter=None)
+    return models.generator
 
 
 def _filter_identity(filter_role: BackendSpec) -> dict[str, Any]:

@@ -246,8 +246,8 @@ def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
                 f"filter adapter {folder} was trained on base model "
                 f"{card.get('base_model', '?')} (weights sha256 {trained_on[:16]}…), but the "
                 f"model in use, {base_model_dir}, has weights sha256 {in_use[:16]}…: run it "
-                f"with --model {card.get('base_model', '<its base model>')}, or use a filter "
-                "trained on this model")
+                f"on {card.get('base_model', '<its base model>')} (--models.filter.model), or "
+                "use a filter trained on this model")
     check_prompts(folder, card)
 
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter
@@ -41,11 +40,6 @@ class StackConfig:
                 ">= zmean_threshold"})
     zmean_threshold: float = field(default=0.0, metadata={
         "help": "zmean: the bar on the mean of the two z-normalised scores"})
-
-    def __post_init__(self) -> None:
-        if self.combine not in COMBINATIONS:
-            raise ConfigError(f"stack.combine must be one of {', '.join(COMBINATIONS)}, "
-                              f"got {self.combine!r}")
 
 
 @dataclass(frozen=True)

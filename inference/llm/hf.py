@@ -10,7 +10,6 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -20,10 +19,7 @@ from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import PromptCache
-from sieverag.inference.types import Conversation
-
-DType = Literal["auto", "float32", "bfloat16", "float16"]
-Device = Literal["auto", "cpu", "cuda"]
+from sieverag.inference.types import Conversation, Device, DType
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.hf import Device, DType, HFBackend, HFBackendConfig
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.settings import settings
+from sieverag.inference.types import Device, DType
 
 BackendKind = Literal["hf", "openai"]
 
@@ -21,10 +22,9 @@ class BackendSpec:
     """One model role: in-process (`model` [+ `adapter`], run by transformers) or served
     (`endpoint` + the served `model` name, any OpenAI-compatible server)."""
 
-    model: str = field(
-        default=DEFAULT_MODEL,
-        metadata={"help": "in-process: embedded name or local folder; served: the model name "
-                          "the server knows (e.g. an adapter's name)"})
+    model: str | None = field(default=None, metadata={
+        "help": f"in-process: embedded name or local folder (default {DEFAULT_MODEL}); served: "
+                "the model name the server knows (e.g. an adapter's name), required"})
     endpoint: str | None = field(default=None, metadata={
         "help": "served: the server's base URL, e.g. http://127.0.0.1:8000/v1 (unset: "
                 "in-process)"})
@@ -43,6 +43,11 @@ class BackendSpec:
     max_concurrency: int = field(default=8, metadata={"help": "served: requests in flight"})
 
     def __post_init__(self) -> None:
+        if self.model is None:
+            if self.endpoint is not None:
+                raise ConfigError(f"a model served at {self.endpoint} needs its name there: set "
+                                  "`model` (e.g. --models.filter.model smollm2-filter)")
+            object.__setattr__(self, "model", DEFAULT_MODEL)
         if self.endpoint is not None and self.adapter is not None:
             raise ConfigError(
                 f"adapter {self.adapter!r} is for an in-process model; a served adapter is "

@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
@@ -34,11 +34,11 @@ from tqdm.auto import tqdm
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.io_utils import atomic_file, atomic_path, write_json_atomic
 from sieverag.inference.settings import settings
+from sieverag.inference.types import Device
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-Device = Literal["auto", "cpu", "cuda"]
 Encoder = Callable[[Sequence[str]], np.ndarray]
 ShardCallback = Callable[[int, int], None]
 INDEX_FILE = "dense.faiss"
