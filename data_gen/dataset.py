@@ -30,8 +30,9 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 from tqdm import tqdm
 
-from sieverag.data_gen.labelling import LABELS_FILE, read_labels
+from sieverag.data_gen.labelling import LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from sieverag.data_gen.records import LabelRecord, read_labels
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import TASKS, chunk_record, sentence_record
 from sieverag.inference.llm.models import DEFAULT_MODEL
@@ -89,25 +90,25 @@ class DatasetConfig:
                               f"{self.validation_fraction}")
 
 
-def question_records(question: Mapping[str, Any], policy: LabelPolicy) -> list[dict[str, Any]]:
+def question_records(question: LabelRecord, policy: LabelPolicy) -> list[dict[str, Any]]:
     """The training records of one labelled question under the policy."""
     records = []
-    for chunk in question["chunks"]:
+    for chunk in question.chunks:
         signals = ChunkSignals.from_entry(chunk)
         label = label_chunk(signals, policy)
-        common = {"chunk_id": chunk["id"], "teacher_status": signals.teacher_status}
-        provenance = {"source": question["source"], "question_id": question["question_id"],
-                      "question": question["question"], "title": chunk["title"]}
+        common = {"chunk_id": chunk.id, "teacher_status": signals.teacher_status}
+        provenance = {"source": question.source, "question_id": question.question_id,
+                      "question": question.question, "title": chunk.title}
         if label.relevant is not None:
             records.append(chunk_record(
-                chunk_text=chunk["text"], relevant=label.relevant, **provenance,
+                chunk_text=chunk.text, relevant=label.relevant, **provenance,
                 evidence={**common, "rule": _rule_name(policy.chunk_rule, signals.gold, policy),
                           "strinc": signals.strinc, "cxmi": signals.cxmi,
                           "teacher": signals.teacher, "gold": signals.gold,
                           "disagree": list(label.chunk_disagree)}))
         if label.relevant and label.key_sentences is not None:
             records.append(sentence_record(
-                sentences=chunk["sentences"], key_sentences=label.key_sentences, **provenance,
+                sentences=chunk.sentences, key_sentences=label.key_sentences, **provenance,
                 evidence={**common,
                           "rule": _rule_name(policy.sentence_rule, signals.gold_sentences,
                                              policy),
@@ -189,7 +190,7 @@ class BuildSummary:
     sources: dict[str, int] = field(default_factory=dict)
 
 
-def _load_questions(folders: Sequence[str]) -> list[dict[str, Any]]:
+def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
     questions, seen = [], set()
     for folder in folders:
         path = Path(folder) / LABELS_FILE
@@ -197,7 +198,7 @@ def _load_questions(folders: Sequence[str]) -> list[dict[str, Any]]:
             raise DatasetError(f"{folder} holds no {LABELS_FILE}; make it with `sieverag label "
                                f"--dataset FILE --out {folder}`")
         for question in read_labels(path):
-            key = (question["source"], question["question_id"])
+            key = (question.source, question.question_id)
             if key not in seen:
                 seen.add(key)
                 questions.append(question)
@@ -213,7 +214,7 @@ def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSumma
     question_counts: Counter[str] = Counter()
     for question in tqdm(questions, desc="building records", unit="question",
                          disable=not progress):
-        split = split_of(question["question_id"], config.validation_fraction, config.seed)
+        split = split_of(question.question_id, config.validation_fraction, config.seed)
         question_counts[split] += 1
         by_split[split].extend(question_records(question, config.policy))
     rng = random.Random(config.seed)

@@ -10,7 +10,7 @@ Output folder:
 * `summary.json` — rewritten at the end of each run: counts, teacher and scorer usage, and the
   agreement of each signal with the data's gold marks (`data_gen.labels.gold_agreement`).
 
-A `labels.jsonl` line:
+A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 
     {"question_id", "source", "question", "answers": [...],
      "no_context_logprobs": {alias: log p(alias | q)} | null (aliases that scored best somewhere),
@@ -39,6 +39,7 @@ from tqdm import tqdm
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
 from sieverag.data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
+from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
@@ -49,7 +50,7 @@ from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.inference.settings import settings
-from sieverag.inference.types import Document, Example
+from sieverag.inference.types import Device, Document, Example
 
 CXMILevel = Literal["chunk", "sentence", "both"]
 LABELS_FILE = "labels.jsonl"
@@ -81,7 +82,7 @@ class LabelRunConfig:
     cxmi_level: CXMILevel = field(default="both", metadata={
         "help": "score chunks, sentences or both with CXMI"})
     batch_size: int = field(default=16, metadata={"help": "scorer sequences per forward pass"})
-    device: Literal["auto", "cpu", "cuda"] = field(default="auto",
+    device: Device = field(default="auto",
                                                    metadata={"help": "scorer device"})
     teacher: TeacherConfig | None = field(default=None, metadata={
         "help": "the teacher, any OpenAI-compatible API (unset: no teacher)"})
@@ -126,11 +127,6 @@ def chunk_sentences(document: Document) -> tuple[list[str], bool]:
     return split_sentences(document.text) or [document.text.strip()], False
 
 
-def read_labels(path: Path) -> list[dict[str, Any]]:
-    """The question records of a labels.jsonl (a torn last line from a killed run is dropped)."""
-    return JsonlLog(path).read()
-
-
 def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
     path = out / CONFIG_FILE
     if path.is_file():
@@ -168,8 +164,9 @@ def _with_borrowed_negatives(examples: list[Example], count: int, seed: int) -> 
     return result
 
 
-def _score_json(score: CXMIScore) -> dict[str, Any]:
-    return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(score).items()}
+def _score_entry(score: CXMIScore) -> CXMIEntry:
+    return CXMIEntry(**{k: (round(v, 5) if isinstance(v, float) else v)
+                        for k, v in asdict(score).items()})
 
 
 @dataclass
@@ -203,7 +200,7 @@ class Labeller:
         return example.documents[:self.config.max_documents]
 
     def label(self, example: Example,
-              verdicts: Sequence[TeacherVerdict] | None) -> dict[str, Any]:
+              verdicts: Sequence[TeacherVerdict] | None) -> LabelRecord:
         documents = self._documents(example)
         split = [chunk_sentences(d) for d in documents]
         chunk_scores, sentence_scores, no_context = self._cxmi(example, documents, split)
@@ -211,20 +208,20 @@ class Labeller:
         for index, (document, (sentences, given)) in enumerate(zip(documents, split, strict=True)):
             gold_sentences = (list(document.supporting_sentences)
                               if given and document.supporting_sentences is not None else None)
-            chunks.append({
-                "id": document.id, "title": document.title, "text": document.text,
-                "sentences": sentences, "sentences_given": given,
-                "gold": document.is_gold, "gold_sentences": gold_sentences,
-                "strinc": strinc(document.as_context(), example.answers),
-                "sentence_strinc": [strinc(s, example.answers) for s in sentences],
-                "cxmi": _score_json(chunk_scores[index]) if chunk_scores else None,
-                "sentence_cxmi": ([_score_json(s) for s in sentence_scores[index]]
-                                  if sentence_scores else None),
-                "teacher": verdicts[index].as_json() if verdicts is not None else None,
-            })
-        return {"question_id": example.id, "source": self.source, "question": example.question,
-                "answers": list(example.answers), "no_context_logprobs": no_context,
-                "chunks": chunks}
+            chunks.append(ChunkLabels(
+                id=document.id, title=document.title, text=document.text,
+                sentences=sentences, sentences_given=given,
+                gold=document.is_gold, gold_sentences=gold_sentences,
+                strinc=strinc(document.as_context(), example.answers),
+                sentence_strinc=[strinc(s, example.answers) for s in sentences],
+                cxmi=_score_entry(chunk_scores[index]) if chunk_scores else None,
+                sentence_cxmi=([_score_entry(s) for s in sentence_scores[index]]
+                               if sentence_scores else None),
+                teacher=verdicts[index].as_json() if verdicts is not None else None,
+            ))
+        return LabelRecord(question_id=example.id, source=self.source,
+                           question=example.question, answers=list(example.answers),
+                           no_context_logprobs=no_context, chunks=chunks)
 
     def _cxmi(self, example: Example, documents: Sequence[Document],
               split: Sequence[tuple[list[str], bool]]
@@ -277,7 +274,7 @@ def run_labelling(
     out.mkdir(parents=True, exist_ok=True)
     _check_fingerprint(out, config.fingerprint(source))
     labels_path = out / LABELS_FILE
-    done = {record["question_id"] for record in read_labels(labels_path)}
+    done = {record.question_id for record in read_labels(labels_path)}
     todo = [e for e in examples if e.id not in done]
     summary = LabelRunSummary(questions_total=len(examples),
                               questions_done_before=len(examples) - len(todo))
@@ -332,9 +329,9 @@ def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
                         if number + 1 < len(steps) else None)
             for index, example in enumerate(step):
                 record = labeller.label(example, verdicts[index] if verdicts is not None else None)
-                writer.append(record)
+                writer.append(record.to_json())
                 summary.questions_labelled += 1
-                summary.chunks_labelled += len(record["chunks"])
+                summary.chunks_labelled += len(record.chunks)
                 bar.update(1)
 
 

@@ -38,10 +38,11 @@ final label (`disagree`), so disagreements can be audited.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from sieverag.data_gen.records import ChunkLabels, LabelRecord
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.settings import settings
 
@@ -68,17 +69,10 @@ class LabelPolicy:
     sentence_cxmi_threshold: float = field(
         default=2.0, metadata={"help": "a sentence is CXMI-positive above this score (nats)"})
 
-    def __post_init__(self) -> None:
-        for name, value, allowed in (("chunk_rule", self.chunk_rule, CHUNK_RULES),
-                                     ("sentence_rule", self.sentence_rule, SENTENCE_RULES),
-                                     ("gold", self.gold, GOLD_USES)):
-            if value not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-
 
 @dataclass(frozen=True)
 class ChunkSignals:
-    """The signals of one chunk, read from a label file's chunk entry."""
+    """The signals of one chunk, read from a label record's chunk entry."""
 
     strinc: bool
     cxmi: float | None
@@ -91,23 +85,21 @@ class ChunkSignals:
     teacher_status: str
 
     @classmethod
-    def from_entry(cls, chunk: Mapping[str, Any]) -> ChunkSignals:
-        teacher = chunk.get("teacher")
-        valid = teacher is not None and teacher["status"] == "valid"
-        cxmi = chunk.get("cxmi")
-        sentence_cxmi = chunk.get("sentence_cxmi")
-        gold_sentences = chunk.get("gold_sentences")
+    def from_entry(cls, chunk: ChunkLabels) -> ChunkSignals:
+        teacher = chunk.teacher
+        valid = teacher is not None and teacher.status == "valid"
         return cls(
-            strinc=chunk["strinc"],
-            cxmi=None if cxmi is None else cxmi["score"],
-            teacher=teacher["relevant"] if valid else None,
-            gold=chunk.get("gold"),
-            sentence_strinc=tuple(i for i, hit in enumerate(chunk["sentence_strinc"]) if hit),
-            sentence_cxmi=(None if sentence_cxmi is None
-                           else tuple(s["score"] for s in sentence_cxmi)),
-            teacher_sentences=tuple(teacher["key_sentences"]) if valid else None,
-            gold_sentences=None if gold_sentences is None else tuple(gold_sentences),
-            teacher_status="absent" if teacher is None else teacher["status"],
+            strinc=chunk.strinc,
+            cxmi=None if chunk.cxmi is None else chunk.cxmi.score,
+            teacher=teacher.relevant if valid else None,
+            gold=chunk.gold,
+            sentence_strinc=tuple(i for i, hit in enumerate(chunk.sentence_strinc) if hit),
+            sentence_cxmi=(None if chunk.sentence_cxmi is None
+                           else tuple(s.score for s in chunk.sentence_cxmi)),
+            teacher_sentences=tuple(teacher.key_sentences) if valid else None,
+            gold_sentences=(None if chunk.gold_sentences is None
+                            else tuple(chunk.gold_sentences)),
+            teacher_status="absent" if teacher is None else teacher.status,
         )
 
     def cxmi_positive(self, threshold: float) -> bool | None:
@@ -241,7 +233,7 @@ class _Counts:
                 "predicted_positive": tp + fp}
 
 
-def gold_agreement(questions: Iterable[Mapping[str, Any]],
+def gold_agreement(questions: Iterable[LabelRecord],
                    policy: LabelPolicy = LabelPolicy()) -> dict[str, dict[str, dict]]:
     """Precision / recall / F1 of each automatic signal against the data's gold marks.
 
@@ -255,7 +247,7 @@ def gold_agreement(questions: Iterable[Mapping[str, Any]],
     chunk: dict[str, _Counts] = {}
     sentence: dict[str, _Counts] = {}
     for question in questions:
-        for entry in question["chunks"]:
+        for entry in question.chunks:
             signals = ChunkSignals.from_entry(entry)
             if signals.gold is not None:
                 votes = {"strinc": signals.strinc,
@@ -267,7 +259,7 @@ def gold_agreement(questions: Iterable[Mapping[str, Any]],
                         chunk.setdefault(name, _Counts()).add([0] if vote else [],
                                                               [0] if signals.gold else [], 1)
             if signals.gold_sentences is not None:
-                n = len(entry["sentences"])
+                n = len(entry.sentences)
                 label = label_chunk(signals, automatic)
                 picks: dict[str, Sequence[int] | None] = {
                     "strinc": signals.sentence_strinc,

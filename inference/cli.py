@@ -151,15 +151,21 @@ def _gold_first_line(results: Path) -> str:
     in amber's first round: which part of MCF's score did the work."""
     firsts = {"the filter alone": 0, "BM25 alone": 0, "the fused score": 0}
     parts = {"the filter alone": "filter_score", "BM25 alone": "bm25", "the fused score": "score"}
+    from sieverag.inference.eval.records import EvalRecord
+    from sieverag.inference.io_utils import JsonlLog
+    from sieverag.inference.pipelines.amber_trace import AmberTrace
+
     graded = 0
-    for line in results.read_text(encoding="utf-8").splitlines():
-        scored = json.loads(line)["trace"]["rounds"][0]["scored"]
-        gold = [s for s in scored if s.get("is_gold")]
-        if not gold or "bm25" not in gold[0]:
+    for record in JsonlLog(results).read_records(EvalRecord):
+        if not isinstance(record.trace, AmberTrace):
+            continue
+        scored = record.trace.rounds[0].scored
+        gold = [s for s in scored if s.is_gold]
+        if not gold or gold[0].bm25 is None:
             continue
         graded += 1
         for name, key in parts.items():
-            firsts[name] += all(gold[0][key] >= s[key] for s in scored)
+            firsts[name] += all(getattr(gold[0], key) >= getattr(s, key) for s in scored)
     if not graded:
         return "(no fused filter scores to break down)"
     return ("relevant document ranked first in round 1: " + ", ".join(

@@ -8,6 +8,8 @@ reader (or a crashed run) sees the old file or the whole new one, never half of 
 * `write_atomic` / `write_json_atomic` — whole text or JSON in one call;
 * `atomic_directory(path)` — a temp folder that replaces `path` whole;
 * `JsonlLog` — append-only records for resumable work;
+* `JsonlRecord` / `validated_record` — the typed form of a jsonl line, and reading one line
+  into it (an unknown, missing or mistyped key is a `DatasetError` naming file, line and key);
 * `cache_root()` — where everything sieverag caches lives ($SIEVERAG_CACHE).
 """
 
@@ -20,9 +22,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from platformdirs import user_cache_dir
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sieverag.inference.errors import DatasetError
 
@@ -87,6 +90,43 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
+class JsonlRecord(BaseModel):
+    """A record stored as one jsonl line: typed, unknown keys refused, checked on assignment.
+
+    `to_json()` gives exactly the keys the record was built (or read) with: an optional key a
+    writer leaves out stays absent from the line, so a line read and written again is the
+    same line.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON-ready data (the line's object)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+Record = TypeVar("Record", bound=JsonlRecord)
+# pydantic's error types that mean "this key is not part of the record" / "it is missing".
+_UNKNOWN_KEY, _MISSING_KEY = "extra_forbidden", "missing"
+
+
+def validated_record(model: type[Record], data: Any, path: str | Path, line: int) -> Record:
+    """`data`, line `line` of `path`, as a `model`; otherwise a `DatasetError` naming the file,
+    the line and each bad key by its dotted place in the record."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            key = ".".join(str(part) for part in error["loc"]) or "(the line)"
+            reason = {_UNKNOWN_KEY: "unknown key", _MISSING_KEY: "missing key"}.get(
+                error["type"], error["msg"])
+            problems.append(f"{key}: {reason}")
+        raise DatasetError(
+            f"{path}, line {line}: not a valid {model.__name__} ({'; '.join(problems)}); was it "
+            "written by another sieverag version? fix or remove that line") from None
+
+
 class JsonlLog:
     """An append-only jsonl file of finished records; the unit of resumable work.
 
@@ -99,11 +139,21 @@ class JsonlLog:
 
     def read(self) -> list[dict]:
         """All complete records; repairs a torn final line in place."""
+        return [record for _, record in self._numbered()]
+
+    def read_records(self, model: type[Record]) -> list[Record]:
+        """All complete records as `model`s (see `validated_record`); repairs a torn final
+        line in place."""
+        return [validated_record(model, record, self.path, number)
+                for number, record in self._numbered()]
+
+    def _numbered(self) -> list[tuple[int, Any]]:
+        """(1-based line number, record) of each complete line; repairs a torn final line."""
         if not self.path.exists():
             return []
         raw = self.path.read_bytes()
         lines = raw.split(b"\n")
-        records: list[dict] = []
+        records: list[tuple[int, Any]] = []
         good_bytes = 0
         for number, line in enumerate(lines, start=1):
             is_last = number == len(lines)
@@ -111,7 +161,7 @@ class JsonlLog:
                 good_bytes += len(line) + (0 if is_last else 1)
                 continue
             try:
-                records.append(json.loads(line))
+                records.append((number, json.loads(line)))
             except json.JSONDecodeError as err:
                 if is_last:  # a torn final write: drop it, keep everything before
                     break

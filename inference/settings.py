@@ -166,7 +166,7 @@ def _parse_flags(cls: type, argv: list[str], prog: str) -> dict:
         model_config = SettingsConfigDict(
             extra="forbid", case_sensitive=True, cli_prog_name=prog, cli_kebab_case=True,
             cli_implicit_flags=True, cli_avoid_json=True, cli_hide_none_type=True,
-            cli_enforce_required=False, cli_parse_none_str="none")
+            cli_enforce_required=False)
 
     for spec in dataclasses.fields(cls):  # the subclass rebuilt its fields without help
         if "help" in spec.metadata:

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.filters.base import ScoredDocumentRecord
+from sieverag.inference.io_utils import validated_record
+from sieverag.inference.pipelines.amber_trace import AmberRound, AmberTrace
 
 WIDTH = 100
 SNIPPET = 240
 
 
-def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") -> dict:
+def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") -> EvalRecord:
     """The record of `question_id` in RUN_DIR/results/<pipeline>.jsonl."""
     results = Path(run_dir) / "results"
     path = results / f"{pipeline}.jsonl"
@@ -30,12 +36,13 @@ def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") 
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                data = json.loads(line)
             except json.JSONDecodeError:
                 raise ConfigError(f"{path}:{number} is not valid JSON") from None
-            if str(record.get("id")) == question_id:
+            record = validated_record(EvalRecord, data, path, number)
+            if record.id == question_id:
                 return record
-            ids.append(str(record.get("id")))
+            ids.append(record.id)
     shown = ", ".join(ids[:5]) + (" …" if len(ids) > 5 else "")
     raise ConfigError(f"no question {question_id!r} in {path} ({len(ids)} records: {shown})")
 
@@ -47,106 +54,103 @@ def _wrap(label: str, text: str, indent: int = 2) -> list[str]:
                          subsequent_indent=" " * len(prefix)) or [prefix]
 
 
-def _document_lines(entry: dict, indent: int = 4) -> list[str]:
-    mark = "✓" if entry.get("kept") else "✗"
-    gold = {True: " [gold]", False: "", None: ""}[entry.get("is_gold")]
-    title = f"{entry['title']} " if entry.get("title") else ""
-    line = f"{' ' * indent}{mark} {entry.get('score', 0.0):+7.3f}  {title}({entry.get('id')}){gold}"
+def _document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[str]:
+    mark = "✓" if entry.kept else "✗"
+    gold = " [gold]" if entry.is_gold else ""
+    title = f"{entry.title} " if entry.title else ""
+    line = f"{' ' * indent}{mark} {entry.score:+7.3f}  {title}({entry.id}){gold}"
     extras = []
-    if "p_yes" in entry:
-        extras.append(f"P(Yes) {entry['p_yes']:.2f}")
-    if "bm25" in entry:  # a score fused with the lexical prior: show both parts
-        extras.append(f"filter s {entry['filter_score']:+.2f} · BM25 {entry['bm25']:.2f}")
-    if "mcf_score" in entry:
-        extras.append(f"mcf {entry['mcf_score']:+.2f}{'✓' if entry.get('mcf_kept') else '✗'}")
-    if "judge_score" in entry:
-        extras.append(f"judge {entry['judge_score']:+.2f}"
-                      f"{'✓' if entry.get('judge_kept') else '✗'}")
-    if "predicted_answer" in entry:
-        extras.append(f"predicted {entry['predicted_answer']!r}")
-    if entry.get("kept") and "sentence_status" in entry:
-        numbers = ", ".join(str(i + 1) for i in entry.get("key_sentences") or []) or "none"
-        extras.append(f"sentences {numbers} ({entry['sentence_status']})")
+    if entry.p_yes is not None:
+        extras.append(f"P(Yes) {entry.p_yes:.2f}")
+    if entry.bm25 is not None:  # a score fused with the lexical prior: show both parts
+        extras.append(f"filter s {entry.filter_score:+.2f} · BM25 {entry.bm25:.2f}")
+    if entry.mcf_score is not None:
+        extras.append(f"mcf {entry.mcf_score:+.2f}{'✓' if entry.mcf_kept else '✗'}")
+    if entry.judge_score is not None:
+        extras.append(f"judge {entry.judge_score:+.2f}{'✓' if entry.judge_kept else '✗'}")
+    if entry.predicted_answer is not None:
+        extras.append(f"predicted {entry.predicted_answer!r}")
+    if entry.kept and entry.sentence_status is not None:
+        numbers = ", ".join(str(i + 1) for i in entry.key_sentences or []) or "none"
+        extras.append(f"sentences {numbers} ({entry.sentence_status})")
     lines = [line]
     if extras:
         lines.append(" " * (indent + 11) + " · ".join(extras))
     return lines
 
 
-def _round_lines(entry: dict) -> list[str]:
-    bar = entry.get("threshold")
-    lines = [f"Round {entry['round']} — query: {entry['query']!r}",
-             f"  retrieved {len(entry['retrieved'])} new document(s), skipped "
-             f"{entry['skipped_seen']} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
-    for scored in entry["scored"]:
+def _round_lines(entry: AmberRound) -> list[str]:
+    bar = entry.threshold
+    lines = [f"Round {entry.round} — query: {entry.query!r}",
+             f"  retrieved {len(entry.retrieved)} new document(s), skipped "
+             f"{entry.skipped_seen} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
+    for scored in entry.scored:
         lines += _document_lines(scored)
-    update = entry.get("memory_update")
+    update = entry.memory_update
     if update is None:
         lines.append("  memory agents: not run (" + (
-            "the answer reads the evidence, not the memory" if entry.get("kept")
+            "the answer reads the evidence, not the memory" if entry.kept
             else "nothing new kept") + ")")
     else:
-        lines += _wrap("Reviewer:   ", update["reviewer"])
-        lines += _wrap("Challenger: ", update["challenger"])
-        lines += _wrap("Refiner:    ", update["refiner"]
-                       + (" [cut to the memory cap]" if update.get("truncated") else ""))
-    lines += _wrap("Memory:     ", entry["memory"])
-    verdict = entry.get("sufficiency")
+        lines += _wrap("Reviewer:   ", update.reviewer)
+        lines += _wrap("Challenger: ", update.challenger)
+        lines += _wrap("Refiner:    ", update.refiner
+                       + (" [cut to the memory cap]" if update.truncated else ""))
+    lines += _wrap("Memory:     ", entry.memory)
+    verdict = entry.sufficiency
     if verdict is not None:
-        lines.append(f"  Sufficient? P(Yes) = {verdict['p_yes']:.2f} → "
-                     f"{'yes' if verdict['sufficient'] else 'no'}")
-    following = entry.get("next_query")
+        lines.append(f"  Sufficient? P(Yes) = {verdict.p_yes:.2f} → "
+                     f"{'yes' if verdict.sufficient else 'no'}")
+    following = entry.next_query
     if following is not None:
-        if following["query"] is None:
-            lines += _wrap("Next query: ", f"none new (writer said {following['written']!r})")
+        if following.query is None:
+            lines += _wrap("Next query: ", f"none new (writer said {following.written!r})")
         else:
-            lines += _wrap("Next query: ", f"{following['query']!r} ({following['source']})")
+            lines += _wrap("Next query: ", f"{following.query!r} ({following.source})")
     return lines
 
 
-def render_loop(trace: dict) -> str:
-    """An amber trace: the stop reason, every round, and the evidence the generator read."""
-    lines = [f"Pipeline {trace['pipeline']} (filter {trace['filter']}): stopped "
-             f"({trace['stop_reason']}) after {len(trace['rounds'])} round(s); "
-             f"answer from {trace['answer_from']}"]
-    for entry in trace["rounds"]:
+def render_loop(trace: AmberTrace | Mapping[str, Any]) -> str:
+    """An amber trace (a pipeline output's JSON trace is validated first): the stop reason,
+    every round, and the evidence the generator read."""
+    if not isinstance(trace, AmberTrace):
+        trace = AmberTrace.model_validate(trace)
+    lines = [f"Pipeline {trace.pipeline} (filter {trace.filter}): stopped "
+             f"({trace.stop_reason}) after {len(trace.rounds)} round(s); "
+             f"answer from {trace.answer_from}"]
+    for entry in trace.rounds:
         lines += ["", *_round_lines(entry)]
     lines += ["", "Evidence the generator read:"]
-    for number, item in enumerate(trace["evidence"], start=1):
-        lines += _wrap(f"[{number}] ", f"{item['title'] or item['id']} (round {item['round']}, "
-                       f"{item['score']:+.2f}): {textwrap.shorten(item['text'], SNIPPET)}")
-    if not trace["evidence"]:
+    for number, item in enumerate(trace.evidence, start=1):
+        lines += _wrap(f"[{number}] ", f"{item.title or item.id} (round {item.round}, "
+                       f"{item.score:+.2f}): {textwrap.shorten(item.text, SNIPPET)}")
+    if not trace.evidence:
         lines.append("  (none)")
     return "\n".join(lines)
 
 
-def render_record(record: dict) -> str:
+def render_record(record: EvalRecord) -> str:
     """The record as readable text (see the module docstring)."""
-    metrics = " · ".join(f"{k} {v:.2f}" for k, v in record.get("metrics", {}).items())
-    lines = [f"Question {record['id']}: {record['question']}",
-             f"Gold: {' | '.join(record.get('answers', [])) or '–'}",
-             f"Prediction: {record.get('prediction')!r} (raw reply: "
-             f"{record.get('raw_prediction', '')!r})",
+    metrics = " · ".join(f"{k} {v:.2f}" for k, v in record.metrics.to_json().items())
+    lines = [f"Question {record.id}: {record.question}",
+             f"Gold: {' | '.join(record.answers) or '–'}",
+             f"Prediction: {record.prediction!r} (raw reply: {record.raw_prediction!r})",
              f"Metrics: {metrics or '–'}",
-             f"Cost: {record.get('llm_calls', 0)} LLM calls · {record.get('input_tokens', 0)} "
-             f"input tokens ({record.get('generator_input_tokens', 0)} to the generator) · "
-             f"{record.get('seconds', 0):.1f} s"]
-    trace = record.get("trace", {})
-    if "route" in trace:
-        route = trace["route"]
-        lines.append(f"Router: {'retrieve' if route['retrieve'] else 'answer directly'} "
-                     f"({route['reason']})")
-    if "rounds" in trace:
-        lines.append(render_loop(trace))
+             f"Cost: {record.llm_calls} LLM calls · {record.input_tokens} input tokens "
+             f"({record.generator_input_tokens} to the generator) · {record.seconds:.1f} s"]
+    if record.route is not None:
+        lines.append(f"Router: {'retrieve' if record.route.retrieve else 'answer directly'} "
+                     f"({record.route.reason})")
+    if isinstance(record.trace, AmberTrace):
+        lines.append(render_loop(record.trace))
     else:
-        lines += ["", f"Documents read: {', '.join(record.get('documents_read', [])) or '(none)'}"]
-        if "filter" in record:
-            lines.append(f"Filter scores (bar {record['filter']['threshold']}):")
-            for scored in record["filter"]["scores"]:
+        lines += ["", f"Documents read: {', '.join(record.documents_read) or '(none)'}"]
+        if record.filter is not None:
+            lines.append(f"Filter scores (bar {record.filter.threshold}):")
+            for scored in record.filter.scores:
                 lines += _document_lines(scored, indent=2)
-    usage = record.get("usage", {})
-    if usage:
+    if record.usage:
         lines += ["", f"  {'agent':<22}{'calls':>6}{'prompt tokens':>15}{'completion':>12}"]
-        lines += [f"  {agent:<22}{u['calls']:>6}{u['prompt_tokens']:>15}"
-                  f"{u['completion_tokens']:>12}" for agent, u in usage.items()]
+        lines += [f"  {agent:<22}{u.calls:>6}{u.prompt_tokens:>15}{u.completion_tokens:>12}"
+                  for agent, u in record.usage.items()]
     return "\n".join(lines)

@@ -11,8 +11,8 @@ from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 from sieverag.inference.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.runner import run_evaluation
-from sieverag.inference.pipelines.amber import STOP_REASONS
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.amber_trace import STOP_REASONS
 from sieverag.inference.pipelines.collector import CollectorConfig
 from sieverag.inference.pipelines.memory import MemoryConfig
 

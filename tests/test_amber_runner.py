@@ -19,8 +19,8 @@ from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.pipelines.amber import STOP_REASONS
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.amber_trace import STOP_REASONS
 from sieverag.inference.pipelines.memory import MemoryConfig
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index

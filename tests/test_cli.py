@@ -62,10 +62,10 @@ def test_flags_the_command_line_cannot_read_are_one_clear_error(capsys, tmp_path
     assert "unrecognized arguments: --conf x.yaml" in capsys.readouterr().err
 
 
-def test_none_reads_as_no_value_on_the_command_line():
+def test_none_is_a_choice_and_None_is_no_value_on_the_command_line():
     from sieverag.inference.cli import EvalCommand
     from sieverag.inference.settings import parse_settings
 
-    command = parse_settings(EvalCommand, ["--dataset", "d.jsonl", "--limit", "3",
-                                           "--mcf.lexical-weight", "none"], "sieverag eval")
-    assert command.limit == 3 and command.mcf.lexical_weight is None
+    command = parse_settings(EvalCommand, ["--dataset", "d.jsonl", "--amber.filter", "none",
+                                           "--mcf.lexical-weight", "None"], "sieverag eval")
+    assert command.amber.filter == "none" and command.mcf.lexical_weight is None

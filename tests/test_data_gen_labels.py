@@ -19,9 +19,11 @@ from sieverag.data_gen.labelling import (
     run_labelling,
 )
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
+from sieverag.data_gen.records import ChunkLabels, LabelRecord, read_labels
 from sieverag.data_gen.teacher import TeacherConfig
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import parse_sentence_answer
+from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.settings import parse_settings
 
 
@@ -31,21 +33,33 @@ def entry(*, strinc=False, cxmi=None, teacher=None, gold=None, sentences=3,
     """A chunk entry as `labels.jsonl` holds it."""
     return {
         "id": "c", "title": "T", "text": "x", "sentences": [f"s{i}." for i in range(sentences)],
-        "gold": gold, "gold_sentences": gold_sentences, "strinc": strinc,
-        "sentence_strinc": [i in sentence_strinc for i in range(sentences)],
-        "cxmi": None if cxmi is None else {"score": cxmi},
-        "sentence_cxmi": None if sentence_cxmi is None else [{"score": s} for s in sentence_cxmi],
+        "sentences_given": True, "gold": gold, "gold_sentences": gold_sentences,
+        "strinc": strinc, "sentence_strinc": [i in sentence_strinc for i in range(sentences)],
+        "cxmi": None if cxmi is None else cxmi_entry(cxmi),
+        "sentence_cxmi": None if sentence_cxmi is None else [cxmi_entry(s) for s in sentence_cxmi],
         "teacher": None if teacher is None else {
             "status": status, "relevant": teacher if status == "valid" else None,
-            "key_sentences": list(teacher_keys)},
+            "key_sentences": list(teacher_keys), "reply": "{}",
+            "error": "" if status == "valid" else "broken", "attempts": 1},
     }
+
+
+def cxmi_entry(score: float) -> dict:
+    return {"score": score, "alias": "a", "logprob_with": -1.0, "logprob_without": -1.0 - score}
+
+
+def question_entry(chunks: list[dict], number: int = 0) -> dict:
+    """A question record as `labels.jsonl` holds it."""
+    return {"question_id": f"q{number}", "source": "hotpotqa", "question": f"Q{number}?",
+            "answers": ["a"], "no_context_logprobs": None, "chunks": chunks}
 
 
 DEFAULT_POLICY = LabelPolicy()
 
 
 def decide(policy: LabelPolicy = DEFAULT_POLICY, **signals):
-    return label_chunk(ChunkSignals.from_entry(entry(**signals)), policy)
+    return label_chunk(ChunkSignals.from_entry(ChunkLabels.model_validate(entry(**signals))),
+                       policy)
 
 
 def test_default_chunk_rule_needs_the_teacher_and_an_automatic_signal() -> None:
@@ -90,12 +104,12 @@ def test_gold_prefer_decides_and_disagreements_are_kept() -> None:
 
 
 def test_gold_agreement_pools_counts_per_signal() -> None:
-    question = {"chunks": [
+    question = LabelRecord.model_validate(question_entry([
         entry(gold=True, strinc=True, cxmi=2.5, gold_sentences=[0], sentence_strinc=(0, 1)),
         entry(gold=True, strinc=False, cxmi=0.0, gold_sentences=[2]),
         entry(gold=False, strinc=True, cxmi=3.0, gold_sentences=[]),
         entry(gold=False, strinc=False, cxmi=-1.0, gold_sentences=[]),
-    ]}
+    ]))
     report = gold_agreement([question])
     assert report["chunk"]["strinc"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "items": 4,
                                          "gold_positive": 2, "predicted_positive": 2}
@@ -111,13 +125,45 @@ def labelled_question(number: int, relevant: int = 2, irrelevant: int = 6) -> di
               + [entry(gold=False, gold_sentences=[]) for _ in range(irrelevant)])
     for index, chunk in enumerate(chunks):
         chunk["id"] = f"q{number}/{index}"
-    return {"question_id": f"q{number}", "source": "hotpotqa", "question": f"Q{number}?",
-            "answers": ["a"], "no_context_logprobs": None, "chunks": chunks}
+    return question_entry(chunks, number)
 
 
 def write_labels(folder: Path, questions: list[dict]) -> None:
     folder.mkdir(parents=True)
     (folder / LABELS_FILE).write_text("".join(json.dumps(q) + "\n" for q in questions))
+
+
+def test_a_label_record_is_read_back_unchanged(tmp_path: Path) -> None:
+    question = question_entry([
+        entry(strinc=True, cxmi=2.5, sentence_cxmi=[0.1, 3.0, -0.2], teacher=True,
+              teacher_keys=(1,), gold=True, gold_sentences=[1], sentence_strinc=(1,)),
+        entry(teacher=False, status="invalid")])
+    record = LabelRecord.model_validate(question)
+    JsonlLog(tmp_path / LABELS_FILE).append(record.to_json())
+    (read,) = read_labels(tmp_path / LABELS_FILE)
+    assert read == record and read.to_json() == question
+    assert (tmp_path / LABELS_FILE).read_text() == json.dumps(question) + "\n"
+
+
+def test_a_renamed_or_missing_label_key_names_the_line_and_key(tmp_path: Path) -> None:
+    good = labelled_question(0)
+    renamed = labelled_question(1)
+    renamed["chunks"][0]["str_inc"] = renamed["chunks"][0].pop("strinc")
+    missing = labelled_question(2)
+    del missing["source"]
+    write_labels(tmp_path / "labels", [good, renamed, missing])
+    path = tmp_path / "labels" / LABELS_FILE
+    expected = (rf"{path}, line 2: not a valid LabelRecord \(chunks\.0\.strinc: missing key; "
+                r"chunks\.0\.str_inc: unknown key\)")
+    with pytest.raises(DatasetError, match=expected):
+        read_labels(path)
+    # build-dataset reads label folders the same way (before any tokenizer is loaded).
+    with pytest.raises(DatasetError, match=expected):
+        build_dataset(DatasetConfig(labels=(str(tmp_path / "labels"),), out=str(tmp_path / "d")),
+                      progress=False)
+    write_labels(tmp_path / "other", [good, missing])
+    with pytest.raises(DatasetError, match=r"line 2: not a valid LabelRecord \(source: missing"):
+        read_labels(tmp_path / "other" / LABELS_FILE)
 
 
 def test_build_dataset_splits_by_question_balances_and_mixes(tmp_path: Path,

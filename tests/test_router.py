@@ -129,7 +129,7 @@ def test_decision_branches(corpus_index: SimpleNamespace, question: str, config:
                            retrieve: bool, reason: str) -> None:
     decision = Router(config, index=corpus_index).decide(question)
     assert (decision.retrieve, decision.reason) == (retrieve, reason)
-    assert decision.to_dict()["features"] == decision.features
+    assert decision.to_json()["features"] == decision.features
 
 
 def test_self_check_confident_skips_and_unsure_retrieves(corpus_index: SimpleNamespace) -> None:

@@ -1,6 +1,12 @@
-"""One example's result record (a line of results/<pipeline>.jsonl) and its metrics."""
+"""One example's result record (a line of results/<pipeline>.jsonl): its typed form
+(`EvalRecord`), how it is built from a pipeline's output, and its metrics."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
 from sieverag.inference.eval.metrics import (
     answer_accuracy,
@@ -10,77 +16,177 @@ from sieverag.inference.eval.metrics import (
     token_f1,
 )
 from sieverag.inference.eval.trust import Embed, answer_quality, judge_answer, trust_report
+from sieverag.inference.filters.base import ScoredDocumentRecord
+from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.pipelines.amber_trace import AmberTrace
 from sieverag.inference.pipelines.base import PipelineOutput
+from sieverag.inference.pipelines.router import RouteDecision
 from sieverag.inference.types import Example
 
 
-def answer_metrics(example: Example, answer: str) -> dict[str, float]:
+class AnswerMetrics(JsonlRecord):
+    """The answer against the gold aliases (inference/eval/metrics.py)."""
+
+    em: float = Field(description="exact match after normalisation")
+    f1: float = Field(description="token F1, best over the aliases")
+    accuracy: float = Field(description="an alias is contained in the answer")
+    choice_accuracy: float | None = Field(
+        None, description="the chosen option is the key (multiple-choice examples only)")
+
+
+class ReadScores(JsonlRecord):
+    """Precision, recall and F1 of the documents read against the gold documents."""
+
+    precision: float
+    recall: float
+    f1: float
+
+
+class AgentUsage(JsonlRecord):
+    """One agent's LLM usage on the example (`llm.base.Usage`)."""
+
+    calls: int = Field(description="prompts sent")
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class FilterRecord(JsonlRecord):
+    """The filter's decisions over all the documents it scored."""
+
+    threshold: float | None = Field(description="the bar; None where rounds used different ones")
+    scores: list[ScoredDocumentRecord] = Field(description="every scored document, in order")
+
+
+class LLMJudgeGrades(JsonlRecord):
+    """The LLM judge's 1-5 grades (`trust.JudgeVerdict`); all None when its reply was invalid."""
+
+    correctness: int | None
+    relevance: int | None
+    completeness: int | None
+    evidence_grounding: int | None
+    hallucination_risk: int | None
+    overall: int | None
+    error: str | None = Field(description="why the reply was not a verdict; None when it was")
+
+
+class TrustMetrics(JsonlRecord):
+    """Trust metrics of the answer (inference/eval/trust.py); None where undefined."""
+
+    faithfulness: float | None
+    hallucination_rate: float | None
+    context_precision_used: float | None
+    context_precision_gold: float | None
+    sentence_support_rate: float | None
+    trust_score: float | None
+    answer_quality: float | None = Field(
+        None, description="similarity to the gold answers (absent without an embedding model)")
+    llm_judge: LLMJudgeGrades | None = Field(
+        None, description="the LLM judge's grades (absent unless trust.llm_judge)")
+
+
+class PipelineTrace(JsonlRecord):
+    """The trace of a pipeline other than amber: `auto`'s route, and any field a pipeline
+    adds (JSON values)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
+
+    route: RouteDecision | None = Field(None, description="`auto`'s routing decision")
+
+
+_AMBER_KEYS = frozenset(AmberTrace.model_fields) - {"route"}
+
+
+def _trace_kind(trace: Any) -> str:
+    """`amber` for a trace holding any of amber's keys (so a renamed one is an error, not
+    another pipeline's trace), else `other`."""
+    if isinstance(trace, BaseModel):
+        return "amber" if isinstance(trace, AmberTrace) else "other"
+    return "amber" if isinstance(trace, Mapping) and _AMBER_KEYS & trace.keys() else "other"
+
+
+Trace = Annotated[Annotated[AmberTrace, Tag("amber")] | Annotated[PipelineTrace, Tag("other")],
+                  Discriminator(_trace_kind)]
+
+
+class EvalRecord(JsonlRecord):
+    """One example's result: a line of results/<pipeline>.jsonl."""
+
+    id: str = Field(description="the example's id")
+    question: str
+    answers: list[str] = Field(description="the gold aliases")
+    prediction: str = Field(description="the answer scored (extracted from the reply)")
+    raw_prediction: str = Field(description="the generator's whole reply")
+    metrics: AnswerMetrics
+    documents_read: list[str] = Field(description="ids of the documents the generator read")
+    documents_given: int = Field(description="documents the example came with")
+    read_scores: ReadScores | None = Field(
+        description="documents read against gold; None without gold marks or documents read")
+    usage: dict[str, AgentUsage] = Field(description="LLM usage by agent name")
+    llm_calls: int = Field(description="prompts sent, all agents")
+    input_tokens: int = Field(description="prompt tokens, all agents")
+    generator_input_tokens: int = Field(description="prompt tokens of the `generator` agent")
+    seconds: float = Field(description="wall time of the example")
+    filter: FilterRecord | None = Field(None, description="absent for pipelines without one")
+    trace: Trace | None = Field(None, description="absent when the pipeline recorded none")
+    trust: TrustMetrics | None = Field(None, description="absent unless trust.enabled")
+
+    @property
+    def route(self) -> RouteDecision | None:
+        """`auto`'s routing decision; None for other pipelines."""
+        return self.trace.route if self.trace is not None else None
+
+
+def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
     """EM, token F1 and accuracy against the gold aliases; choice accuracy for MC examples."""
-    metrics = {
-        "em": exact_match(answer, example.answers),
-        "f1": token_f1(answer, example.answers),
-        "accuracy": answer_accuracy(answer, example.answers),
-    }
+    metrics = AnswerMetrics(em=exact_match(answer, example.answers),
+                            f1=token_f1(answer, example.answers),
+                            accuracy=answer_accuracy(answer, example.answers))
     if example.choices and example.answer_key:
-        metrics["choice_accuracy"] = choice_accuracy(answer, example.choices, example.answer_key)
+        metrics.choice_accuracy = choice_accuracy(answer, example.choices, example.answer_key)
     return metrics
 
 
 def build_record(
     example: Example, output: PipelineOutput, usage: dict[str, Usage], seconds: float
-) -> dict:
+) -> EvalRecord:
     """The jsonl record: answer, metrics, documents read, filter scores, usage by agent."""
     gold_ids = [d.id for d in example.documents if d.is_gold]
-    record: dict = {
-        "id": example.id,
-        "question": example.question,
-        "answers": list(example.answers),
-        "prediction": output.answer,
-        "raw_prediction": output.raw_answer,
-        "metrics": answer_metrics(example, output.answer),
-        "documents_read": [d.id for d in output.documents_read],
-        "documents_given": len(example.documents),
-        "read_scores": (
-            filter_scores([d.id for d in output.documents_read], gold_ids)
-            if output.documents_read or output.filter_result
-            else None
-        ),
-        "usage": {agent: vars(u) for agent, u in sorted(usage.items())},
-        "llm_calls": sum(u.calls for u in usage.values()),
-        "input_tokens": sum(u.prompt_tokens for u in usage.values()),
-        "generator_input_tokens": usage["generator"].prompt_tokens if "generator" in usage else 0,
-        "seconds": round(seconds, 4),
-    }
+    optional: dict[str, Any] = {}
     if output.filter_result is not None:
-        record["filter"] = {
-            "threshold": output.filter_result.threshold,
-            "scores": [
-                {
-                    "id": s.document.id,
-                    "score": s.score,
-                    "kept": s.kept,
-                    "is_gold": s.document.is_gold,
-                    **s.details,
-                }
-                for s in output.filter_result.scored
-            ],
-        }
+        optional["filter"] = FilterRecord(
+            threshold=output.filter_result.threshold,
+            scores=[ScoredDocumentRecord(id=s.document.id, score=s.score, kept=s.kept,
+                                         is_gold=s.document.is_gold, **s.details)
+                    for s in output.filter_result.scored])
     if output.trace:
-        record["trace"] = output.trace
-    return record
+        optional["trace"] = output.trace
+    return EvalRecord(
+        id=example.id, question=example.question, answers=list(example.answers),
+        prediction=output.answer, raw_prediction=output.raw_answer,
+        metrics=answer_metrics(example, output.answer),
+        documents_read=[d.id for d in output.documents_read],
+        documents_given=len(example.documents),
+        read_scores=(filter_scores([d.id for d in output.documents_read], gold_ids)
+                     if output.documents_read or output.filter_result else None),
+        usage={agent: vars(u) for agent, u in sorted(usage.items())},
+        llm_calls=sum(u.calls for u in usage.values()),
+        input_tokens=sum(u.prompt_tokens for u in usage.values()),
+        generator_input_tokens=usage["generator"].prompt_tokens if "generator" in usage else 0,
+        seconds=round(seconds, 4), **optional)
 
 
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
-                  support_threshold: float, llm_judge: LLMBackend | None = None) -> dict:
+                  support_threshold: float, llm_judge: LLMBackend | None = None) -> TrustMetrics:
     """Trust metrics of the answer against the documents read (inference/eval/trust.py),
     answer quality against the gold answers, and optionally the LLM judge's 1-5 grades."""
-    metrics = trust_report(output.answer, output.documents_read, embed,
-                           support_threshold).to_dict()
+    metrics = TrustMetrics(**trust_report(output.answer, output.documents_read, embed,
+                                          support_threshold).to_dict())
     if embed is not None:
-        metrics["answer_quality"] = answer_quality(output.answer, example.answers, embed)
+        metrics.answer_quality = answer_quality(output.answer, example.answers, embed)
     if llm_judge is not None:
         verdict = judge_answer(llm_judge, example.question, output.answer,
                                example.answers[0], output.documents_read)
-        metrics["llm_judge"] = {**verdict.scores(), "error": verdict.error}
+        metrics.llm_judge = LLMJudgeGrades(**verdict.scores(), error=verdict.error)
     return metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.io_utils import write_atomic
 
 TABLE_COLUMNS = (
@@ -55,28 +56,15 @@ def comparison_table(summaries: Mapping[str, Mapping],
     return "\n".join(lines)
 
 
-def plot_judge_scores(records: Sequence[dict], path: Path, title: str) -> bool:
+def plot_judge_scores(records: Sequence[EvalRecord], path: Path, title: str) -> bool:
     """Histogram of judge scores r for gold vs noisy documents with the mean bar τq.
 
     Returns False (and writes nothing) when the records hold no gold-marked filter scores.
     """
-    gold = [
-        s["score"]
-        for r in records
-        for s in r.get("filter", {}).get("scores", [])
-        if s.get("is_gold") is True
-    ]
-    noisy = [
-        s["score"]
-        for r in records
-        for s in r.get("filter", {}).get("scores", [])
-        if s.get("is_gold") is False
-    ]
-    bars = [
-        r["filter"]["threshold"]
-        for r in records
-        if r.get("filter", {}).get("threshold") is not None
-    ]
+    filters = [r.filter for r in records if r.filter is not None]
+    gold = [s.score for f in filters for s in f.scores if s.is_gold is True]
+    noisy = [s.score for f in filters for s in f.scores if s.is_gold is False]
+    bars = [f.threshold for f in filters if f.threshold is not None]
     if not gold or not noisy:
         return False
     import matplotlib
@@ -106,7 +94,7 @@ def write_report(
     out_dir: Path,
     dataset: str,
     summaries: Mapping[str, Mapping],
-    records: Mapping[str, Sequence[dict]],
+    records: Mapping[str, Sequence[EvalRecord]],
 ) -> Path:
     """Write `report.md` (comparison table, per-pipeline usage, score plots)."""
     parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), "",

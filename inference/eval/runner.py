@@ -22,7 +22,7 @@ from sieverag.inference.compose import build_context, needs_trained_filter, reso
 from sieverag.inference.config import RunConfig, load_run_config
 from sieverag.inference.data import load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.records import build_record, trust_metrics
+from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -138,12 +138,12 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
     llm_judge = context.generator if config.trust.llm_judge else None
-    all_records: dict[str, list[dict]] = {}
+    all_records: dict[str, list[EvalRecord]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
         log = JsonlLog(out_dir / "results" / f"{name}.jsonl")
-        records = [r for r in log.read() if r.get("id") in set(ids)]
-        done = {r["id"] for r in records}
+        records = [r for r in log.read_records(EvalRecord) if r.id in set(ids)]
+        done = {r.id for r in records}
         todo = [e for e in examples if e.id not in done]
         for example in tqdm(
             todo, desc=name, unit="q", disable=not progress, initial=len(done), total=len(examples)
@@ -155,12 +155,12 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                 example, output, _merged_usage(backends, before), time.perf_counter() - start
             )
             if config.trust.enabled:
-                record["trust"] = trust_metrics(example, output, embed,
-                                                config.trust.support_threshold, llm_judge)
-            log.append(record)
+                record.trust = trust_metrics(example, output, embed,
+                                             config.trust.support_threshold, llm_judge)
+            log.append(record.to_json())
             records.append(record)
         order = {example_id: i for i, example_id in enumerate(ids)}
-        all_records[name] = sorted(records, key=lambda r: order[r["id"]])
+        all_records[name] = sorted(records, key=lambda r: order[r.id])
     summaries = {name: summarize(records) for name, records in all_records.items()}
     write_atomic(
         out_dir / "summary.json",

@@ -1,12 +1,16 @@
-"""The interface every document filter shares: question + documents in, kept documents out."""
+"""The interface every document filter shares: question + documents in, kept documents out;
+and how a scored document is stored in result records and traces (`ScoredDocumentRecord`)."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
+from pydantic import Field
+
+from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.types import Document
 
 
@@ -21,6 +25,33 @@ class ScoredDocument:
     score: float
     kept: bool
     details: dict = field(default_factory=dict)
+
+
+class ScoredDocumentRecord(JsonlRecord):
+    """A scored document as records store it: the filter's score and verdict, then the
+    filter's `details` flattened beside them (each detail key a filter writes is a field
+    here; a filter that adds one adds it here too). A detail a filter did not write is
+    absent from the stored entry (None here)."""
+
+    id: str = Field(description="the document's id")
+    title: str | None = Field(None, description="the document's title (amber's rounds only)")
+    score: float = Field(description="the filter's score (fused with BM25 where MCF fuses)")
+    kept: bool = Field(description="whether the filter kept the document")
+    is_gold: bool | None = Field(description="the data's gold mark; None where unmarked")
+    p_yes: float | None = Field(None, description="MCF: P(Yes) of the chunk question")
+    filter_score: float | None = Field(None, description="MCF: its own score before fusion")
+    bm25: float | None = Field(None, description="MCF: the BM25 prior fused into the score")
+    mcf_score: float | None = Field(None, description="stack: MCF's score")
+    mcf_kept: bool | None = Field(None, description="stack: MCF's verdict")
+    mcf_threshold: float | None = Field(None, description="stack: MCF's bar")
+    judge_score: float | None = Field(None, description="stack: the judge's score")
+    judge_kept: bool | None = Field(None, description="stack: the judge's verdict")
+    judge_threshold: float | None = Field(None, description="stack: the judge's bar")
+    predicted_answer: str | None = Field(None, description="judge: the predictor's answer")
+    sentence_reply: str | None = Field(None, description="MCF: the sentence stage's reply")
+    sentence_status: Literal["single", "parsed", "unparsed", "none", "none_dropped"] | None = \
+        Field(None, description="MCF: how the key sentences were chosen")
+    key_sentences: list[int] | None = Field(None, description="MCF: 0-based key sentences")
 
 
 @dataclass(frozen=True)

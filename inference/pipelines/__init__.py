@@ -3,8 +3,8 @@ variants, `auto`), built from a shared PipelineContext.
 
 Importing this package registers every pipeline; `build_pipeline(name, context)` makes one.
 Beside the pipelines sit the agents only they use: amber's memory updater (`memory`, AMU)
-and information collector (`collector`, AIC), amber's settings (`amber_config`), and the
-retrieve-or-not `router` of `auto`.
+and information collector (`collector`, AIC), amber's settings (`amber_config`) and typed
+trace (`amber_trace`), and the retrieve-or-not `router` of `auto`.
 """
 
 from sieverag.inference.pipelines import amber, auto, main_rag, simple  # noqa: F401  (registration on import)

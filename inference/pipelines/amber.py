@@ -10,8 +10,8 @@ Each round:
    question.
 2. Filter: the round's documents through the filter stage; kept documents (MCF: narrowed to
    their key sentences) join the evidence.
-3. AMU (`inference/pipelines/memory.py`) revises the memory with the new evidence (skipped when nothing
-   new was kept, and in the last round when the answer reads the evidence alone).
+3. AMU (`inference/pipelines/memory.py`) revises the memory with the new evidence (skipped
+   when nothing new was kept, and in the last round when the answer reads the evidence alone).
 4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
    `max_iterations` (`max_iterations`), when the question's given pool has no unseen
    document left (`pool_exhausted`: e.g. `k` ≥ the given documents, so round 1 filters them
@@ -24,10 +24,11 @@ evidence (`amber.answer_from`: also the memory alone, or the evidence alone); wh
 than `amber.min_evidence` chunks were kept, the best-scored dropped ones are read too (a weak
 filter or a strict bar must not leave the answer blind); with nothing to read it answers
 directly. `documents_read` is the kept evidence (key sentences only).
-The trace holds every round: query, documents, scores and sentence choices, the three memory
-agents' replies, the memory after the round, the sufficiency verdict, the next query, and the
-stop reason. `amber-mcf`, `amber-judge`, `amber-stack` and `amber-none` are `amber` with the
-filter fixed, so one run can compare them.
+The trace (`amber_trace.AmberTrace`, dumped to JSON-ready data) holds every round: query,
+documents, scores and sentence choices, the three memory agents' replies, the memory after the
+round, the sufficiency verdict, the next query, and the stop reason. `amber-mcf`,
+`amber-judge`, `amber-stack` and `amber-none` are `amber` with the filter fixed, so one run can
+compare them.
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sieverag.inference.answers import extract_answer
-from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
 from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.amber_trace import (
+    AmberRound,
+    AmberTrace,
+    EvidenceEntry,
+    StopReason,
+)
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
@@ -56,8 +63,6 @@ from sieverag.inference.types import Document, Example
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
                                           **{f"amber-{f}": f for f in FILTER_NAMES}}
-# Why a question's loop ended (the trace's `stop_reason`; the module docstring says when).
-STOP_REASONS = ("sufficient", "max_iterations", "no_progress", "no_new_query", "pool_exhausted")
 # What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
 ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
                     "evidence": "answer_with_documents"}
@@ -127,16 +132,17 @@ class _Evidence:
     def documents(self) -> list[Document]:
         return [s.document for _, s in self.items]
 
-    def trace(self) -> list[dict]:
-        return [{"round": r, "id": s.document.id, "title": s.document.title,
-                 "score": round(s.score, 4), "text": s.document.text,
-                 "key_sentences": s.details.get("key_sentences")} for r, s in self.items]
+    def trace(self) -> list[EvidenceEntry]:
+        return [EvidenceEntry(round=r, id=s.document.id, title=s.document.title,
+                              score=round(s.score, 4), text=s.document.text,
+                              key_sentences=s.details.get("key_sentences"))
+                for r, s in self.items]
 
 
-def _scored_entry(scored: ScoredDocument) -> dict:
-    return {"id": scored.document.id, "title": scored.document.title,
-            "score": round(scored.score, 4), "kept": scored.kept,
-            "is_gold": scored.document.is_gold, **scored.details}
+def _scored_entry(scored: ScoredDocument) -> ScoredDocumentRecord:
+    return ScoredDocumentRecord(id=scored.document.id, title=scored.document.title,
+                                score=round(scored.score, 4), kept=scored.kept,
+                                is_gold=scored.document.is_gold, **scored.details)
 
 
 def _combined(results: Sequence[FilterResult]) -> FilterResult:
@@ -169,10 +175,10 @@ class AmberPipeline:
         documents = RoundDocuments(self.context, example, self.config.k)
         evidence = _Evidence()
         results: list[FilterResult] = []
-        rounds: list[dict] = []
+        rounds: list[AmberRound] = []
         queries = [example.question]
         memory = ""
-        stop_reason = "max_iterations"
+        stop_reason: StopReason = "max_iterations"
         for number in range(1, self.config.max_iterations + 1):
             fresh, skipped = documents.fetch(queries[-1])
             result = (self.filter.select(example.question, fresh) if fresh
@@ -190,13 +196,13 @@ class AmberPipeline:
             # The memory only changes with new evidence, so a round without any adds nothing.
             progressed = bool(result.kept)
             memory = update.memory if update is not None else memory
-            entry = {"round": number, "query": queries[-1],
-                     "retrieved": [d.id for d in fresh], "skipped_seen": skipped,
-                     "threshold": result.threshold,
-                     "scored": [_scored_entry(s) for s in result.scored],
-                     "kept": [s.document.id for s in result.kept],
-                     "memory_update": update.to_dict() if update is not None else None,
-                     "memory": memory, "sufficiency": None, "next_query": None}
+            entry = AmberRound(
+                round=number, query=queries[-1], retrieved=[d.id for d in fresh],
+                skipped_seen=skipped, threshold=result.threshold,
+                scored=[_scored_entry(s) for s in result.scored],
+                kept=[s.document.id for s in result.kept],
+                memory_update=update.to_dict() if update is not None else None,
+                memory=memory, sufficiency=None, next_query=None)
             rounds.append(entry)
             if not progressed:
                 stop_reason = "no_progress"
@@ -207,26 +213,26 @@ class AmberPipeline:
                 stop_reason = "pool_exhausted"
                 break
             verdict = self.collector.sufficiency(question, memory)
-            entry["sufficiency"] = verdict.to_dict()
+            entry.sufficiency = verdict.to_dict()
             if verdict.sufficient:
                 stop_reason = "sufficient"
                 break
             following = self.collector.next_query(question, memory, queries)
-            entry["next_query"] = following.to_dict()
+            entry.next_query = following.to_dict()
             if following.query is None:
                 stop_reason = "no_new_query"
                 break
             queries.append(following.query)
         fallback = self._fallback(results, evidence)
         raw = self._generate_answer(question, memory, evidence.documents)
-        trace = {"pipeline": self.name, "filter": self.filter_name, "queries": queries,
-                 "rounds": rounds, "evidence": evidence.trace(), "memory": memory,
-                 "stop_reason": stop_reason, "answer_from": self.config.answer_from,
-                 "fallback_evidence": fallback}
+        trace = AmberTrace(pipeline=self.name, filter=self.filter_name, queries=queries,
+                           rounds=rounds, evidence=evidence.trace(), memory=memory,
+                           stop_reason=stop_reason, answer_from=self.config.answer_from,
+                           fallback_evidence=fallback)
         return PipelineOutput(
             answer=extract_answer(raw, example.question, self.context.answer_extraction),
             raw_answer=raw, documents_read=tuple(evidence.documents),
-            filter_result=_combined(results), trace=trace)
+            filter_result=_combined(results), trace=trace.to_json())
 
     def _fallback(self, results: Sequence[FilterResult], evidence: _Evidence) -> list[str]:
         """Top up the evidence to `min_evidence` chunks with the best-scored dropped ones

@@ -37,5 +37,5 @@ class AutoPipeline:
     def run(self, example: Example) -> PipelineOutput:
         decision = self.router.decide(example.question)
         output = (self.routed if decision.retrieve else self.direct).run(example)
-        trace = {**output.trace, "route": decision.to_dict()}
+        trace = {**output.trace, "route": decision.to_json()}
         return replace(output, trace=trace)

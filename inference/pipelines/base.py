@@ -20,7 +20,9 @@ from sieverag.inference.types import Document, Example
 
 @dataclass(frozen=True)
 class PipelineOutput:
-    """One question's result: the scored answer, the raw reply, what the generator read."""
+    """One question's result: the scored answer, the raw reply, what the generator read, and
+    the pipeline's trace as JSON-ready data (amber: an `AmberTrace`, dumped; `auto` adds its
+    `route`)."""
 
     answer: str
     raw_answer: str

@@ -50,10 +50,13 @@ as a check of the rule's behaviour, not as held-out accuracy.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
+
+from pydantic import ConfigDict, Field, JsonValue
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
+from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import settings
@@ -90,21 +93,20 @@ class RouterConfig:
             value = getattr(self, name)
             if value < minimum:
                 raise ConfigError(f"router.{name} must be >= {minimum}, got {value}")
-        if any(not isinstance(w, str) or not w.strip() for w in self.intent_words):
+        if any(not w.strip() for w in self.intent_words):
             raise ConfigError("router.intent_words must be non-empty strings, got "
                               f"{list(self.intent_words)!r}")
 
 
-@dataclass(frozen=True)
-class RouteDecision:
-    """Whether to retrieve, why, and the features behind it."""
+class RouteDecision(JsonlRecord):
+    """Whether to retrieve, why, and the features behind it (`auto`'s `route` in a trace)."""
 
-    retrieve: bool
-    reason: str
-    features: dict
+    model_config = ConfigDict(frozen=True)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    retrieve: bool = Field(description="whether the routed pipeline ran (else a direct answer)")
+    reason: str = Field(description="the rule that decided, in words")
+    features: dict[str, JsonValue] = Field(description="the decision's inputs by name (see the "
+                                                       "module docstring)")
 
 
 _WORD = re.compile(r"[A-Za-z0-9']+")
@@ -152,10 +154,11 @@ class Router:
         f = self.features(question)
         c = self.config
         if f["top_score"] is not None and f["top_score"] < c.min_top_score:
-            return RouteDecision(False, "corpus has no match", f)
+            return RouteDecision(retrieve=False, reason="corpus has no match", features=f)
         if f["vocabulary_overlap"] is not None and \
                 f["vocabulary_overlap"] < c.min_vocabulary_overlap:
-            return RouteDecision(False, "question outside the corpus vocabulary", f)
+            return RouteDecision(retrieve=False, reason="question outside the corpus vocabulary",
+                                 features=f)
         confident = f["self_check"] is not None and f["self_check"] >= c.self_check_threshold
         needs = []
         if f["intent"]:
@@ -169,8 +172,9 @@ class Router:
         if f["self_check"] is not None and not confident:
             needs.append("model unsure")
         if needs and not confident:
-            return RouteDecision(True, "; ".join(needs), f)
-        return RouteDecision(False, "model confident" if confident else "no need signalled", f)
+            return RouteDecision(retrieve=True, reason="; ".join(needs), features=f)
+        return RouteDecision(retrieve=False, features=f,
+                             reason="model confident" if confident else "no need signalled")
 
 
 def entity_words(question: str) -> list[str]:
