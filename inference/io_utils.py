@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar
 from platformdirs import user_cache_dir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.errors import DatasetError, validation_problems
 
 
 def _staging_name(path: Path) -> dict[str, str]:
@@ -106,8 +106,6 @@ class JsonlRecord(BaseModel):
 
 
 Record = TypeVar("Record", bound=JsonlRecord)
-# pydantic's error types that mean "this key is not part of the record" / "it is missing".
-_UNKNOWN_KEY, _MISSING_KEY = "extra_forbidden", "missing"
 
 
 def validated_record(model: type[Record], data: Any, path: str | Path, line: int) -> Record:
@@ -116,14 +114,9 @@ def validated_record(model: type[Record], data: Any, path: str | Path, line: int
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            key = ".".join(str(part) for part in error["loc"]) or "(the line)"
-            reason = {_UNKNOWN_KEY: "unknown key", _MISSING_KEY: "missing key"}.get(
-                error["type"], error["msg"])
-            problems.append(f"{key}: {reason}")
+        problems = validation_problems(err)
         raise DatasetError(
-            f"{path}, line {line}: not a valid {model.__name__} ({'; '.join(problems)}); was it "
+            f"{path}, line {line}: not a valid {model.__name__} ({problems}); was it "
             "written by another sieverag version? fix or remove that line") from None
 
 

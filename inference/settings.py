@@ -26,12 +26,10 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError, validation_problems
 
 T = TypeVar("T")
 
-# pydantic names an unknown key so for models and for dataclasses respectively.
-UNKNOWN_KEY_ERRORS = ("extra_forbidden", "unexpected_keyword_argument")
 PRESETS_DIR = Path(__file__).parent / "presets"
 
 
@@ -57,18 +55,8 @@ def settings(cls: type[T]) -> type[T]:
 
 
 def _described(err: ValidationError, where: str, positional: Sequence[str] = ()) -> str:
-    """One line naming each invalid setting by its dotted field (`positional`: the field
-    names of positional arguments, which pydantic reports by index)."""
-    problems = []
-    for error in err.errors():
-        loc = list(error["loc"])
-        if loc and isinstance(loc[0], int) and loc[0] < len(positional):
-            loc[0] = positional[loc[0]]
-        field = ".".join(str(part) for part in loc) or "(top level)"
-        message = ("unknown setting" if error["type"] in UNKNOWN_KEY_ERRORS
-                   else error["msg"].removeprefix("Value error, "))
-        problems.append(f"{field}: {message}")
-    return f"invalid settings in {where}: " + "; ".join(problems)
+    return (f"invalid settings in {where}: "
+            + validation_problems(err, "unknown setting", "required, not given", positional))
 
 
 def validate_settings(cls: type[T], data: Any, where: str) -> T:

@@ -34,7 +34,7 @@ def test_round_trip_through_yaml(tmp_path):
     ({"dataset": "d", "models": {"filter": {"endpoint": "http://h/v1"}}},
      "a model served at http://h/v1 needs its name there"),
     ({"dataset": "d", "generation": {"max_new_tokens": 0}}, "max_new_tokens must be >= 1"),
-    ({"pipelines": ["vanilla"]}, "dataset: Field required"),
+    ({"pipelines": ["vanilla"]}, "dataset: required, not given"),
 ])
 def test_bad_configs_are_errors_naming_the_field(data, message):
     with pytest.raises(ConfigError, match=message):
