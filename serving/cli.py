@@ -50,21 +50,12 @@ def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig
     the other engine are refused."""
     for engine in ENGINE_CONFIGS:
         if engine != command.engine and getattr(command, engine) is not None:
-            raise ConfigError(f"{', '.join(_given_flags(command, engine))} only apply to "
-                              f"--engine {engine}")
+            raise ConfigError(f"--{engine}.* options only apply to --engine {engine} (this "
+                              f"is --engine {command.engine})")
     options_cls, config_cls = ENGINE_CONFIGS[command.engine]
     options = getattr(command, command.engine) or options_cls()
     return config_cls(**dataclasses.asdict(narrow(command, ServedModelConfig)),
                       **dataclasses.asdict(options))
-
-
-def _given_flags(command: ServeCommand, engine: str) -> list[str]:
-    """The flags of `engine`'s section set away from their defaults (the section's flags
-    when all hold their defaults)."""
-    options = getattr(command, engine)
-    defaults = type(options)()
-    return [f"--{engine}.{spec.name.replace('_', '-')}" for spec in dataclasses.fields(options)
-            if getattr(options, spec.name) != getattr(defaults, spec.name)] or [f"--{engine}.*"]
 
 
 def run_serve(command: ServeCommand) -> int:
