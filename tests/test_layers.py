@@ -352,3 +352,35 @@ def test_every_folder_with_python_code_is_a_package() -> None:
         if not (path.parent / "__init__.py").is_file()
     })
     assert not loose, f"folders with .py files but no __init__.py (not installed): {loose}"
+
+
+# ----- pyproject.toml declares what the package imports --------------------------------------
+
+# Import names that differ from their distribution's name.
+DISTRIBUTION_OF = {"Stemmer": "pystemmer", "faiss": "faiss-cpu", "sklearn": "scikit-learn",
+                   "yaml": "pyyaml"}
+# Imported only where their extra is installed (inside functions, behind that extra).
+EXTRA_ONLY = {"vllm", "deepspeed", "wandb"}
+
+
+def _distribution(requirement: str) -> str:
+    """`pydantic-settings>=2.7` → `pydantic-settings` (lower case, `_` as `-`)."""
+    name = requirement
+    for mark in "<>=!~[; ":
+        name = name.split(mark)[0]
+    return name.strip().lower().replace("_", "-")
+
+
+def test_every_imported_package_is_declared() -> None:
+    import sys
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = {_distribution(r) for r in project["dependencies"]}
+    extras = {_distribution(r) for rs in project["optional-dependencies"].values() for r in rs}
+    imported = {i.target.split(".")[0] for m in MODULES.values() for i in imports_of(m, set())}
+    third_party = imported - set(sys.stdlib_module_names) - {ROOT, "__future__"}
+    missing = sorted(
+        name for name in third_party
+        if DISTRIBUTION_OF.get(name, name).lower().replace("_", "-")
+        not in (declared | (extras if name in EXTRA_ONLY else set())))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
