@@ -63,7 +63,8 @@ class ModelRoles:
     generator: BackendSpec = field(default_factory=BackendSpec,
                                    metadata={"help": "the model that answers"})
     judge: BackendSpec | None = field(default=None, metadata={
-        "help": "the MAIN-RAG judge's model (default: the generator's)"})
+        "help": "the MAIN-RAG judge's model (unset: the generator's; once any judge field is "
+                "set, its unset fields take their own defaults, not the generator's)"})
     filter: BackendSpec = field(default_factory=BackendSpec, metadata={
         "help": "the trained filter: in-process, its base `model` and `adapter` (a folder or "
                 f"a filter's name; default {DEFAULT_FILTER_NAME}: installed, else shipped); "
