@@ -47,7 +47,10 @@ def test_the_shipped_filter_is_small_bf16_package_data_with_a_card():
     assert card["weights"]["dtype"] == "bfloat16"
     assert card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] <= 1e-2
     assert card["dataset"]["train_questions"] and card["dataset"]["fingerprint"]
-    assert card["held_out"]["chunk"]["trained filter top-2"]["f1"] > 0
+    default_rule = card["held_out"]["amber_default_row"]
+    assert default_rule == "MCF top_k=2 + BM25 prior w=1"
+    assert card["held_out"]["chunk"][default_rule]["f1"] > card["held_out"]["chunk"][
+        "BM25 top-2"]["f1"]
 
 
 def _passages() -> tuple[str, list[Document]]:

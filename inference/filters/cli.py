@@ -56,13 +56,10 @@ class FilterPackageCommand:
 
 
 def _held_out_f1(card: dict | None) -> str:
-    """Held-out chunk F1 of the rule amber runs (cards written before eval-filter ran the real
-    MCF name that row "trained filter top-k")."""
+    """Held-out chunk F1 of the MCF rule amber runs by default, from the card's eval-filter
+    figures ("–" when the card has none)."""
     held_out = (card or {}).get("held_out") or {}
-    chunk = held_out.get("chunk") or {}
-    row = held_out.get("amber_default_row") or next(
-        (method for method in chunk if method.startswith("trained filter top-")), None)
-    figures = chunk.get(row) if row else None
+    figures = (held_out.get("chunk") or {}).get(held_out.get("amber_default_row") or "")
     return "–" if not figures or figures.get("f1") is None else f"{figures['f1']:.3f}"
 
 
