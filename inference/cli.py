@@ -120,7 +120,7 @@ def run_eval(command: EvalCommand) -> int:
 def run_demo(command: DemoCommand) -> int:
     from sieverag.inference.data.demo import write_demo_dataset
     from sieverag.inference.eval.runner import run_evaluation
-    from sieverag.inference.trace import find_record, render_record
+    from sieverag.inference.eval.trace import find_record, render_record
 
     started = time.perf_counter()
     out = Path(command.out)
@@ -186,15 +186,15 @@ def _demo_verdict(vanilla: dict, amber: dict) -> str:
 
 
 def run_trace(command: TraceCommand) -> int:
-    from sieverag.inference.trace import find_record, render_record
+    from sieverag.inference.eval.trace import find_record, render_record
 
     print(render_record(find_record(command.run_dir, command.question_id, command.pipeline)))
     return 0
 
 
 def run_ask(command: AskCommand) -> int:
+    from sieverag.inference.eval.trace import render_loop
     from sieverag.inference.pipelines import build_pipeline
-    from sieverag.inference.trace import render_loop
     from sieverag.inference.types import Example
 
     if not Path(command.index).is_dir():

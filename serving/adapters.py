@@ -12,7 +12,6 @@ adapter served under a reused name would be answered from the old adapter's cach
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from pathlib import Path
 from sieverag.inference.filters.adapters import (
     ADAPTER_NAME,
     AdapterError,
-    adapter_content_hash,
     check_card,
+    content_name,
     find_adapter,
     read_adapter_config,
 )
@@ -82,6 +81,5 @@ def lora_rank(path: Path) -> int:
 
 
 def default_adapter_name(path: Path) -> str:
-    """`<folder name>-<first 8 hex digits of the adapter's content hash>`."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name).strip("-._") or "adapter"
-    return f"{stem}-{adapter_content_hash(path)[:8]}"
+    """`<folder name>-<hash8>` (`content_name`): unique per weights."""
+    return content_name(path.name, path)

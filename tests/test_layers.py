@@ -10,14 +10,15 @@ Inside `sieverag.inference` a module imports only its own layer or the layers be
   agents       filters, answers
   pipelines    inference.pipelines (with amber's memory and collector agents and the router)
   composition  config, compose (build the roles and pipelines for every command)
-  evaluation   inference.eval, trace
+  evaluation   inference.eval (runner, metrics, reports, trace rendering)
   command line every `cli.py`: anything in its own part
 
 Between the parts (the folders pyproject.toml maps to `sieverag.*`, see PART_IMPORTS):
 `inference` imports none of the others; data_gen, training and serving import `inference` and
 themselves only (they share the filter's contract through `inference`); training also reads
 its launch configs from `accelerate_configs`; the `sieverag` root (the command line) imports
-`inference` and finds the other parts' commands by import path; nothing imports the root.
+`inference` and finds the other parts' commands by import path; nothing imports the root's
+modules (`import sieverag` itself, which holds only `__version__`, is allowed).
 Every import counts, also those inside functions and under `if TYPE_CHECKING:`.
 """
 
@@ -75,7 +76,7 @@ LAYERS = (
     Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers")),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
     Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
-    Layer("evaluation", 6, (f"{INFERENCE}.eval", f"{INFERENCE}.trace")),
+    Layer("evaluation", 6, (f"{INFERENCE}.eval",)),
 )
 COMMAND_LINE = Layer("command line", 7, ())
 
@@ -167,9 +168,12 @@ def part_of(module: str) -> str:
 def violation(importer: str, target: str) -> str | None:
     """Why `importer` may not import `target` (a first-party module); None when it may."""
     importer_part, target_part = part_of(importer), part_of(target)
+    if target == ROOT:  # the package itself holds only `__version__` and imports nothing
+        return None
     if target_part not in PART_IMPORTS.get(importer_part, ()):
         if target_part == ROOT:
-            return "nothing imports the `sieverag` command line root"
+            return "nothing imports the `sieverag` command line (`import sieverag` for the " \
+                "version is fine)"
         if importer_part == ROOT:
             return (f"the command line root imports only `inference`; it finds {target_part}'s "
                     "commands by import path (sieverag/cli.py COMMANDS)")

@@ -14,6 +14,7 @@ from test_amber import EXAMPLE, Agents
 
 from sieverag.inference.errors import DatasetError
 from sieverag.inference.eval.records import EvalRecord, PipelineTrace, build_record, trust_metrics
+from sieverag.inference.eval.trace import find_record, render_loop
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.base import Usage
@@ -21,7 +22,6 @@ from sieverag.inference.pipelines import PipelineContext, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.pipelines.amber_trace import AmberTrace
 from sieverag.inference.pipelines.router import Router, RouterConfig
-from sieverag.inference.trace import find_record, render_loop
 
 GRADES = json.dumps({"correctness": 4, "relevance": 5, "completeness": 3,
                      "evidence_grounding": 4, "hallucination_risk": 5, "overall": 4})

@@ -13,7 +13,6 @@ name, the base model, the dataset fingerprint, the recipe and the metrics.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from sieverag.inference.filters.adapters import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
-    adapter_content_hash,
+    content_name,
 )
 from sieverag.inference.io_utils import write_atomic
 
@@ -110,12 +109,8 @@ def _check_reloads(folder: Path, base_model_dir: Path, saved: dict[str, tuple[in
 
 
 def adapter_name(base_model: str, adapter_dir: str | Path) -> str:
-    """`filter-<base model name>-<first 8 hex digits of the content hash>`: unique per weights.
-
-    Unique names matter to vLLM, whose prefix cache is keyed by adapter name.
-    """
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(base_model).name.lower()).strip("-._")
-    return f"filter-{stem or 'base'}-{adapter_content_hash(adapter_dir)[:8]}"
+    """`filter-<base model name>-<hash8>` (`content_name`): unique per weights."""
+    return content_name(f"filter-{Path(base_model).name.lower()}", adapter_dir)
 
 
 def write_adapter_metadata(adapter_dir: str | Path, metadata: dict[str, Any]) -> Path:

@@ -232,6 +232,14 @@ def adapter_content_hash(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
+def content_name(stem: str, folder: str | Path) -> str:
+    """`<stem>-<first 8 hex digits of the adapter's content hash>`, `stem` cut to the name
+    characters: unique per weights, which vLLM needs (its prefix cache is keyed by adapter
+    name). Training names a new filter so; a server names a bare adapter folder so."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._") or "adapter"
+    return f"{clean}-{adapter_content_hash(folder)[:8]}"
+
+
 def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
     """Refuse an adapter whose card names other base weights or other filter prompts than
     the ones in use, with one error naming both. An adapter without a card is not checked."""

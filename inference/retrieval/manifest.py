@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference import __version__
+from sieverag import __version__
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.io_utils import write_json_atomic
 from sieverag.inference.retrieval.config import IndexConfig
