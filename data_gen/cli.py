@@ -11,6 +11,7 @@ from dataclasses import field
 
 from sieverag.data_gen.dataset import DatasetConfig
 from sieverag.data_gen.labelling import LabelRunConfig
+from sieverag.data_gen.passages import PassageSetConfig
 from sieverag.inference.settings import narrow, settings
 
 
@@ -28,6 +29,25 @@ class BuildDatasetCommand(DatasetConfig):
     and stats.json (the output folder is replaced when it exists)."""
 
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+
+
+@settings
+class HardNegativesCommand(PassageSetConfig):
+    """Write a passage set: each question's own passages plus the retriever's hard negatives
+    from the source's corpus (common-format jsonl, input of `label` and `eval-filter`)."""
+
+
+def run_hard_negatives(command: HardNegativesCommand) -> int:
+    from sieverag.data_gen.passages import mine_passages
+
+    summary = mine_passages(narrow(command, PassageSetConfig))
+    print(f"{summary.source}: {summary.questions} questions, {summary.passages} passages "
+          f"({summary.gold} gold, {summary.negatives} hard negatives, {summary.unmarked} "
+          f"unmarked), shape {summary.shape} -> {command.out}")
+    if summary.short_of_negatives:
+        print(f"{summary.short_of_negatives} question(s) got fewer than {command.negatives} "
+              "negatives (the retriever found too few passages without the answer)")
+    return 0
 
 
 def run_label(command: LabelCommand) -> int:

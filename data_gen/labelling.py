@@ -26,7 +26,6 @@ A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -39,11 +38,12 @@ from tqdm import tqdm
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
 from sieverag.data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
+from sieverag.data_gen.passages import with_borrowed_negatives
 from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
-from sieverag.inference.data import detect_format, load_examples
+from sieverag.inference.data import detect_format, example_source, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.io_utils import JsonlLog, write_atomic
 from sieverag.inference.llm.models import DEFAULT_MODEL
@@ -140,30 +140,6 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(fingerprint, indent=2))
 
 
-def _with_borrowed_negatives(examples: list[Example], count: int, seed: int) -> list[Example]:
-    """Each example plus `count` chunks of other examples (not gold for it: gold=False
-    where the data marks gold, else unknown)."""
-    if count == 0:
-        return examples
-    pool = [(e.id, d) for e in examples for d in e.documents]
-    result = []
-    for example in examples:
-        rng = random.Random(f"{seed}/{example.id}")
-        own_texts = {d.text for d in example.documents}
-        candidates = [d for owner, d in pool if owner != example.id and d.text not in own_texts]
-        picked = rng.sample(candidates, min(count, len(candidates)))
-        marks_gold = example.has_gold_documents
-        borrowed = tuple(
-            Document(id=f"{example.id}/borrowed-{k}", text=d.text, title=d.title,
-                     is_gold=False if marks_gold else None, sentences=d.sentences,
-                     supporting_sentences=() if d.supporting_sentences is not None else None)
-            for k, d in enumerate(picked))
-        result.append(Example(example.id, example.question, example.answers,
-                              example.documents + borrowed, example.choices,
-                              example.answer_key, example.metadata))
-    return result
-
-
 def _score_entry(score: CXMIScore) -> CXMIEntry:
     return CXMIEntry(**{k: (round(v, 5) if isinstance(v, float) else v)
                         for k, v in asdict(score).items()})
@@ -185,10 +161,9 @@ class LabelRunSummary:
 class Labeller:
     """Computes the signals of one question at a time."""
 
-    def __init__(self, config: LabelRunConfig, source: str,
-                 scorer: CXMIScorer | None, teacher: TeacherClient | None) -> None:
+    def __init__(self, config: LabelRunConfig, scorer: CXMIScorer | None,
+                 teacher: TeacherClient | None) -> None:
         self.config = config
-        self.source = source
         self.scorer = scorer
         self.teacher = teacher
 
@@ -219,7 +194,7 @@ class Labeller:
                                if sentence_scores else None),
                 teacher=verdicts[index].as_json() if verdicts is not None else None,
             ))
-        return LabelRecord(question_id=example.id, source=self.source,
+        return LabelRecord(question_id=example.id, source=example_source(example),
                            question=example.question, answers=list(example.answers),
                            no_context_logprobs=no_context, chunks=chunks)
 
@@ -258,7 +233,7 @@ def _load(config: LabelRunConfig) -> tuple[list[Example], str]:
         seen.add(example.id)
         if not example.documents:
             raise DatasetError(f"{config.dataset}: question {example.id!r} has no chunks to label")
-    return _with_borrowed_negatives(examples, config.borrowed_negatives, config.seed), source
+    return with_borrowed_negatives(examples, config.borrowed_negatives, config.seed), source
 
 
 def run_labelling(
@@ -283,7 +258,7 @@ def run_labelling(
         scorer = (scorer_factory or _default_scorer)(config)
     teacher = (TeacherClient(config.teacher, out / TEACHER_CACHE_FILE)
                if config.teacher is not None else None)
-    labeller = Labeller(config, source, scorer, teacher)
+    labeller = Labeller(config, scorer, teacher)
     writer = JsonlLog(labels_path)
     try:
         _label_all(labeller, todo, writer, summary,

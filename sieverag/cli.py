@@ -52,6 +52,8 @@ COMMANDS: dict[str, Command] = {
                              "print the top-k chunks of an index for a query"),
     "eval-retrieval": _command(_RETRIEVAL, "EvalRetrievalCommand", "run_eval_retrieval",
                                "recall@k and MRR of retrieval modes on a benchmark"),
+    "hard-negatives": _command(_DATA_GEN, "HardNegativesCommand", "run_hard_negatives",
+                               "a question set with retrieved hard negatives (or snippets)"),
     "label": _command(_DATA_GEN, "LabelCommand", "run_label",
                       "label chunks and sentences with STRINC, CXMI and a teacher"),
     "build-dataset": _command(_DATA_GEN, "BuildDatasetCommand", "run_build_dataset",

@@ -21,9 +21,9 @@ from sieverag.inference.data.formats import (
     register_format,
     register_jsonl_format,
 )
-from sieverag.inference.data.loading import detect_format, load_examples
+from sieverag.inference.data.loading import detect_format, example_source, load_examples
 from sieverag.inference.data.readers import load_squad_corpus, load_squad_paragraphs
 
-__all__ = ["DATASET_FORMATS", "DatasetFormat", "detect_format", "iter_jsonl", "load_examples",
-           "load_squad_corpus", "load_squad_paragraphs", "register_format",
+__all__ = ["DATASET_FORMATS", "DatasetFormat", "detect_format", "example_source", "iter_jsonl",
+           "load_examples", "load_squad_corpus", "load_squad_paragraphs", "register_format",
            "register_jsonl_format"]

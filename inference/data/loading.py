@@ -47,6 +47,12 @@ def load_examples(
     return examples
 
 
+def example_source(example: Example) -> str:
+    """The name of the dataset an example came from (its format's name, or the `source` a
+    common-format row gives): what labels, training splits and reports call its source."""
+    return str(example.metadata.get("dataset", "unknown"))
+
+
 def detect_format(path: str | Path) -> str:
     """Name the format of a dataset file.
 

@@ -139,8 +139,11 @@ def _parse_nq(record: Record, source: RecordSource) -> Example:
     ),
 )
 def _parse_common(record: Record, source: RecordSource) -> Example:
-    """Self-RAG / FlashRAG jsonl; `golden_answers` is read where `answers` is absent."""
-    return _parse_ctxs_record("common", record, source)
+    """Self-RAG / FlashRAG jsonl; `golden_answers` is read where `answers` is absent. An
+    optional `source` string names the dataset the row came from (as `sieverag
+    hard-negatives` writes it); without one the row's source is `common`."""
+    name = optional_str(record, "source", source, "record").strip() or "common"
+    return _parse_ctxs_record(name, record, source)
 
 
 _POPQA_KNOWLEDGE_FIELDS = ("crag_refined_retrieved_knowledge", "crag_web_search_knowledge")
