@@ -39,12 +39,12 @@ def tiny_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return out
 
 
-def training_dataset(folder: Path, train_ids: list[str]) -> Path:
-    """A build-dataset-shaped folder whose train split holds the given HotpotQA questions."""
+def training_dataset(folder: Path, train_ids: list[str], source: str = "hotpotqa") -> Path:
+    """A build-dataset-shaped folder whose train split holds the given questions of `source`."""
     from datasets import Dataset, DatasetDict
 
     def records(ids: list[str]) -> list[dict]:
-        return [chunk_record(question="q?", chunk_text="t", relevant=True, source="hotpotqa",
+        return [chunk_record(question="q?", chunk_text="t", relevant=True, source=source,
                              question_id=i) for i in ids]
 
     DatasetDict({"train": Dataset.from_list(records(train_ids)),
@@ -68,7 +68,8 @@ def evaluate(**settings) -> dict:
     """`run_filter_eval` with the given FilterEvalConfig fields, no progress bars."""
     from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
 
-    return run_filter_eval(FilterEvalConfig(dataset=str(SAMPLE), **settings), progress=False)
+    return run_filter_eval(FilterEvalConfig(**{"dataset": str(SAMPLE), **settings}),
+                           progress=False)
 
 
 def read_decisions(out: Path) -> list[dict]:
@@ -149,6 +150,46 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cache").iterdir()} == cached
     assert again["chunk"] == report["chunk"]
     assert again["sentence"] == report["sentence"]
+
+
+def test_eval_filter_on_several_datasets_gives_a_per_dataset_table(
+        tiny_model_dir: Path, tiny_adapter: Path, tmp_path: Path) -> None:
+    """A common-format set with its `source` beside HotpotQA: training questions are left out
+    by (source, id), questions without a gold passage are counted out, no judge row."""
+    mined = tmp_path / "nq-set.jsonl"
+    rows = [{"id": f"n{k}", "source": "nq", "question": f"who wrote book {k}?",
+             "answers": [f"author {k}"],
+             "ctxs": [{"title": f"Book {k}", "text": f"Book {k} was written by author {k}.",
+                       "is_gold": True},
+                      {"title": "Other", "text": f"Book {k + 1} is long.", "is_gold": False},
+                      {"title": "Else", "text": "Books are read.", "is_gold": k == 3}]}
+            for k in range(4)]
+    rows.append({"id": "n9", "source": "nq", "question": "who?", "answers": ["x"],
+                 "ctxs": [{"title": "T", "text": "Nothing here.", "is_gold": False}]})
+    mined.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    # "n0" trained the filter as an NQ question; the same id in another source would not count
+    data = training_dataset(tmp_path / "data", ["n0"], source="nq")
+    out = tmp_path / "report"
+    report = evaluate(models=roles(tiny_model_dir, tiny_adapter), out=str(out), judge=False,
+                      exclude_training=(str(data),), dataset=(str(SAMPLE), str(mined)))
+    assert list(report["datasets"]) == ["hotpotqa_sample.jsonl", "nq-set.jsonl"]
+    assert report["questions"] == report["datasets"]["hotpotqa_sample.jsonl"]["questions"]
+    nq = report["datasets"]["nq-set.jsonl"]
+    assert nq["sources"] == ["nq"]
+    assert nq["questions"]["evaluated"] == 3  # n1..n3: n0 trained, n9 has no gold passage
+    assert (nq["questions"]["excluded_as_training"], nq["questions"]["without_gold"]) == (1, 1)
+    assert nq["passages"] == {"total": 9, "gold": 4}
+    assert "MAIN-RAG judge" not in nq["chunk"] and "f1_minus_MAIN-RAG judge" not in \
+        nq["comparison"]["MCF top_k=2"]
+    line = report["by_dataset"]["nq-set.jsonl"]
+    assert line["filter_auroc"] == nq["chunk"]["MCF top_k=2"]["auroc"]
+    assert line["bm25_auroc"] == nq["chunk"]["BM25 top-2"]["auroc"]
+    assert line["fixed_bar_kept_per_question"] == \
+        nq["chunk"]["MCF fixed log-odds>=0"]["kept_per_question"]
+    assert line["sentence_stage_f1"] is None  # no supporting facts in this set
+    assert report["by_dataset"]["hotpotqa_sample.jsonl"]["sentence_stage_f1"] is not None
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "## By dataset" in markdown and "| nq-set.jsonl | 3 | 9 |" in markdown
 
 
 def load_sample() -> list[Example]:

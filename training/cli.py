@@ -84,15 +84,20 @@ def run_train(command: TrainCommand) -> int:
 class EvalFilterCommand(FilterEvalConfig):
     """Chunk-level P/R/F1 and AUROC against gold passages, sentence-level P/R/F1 against
     supporting facts, for the trained filter run through MCF, the MAIN-RAG judge on the same
-    base model, BM25 and dense top-k, and keep-all, on the same held-out questions. Reruns
-    into the same --out reuse finished work."""
+    base model, BM25 and dense top-k, and keep-all, on the same held-out questions of each
+    dataset, with a per-dataset table. Reruns into the same --out reuse finished work."""
 
     quiet: bool = field(default=False, metadata={"help": "no progress bars"})
 
 
 def run_eval_filter(command: EvalFilterCommand) -> int:
     from sieverag.training.filter_eval import run_filter_eval
-    from sieverag.training.filter_report import CHUNK_COLUMNS, SENTENCE_COLUMNS, table
+    from sieverag.training.filter_report import (
+        CHUNK_COLUMNS,
+        SENTENCE_COLUMNS,
+        summary_table,
+        table,
+    )
 
     config = narrow(command, FilterEvalConfig)
     invocation = "sieverag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -103,5 +108,7 @@ def run_eval_filter(command: EvalFilterCommand) -> int:
     if report["sentence"]:
         print(f"\nsentence level ({questions['with_supporting_facts']} questions):\n"
               f"{table(report['sentence'], SENTENCE_COLUMNS)}")
+    if len(report["datasets"]) > 1:
+        print(f"\nby dataset:\n{summary_table(report['by_dataset'])}")
     print(f"\nreport: {config.out}/report.md, {config.out}/report.json")
     return 0

@@ -1,12 +1,14 @@
 """`eval-filter`: the trained filter, as amber runs it, against its baselines on held-out
-HotpotQA questions.
+questions of one or more datasets with gold-marked passages (HotpotQA, NQ, SQuAD, common
+format, `sieverag hard-negatives` sets), with a cross-dataset summary (`dataset_summary`).
 
 The filter rows are the real MCF (`MultiGranularFilter`, inference/filters/mcf.py) under the
 `MCFConfig`s `mcf_configs` lists, each row named for its config (`filter_methods.mcf_row_name`);
 the judge row is the real `MainRagJudge`. Every method (see `training.filter_methods`) runs on
 the SAME questions, chosen as the dataset's rows minus the questions any training split was
 built from (read from the `sieverag build-dataset` output, default: the dataset named in the
-adapter's metadata).
+adapter's metadata), matched by (source, question id) — so a source left out of training is
+evaluated whole. Questions without a gold passage are left out (counted).
 
 Metrics (definitions beside the code that computes them):
 
@@ -35,10 +37,13 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from sieverag.inference.compose import resolve_filter_role
 from sieverag.inference.config import ModelRoles
+from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.metrics import filter_scores
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -57,11 +62,23 @@ WHOLE = " (whole passages)"
 _MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
 
 
+def _one_or_more(value: Any) -> Any:
+    """A single file name (a YAML string) is a list of one."""
+    return (value,) if isinstance(value, str) else value
+
+
+DatasetFiles = Annotated[tuple[str, ...], BeforeValidator(_one_or_more)]
+
+
 @settings
 class FilterEvalConfig:
     """What `eval-filter` compares and on which questions."""
 
-    dataset: str = field(metadata={"help": "HotpotQA-format file with gold passages"})
+    dataset: DatasetFiles = field(metadata={
+        "help": "dataset file(s) whose passages carry gold marks (hotpotqa is_gold, nq "
+                "isgold, squad, common is_gold/isgold, `sieverag hard-negatives` output); "
+                "several, comma-separated, give a per-dataset table (the first is the "
+                "report's main one)"})
     out: str = field(metadata={"help": "report folder"})
     models: ModelRoles = field(default_factory=ModelRoles, metadata={
         "help": "the trained filter (`filter`: in-process base model + adapter, default "
@@ -82,6 +99,8 @@ class FilterEvalConfig:
         "help": "k of the 'MCF top_k' rows and of the BM25 and dense top-k baselines"})
     bar_n: float = field(default=_MCF.bar_n, metadata={
         "help": "n of the 'MCF adaptive' rows' bar mean(s) − n·σ(s) (MCF's bar_n)"})
+    judge: bool = field(default=True, metadata={
+        "help": "run the MAIN-RAG judge row (the slowest: several LLM calls per passage)"})
     judge_n: float = field(default=0.0, metadata={"help": "n of the judge bar mean(r) − n·σ(r)"})
     lexical_weight: float = field(default=DEFAULT_LEXICAL_WEIGHT, metadata={
         "help": "w of the '+ BM25 prior' rows (top_k and adaptive): MCF's score z(s) + "
@@ -107,17 +126,21 @@ class FilterEvalConfig:
                               f"{self.sentence_max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if not self.dataset:
+            raise ConfigError("--dataset: give at least one dataset file")
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The evaluated questions and how they were chosen."""
+    """The evaluated questions of one dataset and how they were chosen."""
 
+    dataset: str
     examples: list[Example]
     rows: int
     excluded_training: int
     training_sources: tuple[str, ...]
     outside_id_list: int
+    without_gold: int = 0
 
 
 # ----- which questions ---------------------------------------------------------------------
@@ -172,18 +195,21 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
                       "--allow-training-questions")
 
 
-def select_examples(config: FilterEvalConfig, trained: TrainingQuestions) -> Selection:
-    """The dataset's gold-marked rows minus training questions, within the id list, limited."""
-    from sieverag.inference.data import detect_format, load_examples
+def select_examples(config: FilterEvalConfig, trained: TrainingQuestions,
+                    dataset: str | None = None) -> Selection:
+    """The dataset's rows with a gold passage minus training questions (by source and id),
+    within the id list, limited; `dataset` defaults to the first of the config's."""
+    from sieverag.inference.data import load_examples
 
-    examples = load_examples(config.dataset)
-    fmt = detect_format(config.dataset)
-    without_gold = [e.id for e in examples if not any(d.is_gold for d in e.documents)]
-    if without_gold:
-        raise DatasetError(f"{config.dataset}: eval-filter needs gold-marked passages "
-                           f"(is_gold); question {without_gold[0]} has none")
-    eligible = [e for e in examples if (fmt, e.id) not in trained.pairs]
-    excluded = len(examples) - len(eligible)
+    dataset = dataset or config.dataset[0]
+    examples = load_examples(dataset)
+    with_gold = [e for e in examples if any(d.is_gold for d in e.documents)]
+    if not with_gold:
+        raise DatasetError(f"{dataset}: eval-filter needs gold-marked passages (is_gold, "
+                           "isgold); no question has one (for a source without marks, "
+                           "`sieverag hard-negatives --unmarked-gold strinc` makes them)")
+    eligible = [e for e in with_gold if (example_source(e), e.id) not in trained.pairs]
+    excluded = len(with_gold) - len(eligible)
     outside = 0
     if config.question_ids_file:
         wanted = _read_ids(Path(config.question_ids_file))
@@ -193,9 +219,11 @@ def select_examples(config: FilterEvalConfig, trained: TrainingQuestions) -> Sel
     if config.limit is not None:
         eligible = eligible[:config.limit]
     if not eligible:
-        raise DatasetError(f"{config.dataset}: no question left to evaluate ({len(examples)} "
-                           f"rows, {excluded} used for training, {outside} outside the id list)")
-    return Selection(eligible, len(examples), excluded, trained.sources, outside)
+        raise DatasetError(f"{dataset}: no question left to evaluate ({len(examples)} "
+                           f"rows, {len(examples) - len(with_gold)} without a gold passage, "
+                           f"{excluded} used for training, {outside} outside the id list)")
+    return Selection(dataset, eligible, len(examples), excluded, trained.sources, outside,
+                     len(examples) - len(with_gold))
 
 
 def _read_ids(path: Path) -> set[str]:
@@ -343,61 +371,40 @@ def _digest(fingerprint: Mapping[str, Any]) -> str:
 
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                     command: str | None = None) -> dict[str, Any]:
-    """Evaluate the filter and the baselines; write report.json, report.md and the plot."""
+    """Evaluate the filter and the baselines on each dataset; write report.json, report.md and
+    the plot. The report's top-level figures are the first dataset's; `datasets` holds every
+    dataset's section and `by_dataset` the cross-dataset summary."""
     from sieverag.training.filter_report import write_report
 
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
     metadata = adapter_metadata(filter_role)
     card = f"{filter_role.adapter}/{CARD_FILE}" if filter_role.adapter else CARD_FILE
-    selection = select_examples(config, training_questions(config, metadata, card))
-    examples = selection.examples
-    question_key = sorted(e.id for e in examples)
+    trained = training_questions(config, metadata, card)
     out = Path(config.out)
     cache = MethodCache(out / "cache")
-
-    filter_backend = build_backend(filter_role)
     filter_identity = _filter_identity(filter_role)
-    # The filter's answers are keyed by request, so every MCF row reads each passage's score
-    # (and each sentence reply) once, from this run or an earlier one.
+    # The filter's answers are keyed by request, so every MCF row (and every dataset) reads
+    # each passage's score (and each sentence reply) once, from this run or an earlier one.
     labels = cache.load("filter-chunks", filter_identity) or {}
     replies = cache.load("filter-sentences", filter_identity) or {}
-    mcf_backend = CachingBackend(filter_backend, labels, replies)
-    configs = mcf_configs(config)
-    decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
-        mcf_backend, examples, c, progress=progress)) for c in configs]
-    if len(mcf_backend.labels) > len(labels):
-        cache.store("filter-chunks", filter_identity, mcf_backend.labels)
-    judge_state = cache.get_or_compute(
-        "judge", {"judge": settings_to_data(judge_role), "n": config.judge_n,
-                  "questions": question_key},
-        lambda: _judge_state(build_backend(judge_role), examples, config.judge_n, progress))
-    bm25 = methods.bm25_scores(examples)
-    decisions += [
-        methods.ChunkDecisions(JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
-                               judge_state["scores"]),
-        methods.top_k_decisions(f"BM25 top-{config.top_k}", examples, bm25, config.top_k),
-        methods.top_k_decisions(
-            f"dense top-{config.top_k}", examples,
-            methods.dense_scores(examples, config.embedding_model, filter_role.device),
-            config.top_k),
-        methods.keep_all(examples),
-    ]
-    chunk = {d.method: chunk_quality(examples, d) for d in decisions}
-    mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
-
-    with_facts = [e for e in examples if has_supporting_facts(e)]
-    sentence: dict[str, dict[str, float]] = {}
-    sentence_kept: dict[str, dict[str, set[tuple[str, int]]]] = {}
-    parse = {"answers": 0, "unparsed": 0, "none": 0}
-    if with_facts:
-        sentence_kept, parse = _sentence_level(configs, mcf_backend, with_facts, decisions,
-                                               progress)
-        if len(mcf_backend.replies) > len(replies):
+    mcf_backend = CachingBackend(build_backend(filter_role), labels, replies)
+    stored = (len(labels), len(replies))
+    sections, outputs = {}, []
+    for dataset in config.dataset:
+        selection = select_examples(config, trained, dataset)
+        section, decisions, sentence_kept = _evaluate(
+            config, selection, mcf_backend, judge_role, cache, filter_role.device, progress)
+        if len(mcf_backend.labels) > stored[0]:
+            cache.store("filter-chunks", filter_identity, mcf_backend.labels)
+        if len(mcf_backend.replies) > stored[1]:
             cache.store("filter-sentences", filter_identity, mcf_backend.replies)
-        sentence = {name: sentence_quality(with_facts, kept)
-                    for name, kept in sentence_kept.items()}
+        stored = (len(mcf_backend.labels), len(mcf_backend.replies))
+        sections[_section_name(dataset, sections)] = section
+        outputs.append((decisions, selection.examples, sentence_kept))
 
+    configs = mcf_configs(config)
+    mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
     amber_default = methods.mcf_row_name(MCFConfig())
     report = {
         "command": command,
@@ -407,8 +414,67 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                    "base_model": None if filter_role.endpoint else filter_role.model,
                    "mcf_rows": mcf_rows,
                    "amber_default_row": amber_default if amber_default in mcf_rows else None},
+        **next(iter(sections.values())),
+        "datasets": sections,
+        "by_dataset": {name: dataset_summary(section, config.top_k)
+                       for name, section in sections.items()},
+    }
+    decisions, examples, sentence_kept = outputs[0]
+    write_report(report, decisions, examples, out, sentence_kept)
+    return report
+
+
+def _section_name(dataset: str, taken: Mapping[str, Any]) -> str:
+    """A dataset's name in the report: its file name (numbered when two files share one)."""
+    name = Path(dataset).name
+    return name if name not in taken else f"{name} ({len(taken) + 1})"
+
+
+def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: CachingBackend,
+              judge_role: BackendSpec, cache: MethodCache, device: str, progress: bool
+              ) -> tuple[dict[str, Any], list[methods.ChunkDecisions],
+                         dict[str, dict[str, set[tuple[str, int]]]]]:
+    """Every row on one dataset's selected questions: its report section, the chunk
+    decisions and the sentence rows' kept sentences."""
+    examples = selection.examples
+    configs = mcf_configs(config)
+    decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
+        mcf_backend, examples, c, progress=progress)) for c in configs]
+    if config.judge:
+        question_key = sorted(e.id for e in examples)
+        judge_state = cache.get_or_compute(
+            "judge", {"judge": settings_to_data(judge_role), "n": config.judge_n,
+                      "questions": question_key},
+            lambda: _judge_state(build_backend(judge_role), examples, config.judge_n,
+                                 progress))
+        decisions.append(methods.ChunkDecisions(
+            JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
+            judge_state["scores"]))
+    bm25 = methods.bm25_scores(examples)
+    decisions += [
+        methods.top_k_decisions(f"BM25 top-{config.top_k}", examples, bm25, config.top_k),
+        methods.top_k_decisions(
+            f"dense top-{config.top_k}", examples,
+            methods.dense_scores(examples, config.embedding_model, device), config.top_k),
+        methods.keep_all(examples),
+    ]
+    chunk = {d.method: chunk_quality(examples, d) for d in decisions}
+
+    with_facts = [e for e in examples if has_supporting_facts(e)]
+    sentence: dict[str, dict[str, float]] = {}
+    sentence_kept: dict[str, dict[str, set[tuple[str, int]]]] = {}
+    parse = {"answers": 0, "unparsed": 0, "none": 0}
+    if with_facts:
+        sentence_kept, parse = _sentence_level(configs, mcf_backend, with_facts, decisions,
+                                               progress)
+        sentence = {name: sentence_quality(with_facts, kept)
+                    for name, kept in sentence_kept.items()}
+    section = {
+        "dataset": selection.dataset,
+        "sources": sorted({example_source(e) for e in examples}),
         "questions": {"evaluated": len(examples), "rows_in_dataset": selection.rows,
                       "excluded_as_training": selection.excluded_training,
+                      "without_gold": selection.without_gold,
                       "training_datasets": list(selection.training_sources),
                       "outside_id_list": selection.outside_id_list,
                       "with_supporting_facts": len(with_facts)},
@@ -417,10 +483,34 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         "chunk": chunk,
         "sentence": sentence,
         "sentence_answers": parse,
-        "comparison": _comparison(chunk, list(mcf_rows), config.top_k),
+        "comparison": _comparison(chunk, [methods.mcf_row_name(c) for c in configs],
+                                  config.top_k, config.judge),
     }
-    write_report(report, decisions, examples, out, sentence_kept)
-    return report
+    return section, decisions, sentence_kept
+
+
+def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
+    """One dataset's line of the cross-dataset table: the filter's AUROC (its score s, no
+    BM25 prior) beside BM25's and dense's on the same passages, the F1 of its top-k and of
+    amber's default row, and what MCF keeps at the fixed bar."""
+    chunk = section["chunk"]
+    fixed = next(name for name in chunk if name.startswith("MCF fixed"))
+    top = f"MCF top_k={top_k}"
+    default = methods.mcf_row_name(MCFConfig())
+    return {
+        "questions": section["questions"]["evaluated"],
+        "passages": section["passages"]["total"], "gold": section["passages"]["gold"],
+        "filter_auroc": chunk[top]["auroc"],
+        "bm25_auroc": chunk[f"BM25 top-{top_k}"]["auroc"],
+        "dense_auroc": chunk[f"dense top-{top_k}"]["auroc"],
+        "filter_top_k_f1": chunk[top]["f1"],
+        "bm25_top_k_f1": chunk[f"BM25 top-{top_k}"]["f1"],
+        "amber_default_f1": chunk[default]["f1"] if default in chunk else None,
+        "fixed_bar_f1": chunk[fixed]["f1"],
+        "fixed_bar_kept_per_question": chunk[fixed]["kept_per_question"],
+        "sentence_stage_f1": next((figures["f1"] for name, figures in section["sentence"].items()
+                                   if name.startswith(f"{top} → ")), None),
+    }
 
 
 def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
@@ -497,9 +587,10 @@ def _sentence_level(configs: Sequence[MCFConfig], backend: CachingBackend,
 
 
 def _comparison(chunk: Mapping[str, Mapping[str, float | None]], rules: Sequence[str],
-                top_k: int) -> dict[str, dict[str, float | None]]:
+                top_k: int, judge: bool = True) -> dict[str, dict[str, float | None]]:
     """For each MCF row: its chunk F1 minus each baseline's."""
-    baselines = (JUDGE, f"BM25 top-{top_k}", f"dense top-{top_k}", KEEP_ALL)
+    baselines = (*((JUDGE,) if judge else ()), f"BM25 top-{top_k}", f"dense top-{top_k}",
+                 KEEP_ALL)
     result: dict[str, dict[str, float | None]] = {}
     for rule in rules:
         mine = chunk[rule]["f1"]

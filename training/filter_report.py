@@ -62,6 +62,29 @@ def table(rows: Mapping[str, Mapping[str, float | None]],
     return "\n".join(lines)
 
 
+SUMMARY_COLUMNS = (("questions", "questions"), ("passages", "passages"),
+                   ("filter_auroc", "filter AUROC"), ("bm25_auroc", "BM25 AUROC"),
+                   ("dense_auroc", "dense AUROC"), ("filter_top_k_f1", "filter top-k F1"),
+                   ("bm25_top_k_f1", "BM25 top-k F1"), ("amber_default_f1", "amber default F1"),
+                   ("fixed_bar_f1", "fixed bar F1"),
+                   ("fixed_bar_kept_per_question", "fixed bar kept/q"),
+                   ("sentence_stage_f1", "sentence stage F1"))
+
+
+def summary_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> str:
+    """The cross-dataset table: one row per dataset (see `filter_eval.dataset_summary`)."""
+    lines = ["| dataset | " + " | ".join(title for _, title in SUMMARY_COLUMNS) + " |",
+             "|---|" + "---:|" * len(SUMMARY_COLUMNS)]
+    for name, figures in by_dataset.items():
+        cells = []
+        for key, _ in SUMMARY_COLUMNS:
+            value = figures.get(key)
+            cells.append("–" if value is None else
+                         str(value) if isinstance(value, int) else f"{value:.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown_report(report: Mapping[str, Any]) -> str:
     """The human-readable report."""
     questions = report["questions"]
@@ -75,13 +98,14 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         "Each MCF row runs amber's filter (`MultiGranularFilter`) with the config its name "
         "gives (s = log P(Yes) − log P(No))"
         + (f"; amber's default is {default}." if default else "."),
-        f"Dataset: {report['config']['dataset']} — {questions['evaluated']} questions "
+        f"Dataset: {report['dataset']} — {questions['evaluated']} questions "
         f"evaluated of {questions['rows_in_dataset']} rows; {questions['excluded_as_training']} "
         "left out as training questions"
         + (f" (from {', '.join(questions['training_datasets'])})"
            if questions["training_datasets"] else "")
         + f"; {passages['total']} passages, {passages['gold']} gold.",
         "",
+        *(_by_dataset(report) if len(report.get("datasets") or {}) > 1 else []),
         "## Chunk level (against gold passages)",
         "",
         "P / R / F1: per question, averaged over questions. AUROC / AP: the method's score over "
@@ -162,3 +186,19 @@ def plot_precision_recall(decisions: Sequence[ChunkDecisions], examples: Sequenc
     plt.close(fig)
     os.replace(partial, path)  # readers never see a half-written image
     return True
+
+
+def _by_dataset(report: Mapping[str, Any]) -> list[str]:
+    """The cross-dataset table and each further dataset's chunk table."""
+    lines = ["## By dataset", "",
+             "Filter AUROC: its score s (no BM25 prior) over all passages; BM25 / dense AUROC "
+             "on the same passages; F1 per question, averaged. Fixed bar: MCF keeps a passage "
+             "when P(Yes) > P(No).", "", summary_table(report["by_dataset"]), ""]
+    for name, section in list(report["datasets"].items())[1:]:
+        questions = section["questions"]
+        lines += [f"### {name} — {questions['evaluated']} questions "
+                  f"({questions['excluded_as_training']} left out as training questions), "
+                  f"{section['passages']['total']} passages, {section['passages']['gold']} gold",
+                  "", table(section["chunk"], CHUNK_COLUMNS), ""]
+    lines += [f"## The main dataset: {next(iter(report['datasets']))}", ""]
+    return lines

@@ -225,4 +225,7 @@ def held_out_quality(eval_dir: str | Path) -> dict[str, Any]:
                   for method, figures in chunk.items()},
         "sentence": {method: figures.get("f1") for method, figures in
                      (report.get("sentence") or {}).items()},
+        # Every evaluated dataset's line (filter vs BM25 / dense AUROC, F1s), when several.
+        "by_dataset": report.get("by_dataset") if len(report.get("datasets") or {}) > 1
+        else None,
     }
