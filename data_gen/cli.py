@@ -71,7 +71,8 @@ def run_build_dataset(command: BuildDatasetCommand) -> int:
     summary = build_dataset(narrow(command, DatasetConfig), progress=not command.quiet)
     for split, counts in summary.counts.items():
         print(f"{split}: {counts} (chunk positives "
-              f"{summary.chunk_positive_fraction[split]:.0%})")
+              f"{summary.chunk_positive_fraction[split]:.0%}); by source "
+              f"{summary.sources[split]}")
     _print_agreement(summary.gold_agreement)
     print(f"dataset: {command.out}/dataset (save_to_disk), {command.out}/train.jsonl, "
           f"{command.out}/validation.jsonl, {command.out}/stats.json")

@@ -187,7 +187,8 @@ class BuildSummary:
     gold_agreement: dict[str, Any] = field(default_factory=dict)
     policy: dict[str, Any] = field(default_factory=dict)
     mix: dict[str, float] | None = None
-    sources: dict[str, int] = field(default_factory=dict)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Records per split and source: every source should keep a validation share."""
 
 
 def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
@@ -237,7 +238,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
                            questions=dict(question_counts))
     lengths: dict[str, list[int]] = {task: [] for task in TASKS}
     disagreements: Counter[str] = Counter()
-    sources: Counter[str] = Counter()
+    sources: dict[str, Counter[str]] = {split: Counter() for split in by_split}
     for split, records in by_split.items():
         tasks = Counter(r["task"] for r in records)
         summary.counts[split] = {task: tasks.get(task, 0) for task in TASKS}
@@ -248,7 +249,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
         summary.sentence_none_fraction[split] = _fraction(
             sum(r["completion"][0]["content"] == "none" for r in sentences), len(sentences))
         for record in records:
-            sources[record["source"]] += 1
+            sources[split][record["source"]] += 1
             disagreements.update(f"{record['task']}:{name}"
                                  for name in record["evidence"]["disagree"])
             encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
@@ -256,7 +257,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
             lengths[record["task"]].append(len(encoded["input_ids"]))
     summary.token_lengths = {task: _length_stats(values) for task, values in lengths.items()}
     summary.disagreements = dict(sorted(disagreements.items()))
-    summary.sources = dict(sources)
+    summary.sources = {split: dict(sorted(counts.items())) for split, counts in sources.items()}
     return summary
 
 

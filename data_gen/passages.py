@@ -52,8 +52,6 @@ from sieverag.inference.types import Document, Example
 NegativeRetriever = Literal["bm25", "dense", "hybrid"]
 Shape = Literal["passage", "snippet"]
 UnmarkedGold = Literal["none", "strinc"]
-NEGATIVE_ID = "negative-"
-"""A mined negative's passage id is `<question id>/negative-<n>`."""
 CANDIDATES_PER_NEGATIVE = 8
 """Retrieved candidates per negative asked (own passages and answer holders are skipped)."""
 
@@ -127,6 +125,7 @@ class PassageSetSummary:
     passages: int
     gold: int
     negatives: int
+    """Hard negatives added by this run."""
     unmarked: int
     short_of_negatives: int = 0
     """Questions that got fewer negatives than asked (the retriever found too few)."""
@@ -136,8 +135,6 @@ class PassageSetSummary:
 def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
     """Write the passage set of `config` (see the module docstring); returns its summary."""
     examples = load_examples(config.dataset, config.dataset_format)
-    if not examples:
-        raise DatasetError(f"{config.dataset}: no questions")
     without = [e.id for e in examples if not e.documents]
     if without:
         raise DatasetError(f"{config.dataset}: question {without[0]!r} has no passages; "
@@ -149,11 +146,12 @@ def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
     rankings = (_rank(config, [e.question for e in chosen], corpus,
                       k=config.negatives * CANDIDATES_PER_NEGATIVE + 10)
                 if config.negatives else [[] for _ in chosen])
-    rows, short = [], 0
+    rows, short, mined = [], 0, 0
     for example, ranking in zip(chosen, rankings, strict=True):
         example, added = _with_hard_negatives(example, [corpus[p] for p in ranking],
                                               config.negatives)
         short += added < config.negatives
+        mined += added
         if config.shape == "snippet":
             example = as_snippets(example, config.snippet_sentences)
         rows.append(example)
@@ -163,7 +161,7 @@ def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
     return PassageSetSummary(
         source=example_source(rows[0]), questions=len(rows), passages=len(documents),
         gold=sum(d.is_gold is True for d in documents),
-        negatives=sum(d.id.rsplit("/", 1)[-1].startswith(NEGATIVE_ID) for d in documents),
+        negatives=mined,
         unmarked=sum(d.is_gold is None for d in documents), short_of_negatives=short,
         shape=config.shape)
 
@@ -234,7 +232,7 @@ def _with_hard_negatives(example: Example, ranked: Sequence[Document],
         if (document.title, document.text) in own or strinc(document.as_context(),
                                                             example.answers):
             continue
-        negatives.append(Document(id=f"{example.id}/{NEGATIVE_ID}{len(negatives)}",
+        negatives.append(Document(id=f"{example.id}/negative-{len(negatives)}",
                                   text=document.text, title=document.title, is_gold=mark))
     return replace(example, documents=example.documents + tuple(negatives)), len(negatives)
 

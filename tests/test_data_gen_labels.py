@@ -64,8 +64,8 @@ def decide(policy: LabelPolicy = DEFAULT_POLICY, **signals):
 
 def test_default_chunk_rule_needs_the_teacher_and_an_automatic_signal() -> None:
     assert decide(teacher=True, strinc=True).relevant is True
-    assert decide(teacher=True, cxmi=3.0).relevant is True
-    assert decide(teacher=True, cxmi=1.5).relevant is False  # CXMI under the 2.0 bar
+    assert decide(teacher=True, cxmi=7.0).relevant is True
+    assert decide(teacher=True, cxmi=5.5).relevant is False  # CXMI under the 6.0 bar
     assert decide(teacher=False, strinc=True).relevant is False
     # no (valid) teacher verdict: the automatic rule decides
     assert decide(strinc=True).relevant is True
@@ -105,9 +105,9 @@ def test_gold_prefer_decides_and_disagreements_are_kept() -> None:
 
 def test_gold_agreement_pools_counts_per_signal() -> None:
     question = LabelRecord.model_validate(question_entry([
-        entry(gold=True, strinc=True, cxmi=2.5, gold_sentences=[0], sentence_strinc=(0, 1)),
+        entry(gold=True, strinc=True, cxmi=6.5, gold_sentences=[0], sentence_strinc=(0, 1)),
         entry(gold=True, strinc=False, cxmi=0.0, gold_sentences=[2]),
-        entry(gold=False, strinc=True, cxmi=3.0, gold_sentences=[]),
+        entry(gold=False, strinc=True, cxmi=7.0, gold_sentences=[]),
         entry(gold=False, strinc=False, cxmi=-1.0, gold_sentences=[]),
     ]))
     report = gold_agreement([question])

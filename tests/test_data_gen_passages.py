@@ -163,3 +163,18 @@ def test_cli_writes_the_set_and_refuses_bad_settings(nq_file: Path, tmp_path: Pa
     assert "negatives must be >= 0" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="sample must be >= 1"):
         PassageSetConfig(dataset="x", out="y", sample=0)
+
+
+def test_dense_and_hybrid_retrievers_mine_valid_negatives(nq_file: Path, tmp_path: Path) -> None:
+    for retriever in ("dense", "hybrid"):
+        out = tmp_path / f"{retriever}.jsonl"
+        summary = mine_passages(PassageSetConfig(dataset=str(nq_file), out=str(out),
+                                                 negatives=3, retriever=retriever))
+        # the dense ranking covers the whole corpus, so no question is short of negatives
+        assert (summary.negatives, summary.short_of_negatives) == (24, 0)
+        for example in load_examples(out):
+            gold, *negatives = example.documents
+            assert all(d.is_gold is False and d.text != gold.text
+                       and not strinc(d.as_context(), example.answers) for d in negatives)
+        thames = next(e for e in load_examples(out) if "thames" in e.question)
+        assert thames.documents[1].title.startswith("River ")  # the nearest: another river
