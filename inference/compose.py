@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig
+from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
@@ -84,10 +85,12 @@ def _capped_documents(limit: int | None) -> DocumentSource:
 
 
 def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
-    """Each question's top-k chunks from the index (its retrieval cache spares repeats)."""
+    """Each question's top-k chunks from the index (its retrieval cache spares repeats),
+    marked gold from the question's given passages (`inference.data.gold_match`)."""
 
     def documents(example: Example) -> Sequence[Document]:
-        return [hit.document for hit in index.search(example.question, config.k, config.mode)]
+        hits = index.search(example.question, config.k, config.mode)
+        return mark_gold(example, [hit.document for hit in hits])
 
     return documents
 

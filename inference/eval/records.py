@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
+from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.metrics import (
     answer_accuracy,
     choice_accuracy,
@@ -168,7 +169,7 @@ def build_record(
         metrics=answer_metrics(example, output.answer),
         documents_read=[d.id for d in output.documents_read],
         documents_given=len(example.documents),
-        read_scores=(filter_scores([d.id for d in output.documents_read], gold_ids)
+        read_scores=(filter_scores(read_passage_ids(example, output.documents_read), gold_ids)
                      if output.documents_read or output.filter_result else None),
         usage={agent: vars(u) for agent, u in sorted(usage.items())},
         llm_calls=sum(u.calls for u in usage.values()),

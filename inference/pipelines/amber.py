@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sieverag.inference.answers import extract_answer
+from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
 from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
 from sieverag.inference.pipelines.amber_config import AmberConfig
@@ -88,7 +89,8 @@ class RoundDocuments:
 
     def _ranked(self, query: str) -> list[Document]:
         if self.context.search is not None:
-            return list(self.context.search(query, self.k + len(self.seen)))
+            return list(mark_gold(self.example,
+                                  self.context.search(query, self.k + len(self.seen))))
         if self._pool is None:
             self._pool = list(self.context.documents(self.example))
             if self._pool:
