@@ -91,7 +91,7 @@ def test_stops_when_the_memory_suffices_and_answers_from_memory_and_evidence():
     # One batch per stage; one sentence call per multi-sentence kept chunk.
     multi = sum(1 for i in first["kept"] if int(i[1:]) % 2)
     assert usage(backend) == {"filter_chunk": 3, **({"filter_sentence": multi} if multi else {}),
-                              "reviewer+challenger": 2, "refiner": 1, "sufficiency": 1,
+                              "reviewer": 1, "challenger": 1, "refiner": 1, "sufficiency": 1,
                               "generator": 1}
     # The generator reads the memory and the kept evidence (key sentences only).
     answer_prompt = backend.calls[-1][1]
@@ -203,7 +203,7 @@ def test_each_filter_stage_counts_its_own_agents(pipeline, agents):
                                 pipeline=pipeline)
     assert output.trace["filter"] == pipeline.removeprefix("amber-")
     assert agents <= set(usage(backend))
-    assert {"reviewer+challenger", "refiner", "sufficiency", "generator"} <= set(usage(backend))
+    assert {"reviewer", "challenger", "refiner", "sufficiency", "generator"} <= set(usage(backend))
     assert usage(backend)["generator"] == 1
 
 

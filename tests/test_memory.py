@@ -1,4 +1,4 @@
-"""AMU: Reviewer + Challenger in one batch, then Refiner; the memory cap; the shared prompt
+"""AMU: Reviewer, then Challenger who reads the review, then Refiner; the memory cap; the shared prompt
 prefix of every memory and collector agent."""
 
 from __future__ import annotations
@@ -25,16 +25,15 @@ def agent_reply(text: str) -> str:
     raise AssertionError(f"unexpected prompt {text!r}")
 
 
-def test_update_batches_reviewer_and_challenger_then_refines():
+def test_update_runs_reviewer_then_challenger_on_the_review_then_refines():
     backend = ScriptedBackend(reply=agent_reply)
     update = MemoryUpdater(backend).update("Where was Liora born?", "",
                                            "[1] Liora Tamsin was born in Quorrin.")
     assert update.memory == "Liora Tamsin was born in Quorrin. She mapped coasts."
     assert (update.review, update.challenge) == ("Quorrin is correct.", "The year is not asked.")
     assert not update.truncated
-    assert [agent for agent, _ in backend.calls] == [
-        "reviewer+challenger", "reviewer+challenger", "refiner"]
-    assert backend.meter.by_agent["reviewer+challenger"].calls == 2
+    assert [agent for agent, _ in backend.calls] == ["reviewer", "challenger", "refiner"]
+    assert "Reviewer's check: Quorrin is correct." in backend.calls[1][1]
     refiner_prompt = backend.calls[2][1]
     assert f"Memory:\n{EMPTY_MEMORY}" in refiner_prompt
     assert "Reviewer's check: Quorrin is correct." in refiner_prompt

@@ -1,17 +1,17 @@
 """AMU, Amber's agent-based memory updater (arXiv 2504.05312).
 
 The memory is plain text: short notes of what has been found for the question, at most
-`max_chars` characters. Each round with new filtered evidence runs three agents:
+`max_chars` characters. Each round with new filtered evidence runs three agents, one after
+the other as the paper describes them:
 
 * Reviewer — is the proposed update (the new evidence) correct and relevant to the question?
-* Challenger — what is missing, wrong or overlooked among the question's conditions?
+* Challenger — reads the review: what is still missing, wrong or overlooked among the
+  question's conditions?
 * Refiner — writes the revised memory from the old memory, the evidence and both verdicts.
 
-Reviewer and Challenger see the same inputs and go out as one batched generation (one call
-per prompt, counted under the agent `reviewer+challenger`: the backend protocol counts usage
-per call, not per prompt); the Refiner follows. All memory agents (and the collector's) share
-one system prompt and open their user message with the question and the memory, so a
-server's prefix cache reuses that prefix across agents and rounds.
+All memory agents (and the collector's) share one system prompt and open their user message
+with the question, the memory and the evidence, so a server's prefix cache (and the
+in-process prompt cache) reuses that prefix across the three agents.
 
 An empty Refiner reply leaves the memory unchanged; a reply over the cap is cut at the last
 sentence end (or word break) before it.
@@ -27,7 +27,8 @@ from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import settings
 
 EMPTY_MEMORY = "(empty)"
-REVIEW_AGENT = "reviewer+challenger"
+REVIEW_AGENT = "reviewer"
+CHALLENGE_AGENT = "challenger"
 REFINE_AGENT = "refiner"
 
 
@@ -82,7 +83,8 @@ def cap_memory(text: str, max_chars: int) -> tuple[str, bool]:
 
 
 class MemoryUpdater:
-    """The AMU: Reviewer + Challenger (one batch), then Refiner, on one backend."""
+    """The AMU: Reviewer, then Challenger (who reads the review), then Refiner, on one
+    backend."""
 
     def __init__(self, backend: LLMBackend, config: MemoryConfig | None = None) -> None:
         self.backend = backend
@@ -95,9 +97,11 @@ class MemoryUpdater:
         """The memory revised with `evidence` (the round's newly kept documents, as text)."""
         shared = {"question": question, "memory": shown_memory(memory), "evidence": evidence}
         review_settings = GenerationSettings(max_new_tokens=self.config.review_max_new_tokens)
-        review, challenge = (reply.strip() for reply in self.backend.generate(
-            [self.reviewer.messages(**shared), self.challenger.messages(**shared)],
-            review_settings, agent=REVIEW_AGENT))
+        review = self.backend.generate([self.reviewer.messages(**shared)], review_settings,
+                                       agent=REVIEW_AGENT)[0].strip()
+        challenge = self.backend.generate(
+            [self.challenger.messages(**shared, review=review or "none")], review_settings,
+            agent=CHALLENGE_AGENT)[0].strip()
         refine_settings = GenerationSettings(max_new_tokens=self.config.refine_max_new_tokens)
         refined = self.backend.generate(
             [self.refiner.messages(**shared, review=review or "none",
