@@ -224,3 +224,26 @@ def test_evidence_only_answers_read_like_vanilla():
     prompt = backend.calls[-1][1]
     assert "Documents:\n[1]" in prompt and "Notes" not in prompt
     assert output.trace["answer_from"] == "evidence"
+
+
+def test_ablations_switch_off_the_memory_agents_or_the_collector():
+    # -AMU: no memory agent runs; the memory is the kept evidence, which the collector reads.
+    output, backend = run_amber(Agents(sufficient_when="Fact2"), pipeline="amber-no-amu")
+    trace = output.trace
+    assert trace["pipeline"] == "amber-no-amu" and trace["filter"] == "mcf"
+    assert not {"reviewer", "challenger", "refiner"} & set(usage(backend))
+    (first,) = trace["rounds"]
+    assert first["memory_update"] is None and first["memory"].startswith("[1] Topic 2\nFact2")
+    assert trace["stop_reason"] == "sufficient"
+    # -AIC: no sufficiency check and no written query; each round pages deeper for the question.
+    output, backend = run_amber(Agents(sufficient_when="Notes after update 1."),
+                                pipeline="amber-no-aic", max_iterations=3)
+    trace = output.trace
+    assert not {"sufficiency", "query_writer"} & set(usage(backend))
+    assert trace["queries"] == [EXAMPLE.question] * 3
+    assert [r["sufficiency"] for r in trace["rounds"]] == [None] * 3
+    assert len({d for r in trace["rounds"] for d in r["retrieved"]}) == 9  # never re-fetched
+    assert trace["stop_reason"] == "max_iterations"
+    # The switches are plain settings too: `amber` with amu off is the -AMU row.
+    output, backend = run_amber(Agents(sufficient_when="Fact2"), pipeline="amber", amu=False)
+    assert output.trace["pipeline"] == "amber" and "refiner" not in usage(backend)

@@ -1,5 +1,5 @@
-"""AMU: Reviewer, then Challenger who reads the review, then Refiner; the memory cap; the shared prompt
-prefix of every memory and collector agent."""
+"""AMU: Reviewer, then Challenger who reads the review, then Refiner; the memory cap; the
+shared prompt prefix of every memory and collector agent."""
 
 from __future__ import annotations
 

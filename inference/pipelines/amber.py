@@ -28,14 +28,17 @@ The trace (`amber_trace.AmberTrace`, dumped to JSON-ready data) holds every roun
 documents, scores and sentence choices, the three memory agents' replies, the memory after the
 round, the sufficiency verdict, the next query, and the stop reason. `amber-mcf`,
 `amber-judge`, `amber-stack` and `amber-none` are `amber` with the filter fixed, so one run can
-compare them.
+compare them; `amber-no-amu` and `amber-no-aic` are `amber` with the memory agents or the
+collector switched off (`amber.amu`, `amber.aic`), so one run gives the paper's ablation table
+(-MCF is `amber-none`). Without the AMU the memory is the kept evidence itself; without the
+AIC each round takes the next unseen documents for the question, with no sufficiency check.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sieverag.inference.answers import extract_answer
 from sieverag.inference.data.gold_match import mark_gold
@@ -56,7 +59,7 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.collector import InformationCollector
-from sieverag.inference.pipelines.memory import MemoryUpdater, shown_memory
+from sieverag.inference.pipelines.memory import MemoryUpdater, cap_memory, shown_memory
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.types import Document, Example
@@ -64,6 +67,10 @@ from sieverag.inference.types import Document, Example
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
                                           **{f"amber-{f}": f for f in FILTER_NAMES}}
+# Ablation pipeline name → the loop part it switches off (the paper's -AMU and -AIC rows;
+# -MCF is `amber-none`). They run `amber.filter`'s filter stage.
+AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic"}
+AMBER_PIPELINES.update(dict.fromkeys(AMBER_ABLATIONS))
 # What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
 ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
                     "evidence": "answer_with_documents"}
@@ -159,11 +166,14 @@ def _combined(results: Sequence[FilterResult]) -> FilterResult:
 class AmberPipeline:
     """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
 
-    def __init__(self, context: PipelineContext, filter_name: str | None = None) -> None:
+    def __init__(self, context: PipelineContext, filter_name: str | None = None,
+                 name: str = "amber") -> None:
         self.context = context
         self.config = context.amber
+        if name in AMBER_ABLATIONS:
+            self.config = replace(self.config, **{AMBER_ABLATIONS[name]: False})
         self.filter_name = filter_name or self.config.filter
-        self.name = "amber" if filter_name is None else f"amber-{filter_name}"
+        self.name = name if filter_name is None else f"amber-{filter_name}"
         self.filter = build_filter(self.filter_name, FilterSetup(
             judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
             judge=context.judge, mcf=context.mcf, stack=self.config.stack))
@@ -194,10 +204,14 @@ class AmberPipeline:
             memory_read = self.config.answer_from != "evidence" or not last_round
             update = (self.memory_updater.update(question, memory,
                                                  format_documents(result.kept_documents))
-                      if result.kept and memory_read else None)
+                      if result.kept and memory_read and self.config.amu else None)
             # The memory only changes with new evidence, so a round without any adds nothing.
             progressed = bool(result.kept)
-            memory = update.memory if update is not None else memory
+            if update is not None:
+                memory = update.memory
+            elif result.kept and not self.config.amu:  # -AMU: the evidence is the memory
+                memory = cap_memory(format_documents(evidence.documents),
+                                    self.config.memory.max_chars)[0]
             entry = AmberRound(
                 round=number, query=queries[-1], retrieved=[d.id for d in fresh],
                 skipped_seen=skipped, threshold=result.threshold,
@@ -214,6 +228,9 @@ class AmberPipeline:
             if exhausted:  # no further query could bring anything new
                 stop_reason = "pool_exhausted"
                 break
+            if not self.config.aic:  # -AIC: the next unseen documents for the question
+                queries.append(example.question)
+                continue
             verdict = self.collector.sufficiency(question, memory)
             entry.sufficiency = verdict.to_dict()
             if verdict.sufficient:
@@ -267,3 +284,5 @@ class AmberPipeline:
 for _name, _filter in AMBER_PIPELINES.items():
     if _filter is not None:
         register_pipeline(_name)(functools.partial(AmberPipeline, filter_name=_filter))
+for _name in AMBER_ABLATIONS:
+    register_pipeline(_name)(functools.partial(AmberPipeline, name=_name))

@@ -33,6 +33,13 @@ class AmberConfig:
         "help": "when the loop ends with fewer kept chunks than this, the best-scored chunks "
                 "the filter dropped are read too (whole), so the answer is never written blind "
                 "while documents were seen; 0 turns this off"})
+    amu: bool = field(default=True, metadata={
+        "help": "run the memory agents (AMU); off (the paper's -AMU ablation): the memory is "
+                "the kept evidence itself, cut to amber.memory.max_chars"})
+    aic: bool = field(default=True, metadata={
+        "help": "run the collector (AIC); off (the paper's -AIC ablation): no sufficiency "
+                "check and no new query, each round takes the next unseen documents for the "
+                "question until max_iterations"})
     stack: StackConfig = field(default_factory=StackConfig,
                                metadata={"help": "how `stack` combines MCF and the judge"})
     memory: MemoryConfig = field(default_factory=MemoryConfig,
