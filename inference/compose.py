@@ -130,6 +130,7 @@ def build_context(config: RunConfig) -> tuple[PipelineContext, Roles]:
         mcf_backend=roles.filter,
         mcf=config.mcf,
         amber=config.amber,
+        iter_retgen=config.iter_retgen,
         search=search,
     )
     return context, roles

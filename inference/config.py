@@ -12,6 +12,7 @@ from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
 from sieverag.inference.pipelines.router import RouterConfig
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.settings import load_settings, settings, settings_to_yaml
@@ -97,6 +98,8 @@ class RunConfig:
                            metadata={"help": "the trained filter (MCF) and its adapter"})
     amber: AmberConfig = field(default_factory=AmberConfig,
                                metadata={"help": "the `amber` loop"})
+    iter_retgen: IterRetGenConfig = field(default_factory=IterRetGenConfig,
+                                          metadata={"help": "the `iter-retgen` baseline"})
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
     retrieval: RetrievalConfig | None = field(

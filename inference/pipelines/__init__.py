@@ -1,5 +1,5 @@
-"""Pipelines by name (`direct`, `vanilla`, `main-rag`, `amber` and its `amber-<filter>`
-variants, `auto`), built from a shared PipelineContext.
+"""Pipelines by name (`direct`, `vanilla`, `main-rag`, `iter-retgen`, `amber` and its
+`amber-<filter>` and ablation variants, `auto`), built from a shared PipelineContext.
 
 Importing this package registers every pipeline; `build_pipeline(name, context)` makes one.
 Beside the pipelines sit the agents only they use: amber's memory updater (`memory`, AMU)
@@ -7,7 +7,13 @@ and information collector (`collector`, AIC), amber's settings (`amber_config`) 
 trace (`amber_trace`), and the retrieve-or-not `router` of `auto`.
 """
 
-from sieverag.inference.pipelines import amber, auto, main_rag, simple  # noqa: F401  (registration on import)
+from sieverag.inference.pipelines import (  # noqa: F401  (registration on import)
+    amber,
+    auto,
+    iter_retgen,
+    main_rag,
+    simple,
+)
 from sieverag.inference.pipelines.base import (
     PIPELINES,
     Pipeline,

@@ -94,7 +94,9 @@ class RoundDocuments:
         self._pool: list[Document] | None = None
         self._bm25: BM25Index | None = None
 
-    def _ranked(self, query: str) -> list[Document]:
+    def ranked(self, query: str) -> list[Document]:
+        """Documents for `query`, best first: the index's top k + seen, or the whole ranked
+        given pool."""
         if self.context.search is not None:
             return list(mark_gold(self.example,
                                   self.context.search(query, self.k + len(self.seen))))
@@ -120,7 +122,7 @@ class RoundDocuments:
         above the last of them were skipped."""
         fresh: list[Document] = []
         skipped = 0
-        for document in self._ranked(query):
+        for document in self.ranked(query):
             if len(fresh) == self.k:
                 break
             if document.id in self.seen:

@@ -13,6 +13,7 @@ from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
 from sieverag.inference.pipelines.router import Router
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.types import Document, Example
@@ -56,6 +57,7 @@ class PipelineContext:
     mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up
     mcf: MCFConfig = MCFConfig()
     amber: AmberConfig = AmberConfig()
+    iter_retgen: IterRetGenConfig = IterRetGenConfig()
     search: QuerySearch | None = None  # query-based search where an index is used
 
 
