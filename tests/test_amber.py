@@ -247,3 +247,16 @@ def test_ablations_switch_off_the_memory_agents_or_the_collector():
     # The switches are plain settings too: `amber` with amu off is the -AMU row.
     output, backend = run_amber(Agents(sufficient_when="Fact2"), pipeline="amber", amu=False)
     assert output.trace["pipeline"] == "amber" and "refiner" not in usage(backend)
+
+
+def test_bridge_queries_lead_with_a_name_from_the_kept_evidence_and_are_traced():
+    output, backend = run_amber(Agents(), max_iterations=2,
+                                collector=CollectorConfig(query_source="bridge"))
+    first = output.trace["rounds"][0]
+    following = first["next_query"]
+    assert following["source"] == "bridge" and following["written"] == ""
+    kept_titles = [f"Topic {i[1:]}" for i in first["kept"]]
+    assert [c["name"] for c in following["candidates"]][:len(kept_titles)] == kept_titles
+    assert following["query"] == f"{kept_titles[0]} {EXAMPLE.question}"  # a tie: the first
+    assert output.trace["queries"][1] == following["query"]
+    assert "bridge_scorer" in usage(backend) and "query_writer" not in usage(backend)

@@ -1,4 +1,5 @@
-"""AIC: sufficiency from Yes/No log-probs with a threshold; new queries never repeat."""
+"""AIC: sufficiency from Yes/No log-probs with a threshold; new queries never repeat; bridge
+candidates read off the kept evidence and scored by the model."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.pipelines.collector import (
     CollectorConfig,
     InformationCollector,
+    bridge_candidates,
     clean_query,
     expanded_query,
     normalise_query,
 )
+from sieverag.inference.types import Document
 
 
 def test_sufficiency_is_p_yes_normalised_over_yes_and_no_against_the_threshold():
@@ -58,3 +61,39 @@ def test_a_repeated_query_falls_back_to_a_variation_then_to_none():
     assert (second.query, second.source) == (None, "none")
     empty = InformationCollector(ScriptedBackend(reply=lambda text: '""'))
     assert empty.next_query("q?", "", ["q?"]).query is None
+
+
+KEPT = (Document(id="a", title="Liora Tamsin", text="Liora Tamsin was born in Quorrin. She "
+                 "studied at the University of Vell. The town is old."),
+        Document(id="b", title="Calder Bridge", text="It crosses the Calder near Quorrin."))
+QUESTION = "Which river flows through the birthplace of Liora Tamsin?"
+
+
+def test_bridge_candidates_are_names_the_question_does_not_name():
+    # Titles first, then name spans; "Liora Tamsin" is asked, "She", "The", "It" are stop
+    # words, and a name is listed once.
+    assert bridge_candidates(QUESTION, KEPT, 8) == [
+        "Calder Bridge", "Quorrin", "University of Vell", "Calder"]
+    assert bridge_candidates(QUESTION, KEPT, 2) == ["Calder Bridge", "Quorrin"]
+
+
+def test_bridge_queries_lead_with_the_best_scored_candidate_and_fall_back_to_the_writer():
+    def labels(text: str) -> dict[str, float]:
+        return {"Yes": 0.0 if '"Quorrin"' in text else -3.0, "No": -1.0}
+
+    backend = ScriptedBackend(reply=lambda text: "Query: Tamsin river", labels=labels)
+    collector = InformationCollector(backend, CollectorConfig(query_source="bridge",
+                                                              max_candidates=3))
+    following = collector.next_query(QUESTION, "Liora was born in Quorrin.", [QUESTION], KEPT)
+    assert (following.query, following.source) == (f"Quorrin {QUESTION}", "bridge")
+    assert [name for name, _ in following.candidates] == [
+        "Calder Bridge", "Quorrin", "University of Vell"]
+    assert following.to_dict()["candidates"][1] == {"name": "Quorrin", "p_yes": 0.7311}
+    assert [agent for agent, _ in backend.calls] == ["bridge_scorer"] * 3
+    # The winner searched already: the next best; no candidate at all: the model writes.
+    again = collector.next_query(QUESTION, "m", [QUESTION, following.query], KEPT)
+    assert again.query == f"Calder Bridge {QUESTION}"
+    written = collector.next_query(QUESTION, "m", [QUESTION], ())
+    assert (written.query, written.source, written.candidates) == ("Tamsin river", "writer", ())
+    with pytest.raises(ConfigError, match="max_candidates"):
+        CollectorConfig(max_candidates=0)

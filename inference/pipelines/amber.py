@@ -238,7 +238,8 @@ class AmberPipeline:
             if verdict.sufficient:
                 stop_reason = "sufficient"
                 break
-            following = self.collector.next_query(question, memory, queries)
+            following = self.collector.next_query(question, memory, queries,
+                                                  evidence.documents)
             entry.next_query = following.to_dict()
             if following.query is None:
                 stop_reason = "no_new_query"

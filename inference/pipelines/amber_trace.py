@@ -36,12 +36,22 @@ class SufficiencyEntry(JsonlRecord):
     sufficient: bool = Field(description="whether P(Yes) reached the bar")
 
 
+class BridgeCandidate(JsonlRecord):
+    """One bridge candidate the collector scored."""
+
+    name: str = Field(description="a name read off the kept evidence")
+    p_yes: float = Field(description="P(Yes) that a search about it finds what is missing")
+
+
 class NextQueryEntry(JsonlRecord):
     """The next search the collector made (`NextQuery.to_dict()`)."""
 
     query: str | None = Field(description="the new query; None when there is no new one")
-    source: Literal["writer", "variation", "none"] = Field(description="how it was made")
-    written: str = Field(description="the query writer's raw reply")
+    source: Literal["bridge", "writer", "variation", "none"] = Field(
+        description="how it was made")
+    written: str = Field(description="the query writer's raw reply ('' when it did not run)")
+    candidates: list[BridgeCandidate] = Field(
+        default_factory=list, description="bridge: every candidate scored, in order")
 
 
 class AmberRound(JsonlRecord):
