@@ -20,10 +20,10 @@ import functools
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from sieverag.inference.errors import ConfigError, validation_problems
@@ -31,6 +31,15 @@ from sieverag.inference.errors import ConfigError, validation_problems
 T = TypeVar("T")
 
 PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def _one_or_more(value: Any) -> Any:
+    """A single file name (a YAML string) is a list of one."""
+    return (value,) if isinstance(value, str) else value
+
+
+# One file or several: a flag's comma list, a YAML list, or a YAML string (a list of one).
+FileList = Annotated[tuple[str, ...], BeforeValidator(_one_or_more)]
 
 
 def settings(cls: type[T]) -> type[T]:

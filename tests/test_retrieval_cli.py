@@ -165,3 +165,28 @@ def test_eval_retrieval_needs_data_or_the_data_dir(tmp_path: Path, monkeypatch, 
     result = json.loads(out.read_text())
     assert result["data"] == str(tmp_path / file_name) and result["questions"] == 3
     assert result["config"]["chunking"] == {"strategy": "none", "size": 50, "overlap": 0}
+
+
+def test_several_corpus_files_make_one_index(tmp_path: Path, corpus: Path, squad: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = Path(__file__).parent / "data"
+    hotpot, pages = data / "hotpotqa_sample.jsonl", data / "nutrition_pages_sample.jsonl"
+    out = tmp_path / "open"
+    assert main(["index", "build", "--corpus", f"{hotpot},{squad},{pages}", "--out", str(out),
+                 "--retrievers", "bm25"]) == 0
+    assert "(hotpotqa,squad,nutrition)" in capsys.readouterr().out
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["corpus"] == ",".join(str(p.resolve()) for p in (hotpot, squad, pages))
+    chunk_ids = [json.loads(line)["id"] for line in (out / "chunks.jsonl").open()]
+    assert any(i.startswith("hotpotqa:") for i in chunk_ids)
+    assert any(i.startswith("squad-p") for i in chunk_ids)
+    assert any(i.startswith("page-") for i in chunk_ids)
+    assert main(["index", "search", str(out), "why does bread rise", "--mode", "bm25",
+                 "-k", "1"]) == 0
+    assert "squad-p1#0" in capsys.readouterr().out
+    # The same id in two files is one error naming both.
+    twin = tmp_path / "twin.jsonl"
+    twin.write_text(json.dumps({"id": "a", "text": "Another text."}) + "\n")
+    error = failure(capsys, ["index", "build", "--corpus", f"{corpus},{twin}",
+                             "--out", str(tmp_path / "dup"), "--retrievers", "bm25"])
+    assert f"corpus {twin}: document id 'a' is also in {corpus}" in error

@@ -223,3 +223,10 @@ def test_a_preset_supplies_defaults_that_flags_override():
     assert command.models.filter.adapter == "smollm2-filter" and command.mcf.top_k == 2
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         parse_settings(EvalCommand, ["--preset", "nope"], "sieverag eval")
+    # The open-retrieval preset: one index, the same 6-document reading budget for all.
+    command = parse_settings(EvalCommand, ["--preset", "amber-open", "--dataset", "d.jsonl",
+                                           "--retrieval.index", "idx"], "sieverag eval")
+    assert command.retrieval.index == "idx" and command.retrieval.k == 6
+    assert command.amber.k * command.amber.max_iterations == 6
+    assert command.iter_retgen.k * command.iter_retgen.iterations == 6
+    assert {"vanilla", "iter-retgen", "amber-no-amu", "amber-no-aic"} <= set(command.pipelines)

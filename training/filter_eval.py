@@ -37,9 +37,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import BeforeValidator
+from typing import Any
 
 from sieverag.inference.compose import resolve_filter_role
 from sieverag.inference.config import ModelRoles
@@ -50,7 +48,7 @@ from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import write_atomic
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.settings import settings, settings_to_data
+from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
@@ -62,19 +60,11 @@ WHOLE = " (whole passages)"
 _MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
 
 
-def _one_or_more(value: Any) -> Any:
-    """A single file name (a YAML string) is a list of one."""
-    return (value,) if isinstance(value, str) else value
-
-
-DatasetFiles = Annotated[tuple[str, ...], BeforeValidator(_one_or_more)]
-
-
 @settings
 class FilterEvalConfig:
     """What `eval-filter` compares and on which questions."""
 
-    dataset: DatasetFiles = field(metadata={
+    dataset: FileList = field(metadata={
         "help": "dataset file(s) whose passages carry gold marks (hotpotqa is_gold, nq "
                 "isgold, squad, common is_gold/isgold, `sieverag hard-negatives` output); "
                 "several, comma-separated, give a per-dataset table (the first is the "

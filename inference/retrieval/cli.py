@@ -35,7 +35,7 @@ from sieverag.inference.retrieval.index import (
     ensure_index,
 )
 from sieverag.inference.retrieval.rerank import CrossEncoderReranker
-from sieverag.inference.settings import narrow, settings
+from sieverag.inference.settings import FileList, narrow, settings
 from sieverag.inference.types import Example
 
 DATA_DIR_ENV = "SIEVERAG_DATA_DIR"
@@ -50,12 +50,12 @@ EVAL_CORPORA: dict[str, tuple[str, Callable[[Path], tuple[list, list[Example]]]]
 
 @settings
 class IndexBuildCommand:
-    """Chunk a corpus file and write a BM25 and/or dense index folder. An interrupted build
-    resumes."""
+    """Chunk a corpus file (or several, as one corpus) and write a BM25 and/or dense index
+    folder. An interrupted build resumes."""
 
-    corpus: str = field(metadata={
-        "help": "corpus file: jsonl {id, title?, text}, the nutrition pages, SQuAD json/zip or "
-                "HotpotQA jsonl"})
+    corpus: FileList = field(metadata={
+        "help": "corpus file(s), comma-separated: jsonl {id, title?, text}, the nutrition "
+                "pages, SQuAD json/zip or HotpotQA jsonl (each file's format detected)"})
     out: str = field(metadata={"help": "index folder to write"})
     retrievers: tuple[Retriever, ...] = field(default=RETRIEVERS, metadata={
         "help": "indexes to build: bm25, dense or both (comma list)"})

@@ -10,12 +10,15 @@ Formats (chosen by name, or detected from the file with `auto`):
 * `hotpotqa` — the shared HotpotQA jsonl: its passages, deduplicated by title (first text kept).
 
 Every reader fails with a `DatasetError` naming the file (and line) on a missing file, bad
-JSON, a record without text, a duplicate id, or an empty corpus.
+JSON, a record without text, a duplicate id, or an empty corpus. `load_corpora` reads several
+files (each in its own detected format) into one corpus, e.g. HotpotQA's passages with SQuAD's
+paragraphs and the textbook's pages as further noise; an id two files share is an error
+naming both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -144,3 +147,23 @@ def load_corpus(path: Path | str, corpus_format: CorpusFormat = "auto") -> list[
                            f"choose one of {', '.join(CORPUS_FORMATS)}")
     concrete = detect_corpus_format(path) if corpus_format == "auto" else corpus_format
     return CORPUS_READERS[concrete](path)
+
+
+def load_corpora(paths: Sequence[Path | str],
+                 corpus_format: CorpusFormat = "auto") -> tuple[list[Document], list[str]]:
+    """Several corpus files as one corpus, and each file's format (`auto`: detected per
+    file); ids must be unique across the files."""
+    documents: list[Document] = []
+    formats: list[str] = []
+    first_file: dict[str, Path] = {}
+    for path in map(Path, paths):
+        concrete = detect_corpus_format(path) if corpus_format == "auto" else corpus_format
+        for document in load_corpus(path, concrete):
+            if document.id in first_file:
+                raise DatasetError(f"corpus {path}: document id {document.id!r} is also in "
+                                   f"{first_file[document.id]}; ids must be unique across "
+                                   "the corpus files")
+            first_file[document.id] = path
+            documents.append(document)
+        formats.append(concrete)
+    return documents, formats

@@ -31,7 +31,7 @@ from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.retrieval.cache import RetrievalCache, cache_key
 from sieverag.inference.retrieval.chunking import Chunk, chunk_corpus
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
-from sieverag.inference.retrieval.corpus import detect_corpus_format, load_corpus
+from sieverag.inference.retrieval.corpus import load_corpora
 from sieverag.inference.retrieval.dense import DenseIndex, Encoder, ShardCallback
 from sieverag.inference.retrieval.hybrid import reciprocal_rank_fusion, weighted_fusion
 from sieverag.inference.retrieval.manifest import (
@@ -65,11 +65,30 @@ def _indexed_text(chunk: Chunk) -> str:
     return chunk.to_document().as_context()
 
 
-def build_index(corpus_path: Path | str, out_dir: Path | str,
+# One corpus file, or several indexed as one corpus.
+CorpusFiles = Path | str | Sequence[Path | str]
+
+
+def corpus_paths(corpus: CorpusFiles) -> list[Path]:
+    """The corpus files, as a list."""
+    return [Path(corpus)] if isinstance(corpus, (str, Path)) else [Path(p) for p in corpus]
+
+
+def corpus_identity(paths: Sequence[Path]) -> tuple[str, str]:
+    """What the manifest records of the corpus files: their resolved paths (comma-joined)
+    and SHA-256 (one file: its own; several: of their hashes in order)."""
+    hashes = [file_sha256(p) for p in paths]
+    combined = (hashes[0] if len(hashes) == 1
+                else hashlib.sha256("\n".join(hashes).encode()).hexdigest())
+    return ",".join(str(p.resolve()) for p in paths), combined
+
+
+def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
                 config: IndexConfig | None = None, *, overwrite: bool = False,
                 on_shard: ShardCallback | None = None, dense_encoder: Encoder | None = None,
                 show_progress: bool = True) -> Index:
-    """Chunk a corpus file and index it into `out_dir`; returns the index (no cache).
+    """Chunk a corpus file (or several, as one corpus) and index it into `out_dir`; returns
+    the index (no cache).
 
     An interrupted build resumes on the next call (dense embeddings restart after the last
     finished shard). A folder that already holds a finished index needs `overwrite=True`.
@@ -77,19 +96,19 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
     configured embedding model (tests).
     """
     config = config if config is not None else IndexConfig()
-    corpus_path, out = Path(corpus_path), Path(out_dir)
+    paths, out = corpus_paths(corpus_path), Path(out_dir)
+    if not paths:
+        raise ConfigError("no corpus file given")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"index output {out} exists and is not a folder")
     if (out / MANIFEST_FILE).exists() and not overwrite:
         raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
                           "or choose another --out")
 
-    documents = load_corpus(corpus_path, config.corpus_format)
-    corpus_format = (detect_corpus_format(corpus_path) if config.corpus_format == "auto"
-                     else config.corpus_format)
+    documents, formats = load_corpora(paths, config.corpus_format)
     chunks = chunk_corpus(documents, config.chunking)
     if not chunks:
-        raise DatasetError(f"corpus {corpus_path} produced no chunks")
+        raise DatasetError(f"corpus {', '.join(map(str, paths))} produced no chunks")
     # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
     (out / MANIFEST_FILE).unlink(missing_ok=True)
     (out / CACHE_FILE).unlink(missing_ok=True)
@@ -115,9 +134,10 @@ def build_index(corpus_path: Path | str, out_dir: Path | str,
                                  on_shard=on_shard, show_progress=show_progress)
         files += [f"{DENSE_DIR}/{name}" for name in dense_files.FILES]
 
+    corpus, corpus_sha256 = corpus_identity(paths)
     manifest = Manifest(config=config, files=tuple(files), chunk_count=len(chunks),
-                        source_count=len(documents), corpus=str(corpus_path.resolve()),
-                        corpus_format=corpus_format, corpus_sha256=file_sha256(corpus_path),
+                        source_count=len(documents), corpus=corpus, corpus_format=",".join(formats),
+                        corpus_sha256=corpus_sha256,
                         fingerprint=chunks_fingerprint(chunks))
     write_manifest(out, manifest)
     return Index(out, manifest, chunks, bm25, dense)
@@ -283,12 +303,12 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def ensure_index(corpus_path: Path | str, out_dir: Path | str, config: IndexConfig, *,
+def ensure_index(corpus_path: CorpusFiles, out_dir: Path | str, config: IndexConfig, *,
                  search_config: SearchConfig | None = None, use_cache: bool = True,
                  show_progress: bool = True) -> Index:
     """Load the index in `out_dir` if it was built from this corpus file (same path and
     bytes) with this config, else (re)build it there (resuming an interrupted build)."""
-    corpus_path, out = Path(corpus_path), Path(out_dir)
+    paths, out = corpus_paths(corpus_path), Path(out_dir)
     manifest: Manifest | None = None
     if (out / MANIFEST_FILE).is_file():
         try:
@@ -296,7 +316,6 @@ def ensure_index(corpus_path: Path | str, out_dir: Path | str, config: IndexConf
         except DatasetError:
             manifest = None
     if (manifest is None or manifest.config != config
-            or manifest.corpus != str(corpus_path.resolve())
-            or manifest.corpus_sha256 != file_sha256(corpus_path)):
-        build_index(corpus_path, out, config, overwrite=True, show_progress=show_progress)
+            or (manifest.corpus, manifest.corpus_sha256) != corpus_identity(paths)):
+        build_index(paths, out, config, overwrite=True, show_progress=show_progress)
     return Index.load(out, search_config=search_config, use_cache=use_cache)
