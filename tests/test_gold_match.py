@@ -72,7 +72,9 @@ def test_an_over_index_run_reports_read_precision_recall_and_gold_flags(
                        trust=TrustConfig(enabled=False))
     config = replace(config, amber=replace(config.amber, filter="none", k=2,
                                            max_iterations=2))
-    runner.run_evaluation(config, tmp_path / "run", progress=False)
+    summaries = runner.run_evaluation(config, tmp_path / "run", progress=False)
+    assert summaries["vanilla"]["read_graded_examples"] == 2
+    assert 0.0 <= summaries["vanilla"]["read_all_gold"] <= 1.0
     examples = {e.id: e for e in load_examples(str(dataset))}
     for pipeline in ("vanilla", "amber"):
         records = [json.loads(line) for line in

@@ -43,6 +43,7 @@ def test_run_writes_config_results_summary_and_report(tmp_path, demo_file, tiny_
     direct, vanilla, main_rag = (summaries[n] for n in ("direct", "vanilla", "main-rag"))
     assert direct["llm_calls_per_question"] == 1 and direct["documents_read_per_question"] == 0
     assert vanilla["documents_read_per_question"] == 5 and vanilla["read_recall"] == 1.0
+    assert vanilla["read_all_gold"] == 1.0
     # main-rag: 5 predictor + 5 judge + 1 final call per question.
     assert main_rag["llm_calls_per_question"] == 11
     record = json.loads((out / "results" / "main-rag.jsonl").open().readline())

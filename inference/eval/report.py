@@ -16,6 +16,7 @@ TABLE_COLUMNS = (
     ("read_precision", "Read P"),
     ("read_recall", "Read R"),
     ("read_f1", "Read F1"),
+    ("read_all_gold", "All gold read"),
     ("documents_read_per_question", "Docs read"),
     ("generator_input_tokens_per_question", "Gen. in-tok/q"),
     ("input_tokens_per_question", "All in-tok/q"),

@@ -21,7 +21,8 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     """Means over examples; filter precision/recall/F1 over examples with gold documents.
 
     `read_*` are precision/recall/F1 of the documents the generator read against the gold
-    documents: for `main-rag` the filter's quality, for `vanilla` the keep-all baseline.
+    documents: for `main-rag` the filter's quality, for `vanilla` the keep-all baseline;
+    `read_all_gold` is the share of those examples whose gold documents were all read.
     """
     summary: dict = {"examples": len(records)}
     for metric in ANSWER_METRICS:
@@ -31,6 +32,8 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     graded = [r.read_scores for r in records if r.read_scores is not None]
     for part in ("precision", "recall", "f1"):
         summary[f"read_{part}"] = _mean([getattr(g, part) for g in graded])
+    # Every gold document read (HotpotQA: the gold pair) — the retrieval side of the run.
+    summary["read_all_gold"] = _mean([float(g.recall == 1.0) for g in graded])
     summary["read_graded_examples"] = len(graded)
     trusted = [r.trust for r in records if r.trust is not None]
     for metric in TRUST_METRICS:
