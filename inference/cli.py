@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import field
+from dataclasses import field, replace
 from pathlib import Path
 
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.compose import build_context, resolve_roles
-from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig
+from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, TrustConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.settings import narrow, settings
 
@@ -142,8 +143,42 @@ def run_demo(command: DemoCommand) -> int:
     print(f"\none question's amber trace (the demo set's first; `sieverag trace "
           f"{out / 'run'} ID --pipeline amber-mcf` shows any other):\n")
     print(render_record(find_record(out / "run", first, "amber-mcf")))
+    print()
+    print(_bridge_demo(command, out))
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+# The two-hop demo shows the loop's second round: the bar of "enough" is out of reach, so
+# the loop runs both rounds (eval's default bar is 0.5).
+BRIDGE_DEMO_SUFFICIENCY = 1.0
+
+
+def _bridge_demo(command: DemoCommand, out: Path) -> str:
+    """One two-hop question over a small BM25 index: amber-mcf takes 2 documents a round for
+    2 rounds, the second round's query led by a name the first round kept (bridge queries);
+    returns its trace, as `sieverag trace` shows it."""
+    from sieverag.inference.data.demo import write_bridge_demo
+    from sieverag.inference.eval.runner import run_evaluation
+    from sieverag.inference.eval.trace import find_record, render_record
+    from sieverag.inference.retrieval.index import build_index
+
+    dataset, corpus = write_bridge_demo(out)
+    index = out / "bridge-index"
+    build_index(corpus, index, IndexConfig(dense=None), overwrite=True, show_progress=False)
+    collector = replace(command.amber.collector, query_source="bridge",
+                        sufficiency_threshold=BRIDGE_DEMO_SUFFICIENCY)
+    config = resolve_roles(RunConfig(
+        dataset=str(dataset), pipelines=("amber-mcf",), limit=1,
+        retrieval=RetrievalConfig(index=str(index), mode="bm25", k=2),
+        models=command.models, mcf=command.mcf, trust=TrustConfig(enabled=False),
+        amber=replace(command.amber, k=2, max_iterations=2, collector=collector)))
+    shutil.rmtree(out / "bridge-run", ignore_errors=True)
+    run_evaluation(config, out / "bridge-run", progress=False)
+    return (f"a two-hop question over an index ({corpus}, BM25): amber-mcf reads 2 documents "
+            "a round for 2 rounds; the second query is led by a name the first round kept "
+            f"(`sieverag trace {out / 'bridge-run'} bridge-0 --pipeline amber-mcf`):\n\n"
+            + render_record(find_record(out / "bridge-run", "bridge-0", "amber-mcf")))
 
 
 def _gold_first_line(results: Path) -> str:

@@ -136,4 +136,11 @@ def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
     assert "amber with the trained filter" in shown and "beat" in shown
     assert "relevant document ranked first in round 1: by the filter alone in" in shown
     assert "Question demo-0-0:" in shown and "Round 1 — query:" in shown
+    # The two-hop example over an index: two rounds, the second led by a kept name.
+    bridge = shown.split("a two-hop question over an index", 1)[1]
+    assert "Round 1 — query: 'In which town was the founder of" in bridge
+    assert "Round 2 — query: '" in bridge and "(bridge)" in bridge and "Candidates: " in bridge
+    assert (out / "bridge-index" / "manifest.json").is_file()
+    assert main(["trace", str(out / "bridge-run"), "bridge-0", "--pipeline", "amber-mcf"]) == 0
+    assert "Round 2 — query:" in capsys.readouterr().out
     assert shown.rstrip().splitlines()[-1].startswith("demo finished in ")

@@ -98,3 +98,44 @@ def write_demo_dataset(path: str | Path, seed: int = 13, per_template: int = 6) 
     lines = [json.dumps(r, ensure_ascii=False) for r in examples]
     write_atomic(path, "\n".join(lines) + "\n")
     return path
+
+
+def build_bridge_examples(count: int = 2, noisy: int = 3, seed: int = 13) -> list[dict]:
+    """Two-hop demo records: "In which town was the founder of X Works born?" needs the
+    company's document (it names the founder: the bridge) and the founder's (it names the
+    town). Distractors state the same kinds of fact about other invented entities."""
+    rng = random.Random(seed)
+    company, birth = TEMPLATES[2], TEMPLATES[0]
+    records = []
+    for index in range(count):
+        facts = [_entity(rng) for _ in range(noisy + 1)]
+        things = {f["thing"] for f in facts[1:]} - {facts[0]["thing"]}
+        people = {f["person"] for f in facts[1:]} - {facts[0]["person"]}
+        facts = [facts[0]] + [f for f in facts[1:] if f["thing"] in things
+                              and f["person"] in people]
+        ctxs = []
+        for i, fact in enumerate(facts):
+            ctxs.append({"title": f"{fact['thing']} Works", "isgold": i == 0,
+                         "text": f"{company.fact.format(**fact)} {company.filler}"})
+            ctxs.append({"title": fact["person"], "isgold": i == 0,
+                         "text": f"{birth.fact.format(**fact)} {birth.filler.format(**fact)}"})
+        rng.shuffle(ctxs)
+        records.append({"id": f"bridge-{index}",
+                        "question": f"In which town was the founder of {facts[0]['thing']} "
+                                    "Works born?",
+                        "answers": [facts[0]["town"]], "ctxs": ctxs})
+    return records
+
+
+def write_bridge_demo(folder: str | Path, seed: int = 13) -> tuple[Path, Path]:
+    """Write the two-hop demo questions (`bridge.jsonl`, common format with gold marks) and
+    the corpus of all their documents (`bridge-corpus.jsonl`, `{id, title, text}`) into
+    `folder`; returns both paths."""
+    folder = Path(folder)
+    records = build_bridge_examples(seed=seed)
+    dataset, corpus = folder / "bridge.jsonl", folder / "bridge-corpus.jsonl"
+    write_atomic(dataset, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    documents = [{"id": f"{r['id']}-{i}", "title": c["title"], "text": c["text"]}
+                 for r in records for i, c in enumerate(r["ctxs"])]
+    write_atomic(corpus, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents))
+    return dataset, corpus

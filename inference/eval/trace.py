@@ -107,6 +107,9 @@ def _round_lines(entry: AmberRound) -> list[str]:
             lines += _wrap("Next query: ", f"none new (writer said {following.written!r})")
         else:
             lines += _wrap("Next query: ", f"{following.query!r} ({following.source})")
+        if following.candidates:
+            lines += _wrap("Candidates: ", " · ".join(
+                f"{c.name} P(Yes) {c.p_yes:.2f}" for c in following.candidates))
     return lines
 
 
