@@ -39,12 +39,13 @@ class Agents:
         self.written = itertools.count(1)
 
     def reply(self, text: str) -> str:
-        if "Task (Reviewer)" in text:
-            return "The evidence is relevant."
-        if "Task (Challenger)" in text:
-            return "Nothing is missing."
+        # The memory agents are one conversation: the latest task is the one asked.
         if "Task (Refiner)" in text:
             return f"Notes after update {next(self.refines)}."
+        if "Task (Challenger)" in text:
+            return "Nothing is missing."
+        if "Task (Reviewer)" in text:
+            return "The evidence is relevant."
         if "Task (Collector)" in text:
             return (f"Query: search number {next(self.written)}" if self.query == "counter"
                     else self.query)

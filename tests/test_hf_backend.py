@@ -225,3 +225,26 @@ def test_greedy_decoding_matches_transformers_generate(tiny_model_dir, prefix_to
             cut = expected.find(stop) if stop in settings.stop and stop in expected else None
             assert reply == expected[:cut]
     assert any(stop in r for r in plain) and any(stop not in r for r in plain)
+
+
+def test_the_memory_agents_read_the_evidence_once_through_the_prompt_cache(tiny_model_dir):
+    from sieverag.inference.pipelines.memory import MemoryConfig, MemoryUpdater
+    from sieverag.inference.prompt_templates import load_template
+
+    evidence = "[1] " + "The bridge was opened in 1901 by the mayor. " * 10
+    config = MemoryConfig(review_max_new_tokens=4, refine_max_new_tokens=4)
+    updates = {}
+    for name, cache_tokens in (("cached", 8192), ("uncached", 0)):
+        backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2,
+                                            prompt_cache_tokens=cache_tokens))
+        updates[name] = MemoryUpdater(backend, config).update("Who opened the bridge?", "",
+                                                              evidence)
+        if name == "cached":
+            reviewer = backend.prompt_ids(load_template("amu_reviewer").messages(
+                question="Who opened the bridge?", memory="(empty)", evidence=evidence))
+            # The Challenger's prompt extends the Reviewer's, the Refiner's the Challenger's.
+            assert backend.prompt_cache.reused_tokens >= 2 * len(reviewer)
+        else:
+            assert backend.prompt_cache.reused_tokens == 0
+    # Reading the evidence once gives the same greedy replies as reading it three times.
+    assert updates["cached"] == updates["uncached"]

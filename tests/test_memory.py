@@ -17,9 +17,10 @@ from sieverag.inference.prompt_templates import load_template
 
 
 def agent_reply(text: str) -> str:
-    for task, reply in (("Task (Reviewer)", "Quorrin is correct."),
+    # One conversation: a later agent's prompt holds the earlier ones', so look from the last.
+    for task, reply in (("Task (Refiner)", "Liora Tamsin was born in Quorrin. She mapped coasts."),
                         ("Task (Challenger)", "The year is not asked."),
-                        ("Task (Refiner)", "Liora Tamsin was born in Quorrin. She mapped coasts.")):
+                        ("Task (Reviewer)", "Quorrin is correct.")):
         if task in text:
             return reply
     raise AssertionError(f"unexpected prompt {text!r}")
@@ -33,11 +34,8 @@ def test_update_runs_reviewer_then_challenger_on_the_review_then_refines():
     assert (update.review, update.challenge) == ("Quorrin is correct.", "The year is not asked.")
     assert not update.truncated
     assert [agent for agent, _ in backend.calls] == ["reviewer", "challenger", "refiner"]
-    assert "Reviewer's check: Quorrin is correct." in backend.calls[1][1]
     refiner_prompt = backend.calls[2][1]
-    assert f"Memory:\n{EMPTY_MEMORY}" in refiner_prompt
-    assert "Reviewer's check: Quorrin is correct." in refiner_prompt
-    assert "Challenger's objection: The year is not asked." in refiner_prompt
+    assert f"Memory:\n{EMPTY_MEMORY}" in refiner_prompt and "Task (Challenger)" in refiner_prompt
     assert update.to_dict()["refiner"] == update.refined
 
 
@@ -58,17 +56,33 @@ def test_cap_memory_cuts_at_a_sentence_end_else_a_word_break():
 
 
 def test_memory_and_collector_prompts_share_their_prefix():
-    values = {"question": "Q?", "memory": "M.", "evidence": "[1] E.", "review": "R",
-              "challenge": "C", "queries": "- Q?"}
+    values = {"question": "Q?", "memory": "M.", "evidence": "[1] E.", "queries": "- Q?",
+              "candidate": "C"}
     rendered = {}
-    for name in ("amu_reviewer", "amu_challenger", "amu_refiner", "aic_sufficiency",
-                 "aic_query"):
+    for name in ("amu_reviewer", "aic_sufficiency", "aic_query", "aic_bridge"):
         template = load_template(name)
         rendered[name] = template.messages(**{k: values[k] for k in template.inputs})
     systems = {messages[0]["content"] for messages in rendered.values()}
-    assert len(systems) == 1  # one system prompt for every memory agent
+    assert len(systems) == 1  # one system prompt for every memory and collector agent
     for messages in rendered.values():
         assert messages[1]["content"].startswith("Question: Q?\n\nMemory:\nM.\n\n")
-    evidence_prefix = "Question: Q?\n\nMemory:\nM.\n\nNew evidence:\n[1] E.\n\n"
-    for name in ("amu_reviewer", "amu_challenger", "amu_refiner"):
-        assert rendered[name][1]["content"].startswith(evidence_prefix)
+
+
+def test_each_memory_agent_continues_the_conversation_before_it():
+    seen = []
+
+    class Recording(ScriptedBackend):
+        def generate(self, prompts, settings=None, *, agent="generator"):
+            seen.extend(prompts)
+            return super().generate(prompts, settings, agent=agent)
+
+    MemoryUpdater(Recording(reply=agent_reply)).update("Q?", "M.", "[1] E.")
+    reviewer, challenger, refiner = seen
+    # Each prompt extends the previous one (the prompt cache reads the evidence once).
+    assert challenger[:len(reviewer)] == reviewer and refiner[:len(challenger)] == challenger
+    assert challenger[len(reviewer)] == {"role": "assistant", "content": "Quorrin is correct."}
+    assert refiner[len(challenger)] == {"role": "assistant",
+                                        "content": "The year is not asked."}
+    assert "New evidence:\n[1] E." in reviewer[-1]["content"]
+    assert challenger[-1]["content"].startswith("Task (Challenger)")
+    assert refiner[-1]["content"].startswith("Task (Refiner)")

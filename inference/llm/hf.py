@@ -18,7 +18,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
-from sieverag.inference.llm.prompt_cache import PromptCache
+from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.types import Conversation, Device, DType
 
 
@@ -216,14 +216,22 @@ class HFBackend:
         replies: list[str] = [""] * len(prompts)
         completion_tokens = 0
         eos_ids = self._stop_token_ids()
+        # Greedy prompts that extend the last call's prompts (amber's memory agents: each
+        # continues the conversation before it) run only their new tokens.
+        previous = self.prompt_cache.batches
+        extending = self.prompt_cache.lookup(encoded) if settings.temperature == 0 else {}
         self.prompt_cache.clear()
-        for batch in self._batches(encoded):
-            inputs, full_ids = self._batch_inputs([encoded[i] for i in batch])
+        fresh = [i for i in range(len(encoded)) if i not in extending]
+        for batch, continued in itertools.chain(
+                self._continuation_batches(encoded, extending, previous),
+                ((b, None) for b in self._batches_of(encoded, fresh))):
             rows = [encoded[i] for i in batch]
-            if settings.temperature > 0:
-                new_tokens = self._sample(inputs, full_ids, settings, eos_ids, rows)
+            if continued is not None:
+                new_tokens = self._greedy(continued, settings, eos_ids, rows)
+            elif settings.temperature > 0:
+                new_tokens = self._sample(*self._batch_inputs(rows), settings, eos_ids, rows)
             else:
-                new_tokens = self._greedy(inputs, settings, eos_ids, rows)
+                new_tokens = self._greedy(self._batch_inputs(rows)[0], settings, eos_ids, rows)
             for tokens, index in zip(new_tokens, batch, strict=True):
                 completion_tokens += len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -336,16 +344,18 @@ class HFBackend:
             yield [indices[j] for j in batch]
 
     def _continuation_batches(self, sequences: Sequence[list[int]],
-                              extending: dict[int, tuple[int, int]]
+                              extending: dict[int, tuple[int, int]],
+                              kept_batches: Sequence[KeptBatch] | None = None,
                               ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
         """(indices, model inputs) for the sequences that extend prompts kept by the last
-        generate call: one batch per kept batch, only the new tokens run (lazily, so one
-        selected cache is alive at a time)."""
+        generate call (`kept_batches`, default the prompt cache's): one batch per kept batch,
+        only the new tokens run (lazily, so one selected cache is alive at a time)."""
+        kept_batches = self.prompt_cache.batches if kept_batches is None else kept_batches
         groups: dict[int, list[int]] = {}
         for index, (kept_batch, _) in extending.items():
             groups.setdefault(kept_batch, []).append(index)
         for kept_batch, batch in groups.items():
-            kept = self.prompt_cache.batches[kept_batch]
+            kept = kept_batches[kept_batch]
             batch.sort(key=lambda i: extending[i][1])  # kept row order: often no reordering
             rows = [extending[i][1] for i in batch]
             cache, prefix_mask = kept.select(rows, self.model.config)

@@ -9,9 +9,11 @@ the other as the paper describes them:
   question's conditions?
 * Refiner — writes the revised memory from the old memory, the evidence and both verdicts.
 
-All memory agents (and the collector's) share one system prompt and open their user message
-with the question, the memory and the evidence, so a server's prefix cache (and the
-in-process prompt cache) reuses that prefix across the three agents.
+The three agents are one conversation: the Reviewer's prompt (question, memory, new
+evidence), its check as the assistant's turn, the Challenger's request, its objection, the
+Refiner's request. Each agent's prompt extends the one before, so the `hf` backend's prompt
+cache (and a server's prefix cache) reads the evidence once, not three times. All memory and
+collector prompts share one system prompt.
 
 An empty Refiner reply leaves the memory unchanged; a reply over the cap is cut at the last
 sentence end (or word break) before it.
@@ -97,16 +99,18 @@ class MemoryUpdater:
         """The memory revised with `evidence` (the round's newly kept documents, as text)."""
         shared = {"question": question, "memory": shown_memory(memory), "evidence": evidence}
         review_settings = GenerationSettings(max_new_tokens=self.config.review_max_new_tokens)
-        review = self.backend.generate([self.reviewer.messages(**shared)], review_settings,
+        conversation = self.reviewer.messages(**shared)
+        review = self.backend.generate([conversation], review_settings,
                                        agent=REVIEW_AGENT)[0].strip()
-        challenge = self.backend.generate(
-            [self.challenger.messages(**shared, review=review or "none")], review_settings,
-            agent=CHALLENGE_AGENT)[0].strip()
+        conversation = [*conversation, {"role": "assistant", "content": review or "none"},
+                        *self.challenger.messages()]
+        challenge = self.backend.generate([conversation], review_settings,
+                                          agent=CHALLENGE_AGENT)[0].strip()
+        conversation = [*conversation, {"role": "assistant", "content": challenge or "none"},
+                        *self.refiner.messages()]
         refine_settings = GenerationSettings(max_new_tokens=self.config.refine_max_new_tokens)
-        refined = self.backend.generate(
-            [self.refiner.messages(**shared, review=review or "none",
-                                   challenge=challenge or "none")],
-            refine_settings, agent=REFINE_AGENT)[0].strip()
+        refined = self.backend.generate([conversation], refine_settings,
+                                        agent=REFINE_AGENT)[0].strip()
         if not refined:
             return MemoryUpdate(review, challenge, refined, memory, False)
         new_memory, truncated = cap_memory(refined, self.config.max_chars)
