@@ -35,6 +35,7 @@ from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, 
 from sieverag.data_gen.records import LabelRecord, read_labels
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import TASKS, chunk_record, sentence_record
+from sieverag.inference.io_utils import check_output_folder
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 
@@ -210,6 +211,7 @@ def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
 
 def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSummary:
     """Build, save and describe the multi-task dataset; returns what went into stats.json."""
+    check_output_folder(config.out)
     questions = _load_questions(config.labels)
     by_split: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
     question_counts: Counter[str] = Counter()

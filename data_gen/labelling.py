@@ -45,7 +45,12 @@ from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherReque
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.data import detect_format, example_source, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.io_utils import JsonlLog, write_atomic
+from sieverag.inference.io_utils import (
+    JsonlLog,
+    check_output_folder,
+    parse_json,
+    write_atomic,
+)
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
@@ -130,7 +135,10 @@ def chunk_sentences(document: Document) -> tuple[list[str], bool]:
 def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
     path = out / CONFIG_FILE
     if path.is_file():
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        advice = "use another --out, or delete the file if the folder's labels match these settings"
+        stored = parse_json(path.read_bytes(), str(path), advice)
+        if not isinstance(stored, dict):
+            raise DatasetError(f"{path}: is not a JSON object; {advice}")
         changed = sorted(k for k in fingerprint.keys() | stored.keys()
                          if fingerprint.get(k) != stored.get(k))
         if changed:
@@ -244,6 +252,7 @@ def run_labelling(
 
     `scorer_factory` builds the CXMI scorer (default: the hf backend on `config.scorer`).
     """
+    check_output_folder(config.out)
     examples, source = _load(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Crash-safe file writing: whole files and folders via temp-then-rename, logs as jsonl.
+"""Crash-safe file writing (whole files and folders via temp-then-rename, logs as jsonl) and
+reading what the user hands in, every problem one error that names the file.
 
 The one place that stages writes next to their target and renames them into place, so a
 reader (or a crashed run) sees the old file or the whole new one, never half of either:
@@ -10,6 +11,11 @@ reader (or a crashed run) sees the old file or the whole new one, never half of 
 * `JsonlLog` — append-only records for resumable work;
 * `JsonlRecord` / `validated_record` — the typed form of a jsonl line, and reading one line
   into it (an unknown, missing or mistyped key is a `DatasetError` naming file, line and key);
+* `parse_json(text, where)` — one JSON value; anything Python cannot read as one (bad
+  syntax, bytes not UTF-8, an integer past Python's digit limit, nesting past its recursion
+  limit) is a `DatasetError` naming `where`;
+* `read_text(path)` — a UTF-8 text file, or an error naming the file and the first bad line;
+* `check_output_folder(path)` — refuse an output folder that a file stands in the way of;
 * `cache_root()` — where everything sieverag caches lives ($SIEVERAG_CACHE).
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +34,12 @@ from typing import IO, Any, TypeVar
 from platformdirs import user_cache_dir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sieverag.inference.errors import DatasetError, validation_problems
+from sieverag.inference.errors import (
+    ConfigError,
+    DatasetError,
+    SieveragError,
+    validation_problems,
+)
 
 
 def _staging_name(path: Path) -> dict[str, str]:
@@ -120,6 +132,49 @@ def validated_record(model: type[Record], data: Any, path: str | Path, line: int
             "written by another sieverag version? fix or remove that line") from None
 
 
+def parse_json(text: str | bytes, where: str, advice: str = "") -> Any:
+    """The JSON value of `text`, read from `where` (a file, or "FILE, line N"); text Python
+    cannot read as JSON is a `DatasetError` naming `where`, then `advice` (what to do)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        place = (f"line {err.lineno}, " if err.lineno > 1 else "") + f"column {err.colno}"
+        reason = f"not valid JSON ({err.msg} at {place})"
+    except UnicodeDecodeError:
+        reason = "is not UTF-8 text (re-encode the file as UTF-8)"
+    except ValueError:  # json raises no other ValueError: an integer past Python's digit limit
+        reason = (f"holds a number longer than the {sys.get_int_max_str_digits()} digits "
+                  "Python reads")
+    except RecursionError:
+        reason = "is JSON nested too deeply to read"
+    raise DatasetError(f"{where}: {reason}" + (f"; {advice}" if advice else "")) from None
+
+
+def read_text(path: Path, error: type[SieveragError] = DatasetError) -> str:
+    """The text of UTF-8 file `path`; bytes that are not UTF-8 or a file that cannot be read
+    are one `error` naming the file (and the line of the first bad byte)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise error(f"{path}, line {line}: is not UTF-8 text; re-encode the file as "
+                    "UTF-8") from None
+
+
+def check_output_folder(path: str | Path) -> None:
+    """Raise `ConfigError` when a file stands where output folder `path` (or a folder above
+    it) must be: nothing could be written there."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"--out {path} cannot be a folder: {existing} is a file; give a "
+                          "folder path (it is made when missing)")
+
+
 class JsonlLog:
     """An append-only jsonl file of finished records; the unit of resumable work.
 
@@ -154,12 +209,12 @@ class JsonlLog:
                 good_bytes += len(line) + (0 if is_last else 1)
                 continue
             try:
-                records.append((number, json.loads(line)))
-            except json.JSONDecodeError as err:
+                records.append((number, parse_json(line, f"{self.path}, line {number}",
+                                                   "remove or fix that line to resume")))
+            except DatasetError:
                 if is_last:  # a torn final write: drop it, keep everything before
                     break
-                raise DatasetError(f"{self.path} line {number} is not valid JSON ({err}); "
-                                   "remove or fix that line to resume") from err
+                raise
             good_bytes += len(line) + (0 if is_last else 1)
         if good_bytes < len(raw):
             with self.path.open("r+b") as handle:

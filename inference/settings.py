@@ -27,6 +27,7 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from sieverag.inference.errors import ConfigError, validation_problems
+from sieverag.inference.io_utils import read_text
 
 T = TypeVar("T")
 
@@ -93,10 +94,16 @@ def read_yaml_mapping(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
+    text = read_text(path, ConfigError)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply to read") from None
+    except ValueError as err:  # a value its tag cannot hold: a date 2024-13-01, a 5,000-digit int
+        raise ConfigError(f"config file {path} holds a value that cannot be read "
+                          f"({err})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -69,6 +69,15 @@ def test_jsonl_log_appends_and_repairs_a_torn_last_line(tmp_path):
     assert [r["id"] for r in log.read()] == ["a", "b", "c"]
 
 
+def test_jsonl_log_drops_a_last_line_torn_inside_a_character(tmp_path):
+    log = JsonlLog(tmp_path / "r.jsonl")
+    log.append({"id": "a"})
+    with log.path.open("ab") as handle:
+        handle.write('{"id": "é'.encode()[:-1])  # died mid-write, inside a two-byte character
+    assert log.read() == [{"id": "a"}]
+    assert log.path.read_text(encoding="utf-8") == '{"id": "a"}\n'
+
+
 def test_jsonl_log_restores_a_lost_final_newline(tmp_path):
     log = JsonlLog(tmp_path / "r.jsonl")
     log.path.write_text('{"id": "a"}')

@@ -46,7 +46,7 @@ from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.metrics import filter_scores
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
-from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.io_utils import check_output_folder, read_text, write_atomic
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
@@ -219,7 +219,7 @@ def select_examples(config: FilterEvalConfig, trained: TrainingQuestions,
 def _read_ids(path: Path) -> set[str]:
     if not path.is_file():
         raise ConfigError(f"--question-ids {path}: file not found")
-    ids = {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}
+    ids = {line.strip() for line in read_text(path).splitlines()}
     return ids - {""}
 
 
@@ -366,6 +366,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     dataset's section and `by_dataset` the cross-dataset summary."""
     from sieverag.training.filter_report import write_report
 
+    check_output_folder(config.out)
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
     metadata = adapter_metadata(filter_role)
@@ -378,11 +379,12 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     # each passage's score (and each sentence reply) once, from this run or an earlier one.
     labels = cache.load("filter-chunks", filter_identity) or {}
     replies = cache.load("filter-sentences", filter_identity) or {}
+    # Every dataset is read before the filter loads: a bad file fails at once.
+    selections = [select_examples(config, trained, dataset) for dataset in config.dataset]
     mcf_backend = CachingBackend(build_backend(filter_role), labels, replies)
     stored = (len(labels), len(replies))
     sections, outputs = {}, []
-    for dataset in config.dataset:
-        selection = select_examples(config, trained, dataset)
+    for selection in selections:
         section, decisions, sentence_kept = _evaluate(
             config, selection, mcf_backend, judge_role, cache, filter_role.device, progress)
         if len(mcf_backend.labels) > stored[0]:
@@ -390,7 +392,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         if len(mcf_backend.replies) > stored[1]:
             cache.store("filter-sentences", filter_identity, mcf_backend.replies)
         stored = (len(mcf_backend.labels), len(mcf_backend.replies))
-        sections[_section_name(dataset, sections)] = section
+        sections[_section_name(selection.dataset, sections)] = section
         outputs.append((decisions, selection.examples, sentence_kept))
 
     configs = mcf_configs(config)

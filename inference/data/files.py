@@ -5,13 +5,13 @@ the line where there is one."""
 from __future__ import annotations
 
 import gzip
-import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from sieverag.inference.errors import DatasetError
+from sieverag.inference.io_utils import parse_json
 
 Record = dict[str, Any]
 """One JSON object of a dataset file (a jsonl line, or a nested record)."""
@@ -59,13 +59,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
             for line_number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DatasetError(
-                        f"{path}, line {line_number}: not valid JSON ({err.msg} at column "
-                        f"{err.colno}); fix or remove the line"
-                    ) from None
+                record = parse_json(line, f"{path}, line {line_number}",
+                                    "fix or remove the line")
                 if not isinstance(record, dict):
                     raise DatasetError(
                         f"{path}, line {line_number}: is {json_type(record)}, "
@@ -93,12 +88,6 @@ def load_json_document(path: Path) -> Any:
                 raw = archive.read(members[0])
         else:
             raw = path.read_bytes()
-        return json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise DatasetError(
-            f"{where}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
-        ) from None
-    except UnicodeDecodeError:
-        raise DatasetError(f"{where}: is not UTF-8 text; re-encode the file as UTF-8") from None
     except (OSError, zipfile.BadZipFile, EOFError) as err:
         raise DatasetError(f"{where}: cannot be read ({err})") from None
+    return parse_json(raw, where)

@@ -26,7 +26,12 @@ from sieverag.inference.eval.records import EvalRecord, build_record, trust_metr
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.adapters import CARD_FILE
-from sieverag.inference.io_utils import JsonlLog, write_atomic
+from sieverag.inference.io_utils import (
+    JsonlLog,
+    check_output_folder,
+    read_text,
+    write_atomic,
+)
 from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
@@ -47,7 +52,7 @@ def read_question_ids(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"question ids file {path} not found")
-    ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    ids = [line.strip() for line in read_text(path).splitlines()]
     ids = [i for i in ids if i]
     if not ids:
         raise DatasetError(f"question ids file {path} lists no id")
@@ -116,6 +121,7 @@ def _merged_usage(
 def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
     out_dir = Path(out_dir)
+    check_output_folder(out_dir)
     config = resolve_roles(config)
     examples = selected_examples(config)
     ids = [e.id for e in examples]
@@ -123,6 +129,10 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise DatasetError(f"{config.dataset}: example id {duplicate!r} appears more than once")
     _check_same_run(config, out_dir)
+    # Finished results are read before any model loads: a bad line fails at once.
+    logs = {name: JsonlLog(out_dir / "results" / f"{name}.jsonl") for name in config.pipelines}
+    finished = {name: [r for r in log.read_records(EvalRecord) if r.id in set(ids)]
+                for name, log in logs.items()}
     config = replace(config, provenance=provenance(config))
     write_atomic(out_dir / "config.yaml", config.to_yaml())
 
@@ -141,8 +151,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     all_records: dict[str, list[EvalRecord]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
-        log = JsonlLog(out_dir / "results" / f"{name}.jsonl")
-        records = [r for r in log.read_records(EvalRecord) if r.id in set(ids)]
+        log, records = logs[name], finished[name]
         done = {r.id for r in records}
         todo = [e for e in examples if e.id not in done]
         for example in tqdm(
