@@ -32,7 +32,7 @@ from typing import Any, Literal
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.filter_format import numbered_sentences
-from sieverag.inference.io_utils import JsonlLog
+from sieverag.inference.io_utils import JsonlLog, parse_json
 from sieverag.inference.llm.base import GenerationSettings, Usage
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.prompt_templates import load_template
@@ -120,10 +120,9 @@ def parse_teacher_reply(text: str, n_sentences: int) -> tuple[bool, tuple[int, .
     fenced = _FENCE.match(body)
     if fenced:
         body = fenced.group(1)
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise TeacherReplyError("the reply is not a JSON object") from None
+    # Any reply json cannot read is an invalid reply (corrected once, then recorded), never
+    # an exception that stops the run; the reason goes back to the teacher in the correction.
+    data = parse_json(body, "the reply", error=TeacherReplyError)
     if not isinstance(data, dict):
         raise TeacherReplyError("the reply is not a JSON object")
     relevant = data.get("relevant")

@@ -13,7 +13,7 @@ reader (or a crashed run) sees the old file or the whole new one, never half of 
   into it (an unknown, missing or mistyped key is a `DatasetError` naming file, line and key);
 * `parse_json(text, where)` — one JSON value; anything Python cannot read as one (bad
   syntax, bytes not UTF-8, an integer past Python's digit limit, nesting past its recursion
-  limit) is a `DatasetError` naming `where`;
+  limit) is a `DatasetError` (or the error class given) naming `where`;
 * `read_text(path)` — a UTF-8 text file, or an error naming the file and the first bad line;
 * `check_output_folder(path)` — refuse an output folder that a file stands in the way of;
 * `cache_root()` — where everything sieverag caches lives ($SIEVERAG_CACHE).
@@ -132,9 +132,10 @@ def validated_record(model: type[Record], data: Any, path: str | Path, line: int
             "written by another sieverag version? fix or remove that line") from None
 
 
-def parse_json(text: str | bytes, where: str, advice: str = "") -> Any:
+def parse_json(text: str | bytes, where: str, advice: str = "",
+               error: type[Exception] = DatasetError) -> Any:
     """The JSON value of `text`, read from `where` (a file, or "FILE, line N"); text Python
-    cannot read as JSON is a `DatasetError` naming `where`, then `advice` (what to do)."""
+    cannot read as JSON is one `error` naming `where`, then `advice` (what to do)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -147,7 +148,7 @@ def parse_json(text: str | bytes, where: str, advice: str = "") -> Any:
                   "Python reads")
     except RecursionError:
         reason = "is JSON nested too deeply to read"
-    raise DatasetError(f"{where}: {reason}" + (f"; {advice}" if advice else "")) from None
+    raise error(f"{where}: {reason}" + (f"; {advice}" if advice else "")) from None
 
 
 def read_text(path: Path, error: type[SieveragError] = DatasetError) -> str:

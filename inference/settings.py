@@ -25,6 +25,7 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from yaml.reader import ReaderError
 
 from sieverag.inference.errors import ConfigError, validation_problems
 from sieverag.inference.io_utils import read_text
@@ -98,7 +99,7 @@ def read_yaml_mapping(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {path}{_yaml_problem(err, text)}") from None
     except RecursionError:
         raise ConfigError(f"config file {path} is nested too deeply to read") from None
     except ValueError as err:  # a value its tag cannot hold: a date 2024-13-01, a 5,000-digit int
@@ -109,6 +110,22 @@ def read_yaml_mapping(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
     return data
+
+
+def _yaml_problem(err: yaml.YAMLError, text: str) -> str:
+    """PyYAML's error as one line, ", line L, column C: not valid YAML (problem)", without
+    the excerpt and caret its message draws over several lines."""
+    if isinstance(err, ReaderError):  # a character YAML forbids: an offset, not a mark
+        line = text.count("\n", 0, err.position)
+        column = err.position - (text.rfind("\n", 0, err.position) + 1)
+        place: tuple[int, int] | None = (line, column)
+        problem = f"unacceptable character #x{err.character:04x}: {err.reason}"
+    else:
+        mark = getattr(err, "problem_mark", None)
+        place = (mark.line, mark.column) if mark else None
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    where = f", line {place[0] + 1}, column {place[1] + 1}" if place else ""
+    return f"{where}: not valid YAML ({problem})"
 
 
 def load_settings(cls: type[T], path: str | Path) -> T:

@@ -1,12 +1,16 @@
 """Inputs past Python's limits or of the wrong kind end in one line naming the file (and the
 line where there is one), exit code 2, never a traceback: JSON with a 5,000-digit integer or
-nested 100,000 deep, files that are not UTF-8, YAML nested past the recursion limit, a corrupt
-label_config.json, and an --out that names a file. Each fails before any model loads, so no
-loading output reaches stderr either."""
+nested 100,000 deep, files that are not UTF-8, YAML nested past the recursion limit or not
+YAML at all (line and column, without PyYAML's caret picture), a corrupt label_config.json, a
+run's results read by `trace`, an adapter's JSON files and safetensors header read by `filter
+install`, and an --out that names a file. Each fails before any model loads, so no loading
+output reaches stderr either. (`filter package` and eval-filter's cache: test_filter_adapters
+and test_training_eval.)"""
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +27,7 @@ BIG_NUMBER_LINE = '{"id": "q2", "question": "how many?", "answers": [' + "7" * 5
 DEEP_LINE = '{"id": "q2", "question": "what?", "answers": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
 DEEP_YAML = "limit: " + "[" * 100_000 + "]" * 100_000 + "\n"
 NOT_UTF8 = b"q1\n\xff\xfe\x80 not text\n"
+BROKEN_YAML = "pipelines: [direct\n"
 
 
 def failure(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -58,6 +63,32 @@ def label_argv(tmp_path: Path, dataset: Path | None = None, out: Path | None = N
 
 # A case makes its files under tmp_path and returns the command's argv.
 Case = Callable[[Path], list[str]]
+
+
+def trace_argv(tmp_path: Path) -> list[str]:
+    return ["trace", str(tmp_path / "run"), "q1"]
+
+
+def safetensors(header: str) -> bytes:
+    """A safetensors file: its header's length, the header, then 4 bytes of tensor data."""
+    return struct.pack("<Q", len(header)) + header.encode() + bytes(4)
+
+
+ONE_TENSOR = safetensors('{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}')
+
+
+def install_argv(config: str = "{}", weights: bytes = ONE_TENSOR,
+                 card: str | bytes | None = None) -> Case:
+    """`filter install` of an adapter folder holding these files."""
+    def case(tmp_path: Path) -> list[str]:
+        folder = tmp_path / "adapter"
+        write(folder / "adapter_config.json", config)
+        write(folder / "adapter_model.safetensors", weights)
+        if card is not None:
+            write(folder / "sieverag_adapter.json", card)
+        return ["filter", "install", str(folder), "--name", "mine"]
+
+    return case
 
 
 def with_file(name: str, content: str | bytes, argv: Case) -> Case:
@@ -142,6 +173,35 @@ CASES: dict[str, tuple[Case, str]] = {
                    "--dataset", str(write(t / "qa.jsonl", GOOD_LINE)),
                    "--out", str(write(t / "out.txt", "mine"))],
         "out.txt is a file"),
+    "eval --config not YAML": (
+        lambda t: eval_argv(t, "--config", str(write(t / "mine.yaml", BROKEN_YAML))),
+        "mine.yaml, line 2, column 1: not valid YAML (expected ',' or ']', but got "
+        "'<stream end>')"),
+    "eval --config holding a control character": (
+        lambda t: eval_argv(t, "--config", str(write(t / "mine.yaml", "quiet: true\nk: \x07\n"))),
+        "mine.yaml, line 2, column 4: not valid YAML (unacceptable character #x0007"),
+    "trace results not UTF-8": (
+        with_file("run/results/amber.jsonl", b'{"id": "\xff\xfe"}\n', trace_argv),
+        "amber.jsonl, line 1: is not UTF-8 text"),
+    "trace results, 5,000-digit integer": (
+        with_file("run/results/amber.jsonl", BIG_NUMBER_LINE, trace_argv),
+        "amber.jsonl, line 1: holds a number longer than"),
+    "trace results, nested 100,000 deep": (
+        with_file("run/results/amber.jsonl", DEEP_LINE, trace_argv),
+        "amber.jsonl, line 1: is JSON nested too deeply"),
+    "filter install adapter_config.json, 5,000-digit integer": (
+        install_argv(config='{"r": ' + "7" * 5000 + "}"),
+        "adapter_config.json: holds a number longer than"),
+    "filter install adapter_config.json nested 100,000 deep": (
+        install_argv(config=DEEP_LINE), "adapter_config.json: is JSON nested too deeply"),
+    "filter install card not UTF-8": (
+        install_argv(card='{"name": "\xff"}'.encode("latin-1")),
+        "sieverag_adapter.json, line 1: is not UTF-8 text"),
+    "filter install card nested 100,000 deep": (
+        install_argv(card=DEEP_LINE), "sieverag_adapter.json: is JSON nested too deeply"),
+    "filter install safetensors header nested 100,000 deep": (
+        install_argv(weights=safetensors("[" * 100_000 + "]" * 100_000)),
+        "adapter_model.safetensors is not a readable safetensors file"),
 }
 
 

@@ -45,9 +45,12 @@ def test_missing_or_broken_config_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_run_config(tmp_path / "nope.yaml")
     broken = tmp_path / "broken.yaml"
-    broken.write_text("dataset: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    broken.write_text("dataset: x\nmodels: {generator: [unclosed}\n")
+    # One line: where and what, without PyYAML's excerpt and caret drawn under it.
+    with pytest.raises(ConfigError) as caught:
         load_run_config(broken)
+    assert str(caught.value) == (f"config file {broken}, line 2, column 30: not valid YAML "
+                                 "(expected ',' or ']', but got '}')")
 
 
 def test_templates_render_exactly_their_inputs():

@@ -24,6 +24,9 @@ REQUEST = TeacherRequest("Where was Lise Meitner born?",
                          ("Lise Meitner was born in Vienna.", "She studied physics."),
                          "Lise Meitner")
 VALID = '{"relevant": true, "key_sentences": [1]}'
+# Replies json cannot read for Python's limits (RecursionError, and ValueError past 4,300 digits).
+DEEP_REPLY = '{"relevant": true, "key_sentences": ' + "[" * 100_000 + "]" * 100_000 + "}"
+BIG_NUMBER_REPLY = '{"relevant": true, "key_sentences": [' + "7" * 5000 + "]}"
 
 
 def verdict_reply(request: RecordedRequest) -> Reply:
@@ -49,7 +52,8 @@ def test_parse_teacher_reply() -> None:
     for bad in ("yes", "[1]", '{"relevant": "yes", "key_sentences": []}',
                 '{"relevant": true}', '{"relevant": true, "key_sentences": [3]}',
                 '{"relevant": true, "key_sentences": [0]}',
-                '{"relevant": true, "key_sentences": [true]}', '{"relevant": true'):
+                '{"relevant": true, "key_sentences": [true]}', '{"relevant": true',
+                DEEP_REPLY, BIG_NUMBER_REPLY):
         with pytest.raises(TeacherReplyError):
             parse_teacher_reply(bad, 2)
 
@@ -82,7 +86,7 @@ def test_invalid_reply_is_corrected_once(tmp_path: Path) -> None:
     correction = server.requests[1].json["messages"]
     assert [m["role"] for m in correction] == ["system", "user", "assistant", "user"]
     assert correction[2]["content"] == "Sentence 1 is relevant."
-    assert "not a JSON object" in correction[3]["content"]
+    assert "the reply: not valid JSON" in correction[3]["content"]
 
 
 def test_twice_invalid_reply_is_recorded_invalid_not_accepted(tmp_path: Path) -> None:
@@ -99,6 +103,26 @@ def test_twice_invalid_reply_is_recorded_invalid_not_accepted(tmp_path: Path) ->
         assert rerun.label([REQUEST])[0].status == "invalid"
         rerun.close()
         assert len(server.requests) == 2  # the invalid verdict is final: not asked again
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (DEEP_REPLY, "nested too deeply"), (BIG_NUMBER_REPLY, "holds a number longer than")],
+    ids=["nested 100,000 deep", "5,000-digit integer"])
+def test_a_reply_past_pythons_limits_is_an_invalid_reply(tmp_path: Path, bad: str,
+                                                        reason: str) -> None:
+    """Corrected once, then recorded invalid like any unparsable reply; the run goes on."""
+    with FakeOpenAIServer() as server:
+        server.script(Reply(body=chat_reply(bad)), Reply(body=chat_reply(bad)))
+        teacher = client(server, tmp_path)
+        [verdict] = teacher.label([REQUEST])
+        teacher.close()
+        assert (verdict.status, verdict.relevant, verdict.attempts) == ("invalid", None, 2)
+        assert reason in verdict.error
+        assert reason in server.requests[1].json["messages"][-1]["content"]
+        rerun = client(server, tmp_path)  # the cache holding the reply reads back
+        assert rerun.label([REQUEST])[0].status == "invalid"
+        rerun.close()
+        assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize("failure", [

@@ -124,7 +124,7 @@ def test_filter_commands_refuse_bad_settings_by_name(places, tmp_path, capsys, a
 
 @pytest.mark.parametrize(("breakage", "message"), [
     ("not an adapter", "has no adapter_config.json"),
-    ("card does not parse", "cannot read .*sieverag_adapter.json"),
+    ("card does not parse", "sieverag_adapter.json: not valid JSON"),
     ("no safetensors", "has no adapter_model.safetensors"),
     ("corrupt safetensors", "adapter_model.safetensors is not a readable safetensors file"),
     ("other prompts", "trained with the prompt template filter_chunk \\(sha256 0000"),
@@ -250,3 +250,51 @@ def test_package_refuses_when_bf16_moves_the_scores_and_leaves_out_as_it_was(
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     with pytest.raises(AdapterError, match="has no sieverag_adapter.json"):
         package_filter(lora, tmp_path / "x")
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+BIG_NUMBER = "7" * 5000
+
+
+@pytest.mark.parametrize(("file", "content", "named"), [
+    ("dataset/validation.jsonl", b'{"task": "\xff"}\n', "validation.jsonl, line 1: is not UTF-8"),
+    ("dataset/validation.jsonl", f'{{"task": {BIG_NUMBER}}}\n',
+     "validation.jsonl, line 1: holds a number longer than"),
+    ("dataset/validation.jsonl", DEEP + "\n", "validation.jsonl, line 1: is JSON nested too deep"),
+    ("dataset/validation.jsonl", "[1]\n", "validation.jsonl, line 1: is not a JSON object"),
+    ("dataset/validation.jsonl", '{"task": "chunk"}\n',
+     "validation.jsonl, line 1: not a build-dataset record (no 'prompt')"),
+    ("dataset/train.jsonl", "{half\n", "train.jsonl, line 1: not valid JSON"),
+    ("dataset/train.jsonl", DEEP + "\n", "train.jsonl, line 1: is JSON nested too deep"),
+    ("eval/report.json", b'{"chunk": "\xff"}', "report.json, line 1: is not UTF-8"),
+    ("eval/report.json", f'{{"chunk": {BIG_NUMBER}}}', "report.json: holds a number longer than"),
+    ("eval/report.json", DEEP, "report.json: is JSON nested too deep"),
+    ("eval/report.json", "[1]", "report.json is not an eval-filter report"),
+], ids=["validation not UTF-8", "validation 5,000-digit integer", "validation nested deep",
+        "validation line not an object", "validation line without a prompt",
+        "train not JSON", "train nested deep", "report not UTF-8", "report 5,000-digit integer",
+        "report nested deep", "report not an object"])
+def test_package_names_a_bad_dataset_or_report_file_and_writes_nothing(
+        lora, tiny_model_dir, tmp_path, capsys, file, content, named):
+    """Every file `filter package` reads is read before any model loads; a bad one is one line
+    naming it (and its line), exit code 2, and --out is not made."""
+    run = _training_run(lora, tiny_model_dir, tmp_path)
+    card = json.loads((run / CARD_FILE).read_text(encoding="utf-8"))
+    if file.endswith("train.jsonl"):  # only read when the run recorded no training questions
+        del card["dataset"]["train_questions"]
+        (run / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "report.json").write_text(json.dumps(
+        {"chunk": {}, "questions": {"evaluated": 1}}), encoding="utf-8")
+    target = tmp_path / file
+    if isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        target.write_text(content, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["filter", "package", str(run), "--out", str(out), "--check-passages", "4",
+                 "--eval-filter", str(tmp_path / "eval")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error, error
+    assert named in error
+    assert not out.exists()

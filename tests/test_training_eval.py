@@ -293,6 +293,25 @@ def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) 
     return Example(id="q", question="?", answers=("x",), documents=documents)
 
 
+@pytest.mark.parametrize("content", [
+    b'{"fingerprint": "\xff\xfe", "value": 1}', ("[" * 100_000 + "]" * 100_000).encode(),
+    b'{"fingerprint": "f", "value": ' + b"7" * 5000 + b"}", b"[1, 2]", b'{"fingerprint": "',
+], ids=["not UTF-8", "nested 100,000 deep", "5,000-digit integer", "not an object",
+        "half-written"])
+def test_a_corrupt_cache_entry_is_a_miss_recomputed_and_overwritten(
+        tmp_path: Path, content: bytes) -> None:
+    from sieverag.training.filter_eval import MethodCache
+
+    cache = MethodCache(tmp_path)
+    (tmp_path / "judge.json").write_bytes(content)
+    fingerprint = {"judge": "tiny"}
+    assert cache.load("judge", fingerprint) is None
+    assert cache.get_or_compute("judge", fingerprint, lambda: {"q": [0.5]}) == {"q": [0.5]}
+    assert cache.load("judge", fingerprint) == {"q": [0.5]}  # the file now holds the entry
+    assert cache.get_or_compute("judge", fingerprint, lambda: pytest.fail("recomputed")) \
+        == {"q": [0.5]}
+
+
 def test_chunk_quality_definitions() -> None:
     from sieverag.training.filter_eval import chunk_quality
     from sieverag.training.filter_methods import ChunkDecisions

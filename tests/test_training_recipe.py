@@ -93,6 +93,26 @@ def test_unknown_flag_and_missing_recipe(tmp_path: Path) -> None:
         parse(["--config", str(broken)])
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    ("lora_r: [1\n", r"recipe\.yaml, line 5, column 1: not valid YAML \(expected ',' or "),
+    ("lora_r: " + "[" * 100_000 + "]" * 100_000 + "\n", r"recipe\.yaml is nested too deeply"),
+    ("lora_r: " + "7" * 5000 + "\n", r"recipe\.yaml holds a value that cannot be read"),
+], ids=["not YAML", "nested 100,000 deep", "5,000-digit integer"])
+def test_an_unreadable_recipe_is_one_line_naming_it(tmp_path: Path, body: str,
+                                                    message: str) -> None:
+    """The recipe is read as every sieverag config file is (`read_yaml_mapping`)."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse(["--config", write_recipe(tmp_path, body)])
+    assert "\n" not in str(caught.value)
+
+
+def test_an_empty_recipe_is_named(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"recipe .*empty\.yaml is empty"):
+        parse(["--config", str(empty)])
+
+
 def test_dataset_path_is_required() -> None:
     with pytest.raises(ConfigError, match="dataset_path is required"):
         parse(["--bf16", "false"])

@@ -175,7 +175,9 @@ def test_judge_answer_builds_prompt_and_parses_scores() -> None:
 
 @pytest.mark.parametrize(("reply", "reason"), [
     ("I think it is good.", "no JSON object"),
-    ("{correctness: 5}", "invalid JSON"),
+    ("{correctness: 5}", "not valid JSON"),
+    ('{"correctness": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"correctness": ' + "9" * 5000 + "}", "holds a number longer than"),
     ('{"correctness": 5}', "missing score(s): relevance"),
     (VALID.replace('"overall": 4', '"overall": 6'), "not an integer 1-5: overall"),
     (VALID.replace('"overall": 4', '"overall": "4"'), "not an integer 1-5: overall"),

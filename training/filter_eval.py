@@ -46,7 +46,12 @@ from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.metrics import filter_scores
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
-from sieverag.inference.io_utils import check_output_folder, read_text, write_atomic
+from sieverag.inference.io_utils import (
+    check_output_folder,
+    parse_json,
+    read_text,
+    write_atomic,
+)
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
@@ -331,15 +336,22 @@ class MethodCache:
         self.folder = folder
 
     def load(self, key: str, fingerprint: Mapping[str, Any]) -> Any | None:
-        """The value stored under `key` for this fingerprint, else None."""
+        """The value stored under `key` for this fingerprint, else None.
+
+        A file that is not such an entry (unreadable, not UTF-8, not JSON Python can read,
+        not an object with this fingerprint and a value) is a miss, never an error: the work
+        is done again and the file overwritten, as a cache should.
+        """
         path = self.folder / f"{key}.json"
         if not path.is_file():
             return None
         try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            stored = parse_json(path.read_bytes(), str(path))
+        except (OSError, DatasetError):
             return None
-        return stored["value"] if stored.get("fingerprint") == _digest(fingerprint) else None
+        if not isinstance(stored, dict) or stored.get("fingerprint") != _digest(fingerprint):
+            return None
+        return stored.get("value")
 
     def store(self, key: str, fingerprint: Mapping[str, Any], value: Any) -> None:
         write_atomic(self.folder / f"{key}.json",

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
 from trl import SFTConfig, TrlParser
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.settings import read_yaml_mapping
 from sieverag.training.sft_config import FilterModelConfig, FilterScriptArguments
 
 CONFIG_FLAG = "--config"
@@ -104,16 +104,11 @@ def _read_recipe(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"recipe {path} not found: give a YAML file such as "
                           "training/recipes/smollm2_filter_cpu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"cannot read recipe {path}: {err}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"recipe {path} is not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {path} must be a mapping of field: value, "
-                          f"got {type(data).__name__}")
-    return data
+    values = read_yaml_mapping(path)
+    if not values:  # TRL refuses a recipe without a mapping; say so before it does
+        raise ConfigError(f"recipe {path} is empty: give it field: value lines such as "
+                          "training/recipes/smollm2_filter_cpu.yaml")
+    return values
 
 
 def _check_recipe_values(parser: argparse.ArgumentParser, values: dict[str, Any],

@@ -5,7 +5,6 @@ query — then the evidence the generator read and the usage by agent."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.io_utils import validated_record
+from sieverag.inference.io_utils import parse_json, validated_record
 from sieverag.inference.pipelines.amber_trace import AmberRound, AmberTrace
 
 WIDTH = 100
@@ -31,14 +30,13 @@ def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") 
                 else "is it a run folder written by `sieverag eval`?")
         raise ConfigError(f"{path} not found; {hint}")
     ids = []
-    with path.open(encoding="utf-8") as handle:
+    # Bytes, line by line, as JsonlLog reads: a line that is not UTF-8 or not JSON Python can
+    # read is named, and the file is only read (an eval may still be appending to it).
+    with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                raise ConfigError(f"{path}:{number} is not valid JSON") from None
+            data = parse_json(line, f"{path}, line {number}", "fix or remove that line")
             record = validated_record(EvalRecord, data, path, number)
             if record.id == question_id:
                 return record

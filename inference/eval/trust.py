@@ -11,7 +11,6 @@ The LLM-as-a-judge helper asks any backend for six 1–5 scores as JSON, with it
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.io_utils import parse_json
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
@@ -283,10 +283,10 @@ def parse_judge_reply(reply: str) -> JudgeVerdict:
     match = _JSON_OBJECT.search(reply)
     if match is None:
         return JudgeVerdict(error="no JSON object in the reply", raw=reply)
-    try:
-        payload: Any = json.loads(match.group())
-    except json.JSONDecodeError as error:
-        return JudgeVerdict(error=f"invalid JSON ({error.msg})", raw=reply)
+    try:  # any text json cannot read (syntax, huge numbers, deep nesting) is a bad reply
+        payload: Any = parse_json(match.group(), "the reply")
+    except DatasetError as error:
+        return JudgeVerdict(error=str(error), raw=reply)
     if not isinstance(payload, dict):
         return JudgeVerdict(error="the JSON is not an object", raw=reply)
     missing = [name for name in JUDGE_CRITERIA if name not in payload]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sieverag.inference.errors import SieveragError
-from sieverag.inference.io_utils import atomic_directory
+from sieverag.inference.io_utils import atomic_directory, parse_json, read_text
 from sieverag.inference.llm.models import adapters_dir
 
 CONFIG_FILE = "adapter_config.json"
@@ -137,10 +137,8 @@ def read_card(folder: str | Path) -> dict[str, Any] | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AdapterError(f"cannot read {path}: {err}") from err
+    data = parse_json(read_text(path, AdapterError), str(path), "fix the file, or package or "
+                      "install the adapter again", error=AdapterError)
     if not isinstance(data, dict):
         raise AdapterError(f"{path} must hold a JSON object")
     return data
@@ -155,7 +153,7 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
             if length > path.stat().st_size:
                 raise ValueError(f"header length {length} exceeds the file")
             header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError, UnicodeDecodeError) as err:
+    except (OSError, struct.error, ValueError, RecursionError) as err:
         raise AdapterError(f"{path} is not a readable safetensors file: {err}") from err
     if not isinstance(header, dict):
         raise AdapterError(f"{path} is not a readable safetensors file: bad header")

@@ -21,12 +21,12 @@ The next retrained filter replaces the shipped one the same way:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.errors import DatasetError
 from sieverag.inference.filters.adapters import (
     BASE_SHA_KEY,
     CARD_FILE,
@@ -42,13 +42,20 @@ from sieverag.inference.filters.adapters import (
     read_card,
     weights_sha256,
 )
-from sieverag.inference.io_utils import atomic_directory, write_json_atomic
+from sieverag.inference.io_utils import (
+    atomic_directory,
+    parse_json,
+    read_text,
+    write_json_atomic,
+)
 
 CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card.
 CARRIED_KEYS = ("recipe", "metrics", "versions")
 # eval-filter's chunk-level figures kept per method in the card.
 HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "kept_per_question")
+_SPLIT_ADVICE = "is it a folder written by `sieverag build-dataset`?"
+_REPORT_ADVICE = "give the --out folder of `sieverag eval-filter`"
 
 
 @dataclass(frozen=True)
@@ -154,13 +161,33 @@ def with_training_questions(dataset: dict[str, Any]) -> dict[str, Any]:
                            "the run where its build-dataset folder is")
     questions: set[tuple[str, str]] = set()
     sources: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            record = json.loads(line)
-            questions.add((record["source"], record["question_id"]))
-            sources[record["source"]] = sources.get(record["source"], 0) + 1
+    for record in _split_records(path, ("source", "question_id")):
+        questions.add((record["source"], record["question_id"]))
+        sources[record["source"]] = sources.get(record["source"], 0) + 1
     return {**dataset, "sources": {"train": sources},
             "train_questions": sorted(map(list, questions))}
+
+
+def _split_records(path: Path, keys: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """The records of a build-dataset split file, in order, each a JSON object holding `keys`;
+    a line that is not is one `DatasetError` naming the file and the line."""
+    try:
+        handle = path.open("rb")
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot be read ({err.strerror})") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            record = parse_json(line, where, _SPLIT_ADVICE)
+            if not isinstance(record, dict):
+                raise DatasetError(f"{where}: is not a JSON object; {_SPLIT_ADVICE}")
+            missing = [k for k in keys if k not in record]
+            if missing:
+                raise DatasetError(f"{where}: not a build-dataset record (no "
+                                   f"{', '.join(map(repr, missing))}); {_SPLIT_ADVICE}")
+            yield record
 
 
 def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
@@ -171,13 +198,11 @@ def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[s
         path = folder / f"{split}.jsonl"
         if path.is_file():
             prompts = []
-            with path.open(encoding="utf-8") as handle:
-                for line in handle:
-                    record = json.loads(line)
-                    if record.get("task") == "chunk":
-                        prompts.append(record["prompt"])
-                    if len(prompts) == limit:
-                        break
+            for record in _split_records(path, ("task", "prompt")):
+                if record["task"] == "chunk":
+                    prompts.append(record["prompt"])
+                if len(prompts) == limit:
+                    break
             if prompts:
                 return prompts
     raise AdapterError(f"cannot find the run's training data ({folder}/validation.jsonl) for "
@@ -207,13 +232,14 @@ def held_out_quality(eval_dir: str | Path) -> dict[str, Any]:
     """The chunk-level figures of an `eval-filter` report (report.json), for the card."""
     path = Path(eval_dir) / "report.json"
     if not path.is_file():
-        raise AdapterError(f"{path} not found: give the --out folder of `sieverag eval-filter`")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        chunk = report["chunk"]
-        questions = report["questions"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise AdapterError(f"{path} is not an eval-filter report: {err}") from err
+        raise AdapterError(f"{path} not found: {_REPORT_ADVICE}")
+    report = parse_json(read_text(path, AdapterError), str(path), _REPORT_ADVICE,
+                        error=AdapterError)
+    if not (isinstance(report, dict) and isinstance(report.get("chunk"), dict)
+            and isinstance(report.get("questions"), dict)):
+        raise AdapterError(f"{path} is not an eval-filter report (no chunk and questions "
+                           f"sections): {_REPORT_ADVICE}")
+    chunk, questions = report["chunk"], report["questions"]
     return {
         "dataset": Path(str(report.get("config", {}).get("dataset", ""))).name,
         "questions": questions.get("evaluated"),
