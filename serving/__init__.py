@@ -7,7 +7,8 @@ inference side's `openai` backend:
   PEFT, CPU or GPU. `/health`, `/v1/models`, `/v1/completions` (log-probs, echo) and
   `/v1/chat/completions` (log-probs); LoRA adapters chosen by `model` name; concurrent
   requests continuously batched on one worker thread (`engine`, `decode_batch`); optional
-  bearer key (`auth`).
+  bearer key (`auth`); request limits checked before the work they bound (`body_limit`:
+  body size, `limits`: prompt sizes and counts).
 * `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, the pure
   `build_vllm_command`), for GPUs.
 

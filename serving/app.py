@@ -3,6 +3,10 @@
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions. A request
 picks the base model or an adapter by its `model` name. Every refusal is an OpenAI-style
 error body with a 4xx status; the server keeps serving.
+
+Sizes are checked before the work they bound: the body by `body_limit`, prompts by `limits`.
+Tokenising, rendering chat templates and building responses run in worker threads, so the
+event loop (and /health, and every other client) never waits for one request's CPU work.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,27 +24,44 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from sieverag.serving.auth import BearerAuth
+from sieverag.serving.body_limit import BodySizeLimit, RequestTooLarge
+from sieverag.serving.config import LocalOptions
 from sieverag.serving.engine import (
     BatchingEngine,
     EngineClosedError,
     SequenceRequest,
     SequenceResult,
 )
+from sieverag.serving.limits import PromptLimits
 from sieverag.serving.openai_format import chat_body, completion_body
-from sieverag.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text
+from sieverag.serving.protocol import (
+    UNENCODABLE_TEXT,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+)
+from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` (which the caller starts and closes)."""
+def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None
+               ) -> FastAPI:
+    """The FastAPI app serving `engine` (which the caller starts and closes), within the
+    request limits of `options`."""
     served = engine.served
     tokenizer = served.tokenizer
+    limits = PromptLimits(
+        max_model_len=served.max_model_len, vocabulary_size=len(tokenizer),
+        max_token_chars=max_token_chars(tokenizer),
+        max_prompts_per_request=options.max_prompts_per_request,
+        default_chat_max_tokens=options.default_chat_max_tokens)
     created = int(time.time())
     app = FastAPI(title="sieverag embedded server", docs_url=None, redoc_url=None,
                   openapi_url=None)
-    if api_key is not None:
+    app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
+    if api_key is not None:  # added last, so it runs first: a client without the key gets 401
         app.add_middleware(BearerAuth, api_key=api_key)
     _add_error_handlers(app)
 
@@ -48,29 +70,42 @@ def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI
             raise APIError(404, f"the model {name!r} does not exist; this server serves "
                            f"{', '.join(served.names)}", param="model", code="model_not_found")
 
-    def check_length(prompt: EncodedPrompt, max_tokens: int, param: str) -> None:
-        if not prompt.ids:
-            raise APIError(400, "the prompt is empty", param=param)
-        if len(prompt.ids) + max_tokens > served.max_model_len:
-            raise APIError(400, f"this model's maximum context length is {served.max_model_len} "
-                           f"tokens; the prompt has {len(prompt.ids)} tokens and max_tokens asks "
-                           f"for {max_tokens} more: shorten the prompt or lower max_tokens",
-                           param=param if len(prompt.ids) >= served.max_model_len
-                           else "max_tokens", code="context_length_exceeded")
+    # The functions below run in worker threads (asyncio.to_thread): tokenising, rendering
+    # templates and building log-prob tables take CPU time the event loop must not wait for.
 
-    def encode_prompt(prompt: str | list[int]) -> EncodedPrompt:
-        if isinstance(prompt, str):
-            return encode_text(tokenizer, prompt, add_special_tokens=True)
-        vocabulary = len(tokenizer)
-        if any(not 0 <= token < vocabulary for token in prompt):
-            raise APIError(400, f"the prompt holds token ids outside the vocabulary "
-                           f"[0, {vocabulary})", param="prompt")
-        return encode_ids(tokenizer, prompt)
+    def encode_prompts(prompts: list[str | list[int]], max_tokens: int) -> list[EncodedPrompt]:
+        encoded = [encode_text(tokenizer, prompt, add_special_tokens=True)
+                   if isinstance(prompt, str) else encode_ids(tokenizer, prompt)
+                   for prompt in prompts]
+        for prompt in encoded:
+            limits.check_encoded(prompt, max_tokens, "prompt")
+        return encoded
+
+    def encode_chat(body: ChatCompletionRequest) -> tuple[EncodedPrompt, int]:
+        messages = [message.as_template_message() for message in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=False)
+        except (TemplateError, ValueError) as exc:
+            raise APIError(400, f"the model's chat template refused the messages: {exc}",
+                           param="messages") from exc
+        requested = body.token_limit()
+        # Without max_tokens, the prompt must still leave room for one token.
+        limits.check_before_encoding(text, requested or 1, "messages")
+        # The rendered template holds its own special tokens (as HFBackend renders it).
+        prompt = encode_text(tokenizer, text, add_special_tokens=False)
+        max_tokens = limits.chat_max_tokens(requested, len(prompt.ids))
+        limits.check_encoded(prompt, max_tokens, "messages")
+        return prompt, max_tokens
 
     async def run_all(requests: list[SequenceRequest]) -> list[SequenceResult]:
         futures = [engine.submit(request) for request in requests]
         # Cancelling this handler (client gone) cancels the futures: the engine drops them.
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    async def respond(build: Callable[[], dict[str, Any]]) -> JSONResponse:
+        """The response, its body built and serialised off the event loop."""
+        return await asyncio.to_thread(lambda: JSONResponse(build()))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -89,11 +124,11 @@ def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> JSONResponse:
         check_model(body.model)
-        prompts = [encode_prompt(prompt) for prompt in body.prompts()]
-        if not prompts:
-            raise APIError(400, "prompt is an empty list", param="prompt")
-        for prompt in prompts:
-            check_length(prompt, body.max_tokens, "prompt")
+        texts_or_ids = body.prompts()
+        limits.check_count(texts_or_ids)
+        for prompt in texts_or_ids:
+            limits.check_before_encoding(prompt, body.max_tokens, "prompt")
+        prompts = await asyncio.to_thread(encode_prompts, texts_or_ids, body.max_tokens)
         requests = [SequenceRequest(
             model=body.model, prompt_ids=prompt.ids, max_tokens=body.max_tokens,
             temperature=body.temperature, top_p=body.top_p, seed=body.seed,
@@ -101,25 +136,14 @@ def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI
             prompt_logprobs=body.echo and body.logprobs is not None, stop=body.stop_strings(),
         ) for prompt in prompts]
         results = await run_all(requests)
-        return JSONResponse(completion_body(body.model, prompts, results, echo=body.echo,
-                                            logprobs=body.logprobs, tokenizer=tokenizer))
+        return await respond(lambda: completion_body(
+            body.model, prompts, results, echo=body.echo, logprobs=body.logprobs,
+            tokenizer=tokenizer))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
         check_model(body.model)
-        messages = [message.as_template_message() for message in body.messages]
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=False)
-        except (TemplateError, ValueError) as exc:
-            raise APIError(400, f"the model's chat template refused the messages: {exc}",
-                           param="messages") from exc
-        # The rendered template holds its own special tokens (as HFBackend renders it).
-        prompt = encode_text(tokenizer, text, add_special_tokens=False)
-        max_tokens = body.token_limit()
-        if max_tokens is None:
-            max_tokens = max(served.max_model_len - len(prompt.ids), 0)
-        check_length(prompt, max_tokens, "messages")
+        prompt, max_tokens = await asyncio.to_thread(encode_chat, body)
         request = SequenceRequest(
             model=body.model, prompt_ids=prompt.ids, max_tokens=max_tokens,
             temperature=body.temperature, top_p=body.top_p, seed=body.seed,
@@ -127,8 +151,8 @@ def create_app(engine: BatchingEngine, *, api_key: str | None = None) -> FastAPI
             stop=body.stop_strings(),
         )
         (result,) = await run_all([request])
-        return JSONResponse(chat_body(body.model, prompt, result, logprobs=body.logprobs,
-                                      tokenizer=tokenizer))
+        return await respond(lambda: chat_body(body.model, prompt, result,
+                                               logprobs=body.logprobs, tokenizer=tokenizer))
 
     return app
 
@@ -146,10 +170,18 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        message = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
-                   else f"{request.method} {request.url.path}: {exc.detail}")
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's JSON parsing failed
+            message = "the request body is not valid UTF-8: send JSON encoded as UTF-8"
+        else:
+            message = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(error_body(message, "invalid_request_error"),
                             status_code=exc.status_code)
+
+    @app.exception_handler(RequestTooLarge)
+    async def too_large(_: Request, exc: RequestTooLarge) -> JSONResponse:
+        return exc.response()
 
     @app.exception_handler(EngineClosedError)
     async def closed(_: Request, exc: EngineClosedError) -> JSONResponse:
@@ -162,11 +194,19 @@ def _add_error_handlers(app: FastAPI) -> None:
                                        "server_error"), status_code=500)
 
 
+# Text fields (`Text`) and keys (pydantic's own string_unicode) that UTF-8 cannot encode.
+_UNENCODABLE = (UNENCODABLE_TEXT, "string_unicode")
+
+
 def _validation_message(errors: Any) -> tuple[str, str | None]:
     """One clear message (and the offending parameter) from pydantic's error list."""
-    error = errors[0]
+    # A union reports every branch's error; text UTF-8 cannot encode is the one to name.
+    error = next((e for e in errors if e["type"] in _UNENCODABLE), errors[0])
     path = [str(part) for part in error["loc"] if part != "body"]
     param = path[0] if path else None
+    if error["type"] in _UNENCODABLE:
+        return (f"{param or 'the request body'} holds text that UTF-8 cannot encode (a lone "
+                "surrogate such as \\ud800): send valid Unicode text"), param
     if error["type"] == "json_invalid":
         detail = error.get("ctx", {}).get("error", "")
         return f"the request body is not valid JSON ({detail}): send a JSON object", None

@@ -61,12 +61,23 @@ class LocalOptions:
     device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
     log_level: LogLevel = field(default="info", metadata={"help": "server log level"})
     access_log: bool = field(default=True, metadata={"help": "log one line per request"})
+    max_request_bytes: int = field(default=8 * 1024 * 1024, metadata={
+        "help": "largest request body in bytes (default 8 MiB); a larger one gets 413, refused "
+                "by its Content-Length before it is read, or once a chunked body passes it"})
+    max_prompts_per_request: int = field(default=64, metadata={
+        "help": "most prompts in one /v1/completions request"})
+    default_chat_max_tokens: int = field(default=1024, metadata={
+        "help": "max_tokens of a chat request that gives none, lowered to the context the "
+                "prompt leaves"})
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not self.batch_window_ms >= 0:
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
+        for name in ("max_request_bytes", "max_prompts_per_request", "default_chat_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @settings

@@ -106,7 +106,7 @@ class LocalServer:
     def _prepare(self, log_config: dict | None) -> tuple[uvicorn.Server, socket.socket]:
         sock = _bind(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
-        app = create_app(self.engine, api_key=self._api_key)
+        app = create_app(self.engine, self.config, api_key=self._api_key)
         config = uvicorn.Config(app, log_level=self.config.log_level,
                                 access_log=self.config.access_log, log_config=log_config,
                                 timeout_graceful_shutdown=30)

@@ -3,19 +3,61 @@
 Bodies are validated strictly: an unknown parameter is refused with a 400 naming it rather
 than silently ignored, so a client never believes a setting took effect when it did not.
 `n` must be 1, `stream` false and the penalties 0 (none is implemented); `user` is accepted
-and ignored.
+and ignored. Every text field is `Text`: a string UTF-8 can encode, for JSON can spell a lone
+surrogate ("\\ud800"), which no tokenizer takes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictInt,
+    Tag,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 # The most alternatives per token a request may ask for (the OpenAI API's and vLLM's limit).
 MAX_LOGPROBS = 20
 
 ErrorType = Literal["invalid_request_error", "server_error"]
+
+# The pydantic error type of a text field that UTF-8 cannot encode.
+UNENCODABLE_TEXT = "unencodable_text"
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError(UNENCODABLE_TEXT, "text that UTF-8 cannot encode (a lone "
+                                  "surrogate such as \\ud800)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+
+def _prompt_shape(prompt: Any) -> str:
+    """The one branch of `Prompt` that validates `prompt`, chosen by its first element: trying
+    each in turn would type-check every element of a long token-id list against each."""
+    if not isinstance(prompt, list):
+        return "text"
+    first = prompt[0] if prompt else ""
+    return "texts" if isinstance(first, str) else "id_lists" if isinstance(first, list) else "ids"
+
+
+Prompt = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[list[Text], Tag("texts")]
+    | Annotated[list[StrictInt], Tag("ids")] | Annotated[list[list[StrictInt]], Tag("id_lists")],
+    Discriminator(_prompt_shape),
+]
 
 
 class APIError(Exception):
@@ -43,14 +85,14 @@ def error_body(message: str, type: ErrorType, param: str | None = None,
 class _RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="served model name: the base model or an adapter name")
+    model: Text = Field(description="served model name: the base model or an adapter name")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     seed: StrictInt | None = Field(None, description="seed for sampling (temperature > 0)")
-    stop: str | list[str] | None = Field(None, description="stop strings, cut from the text")
+    stop: Text | list[Text] | None = Field(None, description="stop strings, cut from the text")
     n: Literal[1] = Field(1, description="choices per prompt: only 1 is supported")
     stream: Literal[False] = Field(False, description="streaming is not supported")
-    user: str | None = Field(None, description="end-user id; accepted and ignored")
+    user: Text | None = Field(None, description="end-user id; accepted and ignored")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 is supported")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 is supported")
 
@@ -62,8 +104,7 @@ class _RequestBody(BaseModel):
 class CompletionRequest(_RequestBody):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
-        description="a prompt, a list of prompts, or token ids")
+    prompt: Prompt = Field(description="a prompt, a list of prompts, or token ids")
     max_tokens: StrictInt = Field(16, ge=0, description="tokens to generate (0 with echo)")
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                        description="alternatives per token")
@@ -75,7 +116,7 @@ class CompletionRequest(_RequestBody):
         if isinstance(prompt, str):
             return [prompt]
         if prompt and isinstance(prompt[0], int):
-            return [[int(token) for token in prompt]]
+            return [prompt]
         return list(prompt)
 
 
@@ -83,15 +124,15 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def as_template_message(self) -> dict[str, str]:
         """{role, content} as a chat template reads it (developer counts as system)."""
@@ -104,8 +145,8 @@ class ChatCompletionRequest(_RequestBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: StrictInt | None = Field(None, ge=1, description="default: the rest of the "
-                                         "context")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="default: the server's "
+                                         "default_chat_max_tokens, lowered to the context left")
     max_completion_tokens: StrictInt | None = Field(None, ge=1, description="newer spelling "
                                                     "of max_tokens")
     logprobs: bool = Field(False, description="return the chosen tokens' log-probs")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+PREFIX_BATCH = 256  # prefixes decoded per call in `prefix_offsets`
+
 
 @dataclass(frozen=True)
 class EncodedPrompt:
@@ -40,14 +42,30 @@ def encode_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> Encode
 
 def prefix_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], *,
                    skip_special_tokens: bool) -> list[int]:
-    """Character offset of each token in the decoding of `ids`: the length of its prefix."""
-    if not ids:
-        return []
-    prefixes = tokenizer.batch_decode([list(ids[:n]) for n in range(len(ids))],
-                                      skip_special_tokens=skip_special_tokens)
-    # A prefix ending inside a multi-byte character decodes with trailing U+FFFD; the next
-    # token then points at that character's start, as the offset mapping does.
-    return [len(prefix.rstrip("\ufffd")) for prefix in prefixes]
+    """Character offset of each token in the decoding of `ids`: the length of its prefix.
+
+    Decoding every prefix costs time quadratic in len(ids) (bounded by the context length);
+    memory stays bounded, as at most PREFIX_BATCH prefixes are decoded at a time.
+    """
+    offsets: list[int] = []
+    for start in range(0, len(ids), PREFIX_BATCH):
+        prefixes = tokenizer.batch_decode(
+            [list(ids[:n]) for n in range(start, min(start + PREFIX_BATCH, len(ids)))],
+            skip_special_tokens=skip_special_tokens)
+        # A prefix ending inside a multi-byte character decodes with trailing U+FFFD; the next
+        # token then points at that character's start, as the offset mapping does.
+        offsets.extend(len(prefix.rstrip("\ufffd")) for prefix in prefixes)
+    return offsets
+
+
+def max_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters of text one token can stand for: its longest vocabulary entry.
+
+    Exact for byte-level BPE vocabularies (an entry spells one character per byte, and each
+    character of text takes at least one byte) and for SentencePiece ones (an entry spells
+    its text); only a normaliser that merges characters could beat it.
+    """
+    return max(map(len, tokenizer.get_vocab()))
 
 
 def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:

@@ -209,6 +209,7 @@ def test_adapter_selection_changes_logprobs_and_matches_hf(
     ("/completions", '{"model": "lora", "prompt": "hi", "best_of": 2}', 400, "best_of"),
     ("/completions", '{"model": "lora", "prompt": []}', 400, "prompt"),
     ("/completions", '{"model": "lora", "prompt": [99999999]}', 400, "prompt"),
+    ("/completions", '{"model": "lora", "prompt": "lone \\ud800 surrogate"}', 400, "prompt"),
     ("/completions", json.dumps({"model": "lora", "prompt": "word " * 2000}), 400, "prompt"),
     ("/completions", json.dumps({"model": "lora", "prompt": "hi", "max_tokens": 1024}), 400,
      "max_tokens"),

@@ -1,0 +1,81 @@
+"""The size rules every prompt must pass, each checked before the work whose cost it bounds.
+
+* Prompts per /v1/completions request: at most `max_prompts_per_request` (400).
+* A text prompt (a completions string, a chat conversation as its template renders it),
+  before it is tokenised: one token stands for at most `max_token_chars` characters (the
+  longest vocabulary entry, `tokens.max_token_chars`), so a text of more than
+  (context - max_tokens) x that many characters cannot fit (400 `context_length_exceeded`).
+* A token-id prompt, before its text and offsets are decoded (which costs time quadratic in
+  its length): its length against the context, then each id against the vocabulary, in one
+  pass (400).
+* Every prompt once tokenised: not empty, and its tokens plus max_tokens within the context
+  (400 `context_length_exceeded`).
+* A chat request without max_tokens gets `default_chat_max_tokens`, lowered to what the
+  context leaves after the prompt.
+
+The request body's size is bounded before any of this, by `body_limit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sieverag.serving.protocol import APIError
+from sieverag.serving.tokens import EncodedPrompt
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """The prompt size rules for one served model, shared by chat and completions."""
+
+    max_model_len: int
+    vocabulary_size: int
+    max_token_chars: int
+    max_prompts_per_request: int
+    default_chat_max_tokens: int
+
+    def check_count(self, prompts: Sequence[object]) -> None:
+        """Refuse a completions request with no prompt or more than the cap."""
+        if not prompts:
+            raise APIError(400, "prompt is an empty list", param="prompt")
+        if len(prompts) > self.max_prompts_per_request:
+            raise APIError(400, f"the request holds {len(prompts)} prompts; this server takes "
+                           f"at most {self.max_prompts_per_request} per request: split it",
+                           param="prompt")
+
+    def check_before_encoding(self, prompt: str | Sequence[int], max_tokens: int,
+                              param: str) -> None:
+        """Refuse a prompt that cannot fit the context, in time linear in its length, before
+        it is tokenised (text) or decoded (token ids)."""
+        if isinstance(prompt, str):
+            fewest = -(-len(prompt) // self.max_token_chars)  # ceil: a token's most characters
+            self._check_fit(fewest, max_tokens, param,
+                            f"at least {fewest} tokens ({len(prompt)} characters, and one token "
+                            f"stands for at most {self.max_token_chars})")
+            return
+        self._check_fit(len(prompt), max_tokens, param, f"{len(prompt)} tokens")
+        if any(not 0 <= token < self.vocabulary_size for token in prompt):
+            raise APIError(400, f"the prompt holds token ids outside the vocabulary "
+                           f"[0, {self.vocabulary_size})", param=param)
+
+    def check_encoded(self, prompt: EncodedPrompt, max_tokens: int, param: str) -> None:
+        """Refuse an empty tokenised prompt, or one that with max_tokens overflows the context."""
+        if not prompt.ids:
+            raise APIError(400, "the prompt is empty", param=param)
+        self._check_fit(len(prompt.ids), max_tokens, param, f"{len(prompt.ids)} tokens")
+
+    def chat_max_tokens(self, requested: int | None, prompt_tokens: int) -> int:
+        """The requested max_tokens, or the server's default lowered to the context left (at
+        least 1, so that a prompt filling the context is refused by `check_encoded`)."""
+        if requested is not None:
+            return requested
+        return max(1, min(self.default_chat_max_tokens, self.max_model_len - prompt_tokens))
+
+    def _check_fit(self, prompt_tokens: int, max_tokens: int, param: str, counted: str) -> None:
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} "
+                           f"tokens; the prompt has {counted} and max_tokens asks for "
+                           f"{max_tokens} more: shorten the prompt or lower max_tokens",
+                           param=param if prompt_tokens >= self.max_model_len else "max_tokens",
+                           code="context_length_exceeded")
