@@ -8,7 +8,8 @@ inference side's `openai` backend:
   `/v1/chat/completions` (log-probs); LoRA adapters chosen by `model` name; concurrent
   requests continuously batched on one worker thread (`engine`, `decode_batch`); optional
   bearer key (`auth`); request limits checked before the work they bound (`body_limit`:
-  body size, `limits`: prompt sizes and counts).
+  body size, `limits`: prompt sizes and counts); a request whose client disconnects is
+  cancelled, its sequences leaving the batch (`disconnect`).
 * `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, the pure
   `build_vllm_command`), for GPUs.
 

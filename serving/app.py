@@ -7,6 +7,7 @@ error body with a 4xx status; the server keeps serving.
 Sizes are checked before the work they bound: the body by `body_limit`, prompts by `limits`.
 Tokenising, rendering chat templates and building responses run in worker threads, so the
 event loop (and /health, and every other client) never waits for one request's CPU work.
+A request whose client disconnects is cancelled (`disconnect`), its sequences with it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException
 from sieverag.serving.auth import BearerAuth
 from sieverag.serving.body_limit import BodySizeLimit, RequestTooLarge
 from sieverag.serving.config import LocalOptions
+from sieverag.serving.disconnect import CancelOnDisconnect
 from sieverag.serving.engine import (
     BatchingEngine,
     EngineClosedError,
@@ -60,6 +62,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     created = int(time.time())
     app = FastAPI(title="sieverag embedded server", docs_url=None, redoc_url=None,
                   openapi_url=None)
+    app.add_middleware(CancelOnDisconnect)  # innermost: it watches once the body is read
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
     if api_key is not None:  # added last, so it runs first: a client without the key gets 401
         app.add_middleware(BearerAuth, api_key=api_key)
@@ -100,8 +103,12 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
 
     async def run_all(requests: list[SequenceRequest]) -> list[SequenceResult]:
         futures = [engine.submit(request) for request in requests]
-        # Cancelling this handler (client gone) cancels the futures: the engine drops them.
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        try:
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        except BaseException:
+            # Cancelled (the client went away) or one prompt failed: the rest are not wanted.
+            engine.cancel(futures)
+            raise
 
     async def respond(build: Callable[[], dict[str, Any]]) -> JSONResponse:
         """The response, its body built and serialised off the event loop."""

@@ -6,7 +6,9 @@ New sequences are prefilled together (left-padded, grouped by served model name,
 token budget) and then join the running batch of their model: continuous batching, so each
 decode step runs every live sequence of one model as one forward pass, and a request that
 arrives mid-generation waits one step rather than for the whole batch to finish.
-Results are delivered through `concurrent.futures.Future`s.
+Results are delivered through `concurrent.futures.Future`s. A cancelled future (`cancel`, when
+a client goes away) takes its sequence out of the queue or its running batch before the
+worker's next forward pass.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import queue
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Literal
@@ -90,13 +92,15 @@ class SequenceResult:
 
 @dataclass
 class EngineStats:
-    """How many sequences each forward pass ran, by kind (batch size -> passes)."""
+    """How many sequences each forward pass ran, by kind (batch size -> passes), and how many
+    sequences were dropped unfinished because their future was cancelled."""
 
     prefill_batch_sizes: Counter[int] = field(default_factory=Counter)
     decode_batch_sizes: Counter[int] = field(default_factory=Counter)
+    cancelled: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: the engine keeps a set of them
 class _Sequence:
     """A request in flight, owned by the worker thread."""
 
@@ -126,6 +130,7 @@ class BatchingEngine:
         self._queue: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, RunningBatch[_Sequence]] = {}
+        self._held: set[_Sequence] = set()  # submitted and not yet let go; guarded by _lock
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="sieverag-engine", daemon=True)
@@ -149,6 +154,13 @@ class BatchingEngine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def in_flight(self) -> int:
+        """Sequences submitted and not yet let go: queued, waiting to start or running. A
+        cancelled one counts until the worker drops it (before its next forward pass)."""
+        with self._lock:
+            return len(self._held)
+
     def close(self) -> None:
         """Stop the worker; requests not yet finished fail with `EngineClosedError`."""
         with self._lock:
@@ -170,8 +182,17 @@ class BatchingEngine:
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the server is shutting down")
+            self._held.add(sequence)
             self._queue.put(sequence)
         return sequence.future
+
+    def cancel(self, futures: Iterable[Future[SequenceResult]]) -> None:
+        """Give up the sequences behind `futures` (from `submit`) that have not finished: each
+        leaves the queue or its running batch before the worker's next forward pass, so at
+        most the pass already under way computes it. Safe from any thread; finished futures
+        are left as they are."""
+        for future in futures:
+            future.cancel()
 
     # ----- the worker loop -----
 
@@ -193,31 +214,58 @@ class BatchingEngine:
         new = self._take_new()
         for name, group in _by_model(new).items():
             for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer)):
+                # A long prefill of an earlier chunk gives clients time to go away.
+                chunk = [chunk[i] for i in self._keep_wanted(chunk)]
+                if not chunk:
+                    continue
                 try:
                     self._prefill(name, chunk)
                 except Exception as exc:  # the server must outlive one bad batch
-                    _abandon(chunk, exc)
+                    self._abandon(chunk, exc)
         for name in list(self._running):
             rows = list(self._running[name].rows)
             try:
                 self._decode_step(name)
             except Exception as exc:
                 self._running.pop(name, None)
-                _abandon(rows, exc)
+                self._abandon(rows, exc)
 
     def _fail_everything(self, error: Exception) -> None:
-        leftovers = [s for batch in self._running.values() for s in batch.rows]
-        leftovers.extend(self._waiting)
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                leftovers.append(item)
+        with self._lock:  # queued, waiting, running, or between them when the worker failed
+            leftovers = list(self._held)
         self._running.clear()
         self._waiting.clear()
-        _fail(leftovers, error)
+        self._fail(leftovers, error)
+
+    def _abandon(self, sequences: Sequence[_Sequence], error: Exception) -> None:
+        logger.error("a batch of %d sequence(s) failed", len(sequences), exc_info=error)
+        self._fail(sequences, error)
+
+    def _fail(self, sequences: Sequence[_Sequence], error: BaseException) -> None:
+        self._let_go(sequences)  # first: a client that has its answer finds nothing in flight
+        for sequence in sequences:
+            try:
+                sequence.future.set_exception(error)
+            except InvalidStateError:
+                pass  # already resolved or cancelled
+
+    def _let_go(self, sequences: Iterable[_Sequence]) -> None:
+        with self._lock:
+            self._held.difference_update(sequences)
+
+    def _keep_wanted(self, sequences: Sequence[_Sequence]) -> list[int]:
+        """The indices of `sequences` whose futures are not cancelled; lets go of the others."""
+        wanted: list[int] = []
+        dropped: list[_Sequence] = []
+        for index, sequence in enumerate(sequences):
+            if sequence.future.cancelled():
+                dropped.append(sequence)
+            else:
+                wanted.append(index)
+        if dropped:
+            self._let_go(dropped)
+            self.stats.cancelled += len(dropped)
+        return wanted
 
     def _take_new(self) -> list[_Sequence]:
         """Sequences to start now: wait (with the batch window) only when nothing runs."""
@@ -246,13 +294,10 @@ class BatchingEngine:
             if item is None:
                 return []
             self._waiting.append(item)
+        waiting = list(self._waiting)
+        self._waiting = deque(waiting[i] for i in self._keep_wanted(waiting))
         room = self.max_batch_size - sum(len(batch) for batch in self._running.values())
-        new: list[_Sequence] = []
-        while self._waiting and len(new) < room:
-            sequence = self._waiting.popleft()
-            if not sequence.future.cancelled():
-                new.append(sequence)
-        return new
+        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
     def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows."""
@@ -284,8 +329,14 @@ class BatchingEngine:
                 self._running[name] = batch
 
     def _decode_step(self, name: str) -> None:
-        """Feed every live row of `name` its last token, as one forward pass."""
+        """Feed every live row of `name` its last token, as one forward pass (rows whose
+        futures were cancelled leave the batch first)."""
         batch = self._running[name]
+        wanted = self._keep_wanted(batch.rows)
+        if not wanted:
+            del self._running[name]
+            return
+        batch.keep(wanted)
         self.stats.decode_batch_sizes[len(batch)] += 1
         device = self.served.device
         ids = torch.tensor([[s.tokens[-1]] for s in batch.rows], device=device)
@@ -327,8 +378,6 @@ class BatchingEngine:
                 self._check_finished(sequence)
             if sequence.finish_reason is not None:
                 self._resolve(sequence)
-            elif sequence.future.cancelled():
-                continue  # its client went away: stop generating for it
             else:
                 live.append(index)
         return live
@@ -356,6 +405,7 @@ class BatchingEngine:
         assert sequence.finish_reason is not None
         result = SequenceResult(tuple(sequence.tokens), sequence.text, sequence.finish_reason,
                                 tuple(sequence.logprobs), sequence.prompt_logprobs)
+        self._let_go([sequence])  # first: a client that has its answer finds nothing in flight
         try:
             sequence.future.set_result(result)
         except InvalidStateError:
@@ -417,16 +467,3 @@ def _top_k(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]
     values, indices = logprobs.topk(k, dim=-1)
     return [tuple(zip(i, v, strict=True))
             for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
-
-
-def _abandon(sequences: Sequence[_Sequence], error: Exception) -> None:
-    logger.error("a batch of %d sequence(s) failed", len(sequences), exc_info=error)
-    _fail(sequences, error)
-
-
-def _fail(sequences: Sequence[_Sequence], error: BaseException) -> None:
-    for sequence in sequences:
-        try:
-            sequence.future.set_exception(error)
-        except InvalidStateError:
-            pass  # already resolved or cancelled
