@@ -33,6 +33,7 @@ from transformers.cache_utils import Cache
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.context import FittedPrompt
 from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
 from sieverag.inference.types import Conversation
 
@@ -140,22 +141,22 @@ class SharedPrefixCXMI:
         prompts, replies = _flatten(question, aliases, contexts)
         return _unflatten(aliases, len(contexts), self.continuation_logprob(prompts, replies))
 
-    def _encode(self, prompts: Sequence[Conversation],
+    def _encode(self, fitted: Sequence[FittedPrompt],
                 replies: Sequence[str]) -> tuple[list[list[int]], list[int]]:
         """Full token sequences and each one's reply length, as the hf backend makes them."""
-        backend = self.backend
-        texts = [backend.render(p) for p in prompts]
-        prompt_ids = backend.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        reply_ids = [backend.reply_ids(t, ids, r)
-                     for t, ids, r in zip(texts, prompt_ids, replies, strict=True)]
-        return ([p + r for p, r in zip(prompt_ids, reply_ids, strict=True)],
+        reply_ids = [self.backend.reply_ids(f.text, f.ids, r)
+                     for f, r in zip(fitted, replies, strict=True)]
+        return ([f.ids + r for f, r in zip(fitted, reply_ids, strict=True)],
                 [len(r) for r in reply_ids])
 
     @torch.inference_mode()
     def continuation_logprob(self, prompts: Sequence[Conversation],
                              replies: Sequence[str]) -> list[float]:
-        """Summed reply log-probs, like `HFBackend.continuation_logprob`, prefix computed once."""
-        sequences, reply_lengths = self._encode(prompts, replies)
+        """Summed reply log-probs, like `HFBackend.continuation_logprob`, prefix computed once
+        (the prompts fitted to the context by the backend's guard first)."""
+        fitted = self.backend.fit(prompts, self.backend.continuation_lengths(replies),
+                                  agent=AGENT, reserved_for="continuation tokens")
+        sequences, reply_lengths = self._encode(fitted, replies)
         shortest_prompt = min(len(s) - n for s, n in zip(sequences, reply_lengths, strict=True))
         prefix_length = min(shared_prefix_length(sequences), shortest_prompt - 1)
         prefix_cache = None
@@ -170,7 +171,7 @@ class SharedPrefixCXMI:
                 prefix_cache, prefix_length)
             for index, value in zip(batch, batch_scores, strict=True):
                 scores[index] = value
-        self.backend.meter.record(AGENT, len(sequences), sum(map(len, sequences)), 0)
+        self.backend.record_usage(AGENT, fitted, sum(map(len, sequences)), 0)
         return scores
 
     def _batches(self, suffixes: Sequence[list[int]]) -> list[list[int]]:

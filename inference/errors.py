@@ -37,6 +37,10 @@ class BackendUnavailableError(SieveragError):
     """An LLM server cannot be reached or keeps failing."""
 
 
+class ContextError(SieveragError):
+    """A prompt does not fit the model's context (and may not, or cannot, be cut to fit)."""
+
+
 def validation_problems(err: ValidationError, unknown: str = "unknown key",
                         missing: str = "missing key", positional: Sequence[str] = ()) -> str:
     """Each problem of `err` as "dotted.key: reason", joined by "; " (`unknown` and `missing`

@@ -2,6 +2,13 @@
 
 A template file has `name`, `inputs` (the field names it needs), `system` and `user`
 (`{field}` placeholders). Rendering checks the inputs given are exactly the declared ones.
+
+A rendered message's text is a `TemplateText`: a plain string that also remembers its
+template and input values, so that the backends' context guard (inference/llm/context.py)
+can render it again with shorter documents when a prompt does not fit the model's context.
+Which inputs may be cut is fixed by their names, `CUT_ORDER`: the retrieved text first, then
+the memory notes; never the question, the instruction or any other input. (A name, not a
+key in the YAML file: the shipped filter's card pins its templates' bytes.)
 """
 
 from __future__ import annotations
@@ -9,8 +16,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -18,6 +27,34 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.types import Conversation
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
+
+# The inputs a prompt too long for its model may lose text from, group by group: all of the
+# first group's (retrieved text), and only then the memory notes.
+CUT_ORDER: tuple[frozenset[str], ...] = (
+    frozenset({"documents", "document", "evidence", "context", "chunk", "sentences"}),
+    frozenset({"memory"}),
+)
+
+
+class TemplateText(str):
+    """A message's text rendered from a template: equal to `template.format(**values)` in
+    every way a string is, and able to render itself again with some values changed."""
+
+    template: str
+    values: dict[str, Any]
+
+    def __new__(cls, template: str, values: Mapping[str, Any]) -> TemplateText:
+        used = {name: values[name] for name in _placeholders(template)}
+        text = super().__new__(cls, template.format(**used))
+        text.template, text.values = template, used
+        return text
+
+    def with_values(self, **changes: str) -> TemplateText:
+        """The same template rendered with `changes` laid over its values."""
+        return TemplateText(self.template, {**self.values, **changes})
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as what makes it, not as a bare str
+        return TemplateText, (self.template, self.values)
 
 
 @dataclass(frozen=True)
@@ -39,8 +76,8 @@ class PromptTemplate:
                              f"unknown inputs {sorted(unknown)}")
         conversation: Conversation = []
         if self.system:
-            conversation.append({"role": "system", "content": self.system.format(**values)})
-        conversation.append({"role": "user", "content": self.user.format(**values)})
+            conversation.append({"role": "system", "content": TemplateText(self.system, values)})
+        conversation.append({"role": "user", "content": TemplateText(self.user, values)})
         return conversation
 
 

@@ -16,6 +16,8 @@ Conversation = list[ChatMessage]
 # Where and in what precision an in-process model runs ("auto": cuda and bf16 when available).
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+# What a backend does with a prompt longer than the model's context (inference/llm/context.py).
+ContextOverflow = Literal["truncate", "error"]
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,15 @@ from fake_openai_server import (
     echo_reply,
 )
 
-from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
+from sieverag.inference.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ContextError,
+    SieveragError,
+)
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.types import Conversation
 
 BackendFactory = Callable[..., OpenAIBackend]
@@ -89,6 +95,7 @@ def make_backend(server: FakeOpenAIServer) -> Iterator[BackendFactory]:
     ("timeout_s", 0), ("max_retries", -1), ("backoff_s", -1.0), ("top_logprobs", 0),
     ("missing_label_logprob", "lowest"), ("missing_label_logprob", 0.5),
     ("missing_label_logprob", -math.inf), ("api_key_env", ""), ("chat_template_model", ""),
+    ("context_length", 0), ("context_overflow", "drop"),
 ])
 def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
     settings: dict[str, Any] = {"base_url": "http://127.0.0.1:8000/v1", "model": "m", field: value}
@@ -320,3 +327,40 @@ def test_usage_is_recorded_by_agent(server: FakeOpenAIServer, make_backend: Back
     assert (usage["predictor"].calls, usage["predictor"].prompt_tokens,
             usage["predictor"].completion_tokens) == (3, 30, 3)
     assert (usage["judge"].calls, usage["judge"].prompt_tokens) == (2, 80)
+
+
+def documents_prompt(documents: str) -> Conversation:
+    return load_template("answer_with_documents").messages(question="Which river?",
+                                                            documents=documents)
+
+
+def test_with_a_context_length_a_long_prompt_is_sent_cut_and_counted(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    backend = make_backend(chat_template_model=str(tokenizer_dir), context_length=200)
+    long, short = documents_prompt("The Nile delta. " * 200), documents_prompt("The Nile.")
+    backend.generate([long, short], GenerationSettings(max_new_tokens=16), agent="generator")
+    (sent_long,) = [r.json for r in server.requests if "delta" in str(r.json)]
+    (sent_short,) = [r.json for r in server.requests if "delta" not in str(r.json)]
+    assert sent_short["messages"] == short  # a prompt that fits is sent as it is
+    user = sent_long["messages"][-1]["content"]
+    assert user.count("Question: Which river?") == 2 and "…[truncated]" in user
+    counted = backend._context_guard().encode(backend._chat_text(sent_long["messages"]))
+    assert len(counted) + 16 <= 200
+    usage = backend.meter.snapshot()["generator"]
+    assert usage.truncated_prompts == 1 and usage.tokens_dropped > 0
+
+
+def test_with_context_overflow_error_nothing_is_sent(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    backend = make_backend(chat_template_model=str(tokenizer_dir), context_length=200,
+                           context_overflow="error")
+    with pytest.raises(ContextError, match=r"'predictor' on fake-model: .* context of 200"):
+        backend.generate([documents_prompt("The Nile delta. " * 200)], agent="predictor")
+    assert server.requests == []
+
+
+def test_a_context_length_needs_a_tokenizer_to_count_with() -> None:
+    with pytest.raises(ValueError, match="context_length needs chat_template_model"):
+        OpenAIBackendConfig(base_url="http://127.0.0.1:8000/v1", model="m", context_length=512)

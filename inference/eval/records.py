@@ -50,6 +50,18 @@ class AgentUsage(JsonlRecord):
     calls: int = Field(description="prompts sent")
     prompt_tokens: int
     completion_tokens: int
+    truncated_prompts: int = Field(0, description="prompts cut to fit the model's context "
+                                                  "(absent when none was)")
+    tokens_dropped: int = Field(0, description="prompt tokens those cuts removed (absent when "
+                                               "none was cut)")
+
+    @classmethod
+    def of(cls, usage: Usage) -> AgentUsage:
+        """The record of `usage`; the truncation counts only where a prompt was cut."""
+        cut = ({"truncated_prompts": usage.truncated_prompts,
+                "tokens_dropped": usage.tokens_dropped} if usage.truncated_prompts else {})
+        return cls(calls=usage.calls, prompt_tokens=usage.prompt_tokens,
+                   completion_tokens=usage.completion_tokens, **cut)
 
 
 class FilterRecord(JsonlRecord):
@@ -129,6 +141,11 @@ class EvalRecord(JsonlRecord):
     input_tokens: int = Field(description="prompt tokens, all agents")
     generator_input_tokens: int = Field(description="prompt tokens of the `generator` agent")
     seconds: float = Field(description="wall time of the example")
+    truncated_prompts: int = Field(
+        0, description="prompts cut to fit the model's context, all agents (absent when none "
+                       "was; inference/llm/context.py)")
+    tokens_dropped: int = Field(0, description="prompt tokens those cuts removed, all agents "
+                                               "(absent when none was cut)")
     filter: FilterRecord | None = Field(None, description="absent for pipelines without one")
     trace: Trace | None = Field(None, description="absent when the pipeline recorded none")
     trust: TrustMetrics | None = Field(None, description="absent unless trust.enabled")
@@ -163,6 +180,10 @@ def build_record(
                     for s in output.filter_result.scored])
     if output.trace:
         optional["trace"] = output.trace
+    truncated = sum(u.truncated_prompts for u in usage.values())
+    if truncated:
+        optional["truncated_prompts"] = truncated
+        optional["tokens_dropped"] = sum(u.tokens_dropped for u in usage.values())
     return EvalRecord(
         id=example.id, question=example.question, answers=list(example.answers),
         prediction=output.answer, raw_prediction=output.raw_answer,
@@ -171,7 +192,7 @@ def build_record(
         documents_given=len(example.documents),
         read_scores=(filter_scores(read_passage_ids(example, output.documents_read), gold_ids)
                      if output.documents_read or output.filter_result else None),
-        usage={agent: vars(u) for agent, u in sorted(usage.items())},
+        usage={agent: AgentUsage.of(u) for agent, u in sorted(usage.items())},
         llm_calls=sum(u.calls for u in usage.values()),
         input_tokens=sum(u.prompt_tokens for u in usage.values()),
         generator_input_tokens=usage["generator"].prompt_tokens if "generator" in usage else 0,

@@ -21,6 +21,7 @@ TABLE_COLUMNS = (
     ("generator_input_tokens_per_question", "Gen. in-tok/q"),
     ("input_tokens_per_question", "All in-tok/q"),
     ("llm_calls_per_question", "LLM calls/q"),
+    ("truncated_rate", "Truncated"),
     ("seconds_per_question", "s/q"),
     ("retrieval_usage_rate", "Retrieval rate"),
 )

@@ -23,6 +23,8 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     `read_*` are precision/recall/F1 of the documents the generator read against the gold
     documents: for `main-rag` the filter's quality, for `vanilla` the keep-all baseline;
     `read_all_gold` is the share of those examples whose gold documents were all read.
+    `truncated_rate` is the share of examples with some prompt cut to fit the model's context
+    (inference/llm/context.py), `tokens_dropped_per_question` the prompt tokens cut.
     """
     summary: dict = {"examples": len(records)}
     for metric in ANSWER_METRICS:
@@ -52,6 +54,8 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
         [r.generator_input_tokens for r in records]
     )
     summary["llm_calls_per_question"] = _mean([r.llm_calls for r in records])
+    summary["truncated_rate"] = _mean([float(r.truncated_prompts > 0) for r in records])
+    summary["tokens_dropped_per_question"] = _mean([r.tokens_dropped for r in records])
     summary["seconds_per_question"] = _mean([r.seconds for r in records])
     agents: dict[str, dict[str, float]] = {}
     for record in records:

@@ -139,6 +139,9 @@ def render_record(record: EvalRecord) -> str:
              f"Metrics: {metrics or '–'}",
              f"Cost: {record.llm_calls} LLM calls · {record.input_tokens} input tokens "
              f"({record.generator_input_tokens} to the generator) · {record.seconds:.1f} s"]
+    if record.truncated_prompts:
+        lines.append(f"Context: {record.truncated_prompts} prompt(s) cut to fit the model's "
+                     f"context, {record.tokens_dropped} tokens dropped")
     if record.route is not None:
         lines.append(f"Router: {'retrieve' if record.route.retrieve else 'answer directly'} "
                      f"({record.route.reason})")

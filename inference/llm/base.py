@@ -7,13 +7,17 @@ Three batched operations serve every agent in sieverag:
   assistant's next output (e.g. "Yes"/"No"), tokenised as the model would emit it right after
   the chat template's assistant prefix;
 * `continuation_logprob` — the summed token log-probability of a given assistant reply.
+
+Before any of them runs, a backend passes its prompts through the one context guard
+(`llm.context.ContextGuard`): a prompt too long for the model is cut or refused, never run
+past the context; the meter counts the cuts per agent.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from sieverag.inference.types import Conversation
@@ -36,16 +40,27 @@ class GenerationSettings:
 
 @dataclass
 class Usage:
-    """Counts for one agent: calls are prompts sent (a batch of 10 is 10 calls)."""
+    """Counts for one agent: calls are prompts sent (a batch of 10 is 10 calls);
+    `truncated_prompts` of them were cut to fit the model's context, losing `tokens_dropped`
+    prompt tokens in all (inference/llm/context.py)."""
 
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    truncated_prompts: int = 0
+    tokens_dropped: int = 0
 
     def add(self, other: Usage) -> None:
         self.calls += other.calls
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.truncated_prompts += other.truncated_prompts
+        self.tokens_dropped += other.tokens_dropped
+
+    def minus(self, earlier: Usage) -> Usage:
+        """The counts added since `earlier` was this usage."""
+        return Usage(*(now - before for now, before in zip(astuple(self), astuple(earlier),
+                                                           strict=True)))
 
 
 @dataclass
@@ -54,20 +69,19 @@ class UsageMeter:
 
     by_agent: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
 
-    def record(self, agent: str, calls: int, prompt_tokens: int, completion_tokens: int) -> None:
-        self.by_agent[agent].add(Usage(calls, prompt_tokens, completion_tokens))
+    def record(self, agent: str, calls: int, prompt_tokens: int, completion_tokens: int, *,
+               truncated_prompts: int = 0, tokens_dropped: int = 0) -> None:
+        self.by_agent[agent].add(Usage(calls, prompt_tokens, completion_tokens,
+                                       truncated_prompts, tokens_dropped))
 
     def snapshot(self) -> dict[str, Usage]:
-        return {name: Usage(u.calls, u.prompt_tokens, u.completion_tokens)
-                for name, u in self.by_agent.items()}
+        return {name: Usage(*astuple(u)) for name, u in self.by_agent.items()}
 
     def since(self, earlier: dict[str, Usage]) -> dict[str, Usage]:
         """Usage recorded after `earlier` was taken, by agent (agents with no calls omitted)."""
         delta: dict[str, Usage] = {}
         for name, now in self.by_agent.items():
-            before = earlier.get(name, Usage())
-            diff = Usage(now.calls - before.calls, now.prompt_tokens - before.prompt_tokens,
-                         now.completion_tokens - before.completion_tokens)
+            diff = now.minus(earlier.get(name, Usage()))
             if diff.calls:
                 delta[name] = diff
         return delta

@@ -1,4 +1,8 @@
-"""The `hf` backend: transformers in-process, batched with left padding, CPU or GPU."""
+"""The `hf` backend: transformers in-process, batched with left padding, CPU or GPU.
+
+Every prompt goes through the context guard (inference/llm/context.py) before it runs: the
+model's context is `context_length`, by default the model's own (its config's
+`max_position_embeddings`)."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.context import ContextGuard, FittedPrompt
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
-from sieverag.inference.types import Conversation, Device, DType
+from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,12 @@ class HFBackendConfig:
         "help": "keep the KV of the last generate call's prompts, up to this many positions; "
                 "a label_logprobs call whose prompts extend them computes only the new tokens "
                 "(MAIN-RAG's judge continuing the predictor's conversation); 0 turns this off"})
+    context_length: int | None = field(default=None, metadata={
+        "help": "the context in tokens that a prompt and what the call adds after it must fit "
+                "(unset: the model's own, its config's max_position_embeddings)"})
+    context_overflow: ContextOverflow = field(default="truncate", metadata={
+        "help": "a prompt over the context: truncate (cut its documents from their ends to "
+                "fit) or error (refuse it)"})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -52,6 +63,11 @@ class HFBackendConfig:
                               f"got {self.shared_prefix_min_tokens}")
         if self.prompt_cache_tokens < 0:
             raise ConfigError(f"prompt_cache_tokens must be >= 0, got {self.prompt_cache_tokens}")
+        if self.context_length is not None and self.context_length < 1:
+            raise ConfigError(f"context_length must be >= 1, got {self.context_length}")
+        if self.context_overflow not in ("truncate", "error"):
+            raise ConfigError("context_overflow must be truncate or error, "
+                              f"got {self.context_overflow!r}")
 
 
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -62,6 +78,16 @@ def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     while length < limit and all(s[length] == first[length] for s in sequences):
         length += 1
     return length
+
+
+def model_context_length(model: torch.nn.Module, name: str) -> int:
+    """The context length `model`'s config declares; `ConfigError` when it declares none."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(model.config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ConfigError(f"model {name!r} declares no context length in its config "
+                      "(max_position_embeddings); set context_length")
 
 
 def _pick_device(device: Device) -> str:
@@ -140,6 +166,10 @@ class HFBackend:
         self.device = next(self.model.parameters()).device
         self.meter = UsageMeter()
         self.prompt_cache = PromptCache(config.prompt_cache_tokens)
+        self.context_guard = ContextGuard(
+            self.tokenizer, self.render,
+            config.context_length or model_context_length(self.base_model, config.model),
+            config.context_overflow, model=self.model_name)
 
     @property
     def model_name(self) -> str:
@@ -162,6 +192,19 @@ class HFBackend:
 
     def prompt_ids(self, conversation: Conversation) -> list[int]:
         return self.tokenizer(self.render(conversation), add_special_tokens=False)["input_ids"]
+
+    def fit(self, prompts: Sequence[Conversation], reserved: int | Sequence[int], *,
+            agent: str, reserved_for: str = "new tokens") -> list[FittedPrompt]:
+        """The prompts as they will run: through the context guard (inference/llm/context.py),
+        with `reserved` tokens left after each."""
+        return self.context_guard.fit(prompts, reserved, agent=agent, reserved_for=reserved_for)
+
+    def record_usage(self, agent: str, fitted: Sequence[FittedPrompt], tokens: int,
+                     completion_tokens: int) -> None:
+        """Meter one call: its prompts, their `tokens` and the cuts the guard made."""
+        self.meter.record(agent, len(fitted), tokens, completion_tokens,
+                          truncated_prompts=sum(1 for f in fitted if f.tokens_dropped),
+                          tokens_dropped=sum(f.tokens_dropped for f in fitted))
 
     def reply_ids(self, prompt_text: str, prompt_ids: list[int], reply: str) -> list[int]:
         """Token ids of `reply` as the model would emit it right after `prompt_text`."""
@@ -212,7 +255,8 @@ class HFBackend:
         *,
         agent: str = "generator",
     ) -> list[str]:
-        encoded = [self.prompt_ids(p) for p in prompts]
+        fitted = self.fit(prompts, settings.max_new_tokens, agent=agent)
+        encoded = [f.ids for f in fitted]
         replies: list[str] = [""] * len(prompts)
         completion_tokens = 0
         eos_ids = self._stop_token_ids()
@@ -236,7 +280,7 @@ class HFBackend:
                 completion_tokens += len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 replies[index] = _cut_at_stop(text, settings.stop)
-        self.meter.record(agent, len(prompts), sum(map(len, encoded)), completion_tokens)
+        self.record_usage(agent, fitted, sum(map(len, encoded)), completion_tokens)
         return replies
 
     def _greedy(self, inputs: dict[str, torch.Tensor], settings: GenerationSettings,
@@ -310,8 +354,9 @@ class HFBackend:
     ) -> list[dict[str, float]]:
         if not labels:
             raise ValueError("label_logprobs needs at least one label")
-        texts = [self.render(p) for p in prompts]
-        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        fitted = self.fit(prompts, 1, agent=agent, reserved_for="label token")
+        texts = [f.text for f in fitted]
+        encoded = [f.ids for f in fitted]
         label_ids = [[self.reply_ids(t, ids, label) for label in labels]
                      for t, ids in zip(texts, encoded, strict=True)]
         if any(len(ids) != 1 for row in label_ids for ids in row):
@@ -334,7 +379,7 @@ class HFBackend:
             for row, index in enumerate(batch):
                 results[index] = {label: logprobs[row, label_ids[index][k][0]].item()
                                   for k, label in enumerate(labels)}
-        self.meter.record(agent, len(prompts), sum(map(len, encoded)), 0)
+        self.record_usage(agent, fitted, sum(map(len, encoded)), 0)
         return results
 
     def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int]
@@ -372,8 +417,10 @@ class HFBackend:
     ) -> list[float]:
         if len(prompts) != len(continuations):
             raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
-        texts = [self.render(p) for p in prompts]
-        prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        fitted = self.fit(prompts, self.continuation_lengths(continuations), agent=agent,
+                          reserved_for="continuation tokens")
+        texts = [f.text for f in fitted]
+        prompt_ids = [f.ids for f in fitted]
         reply_ids = [self.reply_ids(t, ids, c)
                      for t, ids, c in zip(texts, prompt_ids, continuations, strict=True)]
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
@@ -395,8 +442,15 @@ class HFBackend:
                 steps = logprobs[row, -len(reply) - 1:-1, :]
                 target = torch.tensor(reply, device=steps.device).unsqueeze(1)
                 scores[index] = steps.gather(1, target).sum().item()
-        self.meter.record(agent, len(prompts), sum(map(len, sequences)), 0)
+        self.record_usage(agent, fitted, sum(map(len, sequences)), 0)
         return scores
+
+    def continuation_lengths(self, continuations: Sequence[str]) -> list[int]:
+        """Tokens of each continuation (tokenised alone), the room it needs after its prompt."""
+        if not continuations:
+            return []
+        return [len(ids) for ids in
+                self.tokenizer(list(continuations), add_special_tokens=False)["input_ids"]]
 
     def _stop_token_ids(self) -> list[int]:
         return kv.eos_token_ids(self.model, self.tokenizer)

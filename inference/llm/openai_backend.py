@@ -18,6 +18,11 @@ How each operation of the `LLMBackend` protocol maps onto the server:
   (by `text_offset`) are summed. max_tokens=1 is sent because some vLLM versions reject 0;
   the one generated token starts after the continuation, so it is never counted.
 
+With `context_length` set (and `chat_template_model`, whose tokenizer counts the tokens),
+every prompt goes through the context guard (inference/llm/context.py) before it is sent;
+without it prompts are sent as they are, and a server refuses one over its context with its
+own error (vLLM and the embedded server: HTTP 400), reported as the one-line error below.
+
 Requests run concurrently, at most `max_concurrency` in flight, on a private event-loop thread,
 so the synchronous methods also work when called from code that runs its own event loop.
 Rate limits (429), server errors (5xx), timeouts, dropped connections and unreadable bodies
@@ -44,7 +49,8 @@ import httpx
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
-from sieverag.inference.types import Conversation
+from sieverag.inference.llm.context import ContextGuard
+from sieverag.inference.types import ContextOverflow, Conversation
 
 T = TypeVar("T")
 _DEFAULT_SETTINGS = GenerationSettings()
@@ -72,6 +78,13 @@ class OpenAIBackendConfig:
     chat_template_model: str | None = field(default=None, metadata={
         "help": "Local tokenizer folder whose chat template renders prompts for "
                 "/completions (needed by continuation_logprob and multi-token labels)."})
+    context_length: int | None = field(default=None, metadata={
+        "help": "The served model's context in tokens: prompts are fitted to it before they "
+                "are sent (needs chat_template_model to count tokens). Unset: not checked "
+                "here; the server refuses a prompt too long."})
+    context_overflow: ContextOverflow = field(default="truncate", metadata={
+        "help": "A prompt over context_length: truncate (cut its documents from their ends "
+                "to fit) or error (refuse it)."})
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -97,6 +110,17 @@ class OpenAIBackendConfig:
                              f"got {floor!r}")
         if self.chat_template_model is not None and not self.chat_template_model:
             raise ValueError("chat_template_model must be a folder path or None, got ''")
+        if self.context_length is not None:
+            if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
+                    or self.context_length < 1:
+                raise ValueError("context_length must be an integer >= 1 or None, "
+                                 f"got {self.context_length!r}")
+            if self.chat_template_model is None:
+                raise ValueError("context_length needs chat_template_model: the local tokenizer "
+                                 "folder of the served model, which counts a prompt's tokens")
+        if self.context_overflow not in ("truncate", "error"):
+            raise ValueError("context_overflow must be 'truncate' or 'error', "
+                             f"got {self.context_overflow!r}")
 
 
 @dataclass
@@ -125,6 +149,7 @@ class OpenAIBackend:
         self._lock = threading.Lock()
         self._session: _Session | None = None
         self._tokenizer: Any = None
+        self._guard: ContextGuard | None = None
 
     @property
     def model_name(self) -> str:
@@ -138,10 +163,11 @@ class OpenAIBackend:
         agent: str = "generator",
     ) -> list[str]:
         """One reply per conversation, in order, with stop strings cut off."""
+        prompts, dropped = self._fit(prompts, settings.max_new_tokens, agent=agent)
         payloads = [self._chat_payload(prompt, max_tokens=settings.max_new_tokens,
                                        temperature=settings.temperature, stop=settings.stop)
                     for prompt in prompts]
-        bodies = self._post_all("chat/completions", payloads, agent)
+        bodies = self._post_all("chat/completions", payloads, agent, dropped)
         return [_cut_at_stop(self._dig(body, "choices", 0, "message", "content") or "",
                              settings.stop) for body in bodies]
 
@@ -160,10 +186,11 @@ class OpenAIBackend:
         single_token = [label for label in labels if label not in multi_token]
         scores: list[dict[str, float]] = [{} for _ in prompts]
         if single_token:
+            fitted, dropped = self._fit(prompts, 1, agent=agent, reserved_for="label token")
             payloads = [self._chat_payload(prompt, max_tokens=1, temperature=0.0, logprobs=True,
                                            top_logprobs=self.config.top_logprobs)
-                        for prompt in prompts]
-            bodies = self._post_all("chat/completions", payloads, agent)
+                        for prompt in fitted]
+            bodies = self._post_all("chat/completions", payloads, agent, dropped)
             for score, body in zip(scores, bodies, strict=True):
                 score.update(self._read_labels(body, single_token))
         for label in multi_token:
@@ -179,11 +206,16 @@ class OpenAIBackend:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
         if len(prompts) != len(continuations):
             raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        # Room for the continuation and the one token the request generates.
+        reserved = ([self._token_count(c) + 1 for c in continuations]
+                    if self.config.context_length is not None else 0)
+        prompts, dropped = self._fit(prompts, reserved, agent=agent,
+                                     reserved_for="continuation tokens")
         rendered = [self._render(prompt) for prompt in prompts]
         payloads = [{"model": self.config.model, "prompt": text + continuation, "max_tokens": 1,
                      "temperature": 0.0, "echo": True, "logprobs": 1}
                     for text, continuation in zip(rendered, continuations, strict=True)]
-        bodies = self._post_all("completions", payloads, agent)
+        bodies = self._post_all("completions", payloads, agent, dropped)
         return [self._sum_span(body, len(text), len(text) + len(continuation))
                 for body, text, continuation in zip(bodies, rendered, continuations,
                                                      strict=True)]
@@ -211,15 +243,40 @@ class OpenAIBackend:
             payload["stop"] = list(stop)
         return payload
 
-    def _post_all(self, path: str, payloads: list[dict[str, Any]], agent: str) -> list[Any]:
-        """POST every payload concurrently; bodies in payload order; usage recorded for agent."""
+    def _fit(self, prompts: Sequence[Conversation], reserved: int | Sequence[int], *,
+             agent: str, reserved_for: str = "new tokens") -> tuple[list[Conversation], list[int]]:
+        """The prompts as they will be sent, and the tokens cut from each: through the context
+        guard when `context_length` is set, else as they are."""
+        guard = self._context_guard()
+        if guard is None:
+            return list(prompts), [0] * len(prompts)
+        fitted = guard.fit(prompts, reserved, agent=agent, reserved_for=reserved_for)
+        return [f.conversation for f in fitted], [f.tokens_dropped for f in fitted]
+
+    def _context_guard(self) -> ContextGuard | None:
+        """The context guard over `context_length` (made once); None when that is unset."""
+        if self.config.context_length is None:
+            return None
+        tokenizer = self._load_tokenizer()
+        with self._lock:
+            if self._guard is None:
+                self._guard = ContextGuard(tokenizer, self._chat_text, self.config.context_length,
+                                           self.config.context_overflow, model=self.config.model)
+            return self._guard
+
+    def _post_all(self, path: str, payloads: list[dict[str, Any]], agent: str,
+                  dropped: Sequence[int] = ()) -> list[Any]:
+        """POST every payload concurrently; bodies in payload order; usage recorded for agent
+        (with the prompt tokens the context guard `dropped` from each)."""
         if not payloads:
             return []
         session = self._started()
         bodies = self._run(session, self._gather(session, path, payloads))
         usages = [(body.get("usage") or {}) if isinstance(body, dict) else {} for body in bodies]
         self.meter.record(agent, len(bodies), sum(u.get("prompt_tokens", 0) for u in usages),
-                          sum(u.get("completion_tokens", 0) for u in usages))
+                          sum(u.get("completion_tokens", 0) for u in usages),
+                          truncated_prompts=sum(1 for d in dropped if d),
+                          tokens_dropped=sum(dropped))
         return bodies
 
     @staticmethod
@@ -344,10 +401,15 @@ class OpenAIBackend:
         # The first echoed token has no log-prob (nothing precedes it): None, never counted.
         return sum(lp for lp, offset in pairs if start <= offset < end and lp is not None)
 
+    def _chat_text(self, conversation: Conversation) -> str:
+        """The chat-templated prompt as the model reads it, generation prompt included."""
+        return self._load_tokenizer().apply_chat_template(list(conversation), tokenize=False,
+                                                          add_generation_prompt=True)
+
     def _render(self, conversation: Conversation) -> str:
+        """The prompt text to send to /completions."""
         tokenizer = self._load_tokenizer()
-        text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                             add_generation_prompt=True)
+        text = self._chat_text(conversation)
         bos = tokenizer.bos_token
         # The server adds BOS itself when its tokenizer does; sending it too would double it.
         if bos and text.startswith(bos) and tokenizer.bos_token_id in tokenizer("").input_ids:

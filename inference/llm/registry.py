@@ -12,7 +12,7 @@ from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.settings import settings
-from sieverag.inference.types import Device, DType
+from sieverag.inference.types import ContextOverflow, Device, DType
 
 BackendKind = Literal["hf", "openai"]
 
@@ -41,6 +41,13 @@ class BackendSpec:
     device: Device = field(default="auto", metadata={"help": "in-process device"})
     batch_size: int = field(default=16, metadata={"help": "in-process: prompts per forward pass"})
     max_concurrency: int = field(default=8, metadata={"help": "served: requests in flight"})
+    context_length: int | None = field(default=None, metadata={
+        "help": "the context in tokens a prompt and what the call adds after it must fit "
+                "(in-process, unset: the model's own; served, unset: not checked here, the "
+                "server refuses a prompt too long; set, it needs chat_template_model)"})
+    context_overflow: ContextOverflow = field(default="truncate", metadata={
+        "help": "a prompt over the context: truncate (cut its documents from their ends to "
+                "fit) or error (refuse it)"})
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -54,6 +61,12 @@ class BackendSpec:
                 "named by `model` (the name the server gives it)")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ConfigError("batch_size and max_concurrency must be >= 1")
+        if self.context_length is not None and self.context_length < 1:
+            raise ConfigError(f"context_length must be >= 1, got {self.context_length}")
+        if (self.endpoint is not None and self.context_length is not None
+                and self.chat_template_model is None):
+            raise ConfigError(f"context_length for the model served at {self.endpoint} needs "
+                              "chat_template_model (the local tokenizer that counts its tokens)")
 
     @property
     def kind(self) -> BackendKind:
@@ -63,7 +76,9 @@ class BackendSpec:
 
 def _build_hf(spec: BackendSpec) -> LLMBackend:
     return HFBackend(HFBackendConfig(model=spec.model, dtype=spec.dtype, device=spec.device,
-                                     batch_size=spec.batch_size, adapter=spec.adapter))
+                                     batch_size=spec.batch_size, adapter=spec.adapter,
+                                     context_length=spec.context_length,
+                                     context_overflow=spec.context_overflow))
 
 
 def _build_openai(spec: BackendSpec) -> LLMBackend:
@@ -75,6 +90,7 @@ def _build_openai(spec: BackendSpec) -> LLMBackend:
     return OpenAIBackend(OpenAIBackendConfig(
         base_url=spec.endpoint or "", model=spec.model, api_key_env=spec.api_key_env,
         max_concurrency=spec.max_concurrency, chat_template_model=template_model,
+        context_length=spec.context_length, context_overflow=spec.context_overflow,
     ))
 
 
