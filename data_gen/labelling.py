@@ -49,6 +49,7 @@ from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
     parse_json,
+    read_text,
     write_atomic,
 )
 from sieverag.inference.llm.models import DEFAULT_MODEL
@@ -136,7 +137,7 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
     path = out / CONFIG_FILE
     if path.is_file():
         advice = "use another --out, or delete the file if the folder's labels match these settings"
-        stored = parse_json(path.read_bytes(), str(path), advice)
+        stored = parse_json(read_text(path), str(path), advice)
         if not isinstance(stored, dict):
             raise DatasetError(f"{path}: is not a JSON object; {advice}")
         changed = sorted(k for k in fingerprint.keys() | stored.keys()

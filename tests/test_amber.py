@@ -234,7 +234,7 @@ def test_ablations_switch_off_the_memory_agents_or_the_collector():
     assert trace["pipeline"] == "amber-no-amu" and trace["filter"] == "mcf"
     assert not {"reviewer", "challenger", "refiner"} & set(usage(backend))
     (first,) = trace["rounds"]
-    assert first["memory_update"] is None and first["memory"].startswith("[1] Topic 2\nFact2")
+    assert first["memory_update"] is None and "Topic 2\nFact2" in first["memory"]
     assert trace["stop_reason"] == "sufficient"
     # -AIC: no sufficiency check and no written query; each round pages deeper for the question.
     output, backend = run_amber(Agents(sufficient_when="Notes after update 1."),

@@ -131,7 +131,8 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     _check_same_run(config, out_dir)
     # Finished results are read before any model loads: a bad line fails at once.
     logs = {name: JsonlLog(out_dir / "results" / f"{name}.jsonl") for name in config.pipelines}
-    finished = {name: [r for r in log.read_records(EvalRecord) if r.id in set(ids)]
+    wanted = set(ids)
+    finished = {name: [r for r in log.read_records(EvalRecord) if r.id in wanted]
                 for name, log in logs.items()}
     config = replace(config, provenance=provenance(config))
     write_atomic(out_dir / "config.yaml", config.to_yaml())

@@ -41,8 +41,9 @@ class HFBackendConfig:
                 "once and reuses their KV cache for every row; 0 turns this off"})
     prompt_cache_tokens: int = field(default=8192, metadata={
         "help": "keep the KV of the last generate call's prompts, up to this many positions; "
-                "a label_logprobs call whose prompts extend them computes only the new tokens "
-                "(MAIN-RAG's judge continuing the predictor's conversation); 0 turns this off"})
+                "a generate or label_logprobs call whose prompts extend them computes only the "
+                "new tokens (MAIN-RAG's judge continuing the predictor's conversation, amber's "
+                "memory agents); 0 turns this off"})
     context_length: int | None = field(default=None, metadata={
         "help": "the context in tokens that a prompt and what the call adds after it must fit "
                 "(unset: the model's own, its config's max_position_embeddings)"})

@@ -212,7 +212,8 @@ class AmberPipeline:
             if update is not None:
                 memory = update.memory
             elif result.kept and not self.config.amu:  # -AMU: the evidence is the memory
-                memory = cap_memory(format_documents(evidence.documents),
+                # newest first: the cap then drops the oldest rounds, not the new ones
+                memory = cap_memory(format_documents(evidence.documents[::-1]),
                                     self.config.memory.max_chars)[0]
             entry = AmberRound(
                 round=number, query=queries[-1], retrieved=[d.id for d in fresh],

@@ -87,7 +87,8 @@ class EvidenceEntry(JsonlRecord):
 class AmberTrace(JsonlRecord):
     """An amber question's whole loop."""
 
-    pipeline: str = Field(description="the pipeline name (amber or amber-<filter>)")
+    pipeline: str = Field(
+        description="the pipeline name (amber, amber-<filter>, amber-no-amu or amber-no-aic)")
     filter: FilterName = Field(description="the filter stage that ran")
     queries: list[str] = Field(description="every query searched, the question first")
     rounds: list[AmberRound] = Field(description="the rounds, in order")

@@ -14,8 +14,9 @@ seconds per question. Index chunks are matched to each question's given passages
         --index runs/open-index --question-ids runs/dataset-hotpot/validation_ids.txt \\
         [--limit 100] [--out runs/bench-open] [--set amber.collector.query_source=bridge]
 
-Runs resume in `--out` (a rerun only adds what is new). `--quick`: 3 questions. Prints the
-tables and one JSON line.
+A rerun with the same settings into the same `--out` only adds what is new (other settings
+need another `--out`). An index already in `--index` is used as it is, whatever it was built
+from. `--quick`: 3 questions. Prints the tables and one JSON line.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.data.gold_match import PassageMatcher  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.index import Index, ensure_index  # noqa: E402
+from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
+from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
 from sieverag.inference.settings import narrow, parse_settings  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     limit = 3 if args.quick else args.limit
 
-    ensure_index(args.corpus.split(","), args.index, IndexConfig())
+    if not (Path(args.index) / MANIFEST_FILE).is_file():  # never rebuild an existing index
+        build_index(args.corpus.split(","), args.index, IndexConfig())
     flags = ["--preset", "amber-open", "--dataset", args.dataset, "--retrieval.index",
              args.index, "--limit", str(limit), "--no-trust.enabled"]
     if args.question_ids:

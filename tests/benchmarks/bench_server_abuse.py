@@ -429,7 +429,10 @@ def main() -> None:
                     "requests": n_load, "rps": round(loaded.rps, 2),
                     "p50_ms": round(loaded.percentile_ms(50), 1),
                     "p99_ms": round(loaded.percentile_ms(99), 1), "errors": loaded.errors})
-        alive = httpx.get(server.base + "/health", timeout=30).status_code == 200
+        try:
+            alive = httpx.get(server.base + "/health", timeout=30).status_code == 200
+        except httpx.HTTPError:  # a dead server is the finding, not a crash of the bench
+            alive = False
     finally:
         stop_server(server)
     cases = watch.cases
