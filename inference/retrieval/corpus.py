@@ -145,8 +145,12 @@ def load_corpus(path: Path | str, corpus_format: CorpusFormat = "auto") -> list[
     if corpus_format not in CORPUS_FORMATS:
         raise DatasetError(f"unknown corpus format {corpus_format!r} for {path}; "
                            f"choose one of {', '.join(CORPUS_FORMATS)}")
-    concrete = detect_corpus_format(path) if corpus_format == "auto" else corpus_format
-    return CORPUS_READERS[concrete](path)
+    return CORPUS_READERS[concrete_format(path, corpus_format)](path)
+
+
+def concrete_format(path: Path, corpus_format: CorpusFormat) -> str:
+    """`corpus_format`, or the format detected from the file when it is `auto`."""
+    return detect_corpus_format(path) if corpus_format == "auto" else corpus_format
 
 
 def load_corpora(paths: Sequence[Path | str],
@@ -157,7 +161,7 @@ def load_corpora(paths: Sequence[Path | str],
     formats: list[str] = []
     first_file: dict[str, Path] = {}
     for path in map(Path, paths):
-        concrete = detect_corpus_format(path) if corpus_format == "auto" else corpus_format
+        concrete = concrete_format(path, corpus_format)
         for document in load_corpus(path, concrete):
             if document.id in first_file:
                 raise DatasetError(f"corpus {path}: document id {document.id!r} is also in "
