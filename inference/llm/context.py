@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sieverag.inference.errors import ContextError
+from sieverag.inference.errors import ConfigError, ContextError
 from sieverag.inference.prompt_templates import CUT_ORDER, TemplateText
 from sieverag.inference.types import ContextOverflow, Conversation
 
@@ -36,6 +36,23 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 TRUNCATION_MARKER = " …[truncated]"
+
+
+def check_context_settings(context_length: int | None, overflow: str, *,
+                           counts_tokens: bool = True, where: str = "",
+                           error: type[Exception] = ConfigError) -> None:
+    """The check every backend config makes of its context settings: `context_length` an
+    integer >= 1 or None, `overflow` truncate or error, and a set length only where the
+    tokens can be counted (`counts_tokens`; a served model needs chat_template_model)."""
+    if context_length is not None and (isinstance(context_length, bool)
+                                       or not isinstance(context_length, int)
+                                       or context_length < 1):
+        raise error(f"context_length must be an integer >= 1 or None, got {context_length!r}")
+    if overflow not in ("truncate", "error"):
+        raise error(f"context_overflow must be 'truncate' or 'error', got {overflow!r}")
+    if context_length is not None and not counts_tokens:
+        raise error(f"context_length{where} needs chat_template_model: the local tokenizer "
+                    "folder of the served model, which counts a prompt's tokens")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
-from sieverag.inference.llm.context import ContextGuard, FittedPrompt
+from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
@@ -64,11 +64,7 @@ class HFBackendConfig:
                               f"got {self.shared_prefix_min_tokens}")
         if self.prompt_cache_tokens < 0:
             raise ConfigError(f"prompt_cache_tokens must be >= 0, got {self.prompt_cache_tokens}")
-        if self.context_length is not None and self.context_length < 1:
-            raise ConfigError(f"context_length must be >= 1, got {self.context_length}")
-        if self.context_overflow not in ("truncate", "error"):
-            raise ConfigError("context_overflow must be truncate or error, "
-                              f"got {self.context_overflow!r}")
+        check_context_settings(self.context_length, self.context_overflow)
 
 
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

@@ -49,7 +49,7 @@ import httpx
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
-from sieverag.inference.llm.context import ContextGuard
+from sieverag.inference.llm.context import ContextGuard, check_context_settings
 from sieverag.inference.types import ContextOverflow, Conversation
 
 T = TypeVar("T")
@@ -110,17 +110,9 @@ class OpenAIBackendConfig:
                              f"got {floor!r}")
         if self.chat_template_model is not None and not self.chat_template_model:
             raise ValueError("chat_template_model must be a folder path or None, got ''")
-        if self.context_length is not None:
-            if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
-                    or self.context_length < 1:
-                raise ValueError("context_length must be an integer >= 1 or None, "
-                                 f"got {self.context_length!r}")
-            if self.chat_template_model is None:
-                raise ValueError("context_length needs chat_template_model: the local tokenizer "
-                                 "folder of the served model, which counts a prompt's tokens")
-        if self.context_overflow not in ("truncate", "error"):
-            raise ValueError("context_overflow must be 'truncate' or 'error', "
-                             f"got {self.context_overflow!r}")
+        check_context_settings(self.context_length, self.context_overflow,
+                               counts_tokens=self.chat_template_model is not None,
+                               error=ValueError)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.context import check_context_settings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.settings import settings
@@ -61,12 +62,10 @@ class BackendSpec:
                 "named by `model` (the name the server gives it)")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ConfigError("batch_size and max_concurrency must be >= 1")
-        if self.context_length is not None and self.context_length < 1:
-            raise ConfigError(f"context_length must be >= 1, got {self.context_length}")
-        if (self.endpoint is not None and self.context_length is not None
-                and self.chat_template_model is None):
-            raise ConfigError(f"context_length for the model served at {self.endpoint} needs "
-                              "chat_template_model (the local tokenizer that counts its tokens)")
+        check_context_settings(
+            self.context_length, self.context_overflow,
+            counts_tokens=self.endpoint is None or self.chat_template_model is not None,
+            where=f" for the model served at {self.endpoint}")
 
     @property
     def kind(self) -> BackendKind:

@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sieverag.inference.cli import EvalCommand  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
-from sieverag.inference.data.gold_match import PassageMatcher  # noqa: E402
+from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
@@ -52,15 +52,11 @@ def rounds_of(pipeline: str, record: dict) -> list[tuple[list[str], list[str]]]:
 
 
 def gold_covered(example: Example, ids: list[str], chunks: dict) -> bool:
-    """Whether the chunks `ids` cover every gold passage of `example`."""
-    matcher = PassageMatcher(example.documents)
+    """Whether the chunks `ids` cover every gold passage of `example` (matched to the given
+    passages as over-index runs match what they read)."""
     gold = {d.id for d in example.documents if d.is_gold}
-    found = set()
-    for chunk_id in ids:
-        source = matcher.source(chunks[chunk_id]) if chunk_id in chunks else None
-        if source is not None:
-            found.add(source.id)
-    return bool(gold) and gold <= found
+    read = read_passage_ids(example, [chunks[i] for i in ids if i in chunks])
+    return bool(gold) and gold <= set(read)
 
 
 def per_round(pipeline: str, records: list[dict], examples: dict[str, Example],
