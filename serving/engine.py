@@ -32,11 +32,14 @@ from sieverag.serving.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
-# Prompt tokens per prefill forward pass, and logits kept per pass for prompt log-probs
-# (rows x positions x vocabulary floats): bounds the memory of one prefill.
+# Prompt tokens per prefill pass, and logits kept per forward step for prompt log-probs
+# (rows x positions x vocabulary floats). A prompt longer than PROMPT_SLICE is run through the
+# model PROMPT_SLICE positions at a time (its cache growing), so one prefill's attention
+# scores and logits stay bounded however long the prompt: an 8k-token echo request no longer
+# holds 8k x vocabulary logits and 8k x 8k attention scores at once.
 PREFILL_TOKEN_BUDGET = 8192
 PROMPT_LOGITS_BUDGET = 1 << 26
-PROMPT_SLICE = 512  # prompt positions turned into log-probs at a time
+PROMPT_SLICE = 512
 
 FinishReason = Literal["stop", "length"]
 
@@ -300,25 +303,39 @@ class BatchingEngine:
         return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
     def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
-        """Run the prompts of `chunk` together, pick each first token, keep the live rows."""
+        """Run the prompts of `chunk` together, pick each first token, keep the live rows.
+
+        The prompts go through the model PROMPT_SLICE positions at a time; rows that asked for
+        prompt log-probs get them slice by slice, so only one slice's logits exist at once."""
         self.stats.prefill_batch_sizes[len(chunk)] += 1
         prompts = [s.request.prompt_ids for s in chunk]
         width = max(map(len, prompts))
         inputs = kv.left_pad(prompts, self.served.tokenizer.pad_token_id or 0,
                              device=self.served.device)
-        with_prompt_logprobs = any(s.request.prompt_logprobs for s in chunk)
+        scored = [row for row, s in enumerate(chunk) if s.request.prompt_logprobs]
+        entries: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
         cache = kv.growing_cache(self.served.model.config, self.served.name)
         with self.served.activated(name):
-            logits = self.served.model(
-                **inputs, cache=cache, use_cache=True,
-                logits_to_keep=0 if with_prompt_logprobs else 1,
-            ).logits
+            for start in range(0, width, PROMPT_SLICE):
+                stop = min(start + PROMPT_SLICE, width)
+                logits = self.served.model(
+                    input_ids=inputs["input_ids"][:, start:stop],
+                    attention_mask=inputs["attention_mask"][:, :stop],
+                    position_ids=inputs["position_ids"][:, start:stop],
+                    cache=cache, use_cache=True, logits_to_keep=0 if scored else 1,
+                ).logits
+                for row in scored:  # logits at position p score the token at p + 1
+                    first = max(start, width - len(prompts[row]))
+                    last = min(stop, width - 1)
+                    if first < last:
+                        entries[row].extend(_prompt_logprobs(
+                            logits[row, first - start:last - start],
+                            inputs["input_ids"][row, first + 1:last + 1].tolist(),
+                            chunk[row].request.top_logprobs))
         for row, sequence in enumerate(chunk):
             sequence.position = len(prompts[row])
-            if sequence.request.prompt_logprobs:
-                sequence.prompt_logprobs = _prompt_logprobs(
-                    logits[row, width - len(prompts[row]):], prompts[row],
-                    sequence.request.top_logprobs)
+            if row in entries:
+                sequence.prompt_logprobs = tuple(entries[row])
         live = self._advance(chunk, logits[:, -1, :], first=True)
         if live:
             batch = RunningBatch(chunk, cache, inputs["attention_mask"])
@@ -426,7 +443,8 @@ def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
                     ) -> list[list[_Sequence]]:
     """Split one model's new sequences into prefill passes of similar length within budget.
 
-    Sequences that need prompt log-probs (all positions' logits) go in passes of their own.
+    Sequences that need prompt log-probs (every position's logits, one slice at a time) go in
+    passes of their own.
     """
     chunks: list[list[_Sequence]] = []
     ordered = sorted(group, key=lambda s: (s.request.prompt_logprobs, len(s.request.prompt_ids)))
@@ -436,7 +454,8 @@ def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
             rows, width = len(chunks[-1]) + 1, len(sequence.request.prompt_ids)  # the widest
             fits = rows <= max_rows and rows * width <= PREFILL_TOKEN_BUDGET
             if echo:
-                fits = fits and rows * width * vocab_size <= PROMPT_LOGITS_BUDGET
+                logits = rows * min(width, PROMPT_SLICE) * vocab_size
+                fits = fits and logits <= PROMPT_LOGITS_BUDGET
             if fits:
                 chunks[-1].append(sequence)
                 continue
@@ -444,20 +463,15 @@ def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
     return chunks
 
 
-def _prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int
-                     ) -> tuple[TokenLogprob | None, ...]:
-    """Log-prob of each prompt token given the ones before it (`logits`: the prompt's rows)."""
-    entries: list[TokenLogprob | None] = [None]
-    # In slices of positions: a full log-softmax copy of a long prompt's logits is large.
-    for start in range(0, len(prompt) - 1, PROMPT_SLICE):
-        stop = min(start + PROMPT_SLICE, len(prompt) - 1)
-        logprobs = torch.log_softmax(logits[start:stop].float(), dim=-1)
-        targets = prompt[start + 1:stop + 1]
-        values = logprobs.gather(
-            1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
-        entries.extend(TokenLogprob(token, value, alternatives) for token, value, alternatives
-                       in zip(targets, values, _top_k(logprobs, k), strict=True))
-    return tuple(entries)
+def _prompt_logprobs(logits: torch.Tensor, targets: Sequence[int], k: int
+                     ) -> list[TokenLogprob]:
+    """Log-prob of each of `targets` under the logits row before it (`logits`: one row per
+    target), with the k likeliest alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values = logprobs.gather(
+        1, torch.tensor(targets, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+    return [TokenLogprob(token, value, alternatives) for token, value, alternatives
+            in zip(targets, values, _top_k(logprobs, k), strict=True)]
 
 
 def _top_k(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:

@@ -127,6 +127,39 @@ def test_echo_of_a_long_prompt_matches_a_direct_forward(server: LocalServer,
         expected.squeeze(1).tolist(), abs=1e-4)
 
 
+def test_long_prompts_of_different_lengths_prefill_slice_by_slice(server: LocalServer,
+                                                                   client: openai.OpenAI) -> None:
+    """Two echo prompts over one slice (512 positions), left-padded in one prefill pass run
+    slice by slice: each one's prompt log-probs and greedy continuation are the model's own
+    on that prompt alone."""
+    prompts = [" ".join(f"word{i}" for i in range(count)) for count in (190, 160)]
+    served = server.engine.served
+    widths: list[int] = []  # positions per forward pass
+    hook = served.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+        with_kwargs=True)
+    try:
+        reply = client.completions.create(model="lora", prompt=prompts, max_tokens=2,
+                                          echo=True, logprobs=0, temperature=0)
+    finally:
+        hook.remove()
+    assert max(widths) == 512 and len(widths) == 3  # two slices of the prompts, one decode
+    for prompt, choice in zip(prompts, reply.choices, strict=True):
+        ids = served.tokenizer(prompt)["input_ids"]
+        assert len(ids) > 512
+        with torch.inference_mode(), served.activated("lora"):
+            logits = served.model(input_ids=torch.tensor([ids])).logits[0]
+            logprobs = torch.log_softmax(logits.float(), -1)
+            first = int(logprobs[-1].argmax())
+            second = int(served.model(input_ids=torch.tensor([[*ids, first]])).logits[0, -1]
+                         .argmax())
+        expected = logprobs[:-1].gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+        scored = choice.logprobs.token_logprobs
+        assert len(scored) == len(ids) + 2
+        assert scored[1:len(ids)] == pytest.approx(expected.tolist(), abs=1e-4)
+        assert choice.text == prompt + served.tokenizer.decode([first, second])
+
+
 def test_prompt_list_and_max_tokens_zero_and_one(server: LocalServer, client: openai.OpenAI
                                                  ) -> None:
     reply = client.completions.create(model=base_name(server), prompt=["One", "Two three"],
