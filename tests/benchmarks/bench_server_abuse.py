@@ -22,6 +22,7 @@ The first case does nothing: its figures are the baseline the others are read ag
                   --quick) from 32 clients: requests/s, p50/p99 latency, errors
 
     python tests/benchmarks/bench_server_abuse.py [--quick] [--model NAME_OR_DIR] [--api-key]
+        [--cases echo_8k,load]
 
 Prints a table, then one line of JSON with the figures.
 """
@@ -360,6 +361,11 @@ async def run_load(server: Server, requests: list[tuple[str, dict[str, Any]]],
     return LoadResult(time.perf_counter() - started, latencies, errors)
 
 
+# The cases after `idle` (the baseline, always run), in the order they run.
+CASES = ("token_ids_16k", "body_50mb", "chat_108kb", "lone_surrogate", "aborted_50", "echo_8k",
+         "load")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -368,7 +374,12 @@ def main() -> None:
                         help="embedded model name or local model folder to serve")
     parser.add_argument("--api-key", action="store_true",
                         help="serve with a random API key (--api-key-env) and send it")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help="comma-separated cases to run after `idle` (default: all)")
     args = parser.parse_args()
+    chosen = {c.strip() for c in args.cases.split(",") if c.strip()}
+    if not chosen <= set(CASES):
+        parser.error(f"--cases: unknown {sorted(chosen - set(CASES))}; known: {', '.join(CASES)}")
     n_load, echo_tokens = (50, 1000) if args.quick else (1000, 8000)
 
     print(f"starting the server on {args.model} ...", file=sys.stderr, flush=True)
@@ -377,58 +388,67 @@ def main() -> None:
         listed = httpx.get(server.base + "/v1/models", headers=server.headers, timeout=60)
         model, context = listed.json()["data"][0]["id"], listed.json()["data"][0]["max_model_len"]
         echo_tokens = min(echo_tokens, context - 1)
-        echo_prompt = prompt_of_tokens(server, model, echo_tokens)
         with HealthWatch(server) as watch:
             with watch.case("idle", f"{WINDOW_S:.0f} s") as figures:
                 cpu = server.cpu_s()
                 time.sleep(WINDOW_S)
                 figures.extra["cpu_s"] = round(server.cpu_s() - cpu, 2)
 
-            with watch.case("token_ids_16k") as figures:
-                figures.status = post_json(server, "/v1/completions", {
-                    "model": model, "prompt": [100 + i % 40_000 for i in range(16_000)],
-                    "max_tokens": 16}).status_code
+            if "token_ids_16k" in chosen:
+                with watch.case("token_ids_16k") as figures:
+                    figures.status = post_json(server, "/v1/completions", {
+                        "model": model, "prompt": [100 + i % 40_000 for i in range(16_000)],
+                        "max_tokens": 16}).status_code
 
-            body = json.dumps({"model": model, "prompt": "a" * 50_000_000}).encode()
-            with watch.case("body_50mb") as figures:
-                figures.status = raw_post(server, "/v1/completions", body)
-            del body
+            if "body_50mb" in chosen:
+                body = json.dumps({"model": model, "prompt": "a" * 50_000_000}).encode()
+                with watch.case("body_50mb") as figures:
+                    figures.status = raw_post(server, "/v1/completions", body)
+                del body
 
-            with watch.case("chat_108kb") as figures:
-                figures.status = post_json(server, "/v1/chat/completions", {
-                    "model": model, "max_tokens": 16, "messages": [
-                        {"role": "user", "content": words_text(21_600)[:108_000]}]}).status_code
+            if "chat_108kb" in chosen:
+                with watch.case("chat_108kb") as figures:
+                    message = words_text(21_600)[:108_000]
+                    figures.status = post_json(server, "/v1/chat/completions", {
+                        "model": model, "max_tokens": 16,
+                        "messages": [{"role": "user", "content": message}]}).status_code
 
-            with watch.case("lone_surrogate") as figures:
-                figures.status = raw_post(server, "/v1/completions", json.dumps(
-                    {"model": model, "prompt": "a\ud800b"}).encode())
+            if "lone_surrogate" in chosen:
+                with watch.case("lone_surrogate") as figures:
+                    figures.status = raw_post(server, "/v1/completions", json.dumps(
+                        {"model": model, "prompt": "a\ud800b"}).encode())
 
-            with watch.case("aborted_50", "50 generations, disconnected after 1 s") as figures:
-                cpu = server.cpu_s()
-                abort_requests(server, model, 50, min(2000, context - 64), running_s=1.0)
-                figures.extra["running_cpu_s"] = round(server.cpu_s() - cpu, 2)
-                cpu = server.cpu_s()
-                time.sleep(1.0)
-                settling = server.cpu_s()
-                time.sleep(WINDOW_S - 1.0)
-                figures.extra["cpu_s"] = round(server.cpu_s() - cpu, 2)
-                figures.extra["cpu_s_after_1s"] = round(server.cpu_s() - settling, 2)
+            if "aborted_50" in chosen:
+                with watch.case("aborted_50", "50 generations, disconnected after 1 s"
+                                ) as figures:
+                    cpu = server.cpu_s()
+                    abort_requests(server, model, 50, min(2000, context - 64), running_s=1.0)
+                    figures.extra["running_cpu_s"] = round(server.cpu_s() - cpu, 2)
+                    cpu = server.cpu_s()
+                    time.sleep(1.0)
+                    settling = server.cpu_s()
+                    time.sleep(WINDOW_S - 1.0)
+                    figures.extra["cpu_s"] = round(server.cpu_s() - cpu, 2)
+                    figures.extra["cpu_s_after_1s"] = round(server.cpu_s() - settling, 2)
 
-            with watch.case("echo_8k", f"{echo_tokens} tokens") as figures:
-                reply = post_json(server, "/v1/completions", {
-                    "model": model, "prompt": echo_prompt, "max_tokens": 0, "echo": True,
-                    "logprobs": 5})
-                figures.status = reply.status_code
-                figures.extra["prompt_tokens"] = reply.json().get("usage", {}).get(
-                    "prompt_tokens")
+            if "echo_8k" in chosen:
+                echo_prompt = prompt_of_tokens(server, model, echo_tokens)
+                with watch.case("echo_8k", f"{echo_tokens} tokens") as figures:
+                    reply = post_json(server, "/v1/completions", {
+                        "model": model, "prompt": echo_prompt, "max_tokens": 0, "echo": True,
+                        "logprobs": 5})
+                    figures.status = reply.status_code
+                    figures.extra["prompt_tokens"] = reply.json().get("usage", {}).get(
+                        "prompt_tokens")
 
-            with watch.case("load", f"{n_load} mixed requests, 32 clients") as figures:
-                loaded = asyncio.run(run_load(server, load_requests(model, n_load), 32))
-                figures.status = 200 if loaded.errors == 0 else None
-                figures.extra.update({
-                    "requests": n_load, "rps": round(loaded.rps, 2),
-                    "p50_ms": round(loaded.percentile_ms(50), 1),
-                    "p99_ms": round(loaded.percentile_ms(99), 1), "errors": loaded.errors})
+            if "load" in chosen:
+                with watch.case("load", f"{n_load} mixed requests, 32 clients") as figures:
+                    loaded = asyncio.run(run_load(server, load_requests(model, n_load), 32))
+                    figures.status = 200 if loaded.errors == 0 else None
+                    figures.extra.update({
+                        "requests": n_load, "rps": round(loaded.rps, 2),
+                        "p50_ms": round(loaded.percentile_ms(50), 1),
+                        "p99_ms": round(loaded.percentile_ms(99), 1), "errors": loaded.errors})
         try:
             alive = httpx.get(server.base + "/health", timeout=30).status_code == 200
         except httpx.HTTPError:  # a dead server is the finding, not a crash of the bench
@@ -437,7 +457,8 @@ def main() -> None:
         stop_server(server)
     cases = watch.cases
 
-    idle_cpu, aborted_cpu = cases["idle"].extra["cpu_s"], cases["aborted_50"].extra["cpu_s"]
+    idle_cpu = cases["idle"].extra["cpu_s"]
+    aborted_cpu = cases["aborted_50"].extra["cpu_s"] if "aborted_50" in cases else None
     print(f"embedded server abuse, {args.model}, context {context}, {os.cpu_count()} CPU(s)"
           f"{', API key' if args.api_key else ''}{', --quick' if args.quick else ''}")
     print(f"{'case':<15} {'status':>6} {'worst /health ms':>17} {'RSS before':>11} "
@@ -450,8 +471,10 @@ def main() -> None:
               f"{figures.rss_before_mb:>9.0f}MB {figures.rss_after_mb:>6.0f}MB "
               f"{figures.rss_peak_mb:>6.0f}MB  "
               + ", ".join(f"{k}={v}" for k, v in notes.items()))
-    print(f"CPU seconds in the {WINDOW_S:.0f} s after 50 aborted generations: {aborted_cpu:.2f} "
-          f"(idle: {idle_cpu:.2f}); server alive at the end: {alive}")
+    if aborted_cpu is not None:
+        print(f"CPU seconds in the {WINDOW_S:.0f} s after 50 aborted generations: "
+              f"{aborted_cpu:.2f} (idle: {idle_cpu:.2f})")
+    print(f"server alive at the end: {alive}")
     print(json.dumps({"model": args.model, "quick": args.quick, "server_alive_after": alive,
                       "aborted_cpu_s": aborted_cpu, "idle_cpu_s": idle_cpu,
                       "cases": {name: figures.as_json() for name, figures in cases.items()}}))
