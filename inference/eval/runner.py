@@ -7,7 +7,6 @@ Rerunning into the same folder skips finished examples; a different config is re
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import random
@@ -20,7 +19,7 @@ from tqdm import tqdm
 
 from sieverag.inference.compose import build_context, needs_trained_filter, resolve_roles
 from sieverag.inference.config import RunConfig, load_run_config
-from sieverag.inference.data import load_examples
+from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
 from sieverag.inference.eval.report import write_report
@@ -36,15 +35,6 @@ from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.types import Example
-
-
-def dataset_fingerprint(path: str | Path) -> str:
-    """sha256 of the dataset file's bytes (first 16 hex digits)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def read_question_ids(path: str | Path) -> list[str]:
