@@ -1,18 +1,22 @@
 """Benchmarks from their standard sources: each published schema (rows built here) read through
 `load_examples` from a jsonl or parquet file, a save_to_disk folder or `hf:NAME[:CONFIG]:SPLIT`
-(`datasets.load_dataset` replaced by a local table, or run for real on a local folder), and
-the errors of each source."""
+(`datasets.load_dataset` replaced by a local table, or run for real on a local folder), the
+question-only datasets a run that retrieves may read, and the errors of each source."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sieverag.cli import main
+from sieverag.inference.compose import needs_given_documents
+from sieverag.inference.config import RetrievalConfig, RunConfig
 from sieverag.inference.data import dataset_fingerprint, detect_format, load_examples
 from sieverag.inference.errors import DatasetError
+from sieverag.inference.eval.runner import selected_examples
 
 datasets = pytest.importorskip("datasets")
 
@@ -303,6 +307,34 @@ def test_a_real_hub_load_of_a_local_dataset_folder(tmp_path):
                                            r"'validation'"):
         load_examples(f"hf:{repo}:nope")
     assert dataset_fingerprint(spec) == dataset_fingerprint(spec)
+
+
+# ---- question-only datasets in a run -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pipelines", "routed", "retrieves", "needed"), [
+    (("direct",), "vanilla", False, False),
+    (("vanilla",), "vanilla", False, True),
+    (("direct", "main-rag"), "vanilla", False, True),
+    (("vanilla", "amber"), "vanilla", True, False),
+    (("auto",), "vanilla", False, True),
+    (("auto",), "direct", False, False),
+])
+def test_documents_are_needed_only_where_given_ones_are_read(pipelines, routed, retrieves,
+                                                             needed):
+    config = RunConfig(dataset="d.jsonl", pipelines=pipelines, routed_pipeline=routed,
+                       retrieval=RetrievalConfig(index="idx") if retrieves else None)
+    assert needs_given_documents(config) is needed
+
+
+def test_a_run_over_an_index_reads_a_question_only_dataset(tmp_path):
+    path = write_jsonl(tmp_path / "flashrag_nq.jsonl", [FLASHRAG])
+    config = RunConfig(dataset=str(path), pipelines=("vanilla",))
+    with pytest.raises(DatasetError, match="record has no documents.*retrieval.index"):
+        selected_examples(config)
+    retrieving = replace(config, retrieval=RetrievalConfig(index=str(tmp_path / "index")))
+    assert [e.id for e in selected_examples(retrieving)] == ["test_0"]
+    assert [e.id for e in selected_examples(replace(config, pipelines=("direct",)))] == ["test_0"]
 
 
 # ---- bad input -------------------------------------------------------------------------------
