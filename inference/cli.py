@@ -110,8 +110,6 @@ def run_eval(command: EvalCommand) -> int:
     if unknown:
         raise ConfigError(f"unknown pipeline(s) {', '.join(unknown)} "
                           f"(known: {', '.join(sorted(PIPELINES))})")
-    if not Path(config.dataset).is_file():
-        raise ConfigError(f"dataset file {config.dataset} not found")
     out = Path(command.out) if command.out else _default_out("eval")
     summaries = run_evaluation(config, out, progress=not command.quiet)
     _print_summary(out, summaries)

@@ -53,6 +53,21 @@ def needs_trained_filter(config: RunConfig) -> bool:
     return any(amber_filter(p, config.amber) in NEEDS_TRAINED_FILTER for p in pipelines)
 
 
+# Pipelines that answer without any document (the rest read the given or retrieved ones).
+_READS_NO_DOCUMENTS = frozenset({"direct"})
+
+
+def needs_given_documents(config: RunConfig) -> bool:
+    """Whether the run reads the dataset's own documents: it retrieves none from an index
+    and some pipeline (for `auto`, also its routed one) reads documents."""
+    if config.retrieval is not None:
+        return False
+    pipelines = set(config.pipelines)
+    if "auto" in pipelines:
+        pipelines.add(config.routed_pipeline)
+    return bool(pipelines - _READS_NO_DOCUMENTS - {"auto"})
+
+
 def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
     """An in-process filter role with its adapter resolved to a checked folder (the given
     path or name, else the default filter); a served filter as it is."""

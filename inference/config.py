@@ -80,7 +80,8 @@ class ModelRoles:
 class RunConfig:
     """Everything that determines a run's results; `provenance` only records where it ran."""
 
-    dataset: str = field(metadata={"help": "dataset file (see README: Data formats)"})
+    dataset: str = field(metadata={"help": "dataset: a file, a save_to_disk FOLDER[:SPLIT] or "
+                                         "hf:NAME[:CONFIG]:SPLIT (see README: Data formats)"})
     pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={"help": "pipeline names"})
     dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
     limit: int | None = field(default=None, metadata={"help": "first N examples only"})

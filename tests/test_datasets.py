@@ -361,9 +361,12 @@ def test_corrupt_zip_and_gzip(tmp_path: Path) -> None:
 def test_unknown_format_lists_the_known_ones() -> None:
     with pytest.raises(DatasetError, match="unknown dataset format 'msmarco'") as info:
         load_examples(DATA / "common_sample.jsonl", fmt="msmarco")
-    for name in ("arc", "common", "hotpotqa", "nq", "popqa", "squad", "triviaqa"):
+    known = {"arc", "common", "hotpotqa", "nq", "popqa", "squad", "triviaqa",
+             "hotpotqa-original", "2wikimultihopqa", "triviaqa-original", "nq-open",
+             "squad-flat", "asqa"}
+    for name in known:
         assert name in str(info.value)
-    assert set(DATASET_FORMATS) == {"arc", "common", "hotpotqa", "nq", "popqa", "squad", "triviaqa"}
+    assert set(DATASET_FORMATS) == known
 
 
 @pytest.mark.parametrize(

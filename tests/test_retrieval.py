@@ -161,6 +161,28 @@ def test_jsonl_corpus_and_bad_lines(tmp_path: Path) -> None:
         load_corpus(tmp_path / "missing.jsonl")
 
 
+def test_contents_corpus_splits_title_and_text(tmp_path: Path) -> None:
+    """Pyserini / FlashRAG `{id, contents}`: first line the title (quotes stripped), the rest
+    the text; a one-line `contents` is all text."""
+    path = write_jsonl(tmp_path / "wiki18.jsonl", [
+        {"id": "0", "contents": '"Aaron"\nAaron is a prophet.'},
+        {"id": "1", "contents": "Moses\nMoses led the people.\nHe was old."},
+        {"id": "2", "contents": "Just a passage."},
+    ])
+    assert detect_corpus_format(path) == "jsonl"
+    docs = load_corpus(path)
+    assert [(d.id, d.title, d.text) for d in docs] == [
+        ("0", "Aaron", "Aaron is a prophet."),
+        ("1", "Moses", "Moses led the people.\nHe was old."),
+        ("2", "", "Just a passage."),
+    ]
+    title_only = write_jsonl(tmp_path / "title_only.jsonl", [{"id": "0", "contents": "T\n "}])
+    assert [(d.title, d.text) for d in load_corpus(title_only)] == [("", "T\n ")]
+    empty = write_jsonl(tmp_path / "empty_contents.jsonl", [{"id": "0", "contents": " "}])
+    with pytest.raises(DatasetError, match=r"empty_contents\.jsonl:1: record has no text"):
+        load_corpus(empty)
+
+
 def test_nutrition_squad_hotpotqa_readers(tmp_path: Path) -> None:
     pages = write_jsonl(tmp_path / "pages.jsonl", [{"page_number": 3, "text": "Protein."}])
     assert detect_corpus_format(pages) == "nutrition"

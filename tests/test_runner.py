@@ -132,7 +132,7 @@ def test_cli_flags_override_a_config_file(tmp_path, demo_file, tiny_model_dir):
 
 @pytest.mark.parametrize(("make_args", "message"), [
     (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(t / "missing.jsonl")],
-     "not found"),
+     "no such dataset file"),
     (lambda d, m, t: ["--pipelines", "nonsense", "--dataset", str(d)], "unknown pipeline"),
     (lambda d, m, t: ["--pipelines", "vanilla", "--dataset", str(d),
                       "--models.generator.model", "no-such-model"],

@@ -1,13 +1,19 @@
-"""The data layer: QA benchmark files read into `Example`s, below retrieval and evaluation.
+"""The data layer: QA benchmarks read into `Example`s, below retrieval and evaluation.
 
-* `loading` — `load_examples(path, fmt="auto", limit)` and `detect_format`: pick a file's
-  format (by its name, else by the keys of its first record) and read it;
+* `loading` — `load_examples(dataset, fmt="auto", limit)` and `detect_format`: pick a
+  dataset's format (by its name, else by the keys of its first record) and read it;
+* `sources` — what a dataset name opens (`open_dataset`): a file (jsonl, parquet, SQuAD's
+  JSON), a `datasets` save_to_disk folder (`FOLDER[:SPLIT]`) or a hub split
+  (`hf:NAME[:CONFIG]:SPLIT`); `dataset_fingerprint` identifies its content;
+* `hf_datasets` — loading hub splits and save_to_disk folders with `datasets`;
 * `readers` — the built-in formats (hotpotqa, nq, popqa, squad, common, triviaqa, arc) and
   the SQuAD paragraphs as a corpus (`load_squad_paragraphs`, `load_squad_corpus`);
+* `standard_schemas` — the benchmarks' own published schemas (hotpotqa-original,
+  2wikimultihopqa, triviaqa-original, nq-open, squad-flat, asqa), one adapter each;
 * `formats` — the format registry (`DATASET_FORMATS`, `register_format`,
-  `register_jsonl_format`) the readers add themselves to;
-* `records` — reading one record's fields, with errors that name the file, line and field;
-* `files` — jsonl (gzip told by content) and whole JSON documents (zipped or not);
+  `register_record_format`) the readers add themselves to;
+* `records` — reading one record's fields, with errors that name the dataset, record and field;
+* `files` — jsonl (gzip told by content), parquet and whole JSON documents (zipped or not);
 * `demo` — `write_demo_dataset`: the demo set of invented facts (`sieverag demo`).
 
 It imports only the shared base (`inference.types`, `inference.errors`); retrieval,
@@ -19,11 +25,12 @@ from sieverag.inference.data.formats import (
     DATASET_FORMATS,
     DatasetFormat,
     register_format,
-    register_jsonl_format,
+    register_record_format,
 )
 from sieverag.inference.data.loading import detect_format, example_source, load_examples
 from sieverag.inference.data.readers import load_squad_corpus, load_squad_paragraphs
+from sieverag.inference.data.sources import dataset_fingerprint, open_dataset
 
-__all__ = ["DATASET_FORMATS", "DatasetFormat", "detect_format", "example_source", "iter_jsonl",
-           "load_examples", "load_squad_corpus", "load_squad_paragraphs", "register_format",
-           "register_jsonl_format"]
+__all__ = ["DATASET_FORMATS", "DatasetFormat", "dataset_fingerprint", "detect_format",
+           "example_source", "iter_jsonl", "load_examples", "load_squad_corpus",
+           "load_squad_paragraphs", "open_dataset", "register_format", "register_record_format"]

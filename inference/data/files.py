@@ -1,6 +1,6 @@
-"""Reading dataset files: jsonl (gzip-compressed or not, told by content) and whole JSON
-documents (zipped or not). Every problem ends in one `DatasetError` that names the file, and
-the line where there is one."""
+"""Reading dataset files: jsonl (gzip-compressed or not, told by content), parquet (told by
+content) and whole JSON documents (zipped or not). Every problem ends in one `DatasetError`
+that names the file, and the line or row where there is one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ Record = dict[str, Any]
 """One JSON object of a dataset file (a jsonl line, or a nested record)."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_PARQUET_MAGIC = b"PAR1"
+_PARQUET_BATCH_ROWS = 1024
 _JSON_TYPE_NAMES = {
     dict: "an object",
     list: "an array",
@@ -73,6 +75,39 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
         ) from None
     except (OSError, EOFError) as err:
         raise DatasetError(f"{path}: cannot be read ({err})") from None
+
+
+def is_parquet(path: Path) -> bool:
+    """Whether `path` is a parquet file (by its first bytes)."""
+    with path.open("rb") as handle:
+        return handle.read(len(_PARQUET_MAGIC)) == _PARQUET_MAGIC
+
+
+def parquet_columns(path: Path) -> list[str]:
+    """The column names of a parquet file (read from its footer, no rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(path).names)
+    except (OSError, pa.ArrowException) as err:
+        raise DatasetError(f"{path}: cannot be read as parquet ({err})") from None
+
+
+def iter_parquet(path: Path) -> Iterator[tuple[int, Record]]:
+    """(0-based row number, record) for each row of a parquet file, read in batches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    number = 0
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+        for batch in batches:
+            for record in batch.to_pylist():
+                yield number, record
+                number += 1
+    except (OSError, pa.ArrowException) as err:
+        raise DatasetError(f"{path}, row {number}: cannot be read as parquet ({err})") from None
 
 
 def load_json_document(path: Path) -> Any:

@@ -1,6 +1,7 @@
-"""The registry of dataset formats: each format's reader and the file names and record keys
-that mark its files. Readers add themselves with `register_format` (a whole-file reader) or
-`register_jsonl_format` (a parser of one record per line)."""
+"""The registry of dataset formats: each format's reader and the names and record keys that
+mark its datasets. Readers add themselves with `register_format` (a whole-file reader, such as
+SQuAD's nested JSON) or `register_record_format` (a parser of one record, which reads the
+records of any source: a jsonl or parquet file, a save_to_disk folder, a hub split)."""
 
 from __future__ import annotations
 
@@ -8,31 +9,48 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sieverag.inference.data.files import Record, iter_jsonl
+from sieverag.inference.data.files import Record
 from sieverag.inference.data.records import RecordSource
+from sieverag.inference.data.sources import DatasetSource
+from sieverag.inference.errors import DatasetError
 from sieverag.inference.types import Example
 
-ExampleReader = Callable[[Path, bool], Iterator[Example]]
-"""Reads a file (path, require_documents) into examples, lazily and in file order."""
+ExampleReader = Callable[[DatasetSource, bool], Iterator[Example]]
+"""Reads a dataset (source, require_documents) into examples, lazily and in order."""
+
+FileReader = Callable[[Path, bool], Iterator[Example]]
+"""Reads one whole file (path, require_documents) into examples, lazily and in file order."""
 
 RecordParser = Callable[[Record, RecordSource], Example]
-"""Turns one JSON record of a jsonl file into an example."""
+"""Turns one record (a jsonl line, a table row) into an example."""
 
 
 @dataclass(frozen=True)
 class DatasetFormat:
-    """A registered dataset format: its reader and how to recognise its files."""
+    """A registered dataset format: its reader and how to recognise its datasets."""
 
     name: str
     read: ExampleReader
     name_hints: frozenset[str]
-    """Words of a file name (split on non-alphanumerics) that mark the format."""
+    """Words of a dataset's name (split on non-alphanumerics) that mark the format."""
     record_signatures: tuple[frozenset[str], ...]
     """Key sets of a first record that mark the format; the largest matching set wins."""
 
 
 DATASET_FORMATS: dict[str, DatasetFormat] = {}
-"""Every known format by name, filled by `register_format` / `register_jsonl_format`."""
+"""Every known format by name, filled by `register_format` / `register_record_format`."""
+
+
+def _register(name: str, read: ExampleReader, name_hints: Iterable[str],
+              record_signatures: Iterable[Iterable[str]]) -> None:
+    if name in DATASET_FORMATS:
+        raise ValueError(f"dataset format {name!r} is registered twice")
+    DATASET_FORMATS[name] = DatasetFormat(
+        name=name,
+        read=read,
+        name_hints=frozenset(name_hints),
+        record_signatures=tuple(frozenset(keys) for keys in record_signatures),
+    )
 
 
 def register_format(
@@ -40,50 +58,51 @@ def register_format(
     *,
     name_hints: Iterable[str] = (),
     record_signatures: Iterable[Iterable[str]] = (),
-) -> Callable[[ExampleReader], ExampleReader]:
-    """Register a whole-file reader under `name` (a decorator); returns the reader unchanged."""
+) -> Callable[[FileReader], FileReader]:
+    """Register a whole-file reader under `name` (a decorator); returns the reader unchanged.
+    A dataset that is not one file (a table) is refused in this format."""
 
-    def decorator(read: ExampleReader) -> ExampleReader:
-        if name in DATASET_FORMATS:
-            raise ValueError(f"dataset format {name!r} is registered twice")
-        DATASET_FORMATS[name] = DatasetFormat(
-            name=name,
-            read=read,
-            name_hints=frozenset(name_hints),
-            record_signatures=tuple(frozenset(keys) for keys in record_signatures),
-        )
-        return read
+    def decorator(read_file: FileReader) -> FileReader:
+        def read(source: DatasetSource, require_documents: bool) -> Iterator[Example]:
+            if source.file is None:
+                raise DatasetError(f"{source.label}: the {name!r} format is read from its own "
+                                   "file, not from a table of records")
+            return read_file(source.file, require_documents)
+
+        _register(name, read, name_hints, record_signatures)
+        return read_file
 
     return decorator
 
 
-def register_jsonl_format(
+def register_record_format(
     name: str,
     *,
     documents_from: str | None,
     name_hints: Iterable[str] = (),
     record_signatures: Iterable[Iterable[str]] = (),
 ) -> Callable[[RecordParser], RecordParser]:
-    """Register a one-record-per-line format by its record parser (a decorator).
+    """Register a format by its parser of one record (a decorator); returns the parser.
 
     `documents_from` names the field(s) documents come from, or None when the format has no
     documents; a format with documents rejects a record without any unless the caller passes
-    `require_documents=False`.
+    `require_documents=False` (as a run that retrieves, or reads no documents, does).
     """
 
     def decorator(parse: RecordParser) -> RecordParser:
-        def read(path: Path, require_documents: bool) -> Iterator[Example]:
-            for line_number, record in iter_jsonl(path):
-                source = RecordSource(path, f"line {line_number}", f"{name}-{line_number}")
+        def read(dataset: DatasetSource, require_documents: bool) -> Iterator[Example]:
+            for location, number, record in dataset.records():
+                source = RecordSource(dataset.label, location, f"{name}-{number}")
                 example = parse(record, source)
                 if documents_from and require_documents and not example.documents:
                     raise source.error(
-                        f"record has no documents (expected in {documents_from}); pass "
-                        "require_documents=False to load the questions without documents"
+                        f"record has no documents (expected in {documents_from}); retrieve "
+                        "them from an index (retrieval.index), run only pipelines that read "
+                        "none (direct), or load the questions alone (require_documents=False)"
                     )
                 yield example
 
-        register_format(name, name_hints=name_hints, record_signatures=record_signatures)(read)
+        _register(name, read, name_hints, record_signatures)
         return parse
 
     return decorator

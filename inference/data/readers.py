@@ -5,17 +5,22 @@ for the files themselves):
   supporting_facts}`; supporting facts become each passage's `supporting_sentences`.
 - `nq`: NQ-open with its oracle passage, `{question, answers, ctxs[{title, text, hasanswer,
   isgold}], nq_annotated_gold}`, usually gzip-compressed.
-- `popqa`: PopQA long-tail with two CRAG knowledge texts per question as its documents.
+- `popqa`: PopQA long-tail with two CRAG knowledge texts per question as its documents; the
+  original PopQA (hub `akariasai/PopQA`, `possible_answers` a JSON list string) has none.
 - `squad`: the official nested SQuAD v1.1 JSON, zipped or not; one example per question whose
   single document is its gold paragraph.
 - `common`: `{id?, question, answers | golden_answers, ctxs[{title, text, is_gold? | isgold? |
-  hasanswer?}]}` as written by Self-RAG and FlashRAG.
+  hasanswer?}]}` as written by Self-RAG and FlashRAG (FlashRAG's `{id, question,
+  golden_answers, metadata}` rows have no documents).
 - `triviaqa`: `{id, question, answers}`, no documents.
-- `arc`: ARC-Challenge, `{id, question, choices{text, label}, answerKey}`.
+- `arc`: ARC-Challenge, `{id, question, choices{text, label}, answerKey}` (also the hub's
+  `ai2_arc`).
 
-Documents get ids stable across runs: `f"{example_id}/{position}"` (`squad-p{n}` for SQuAD
-paragraphs); rows without an id get `f"{format}-{line_number}"`. The SQuAD paragraphs are
-also a retrieval corpus (`load_squad_paragraphs`, `load_squad_corpus`).
+The benchmarks' own published schemas (hub datasets and official releases) are in
+`standard_schemas`. Documents get ids stable across runs: `f"{example_id}/{position}"`
+(`squad-p{n}` for SQuAD paragraphs); rows without an id get `f"{format}-{line_number}"` (a
+table's rows: `f"{format}-{row}"`, from 0). The SQuAD paragraphs are also a retrieval corpus
+(`load_squad_paragraphs`, `load_squad_corpus`).
 """
 
 from __future__ import annotations
@@ -23,20 +28,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sieverag.inference.data.files import Record, check_readable, json_type, load_json_document
-from sieverag.inference.data.formats import register_format, register_jsonl_format
+from sieverag.inference.data.formats import register_format, register_record_format
 from sieverag.inference.data.records import (
     RecordSource,
     answer_aliases,
     example_metadata,
     gold_flag,
+    key_sentences,
     list_field,
     literal_list,
     optional_str,
     optional_strings,
     question_text,
     record_id,
+    sentence_text,
     supporting_facts,
 )
 from sieverag.inference.errors import DatasetError
@@ -66,7 +74,7 @@ def load_squad_corpus(path: str | Path) -> tuple[list[Document], list[Example]]:
     return paragraphs, examples
 
 
-@register_jsonl_format(
+@register_record_format(
     "hotpotqa",
     documents_from="'passages'",
     name_hints=("hotpotqa", "hotpot"),
@@ -75,9 +83,8 @@ def load_squad_corpus(path: str | Path) -> tuple[list[Document], list[Example]]:
 def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
     """HotpotQA distractor: 10 passages, gold marked, supporting facts on some rows.
 
-    Where the row has `supporting_facts`, every passage gets `supporting_sentences` (empty for
-    passages without any); indices past a passage's sentence list are dropped, as the
-    original HotpotQA release holds a few such facts.
+    Where the row has `supporting_facts`, every passage gets `supporting_sentences` (see
+    `key_sentences`).
     """
     example_id = record_id(record, source)
     supporting = supporting_facts(record.get("supporting_facts"), source)
@@ -89,16 +96,10 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
         sentences = optional_strings(passage.get("sentences"), source, f"{where}.sentences")
         text = passage.get("text")
         if text is None and sentences is not None:
-            text = "".join(sentences)
+            text = sentence_text(sentences)
         if not isinstance(text, str):
             raise source.error(f"{where} has no 'text' string")
         title = optional_str(passage, "title", source, where)
-        key_sentences = None
-        if supporting is not None:
-            indices = supporting.get(title, set())
-            if sentences is not None:
-                indices = {i for i in indices if i < len(sentences)}
-            key_sentences = tuple(sorted(indices))
         documents.append(
             Document(
                 id=f"{example_id}/{index}",
@@ -106,7 +107,7 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
                 title=title,
                 is_gold=gold_flag(passage, ("is_gold",), source, where),
                 sentences=sentences,
-                supporting_sentences=key_sentences,
+                supporting_sentences=key_sentences(supporting, title, sentences),
             )
         )
     return Example(
@@ -118,7 +119,7 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
     )
 
 
-@register_jsonl_format(
+@register_record_format(
     "nq",
     documents_from="'ctxs'",
     name_hints=("nq",),
@@ -129,7 +130,7 @@ def _parse_nq(record: Record, source: RecordSource) -> Example:
     return _parse_ctxs_record("nq", record, source)
 
 
-@register_jsonl_format(
+@register_record_format(
     "common",
     documents_from="'ctxs'",
     record_signatures=(
@@ -149,19 +150,21 @@ def _parse_common(record: Record, source: RecordSource) -> Example:
 _POPQA_KNOWLEDGE_FIELDS = ("crag_refined_retrieved_knowledge", "crag_web_search_knowledge")
 
 
-@register_jsonl_format(
+@register_record_format(
     "popqa",
     documents_from=" or ".join(f"'{field}'" for field in _POPQA_KNOWLEDGE_FIELDS),
     name_hints=("popqa",),
-    record_signatures=(("question", "answers", "s_wiki_title"),),
+    record_signatures=(("question", "answers", "s_wiki_title"),
+                       ("question", "possible_answers", "s_wiki_title")),
 )
 def _parse_popqa(record: Record, source: RecordSource) -> Example:
     """PopQA: documents are the non-empty CRAG knowledge texts, titled by `s_wiki_title`.
 
     A document's id keeps its field's position (`/0` refined retrieval, `/1` web search) even
-    when the other is empty. `answers` may be a JSON list or a string holding a Python list
-    literal; a string not starting with "[" is one answer. `possible_answers` (the original
-    PopQA field) is read where `answers` is absent.
+    when the other is empty. `answers` may be a JSON list or a string holding a JSON or Python
+    list literal; a string not starting with "[" is one answer. `possible_answers` (the
+    original PopQA's field, as in the hub's `akariasai/PopQA`, whose rows have no knowledge
+    texts and so no documents) is read where `answers` is absent.
     """
     example_id = record_id(record, source)
     title = optional_str(record, "s_wiki_title", source, "record")
@@ -176,11 +179,12 @@ def _parse_popqa(record: Record, source: RecordSource) -> Example:
         question=question_text(record, source),
         answers=answer_aliases(literal_list(record.get(field), source, field), source, field),
         documents=tuple(documents),
-        metadata=example_metadata("popqa", record, ("prop", "pop", "s_wiki_title", "question_id")),
+        metadata=example_metadata("popqa", record,
+                                  ("prop", "pop", "s_pop", "s_wiki_title", "question_id")),
     )
 
 
-@register_jsonl_format(
+@register_record_format(
     "triviaqa",
     documents_from=None,
     name_hints=("triviaqa", "tqa"),
@@ -196,7 +200,7 @@ def _parse_triviaqa(record: Record, source: RecordSource) -> Example:
     )
 
 
-@register_jsonl_format(
+@register_record_format(
     "arc",
     documents_from=None,
     name_hints=("arc",),
@@ -236,6 +240,21 @@ def _read_squad(path: Path, require_documents: bool) -> Iterator[Example]:
     """Official SQuAD JSON (zipped or plain): one example per question, paragraph as gold."""
     for _, questions in _iter_squad(path):
         yield from questions
+
+
+def squad_title(title: Any) -> str:
+    """A SQuAD article title as text: its underscores as spaces ("Super_Bowl_50")."""
+    return str(title or "").replace("_", " ")
+
+
+def squad_answer_texts(answers: Any) -> Any:
+    """SQuAD answers as their texts: from `[{text, answer_start}]` (the official file) or
+    from the hub's columns `{text: [...], answer_start: [...]}`; anything else unchanged."""
+    if isinstance(answers, dict):
+        return answers.get("text")
+    if isinstance(answers, list):
+        return [answer.get("text") if isinstance(answer, dict) else answer for answer in answers]
+    return answers
 
 
 def _parse_ctxs_record(name: str, record: Record, source: RecordSource) -> Example:
@@ -282,7 +301,7 @@ def _iter_squad(path: Path) -> Iterator[tuple[Document, list[Example]]]:
     for a, article in enumerate(articles):
         if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
             raise DatasetError(f"{path}, data[{a}]: has no 'paragraphs' array")
-        title = str(article.get("title") or "").replace("_", " ")
+        title = squad_title(article.get("title"))
         paragraphs = article["paragraphs"]
         for p, paragraph in enumerate(paragraphs):
             where = f"data[{a}].paragraphs[{p}]"
@@ -298,15 +317,12 @@ def _iter_squad(path: Path) -> Iterator[tuple[Document, list[Example]]]:
                 question_count += 1
                 if not isinstance(qa, dict):
                     raise source.error(f"is {json_type(qa)}, expected an object")
-                texts = [
-                    answer.get("text") if isinstance(answer, dict) else answer
-                    for answer in qa.get("answers") or []
-                ]
                 questions.append(
                     Example(
                         id=record_id(qa, source),
                         question=question_text(qa, source),
-                        answers=answer_aliases(texts, source, "answers"),
+                        answers=answer_aliases(squad_answer_texts(qa.get("answers") or []),
+                                               source, "answers"),
                         documents=(gold_doc,),
                         metadata={"dataset": "squad", "gold_doc_id": corpus_doc.id},
                     )

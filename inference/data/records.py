@@ -1,10 +1,11 @@
 """Checking the fields of one dataset record: each function reads one field (id, question,
-answer aliases, gold flags, ...) and raises a `DatasetError` naming the file, the record's
+answer aliases, gold flags, ...) and raises a `DatasetError` naming the dataset, the record's
 place in it and the field when the value has the wrong shape."""
 
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from sieverag.inference.errors import DatasetError
 
 @dataclass(frozen=True)
 class RecordSource:
-    """Where a record sits in its file: for error messages and for ids of rows without one."""
+    """Where a record sits in its dataset: for error messages and for ids of rows without one."""
 
-    path: Path
+    path: Path | str
+    """The dataset file, or the name of a dataset that is not one file (`hf:NAME:SPLIT`)."""
     location: str
     fallback_id: str
 
@@ -26,23 +28,25 @@ class RecordSource:
         return DatasetError(f"{self.path}, {self.location}: {problem}")
 
 
-def record_id(record: Record, source: RecordSource) -> str:
-    """The record's `id` as a string; `source.fallback_id` where it has none."""
-    value = record.get("id")
-    if value is None:
+def record_id(record: Record, source: RecordSource, keys: tuple[str, ...] = ("id",)) -> str:
+    """The first of the record's id `keys` present, as a string; `source.fallback_id` where
+    it has none."""
+    key = next((key for key in keys if record.get(key) is not None), None)
+    if key is None:
         return source.fallback_id
+    value = record[key]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise source.error(f"'id' is {json_type(value)}, expected a string or a number")
+        raise source.error(f"{key!r} is {json_type(value)}, expected a string or a number")
     return str(value)
 
 
-def question_text(record: Record, source: RecordSource) -> str:
-    """The record's `question`, stripped; a missing or blank one is an error."""
-    question = record.get("question")
+def question_text(record: Record, source: RecordSource, field: str = "question") -> str:
+    """The record's question (in `field`), stripped; a missing or blank one is an error."""
+    question = record.get(field)
     if not isinstance(question, str) or not question.strip():
-        if "question" not in record:
-            raise source.error("record has no 'question' field")
-        raise source.error(f"'question' is {json_type(question)}, expected a non-empty string")
+        if field not in record:
+            raise source.error(f"record has no {field!r} field")
+        raise source.error(f"{field!r} is {json_type(question)}, expected a non-empty string")
     return question.strip()
 
 
@@ -63,37 +67,92 @@ def answer_aliases(value: Any, source: RecordSource, field: str) -> tuple[str, .
 
 
 def literal_list(value: Any, source: RecordSource, field: str) -> Any:
-    """A string holding a Python list literal ("['a', 'b']") as that list; else unchanged."""
+    """A string holding a JSON or Python list literal ('["a", "b"]', "['a', 'b']") as that
+    list; else unchanged."""
     if not isinstance(value, str) or not value.lstrip().startswith("["):
         return value
     try:
-        parsed = ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError, MemoryError, RecursionError) as err:
-        raise source.error(f"{field!r} is not a valid list literal ({err})") from None
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as err:
+            raise source.error(f"{field!r} is not a valid list literal ({err})") from None
     if not isinstance(parsed, (list, tuple)):
         raise source.error(f"{field!r} is not a list literal")
     return parsed
 
 
+def object_rows(value: Any, source: RecordSource, field: str) -> list[Record]:
+    """An array of objects, also when stored as columns (`{key: [...], ...}`, as `datasets`
+    stores a sequence of objects); [] where the field is absent or null."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        columns = list(value.values())
+        if not all(isinstance(column, list) for column in columns) or (
+            len({len(column) for column in columns}) > 1
+        ):
+            raise source.error(f"{field!r} is an object of unequal or non-array columns")
+        return [dict(zip(value, row, strict=True)) for row in zip(*columns, strict=True)]
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise source.error(f"{field!r} is {json_type(value)}, expected an array of objects")
+    return value
+
+
+def title_pairs(value: Any, source: RecordSource, field: str, second: str) -> list[tuple]:
+    """HotpotQA-style `(title, second)` pairs, from `[title, x]` pairs (the official releases)
+    or from objects `{title, <second>}` (as rows or as the hub's columns)."""
+    if isinstance(value, list) and all(isinstance(item, (list, tuple)) for item in value):
+        pairs = [tuple(item) for item in value]
+    else:
+        pairs = [(row.get("title"), row.get(second))
+                 for row in object_rows(value, source, field)]
+    for pair in pairs:
+        if len(pair) != 2 or not isinstance(pair[0], str):
+            raise source.error(f"{field!r} holds {list(pair)!r}, expected a [title, {second}] pair")
+    return pairs
+
+
 def supporting_facts(value: Any, source: RecordSource) -> dict[str, set[int]] | None:
-    """HotpotQA `[title, sentence_index]` pairs grouped by title; None where absent."""
+    """HotpotQA supporting facts (`[title, sentence_index]` pairs, or the hub's
+    `{title: [...], sent_id: [...]}`) grouped by title; None where absent."""
     if value is None:
         return None
-    if not isinstance(value, list):
+    if not isinstance(value, (list, dict)):
         raise source.error(f"'supporting_facts' is {json_type(value)}, expected an array")
     by_title: dict[str, set[int]] = {}
-    for fact in value:
-        if (
-            not isinstance(fact, (list, tuple))
-            or len(fact) != 2
-            or not isinstance(fact[0], str)
-            or isinstance(fact[1], bool)
-            or not isinstance(fact[1], int)
-            or fact[1] < 0
-        ):
-            raise source.error(f"supporting fact {fact!r} is not a [title, sentence_index] pair")
-        by_title.setdefault(fact[0], set()).add(fact[1])
+    for fact in title_pairs(value, source, "supporting_facts", "sent_id"):
+        title, index = fact
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise source.error(
+                f"supporting fact {list(fact)!r} is not a [title, sentence_index] pair")
+        by_title.setdefault(title, set()).add(index)
     return by_title
+
+
+def key_sentences(supporting: dict[str, set[int]] | None, title: str,
+                  sentences: tuple[str, ...] | None) -> tuple[int, ...] | None:
+    """A passage's supporting sentence indices (sorted; () for a passage without any, None
+    where the record has no supporting facts); indices past its sentences are dropped, as the
+    original HotpotQA release holds a few such facts."""
+    if supporting is None:
+        return None
+    indices = supporting.get(title, set())
+    if sentences is not None:
+        indices = {i for i in indices if i < len(sentences)}
+    return tuple(sorted(indices))
+
+
+def sentence_text(sentences: tuple[str, ...]) -> str:
+    """A passage's text from its sentences: joined as given (HotpotQA's carry their spaces),
+    with a space added where neither side of a join has one."""
+    text = ""
+    for sentence in sentences:
+        if text and sentence and not text[-1].isspace() and not sentence[0].isspace():
+            text += " "
+        text += sentence
+    return text
 
 
 def gold_flag(

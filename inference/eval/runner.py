@@ -7,7 +7,6 @@ Rerunning into the same folder skips finished examples; a different config is re
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import random
@@ -18,9 +17,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.compose import build_context, needs_trained_filter, resolve_roles
+from sieverag.inference.compose import (
+    build_context,
+    needs_given_documents,
+    needs_trained_filter,
+    resolve_roles,
+)
 from sieverag.inference.config import RunConfig, load_run_config
-from sieverag.inference.data import load_examples
+from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
 from sieverag.inference.eval.report import write_report
@@ -38,15 +42,6 @@ from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.types import Example
 
 
-def dataset_fingerprint(path: str | Path) -> str:
-    """sha256 of the dataset file's bytes (first 16 hex digits)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def read_question_ids(path: str | Path) -> list[str]:
     """The ids listed in `path`, one a line (blank lines ignored)."""
     path = Path(path)
@@ -60,11 +55,15 @@ def read_question_ids(path: str | Path) -> list[str]:
 
 
 def selected_examples(config: RunConfig) -> list[Example]:
-    """The run's examples: the dataset (or the listed ids of it, in dataset order), first N."""
+    """The run's examples: the dataset (or the listed ids of it, in dataset order), first N.
+    Their documents may be absent where the run retrieves, or reads none."""
+    require_documents = needs_given_documents(config)
     if config.question_ids is None:
-        return load_examples(config.dataset, config.dataset_format, config.limit)
+        return load_examples(config.dataset, config.dataset_format, config.limit,
+                             require_documents=require_documents)
     wanted = read_question_ids(config.question_ids)
-    examples = [e for e in load_examples(config.dataset, config.dataset_format)
+    examples = [e for e in load_examples(config.dataset, config.dataset_format,
+                                         require_documents=require_documents)
                 if e.id in set(wanted)]
     missing = sorted(set(wanted) - {e.id for e in examples})
     if missing:

@@ -2,8 +2,9 @@
 
 Formats (chosen by name, or detected from the file with `auto`):
 
-* `jsonl` — one `{"id", "title"?, "text"}` object per line (`.gz` allowed); `id` defaults to
-  the line number;
+* `jsonl` — one `{"id", "title"?, "text"}` object per line (`.gz` allowed), or Pyserini's
+  and FlashRAG's `{"id", "contents"}` (the first line of `contents` is the title, the rest the
+  text); `id` defaults to the line number;
 * `nutrition` — the shared textbook pages, `{"page_number", "text"}` per line (id `page-N`);
 * `squad` — the official SQuAD v1.1 JSON (or a `.zip` holding it): one document per paragraph
   (read by `inference.data`, ids `squad-p<n>`);
@@ -39,7 +40,7 @@ def _text_of(record: dict[str, Any], where: str) -> str:
     text = record.get("text")
     if not isinstance(text, str) or not text.strip():
         raise DatasetError(f"{where}: record has no text (every corpus record needs a non-empty "
-                           "'text' string)")
+                           "'text' string, or a 'contents' string of title and text)")
     return text
 
 
@@ -55,13 +56,27 @@ def _checked(documents: list[Document], path: Path) -> list[Document]:
 
 
 def read_jsonl_corpus(path: Path) -> list[Document]:
-    """Read `{"id", "title"?, "text"}` lines; a missing id becomes the line number."""
+    """Read `{"id", "title"?, "text"}` or `{"id", "contents"}` lines (see `_title_and_text`);
+    a missing id becomes the line number."""
     documents = []
     for line_number, record in iter_jsonl(path):
-        text = _text_of(record, f"{path}:{line_number}")
+        title, text = _title_and_text(record, f"{path}:{line_number}")
         doc_id = record.get("id", line_number)
-        documents.append(Document(id=str(doc_id), text=text, title=str(record.get("title") or "")))
+        documents.append(Document(id=str(doc_id), text=text, title=title))
     return _checked(documents, path)
+
+
+def _title_and_text(record: dict[str, Any], where: str) -> tuple[str, str]:
+    """A corpus record's title and text: `{title?, text}`, or Pyserini's / FlashRAG's
+    `{contents}` without `text`, whose first line is the title (its surrounding quotes
+    stripped, as FlashRAG does) and the rest the text; a one-line `contents` is all text."""
+    contents = record.get("contents")
+    if "text" in record or not isinstance(contents, str):
+        return str(record.get("title") or ""), _text_of(record, where)
+    title, newline, text = contents.partition("\n")
+    if not newline or not text.strip():
+        title, text = "", contents
+    return title.strip().strip('"'), _text_of({"text": text}, where)
 
 
 def read_nutrition_pages(path: Path) -> list[Document]:
