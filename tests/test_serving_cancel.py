@@ -204,3 +204,29 @@ def test_a_client_gone_while_its_prompt_is_tokenised_submits_nothing(
     assert served.status_code == 200
     assert [r.max_tokens for r in submitted] == [1]  # only the request answered
     assert server.engine.in_flight == 0
+
+
+def test_a_long_prefill_stops_between_slices_once_its_client_is_gone(
+    engine: BatchingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of three slices whose request is cancelled during the first slice's forward
+    pass runs no further slice, and leaves the engine."""
+    from sieverag.serving import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROMPT_SLICE", 16)
+    request = prompt(engine, " ".join(f"word{i}" for i in range(16)), LONG)
+    assert 32 < len(request.prompt_ids) <= 48
+    passes: list[int] = []
+    futures: list[Future[SequenceResult]] = []
+
+    def count_and_cancel(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        passes.append(kwargs["input_ids"].shape[1])
+        engine.cancel(futures)
+
+    hook = engine.served.model.register_forward_pre_hook(count_and_cancel, with_kwargs=True)
+    try:
+        futures.append(engine.submit(request))
+        wait_for(lambda: engine.in_flight == 0, "the cancelled prefill to leave")
+    finally:
+        hook.remove()
+    assert passes == [16] and futures[0].cancelled() and engine.stats.cancelled == 1
