@@ -43,7 +43,12 @@ from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
-from sieverag.inference.data import detect_format, example_source, load_examples
+from sieverag.inference.data import (
+    dataset_identity,
+    detect_format,
+    example_source,
+    load_examples,
+)
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.io_utils import (
     JsonlLog,
@@ -118,7 +123,7 @@ class LabelRunConfig:
                      load_data_gen_template("cxmi_with_context"),
                      load_data_gen_template("cxmi_without_context")]
         return {
-            "dataset": str(Path(self.dataset).resolve()), "source": source,
+            "dataset": dataset_identity(self.dataset), "source": source,
             "scorer": self.scorer, "cxmi_level": self.cxmi_level if self.scorer else None,
             "teacher_model": self.teacher.model if self.teacher else None,
             "max_documents": self.max_documents, "borrowed_negatives": self.borrowed_negatives,

@@ -411,3 +411,16 @@ def test_a_corrupt_parquet_file(tmp_path):
     path.write_bytes(b"PAR1" + b"\0" * 32)
     with pytest.raises(DatasetError, match=r"broken\.parquet: cannot be read as parquet"):
         load_examples(path)
+
+
+def test_a_dataset_is_identified_by_its_hub_name_or_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Labelling's resume check names a dataset by `dataset_identity`: a hub split stays as
+    written (not a path under the working folder), a file or folder is made absolute."""
+    from sieverag.inference.data import dataset_identity
+
+    monkeypatch.chdir(tmp_path)
+    assert dataset_identity("hf:nq_open:validation") == "hf:nq_open:validation"
+    assert dataset_identity("data.jsonl") == str(tmp_path / "data.jsonl")
+    assert dataset_identity("saved:train") == str(tmp_path / "saved:train")

@@ -29,8 +29,8 @@ from sieverag.inference.data.formats import (
 )
 from sieverag.inference.data.loading import detect_format, example_source, load_examples
 from sieverag.inference.data.readers import load_squad_corpus, load_squad_paragraphs
-from sieverag.inference.data.sources import dataset_fingerprint, open_dataset
+from sieverag.inference.data.sources import dataset_fingerprint, dataset_identity, open_dataset
 
-__all__ = ["DATASET_FORMATS", "DatasetFormat", "dataset_fingerprint", "detect_format",
-           "example_source", "iter_jsonl", "load_examples", "load_squad_corpus",
+__all__ = ["DATASET_FORMATS", "DatasetFormat", "dataset_fingerprint", "dataset_identity",
+           "detect_format", "example_source", "iter_jsonl", "load_examples", "load_squad_corpus",
            "load_squad_paragraphs", "open_dataset", "register_format", "register_record_format"]

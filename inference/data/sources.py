@@ -86,6 +86,13 @@ def open_dataset(dataset: str | Path) -> DatasetSource:
         first_keys=lambda: _first_record_keys(path))
 
 
+def dataset_identity(dataset: str | Path) -> str:
+    """The name that identifies a dataset wherever the command runs: a hub split as written
+    (`hf:...`), a file or folder (`FOLDER[:SPLIT]`) by its absolute path."""
+    text = str(dataset)
+    return text if text.startswith(HUB_PREFIX) else str(Path(text).resolve())
+
+
 def dataset_fingerprint(dataset: str | Path) -> str:
     """16 hex digits of sha256 identifying a dataset's content: a file's bytes, a folder's
     files (names and bytes), a hub split's name and cached revision."""
