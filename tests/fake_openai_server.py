@@ -173,6 +173,7 @@ class FakeOpenAIServer:
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 request = RecordedRequest(self.path, headers, payload)
                 reply = server._next_reply(request)
+                counted = True
                 try:
                     time.sleep(reply.delay_s)
                     body = reply.body
@@ -184,11 +185,16 @@ class FakeOpenAIServer:
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
                     self.end_headers()
+                    # No longer in flight once the body goes out: the client may send its next
+                    # request the moment the body arrives, before this thread runs on.
+                    server._finished()
+                    counted = False
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing left to tell it
                 finally:
-                    server._finished()
+                    if counted:
+                        server._finished()
 
             def log_message(self, format: str, *args: Any) -> None:
                 """Stay quiet: pytest output is for failures."""
