@@ -283,6 +283,15 @@ def test_asqa_answers_are_all_short_answers(tmp_path, monkeypatch, source):
          "short_answers": ["Eleanore Cammack King", "Cammie King"]},
     ]
     assert example.metadata["long_answers"] == ["Cammie King played Bonnie Blue Butler."]
+    # Its records carry ASQA's own scores, and the summary averages them.
+    from sieverag.inference.eval.records import answer_metrics
+    from sieverag.inference.eval.summary import ANSWER_METRICS
+
+    metrics = answer_metrics(example, "Cammie King, as a child.")
+    assert (metrics.str_em, metrics.str_hit) == (1.0, 1.0)
+    metrics = answer_metrics(example, "Eleanore Cammack King")  # only the second pair's
+    assert (metrics.str_em, metrics.str_hit) == (0.5, 0.0)
+    assert {"str_em", "str_hit"} <= set(ANSWER_METRICS)
 
 
 def test_flashrag_rows_are_questions_without_documents(tmp_path):

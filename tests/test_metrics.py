@@ -6,6 +6,7 @@ import pytest
 
 from sieverag.inference.eval.metrics import (
     answer_accuracy,
+    asqa_string_scores,
     choice_accuracy,
     exact_match,
     extract_choice,
@@ -124,6 +125,17 @@ def test_answer_accuracy() -> None:
 )
 def test_extract_choice(prediction: str, label: str | None) -> None:
     assert extract_choice(prediction, ARC_CHOICES) == label
+
+
+def test_asqa_string_scores_by_hand() -> None:
+    """STR-EM: the share of disambiguations with a short answer in the prediction (any of
+    its aliases, whole words); STR-Hit: all of them; a pair without answers is left out."""
+    pairs = [["Cammie King"], ["Eleanore Cammack King", "Cammie"], ["Vivien Leigh"], []]
+    assert asqa_string_scores("Bonnie was played by Cammie King.", pairs) == (2 / 3, 0.0)
+    assert asqa_string_scores("Cammie King; Vivien Leigh", pairs) == (1.0, 1.0)
+    assert asqa_string_scores("Cammies", pairs) == (0.0, 0.0)  # whole words only
+    with pytest.raises(ValueError, match="short answer"):
+        asqa_string_scores("x", [[], []])
 
 
 def test_extract_choice_prefers_the_longest_contained_choice_and_refuses_ties() -> None:

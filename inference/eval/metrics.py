@@ -1,4 +1,5 @@
-"""Answer metrics (EM, token F1, accuracy, multiple choice) and filter precision / recall / F1.
+"""Answer metrics (EM, token F1, accuracy, multiple choice, ASQA's STR-EM / STR-Hit) and
+filter precision / recall / F1.
 
 Answer metrics compare a prediction with a list of gold aliases and keep the best alias,
 after `normalize_answer`. Each metric's definition is in its docstring.
@@ -128,6 +129,20 @@ def answer_accuracy(prediction: str, answers: str | Sequence[str]) -> float:
     never matches. Raises ValueError when `answers` is empty.
     """
     return _best_over_aliases(_accuracy_one, prediction, answers)
+
+
+def asqa_string_scores(prediction: str, short_answers: Sequence[Sequence[str]]
+                       ) -> tuple[float, float]:
+    """ASQA's STR-EM and STR-Hit as ALCE computes them: over the question's disambiguations
+    (each given by its short answers), the share whose answer the prediction contains
+    (`answer_accuracy`'s rule), and 1.0 when it contains all of them. Disambiguations without
+    a short answer are left out; raises ValueError when none is left."""
+    answered = [answers for answers in short_answers if answers]
+    if not answered:
+        raise ValueError("ASQA scores need at least one disambiguation with a short answer")
+    present = [answer_accuracy(prediction, answers) for answers in answered]
+    str_em = sum(present) / len(present)
+    return str_em, float(str_em == 1.0)
 
 
 def extract_choice(prediction: str, choices: Mapping[str, str]) -> str | None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.metrics import (
     answer_accuracy,
+    asqa_string_scores,
     choice_accuracy,
     exact_match,
     filter_scores,
@@ -34,6 +35,10 @@ class AnswerMetrics(JsonlRecord):
     accuracy: float = Field(description="an alias is contained in the answer")
     choice_accuracy: float | None = Field(
         None, description="the chosen option is the key (multiple-choice examples only)")
+    str_em: float | None = Field(
+        None, description="share of the disambiguations answered (ASQA examples only)")
+    str_hit: float | None = Field(
+        None, description="every disambiguation answered (ASQA examples only)")
 
 
 class ReadScores(JsonlRecord):
@@ -157,12 +162,16 @@ class EvalRecord(JsonlRecord):
 
 
 def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
-    """EM, token F1 and accuracy against the gold aliases; choice accuracy for MC examples."""
+    """EM, token F1 and accuracy against the gold aliases; choice accuracy for MC examples;
+    STR-EM and STR-Hit for ASQA's (their `qa_pairs` metadata)."""
     metrics = AnswerMetrics(em=exact_match(answer, example.answers),
                             f1=token_f1(answer, example.answers),
                             accuracy=answer_accuracy(answer, example.answers))
     if example.choices and example.answer_key:
         metrics.choice_accuracy = choice_accuracy(answer, example.choices, example.answer_key)
+    short_answers = [pair["short_answers"] for pair in example.metadata.get("qa_pairs", ())]
+    if any(short_answers):
+        metrics.str_em, metrics.str_hit = asqa_string_scores(answer, short_answers)
     return metrics
 
 

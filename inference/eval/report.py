@@ -13,6 +13,8 @@ TABLE_COLUMNS = (
     ("f1", "F1"),
     ("accuracy", "Acc"),
     ("choice_accuracy", "MC acc"),
+    ("str_em", "STR-EM"),
+    ("str_hit", "STR-Hit"),
     ("read_precision", "Read P"),
     ("read_recall", "Read R"),
     ("read_f1", "Read F1"),

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from sieverag.inference.eval.records import EvalRecord
 
-ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy")
+ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit")
 TRUST_METRICS = ("faithfulness", "hallucination_rate", "context_precision_used",
                  "context_precision_gold", "sentence_support_rate", "trust_score",
                  "answer_quality")
