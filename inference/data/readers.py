@@ -37,7 +37,6 @@ from sieverag.inference.data.records import (
     answer_aliases,
     example_metadata,
     gold_flag,
-    key_sentences,
     list_field,
     literal_list,
     optional_str,
@@ -46,6 +45,7 @@ from sieverag.inference.data.records import (
     record_id,
     sentence_text,
     supporting_facts,
+    titled_passage,
 )
 from sieverag.inference.errors import DatasetError
 from sieverag.inference.types import Document, Example
@@ -84,7 +84,7 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
     """HotpotQA distractor: 10 passages, gold marked, supporting facts on some rows.
 
     Where the row has `supporting_facts`, every passage gets `supporting_sentences` (see
-    `key_sentences`).
+    `titled_passage`).
     """
     example_id = record_id(record, source)
     supporting = supporting_facts(record.get("supporting_facts"), source)
@@ -100,16 +100,9 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
         if not isinstance(text, str):
             raise source.error(f"{where} has no 'text' string")
         title = optional_str(passage, "title", source, where)
-        documents.append(
-            Document(
-                id=f"{example_id}/{index}",
-                text=text,
-                title=title,
-                is_gold=gold_flag(passage, ("is_gold",), source, where),
-                sentences=sentences,
-                supporting_sentences=key_sentences(supporting, title, sentences),
-            )
-        )
+        documents.append(titled_passage(example_id, index, title, text, sentences,
+                                        gold_flag(passage, ("is_gold",), source, where),
+                                        supporting))
     return Example(
         id=example_id,
         question=question_text(record, source),

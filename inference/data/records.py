@@ -12,6 +12,7 @@ from typing import Any
 
 from sieverag.inference.data.files import Record, json_type
 from sieverag.inference.errors import DatasetError
+from sieverag.inference.types import Document
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,21 @@ def supporting_facts(value: Any, source: RecordSource) -> dict[str, set[int]] | 
     return by_title
 
 
-def key_sentences(supporting: dict[str, set[int]] | None, title: str,
-                  sentences: tuple[str, ...] | None) -> tuple[int, ...] | None:
-    """A passage's supporting sentence indices (sorted; () for a passage without any, None
-    where the record has no supporting facts); indices past its sentences are dropped, as the
-    original HotpotQA release holds a few such facts."""
-    if supporting is None:
-        return None
-    indices = supporting.get(title, set())
-    if sentences is not None:
-        indices = {i for i in indices if i < len(sentences)}
-    return tuple(sorted(indices))
+def titled_passage(example_id: str, index: int, title: str, text: str,
+                   sentences: tuple[str, ...] | None, is_gold: bool | None,
+                   supporting: dict[str, set[int]] | None) -> Document:
+    """Passage `index` of a HotpotQA-layout record, id `{example_id}/{index}`. Its key
+    sentences are the supporting facts naming its title (sorted; () for a passage without
+    any, None where the record has no supporting facts); indices past its sentences are
+    dropped, as the original HotpotQA release holds a few such facts."""
+    key_sentences = None
+    if supporting is not None:
+        indices = supporting.get(title, set())
+        if sentences is not None:
+            indices = {i for i in indices if i < len(sentences)}
+        key_sentences = tuple(sorted(indices))
+    return Document(id=f"{example_id}/{index}", text=text, title=title, is_gold=is_gold,
+                    sentences=sentences, supporting_sentences=key_sentences)
 
 
 def sentence_text(sentences: tuple[str, ...]) -> str:

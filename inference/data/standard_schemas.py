@@ -34,7 +34,6 @@ from sieverag.inference.data.records import (
     RecordSource,
     answer_aliases,
     example_metadata,
-    key_sentences,
     object_rows,
     optional_str,
     optional_strings,
@@ -43,6 +42,7 @@ from sieverag.inference.data.records import (
     sentence_text,
     supporting_facts,
     title_pairs,
+    titled_passage,
 )
 from sieverag.inference.types import Document, Example
 
@@ -80,16 +80,9 @@ def _titled_sentences_example(name: str, record: Record, source: RecordSource,
     pairs = title_pairs(record.get("context"), source, "context", "sentences")
     for index, (title, raw_sentences) in enumerate(pairs):
         sentences = optional_strings(raw_sentences, source, f"context[{index}] sentences") or ()
-        documents.append(
-            Document(
-                id=f"{example_id}/{index}",
-                text=sentence_text(sentences),
-                title=title,
-                is_gold=None if supporting is None else title in supporting,
-                sentences=sentences,
-                supporting_sentences=key_sentences(supporting, title, sentences),
-            )
-        )
+        is_gold = None if supporting is None else title in supporting
+        documents.append(titled_passage(example_id, index, title, sentence_text(sentences),
+                                        sentences, is_gold, supporting))
     return Example(
         id=example_id,
         question=question_text(record, source),
