@@ -2,8 +2,9 @@
 
 Starts `sieverag serve --engine local` (the embedded SmolLM2-135M-Instruct, or any local model
 folder with --model) on a free port in its own process, then replays each case below while a
-thread polls GET /health every 50 ms. For each case: the HTTP status, the worst /health latency
-while it ran, and the server's RSS (the process and its children) before, after and at its peak.
+separate process polls GET /health every 50 ms. For each case: the HTTP status, the /health
+latency while it ran (median, 99th percentile, worst), and the server's RSS (the process and
+its children) before, after and at its peak.
 The first case does nothing: its figures are the baseline the others are read against.
 
   idle            nothing for 5 s (baseline: /health latency, CPU seconds)
@@ -153,15 +154,46 @@ def stop_server(server: Server) -> None:
         server.process.wait(30)
 
 
+def _percentile(values: list[float], q: int) -> float:
+    """The q-th percentile (inclusive method); the value itself for one, NaN for none."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
 @dataclass
 class Poll:
     started: float
     ended: float
 
 
+# The /health poller runs in a process of its own: polled from a thread of this one, its
+# latency would include waiting for this process's GIL while the load clients parse replies.
+# It prints one line per poll: "started ended ok", both on the shared monotonic clock.
+POLLER = """
+import http.client, sys, time
+host, port, period = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+http = http.client.HTTPConnection(host, port, timeout=60)
+while True:
+    started = time.monotonic()
+    try:
+        http.request("GET", "/health")
+        response = http.getresponse()
+        response.read()
+        ok = response.status == 200
+    except (OSError, http.client.HTTPException):
+        ok = False
+        http.close()
+    ended = time.monotonic()
+    print(started, ended, int(ok), flush=True)
+    time.sleep(max(0.0, period - (ended - started)))
+"""
+
+
 class HealthWatch:
-    """A thread polling /health every 50 ms and the server's RSS: the worst latency and the
-    highest RSS seen while a case runs (a poll that hangs counts until it returns)."""
+    """A process polling /health every 50 ms, and the server's RSS read after each poll: the
+    worst and median latency and the highest RSS seen while a case runs (a poll that hangs
+    counts until it returns)."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -169,33 +201,32 @@ class HealthWatch:
         self.cases: dict[str, CaseFigures] = {}
         self.failures = 0
         self.rss_peak = 0.0
-        self._stop = threading.Event()
         self._polled = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._poller: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
 
     def __enter__(self) -> HealthWatch:
+        self._poller = subprocess.Popen(
+            [sys.executable, "-c", POLLER, "127.0.0.1", str(self.server.port),
+             str(HEALTH_PERIOD_S)], stdout=subprocess.PIPE, text=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
+        assert self._poller is not None
+        self._poller.kill()
+        self._poller.wait()
         self._thread.join()
 
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.server.base, timeout=60) as http:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    ok = http.get("/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                ended = time.perf_counter()
-                self.rss_peak = max(self.rss_peak, self.server.rss_mb())
-                with self._polled:
-                    self.polls.append(Poll(started, ended))
-                    self.failures += not ok
-                    self._polled.notify_all()
-                self._stop.wait(max(0.0, HEALTH_PERIOD_S - (ended - started)))
+    def _read(self) -> None:
+        assert self._poller is not None and self._poller.stdout is not None
+        for line in self._poller.stdout:
+            started, ended, ok = line.split()
+            self.rss_peak = max(self.rss_peak, self.server.rss_mb())
+            with self._polled:
+                self.polls.append(Poll(float(started), float(ended)))
+                self.failures += ok != "1"
+                self._polled.notify_all()
 
     @contextmanager
     def case(self, name: str, what: str = "") -> Iterator[CaseFigures]:
@@ -205,9 +236,9 @@ class HealthWatch:
         figures = CaseFigures(rss_before_mb=self.server.rss_mb())
         self.rss_peak = figures.rss_before_mb
         failures = self.failures
-        started = time.perf_counter()
+        started = time.monotonic()
         yield figures
-        ended = time.perf_counter()
+        ended = time.monotonic()
         # Polls under way during the case, and the first one after it (a short case may fall
         # between two polls; a server still busy answers that one late).
         with self._polled:
@@ -215,7 +246,10 @@ class HealthWatch:
                 self._polled.wait()
             during = [p for p in self.polls if p.ended >= started]
             figures.health_failures = self.failures - failures
-        figures.health_worst_ms = 1000 * max(p.ended - p.started for p in during)
+        latencies = sorted(1000 * (p.ended - p.started) for p in during)
+        figures.health_worst_ms = latencies[-1]
+        figures.health_p50_ms = statistics.median(latencies)
+        figures.health_p99_ms = _percentile(latencies, 99)
         figures.rss_after_mb = self.server.rss_mb()
         figures.rss_peak_mb = max(self.rss_peak, figures.rss_after_mb)
         self.cases[name] = figures
@@ -227,6 +261,8 @@ class CaseFigures:
     rss_before_mb: float
     status: int | None = None
     health_worst_ms: float = 0.0
+    health_p50_ms: float = 0.0
+    health_p99_ms: float = 0.0
     health_failures: int = 0
     rss_after_mb: float = 0.0
     rss_peak_mb: float = 0.0
@@ -234,6 +270,8 @@ class CaseFigures:
 
     def as_json(self) -> dict[str, Any]:
         return {"status": self.status, "health_worst_ms": round(self.health_worst_ms, 1),
+                "health_p50_ms": round(self.health_p50_ms, 1),
+                "health_p99_ms": round(self.health_p99_ms, 1),
                 "health_failures": self.health_failures,
                 "rss_before_mb": round(self.rss_before_mb, 1),
                 "rss_after_mb": round(self.rss_after_mb, 1),
@@ -329,9 +367,7 @@ class LoadResult:
         return len(self.latencies) / self.seconds
 
     def percentile_ms(self, q: int) -> float:
-        if len(self.latencies) < 2:
-            return 1000 * (self.latencies[0] if self.latencies else float("nan"))
-        return 1000 * statistics.quantiles(self.latencies, n=100, method="inclusive")[q - 1]
+        return 1000 * _percentile(self.latencies, q)
 
 
 async def run_load(server: Server, requests: list[tuple[str, dict[str, Any]]],
@@ -461,13 +497,15 @@ def main() -> None:
     aborted_cpu = cases["aborted_50"].extra["cpu_s"] if "aborted_50" in cases else None
     print(f"embedded server abuse, {args.model}, context {context}, {os.cpu_count()} CPU(s)"
           f"{', API key' if args.api_key else ''}{', --quick' if args.quick else ''}")
-    print(f"{'case':<15} {'status':>6} {'worst /health ms':>17} {'RSS before':>11} "
+    print(f"{'case':<15} {'status':>6} {'/health ms: p50':>16} {'p99':>7} {'worst':>7} "
+          f"{'RSS before':>11} "
           f"{'after':>8} {'peak':>8}  notes")
     for name, figures in cases.items():
         notes = dict(figures.extra)
         if figures.health_failures:
             notes["health_failures"] = figures.health_failures
-        print(f"{name:<15} {figures.status or '-':>6} {figures.health_worst_ms:>17.1f} "
+        print(f"{name:<15} {figures.status or '-':>6} {figures.health_p50_ms:>16.1f} "
+              f"{figures.health_p99_ms:>7.1f} {figures.health_worst_ms:>7.1f} "
               f"{figures.rss_before_mb:>9.0f}MB {figures.rss_after_mb:>6.0f}MB "
               f"{figures.rss_peak_mb:>6.0f}MB  "
               + ", ".join(f"{k}={v}" for k, v in notes.items()))
