@@ -231,3 +231,14 @@ def test_a_preset_supplies_defaults_that_flags_override():
     assert command.amber.k * command.amber.max_iterations == 6
     assert command.iter_retgen.k * command.iter_retgen.iterations == 6
     assert {"vanilla", "iter-retgen", "amber-no-amu", "amber-no-aic"} <= set(command.pipelines)
+    # The papers' protocols: MAIN-RAG reads 20 documents under the mean bar; Amber runs the
+    # filter at both granularities, the agents, the written query, and answers from memory.
+    command = parse_settings(EvalCommand, ["--preset", "main-rag-paper", "--dataset", "d.jsonl"],
+                             "sieverag eval")
+    assert command.max_documents == 20 and command.judge.bar_n == 0.0
+    assert set(command.pipelines) == {"direct", "vanilla", "main-rag"}
+    command = parse_settings(EvalCommand, ["--preset", "amber-paper", "--dataset", "d.jsonl"],
+                             "sieverag eval")
+    assert command.mcf.sentence_stage and command.amber.answer_from == "memory"
+    assert command.amber.collector.query_source == "write" and command.amber.amu
+    assert {"amber-mcf", "amber-no-amu", "amber-no-aic", "amber-none"} <= set(command.pipelines)
