@@ -251,3 +251,25 @@ def run_ask(command: AskCommand) -> int:
         print()
         print(render_loop(output.trace))
     return 0
+
+
+@settings
+class ReportCommand:
+    """The papers' tables across runs: per metric a row per pipeline and a column per dataset,
+    then each run's own table."""
+
+    runs: tuple[str, ...] = field(metadata={
+        "help": "run folders of `sieverag eval`, one dataset each, comma-separated"})
+    out: str | None = field(default=None, metadata={
+        "help": "also write the Markdown here (default: print only)"})
+
+
+def run_report(command: ReportCommand) -> int:
+    from sieverag.inference.eval.report import collate_runs
+    from sieverag.inference.io_utils import write_atomic
+
+    text = collate_runs(command.runs)
+    if command.out:
+        write_atomic(command.out, text + "\n")
+    print(text)
+    return 0

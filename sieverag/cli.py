@@ -46,6 +46,9 @@ COMMANDS: dict[str, Command] = {
                      "built-in demo set"),
     "trace": _command(_INFERENCE, "TraceCommand", "run_trace",
                       "show one question's saved result and amber trace"),
+    "report": _command(_INFERENCE, "ReportCommand", "run_report",
+                       "the papers' tables across runs: a row per pipeline, a column per "
+                       "dataset"),
     "index build": _command(_RETRIEVAL, "IndexBuildCommand", "run_index_build",
                             "chunk a corpus and index it (BM25 and/or dense)"),
     "index search": _command(_RETRIEVAL, "IndexSearchCommand", "run_index_search",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.io_utils import parse_json, read_text, write_atomic
 
 TABLE_COLUMNS = (
     ("em", "EM"),
@@ -26,6 +27,17 @@ TABLE_COLUMNS = (
     ("truncated_rate", "Truncated"),
     ("seconds_per_question", "s/q"),
     ("retrieval_usage_rate", "Retrieval rate"),
+)
+# The papers' headline metrics: one table each, a row per pipeline, a column per dataset.
+PAPER_METRICS = (
+    ("accuracy", "Accuracy (the answer contains a gold answer)"),
+    ("f1", "F1"),
+    ("em", "EM"),
+    ("choice_accuracy", "Multiple-choice accuracy"),
+    ("str_em", "STR-EM (ASQA)"),
+    ("str_hit", "STR-Hit (ASQA)"),
+    ("generator_input_tokens_per_question", "Generator input tokens per question"),
+    ("seconds_per_question", "Seconds per question"),
 )
 TRUST_COLUMNS = (
     ("faithfulness", "Faithfulness"),
@@ -121,3 +133,58 @@ def write_report(
     path = out_dir / "report.md"
     write_atomic(path, "\n".join(parts) + "\n")
     return path
+
+
+def dataset_label(dataset: str) -> str:
+    """A short column name for a run's dataset: an `hf:` name as written after the prefix,
+    a file or folder by its name without extensions (a folder's `:SPLIT` kept)."""
+    if dataset.startswith("hf:"):
+        return dataset.removeprefix("hf:")
+    name = Path(dataset).name
+    stem, _, rest = name.partition(".")
+    split = rest.rpartition(":")[2] if ":" in rest else ""
+    return (f"{stem}:{split}" if split else stem) or dataset
+
+
+def read_run_summary(run_dir: str | Path) -> tuple[str, dict[str, Mapping]]:
+    """(dataset, {pipeline: summary}) of an `eval` run folder, from its summary.json."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: is {run_dir} a run folder written by "
+                          "`sieverag eval` (and finished)?")
+    data = parse_json(read_text(path, ConfigError), str(path), error=ConfigError)
+    if (not isinstance(data, dict) or not isinstance(data.get("dataset"), str)
+            or not isinstance(data.get("pipelines"), dict)):
+        raise ConfigError(f"{path}: not a run summary (expected {{dataset, pipelines}})")
+    return data["dataset"], data["pipelines"]
+
+
+def collate_runs(run_dirs: Sequence[str | Path]) -> str:
+    """The papers' tables over several runs (one dataset each): per metric, a row per
+    pipeline and a column per dataset; then each run's full comparison table."""
+    if not run_dirs:
+        raise ConfigError("report needs at least one run folder (--runs DIR,DIR,...)")
+    runs: dict[str, dict[str, Mapping]] = {}
+    for run_dir in run_dirs:
+        dataset, summaries = read_run_summary(run_dir)
+        label = dataset_label(dataset)
+        if label in runs:  # two runs of one dataset: tell them apart by their folders
+            label = f"{label} ({Path(run_dir).name})"
+        runs[label] = summaries
+    pipelines = list(dict.fromkeys(name for summaries in runs.values() for name in summaries))
+    parts = ["# sieverag evaluation across datasets\n"]
+    for key, title in PAPER_METRICS:
+        if not any(s.get(key) is not None for summaries in runs.values()
+                   for s in summaries.values()):
+            continue
+        parts += [f"## {title}\n", "| pipeline | " + " | ".join(runs) + " |",
+                  "|---|" + "---:|" * len(runs)]
+        for name in pipelines:
+            cells = [_cell(runs[label][name].get(key)) if name in runs[label] else "–"
+                     for label in runs]
+            parts.append(f"| {name} | " + " | ".join(cells) + " |")
+        parts.append("")
+    parts.append("## Per dataset\n")
+    for label, summaries in runs.items():
+        parts += [f"### {label}\n", comparison_table(summaries), ""]
+    return "\n".join(parts)
