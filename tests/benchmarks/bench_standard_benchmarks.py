@@ -1,0 +1,119 @@
+"""The standard benchmarks as a user exports them from the hub: direct, vanilla and main-rag
+on the first N questions of HotpotQA, NQ-open, TriviaQA, PopQA and ARC-Challenge.
+
+Each dataset's rows (the project's copies in `--data`, by default ../shared/data) are written
+in the hub's own schema by the test helper `tests/standard_exports.py` — `hotpot_qa`,
+`nq_open`, `trivia_qa`, `akariasai/PopQA`, `ai2_arc` — and read back through the adapters a
+user's export goes through. Every pipeline retrieves its documents (top `--k`, BM25) from an
+index of the dataset's own passages where it has them (HotpotQA's contexts, NQ's gold
+passages, PopQA's retrieved knowledge texts); TriviaQA and ARC carry none, so they search
+the other three datasets' passages together. Then MAIN-RAG's ordering ablation on PopQA:
+the kept documents read in descending (the paper's), ascending and random judge order.
+
+    python tests/benchmarks/bench_standard_benchmarks.py [--data ../shared/data] [--limit 100]
+        [--k 5] [--datasets hotpotqa,popqa] [--out runs/bench-standard] [--no-order-ablation]
+
+A rerun into the same --out resumes each run. Prints the papers' tables (`sieverag report`)
+and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: standard_exports
+
+from standard_exports import EXPORTS, read_jsonl, write_jsonl  # noqa: E402
+
+from sieverag.inference.cli import EvalCommand  # noqa: E402
+from sieverag.inference.config import RunConfig  # noqa: E402
+from sieverag.inference.eval import runner  # noqa: E402
+from sieverag.inference.eval.report import collate_runs  # noqa: E402
+from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
+from sieverag.inference.retrieval.index import build_index  # noqa: E402
+from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
+from sieverag.inference.settings import narrow, parse_settings  # noqa: E402
+
+SOURCES = {"hotpotqa": "hotpotqa_distractor.jsonl", "nq-open": "nq-open-oracle.jsonl.gz",
+           "triviaqa": "triviaqa_test_ctrla.jsonl", "popqa": "popqa_longtail_with_passages.jsonl",
+           "arc-challenge": "arc_challenge_test.jsonl"}
+ORDERS = ("ascending", "random")  # beside main-rag's own descending order
+
+
+def _index(corpus: list[dict], folder: Path) -> Path:
+    """A BM25 index of `corpus` (`{id, title, text}` rows) in `folder`, built once."""
+    if not (folder / MANIFEST_FILE).is_file():
+        corpus_file = write_jsonl(folder.with_name(folder.name + "-corpus.jsonl"), corpus)
+        build_index([str(corpus_file)], folder, IndexConfig(dense=None))
+    return folder
+
+
+def _run(dataset: Path, index: Path, out: Path, args: argparse.Namespace,
+         pipelines: str, extra: tuple[str, ...] = ()) -> dict:
+    flags = ["--dataset", str(dataset), "--pipelines", pipelines, "--retrieval.index",
+             str(index), "--retrieval.mode", "bm25", "--retrieval.k", str(args.k),
+             "--limit", str(args.limit), "--no-trust.enabled", *extra]
+    config = narrow(parse_settings(EvalCommand, flags, "bench_standard_benchmarks"), RunConfig)
+    print(f"{out.name}: {pipelines} ...", file=sys.stderr, flush=True)
+    return runner.run_evaluation(config, out, progress=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--k", type=int, default=5, help="documents retrieved per question")
+    parser.add_argument("--datasets", default=",".join(SOURCES))
+    parser.add_argument("--pipelines", default="direct,vanilla,main-rag")
+    parser.add_argument("--out", default="runs/bench-standard")
+    parser.add_argument("--no-order-ablation", action="store_true")
+    args = parser.parse_args()
+    chosen = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not set(chosen) <= set(SOURCES):
+        parser.error(f"--datasets: unknown {sorted(set(chosen) - set(SOURCES))}; "
+                     f"known: {', '.join(SOURCES)}")
+    out = Path(args.out)
+
+    exported: dict[str, tuple[Path, list[dict]]] = {}
+    for name in SOURCES:  # every export: the datasets without passages search the others'
+        rows = read_jsonl(Path(args.data) / SOURCES[name], args.limit)
+        questions, passages = EXPORTS[name](rows)
+        exported[name] = (write_jsonl(out / "exports" / f"{name}.jsonl", questions), passages)
+    shared = [p for name in SOURCES for p in exported[name][1]]
+
+    run_dirs, figures = [], {}
+    for name in chosen:
+        dataset, passages = exported[name]
+        index = (_index(passages, out / "indexes" / name) if passages
+                 else _index(shared, out / "indexes" / "shared"))
+        run_dir = out / "runs" / name
+        summaries = _run(dataset, index, run_dir, args, args.pipelines)
+        run_dirs.append(run_dir)
+        figures[name] = {p: {k: s.get(k) for k in ("examples", "em", "f1", "accuracy",
+                                                     "choice_accuracy",
+                                                     "generator_input_tokens_per_question",
+                                                     "input_tokens_per_question",
+                                                     "seconds_per_question")}
+                         for p, s in summaries.items()}
+        if name == "popqa" and not args.no_order_ablation:
+            for order in ORDERS:
+                ablation = out / "runs" / f"popqa-{order}"
+                summary = _run(dataset, index, ablation, args, "main-rag",
+                               ("--judge.order", order))["main-rag"]
+                run_dirs.append(ablation)
+                figures[f"popqa main-rag {order}"] = {
+                    k: summary.get(k) for k in ("examples", "em", "f1", "accuracy")}
+
+    print(f"\nfirst {args.limit} questions, BM25 top {args.k}, the embedded model\n")
+    print(collate_runs(run_dirs))
+    print(json.dumps({"limit": args.limit, "k": args.k, "figures": figures}))
+
+
+if __name__ == "__main__":
+    main()
