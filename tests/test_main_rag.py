@@ -1,0 +1,68 @@
+"""`main-rag` with a scripted backend: every agent reads a multiple-choice question's options
+(amber's filters too)."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from fake_backend import ScriptedBackend
+
+from sieverag.inference.eval.records import trust_metrics
+from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.types import Document, Example
+
+OPTIONS = {"A": "Planetary density will decrease.", "B": "Planetary years will become longer.",
+           "C": "Planetary days will become shorter.", "D": "Planetary gravity will grow."}
+ARC = Example(
+    id="Mercury_7175875",
+    question="A planet rotates faster after a meteorite impact. Which is the most likely "
+             "effect of this increase in rotation?",
+    answers=("Planetary days will become shorter.",), choices=OPTIONS, answer_key="C",
+    documents=(Document(id="d1", text="A day is one rotation of a planet.", is_gold=True),
+               Document(id="d2", text="Meteorites are rocks from space.", is_gold=False),
+               Document(id="d3", text="Faster rotation makes days shorter.", is_gold=True)))
+
+
+def scripted() -> ScriptedBackend:
+    """Replies "C"; judge scores differ per document (a checksum of the prompt)."""
+    return ScriptedBackend(reply=lambda text: "C", labels=lambda text: {
+        "Yes": -(zlib.crc32(text.encode()) % 100) / 10, "No": -5.0})
+
+
+def prompts_of(backend: ScriptedBackend, agent: str) -> list[str]:
+    return [text for name, text in backend.calls if name == agent]
+
+
+def test_every_agent_reads_the_options_of_a_multiple_choice_question():
+    backend = scripted()
+    context = PipelineContext(generator=backend, judge_backend=backend)
+    build_pipeline("main-rag", context).run(ARC)
+    for agent in ("predictor", "judge", "generator"):
+        prompts = prompts_of(backend, agent)
+        assert prompts, agent
+        assert all(option in text for text in prompts for option in OPTIONS.values()), agent
+
+
+@pytest.mark.parametrize(("pipeline", "agents"), [
+    ("amber-judge", ("predictor", "judge")), ("amber-mcf", ("filter_chunk",))])
+def test_amber_filters_read_the_options_and_its_query_stays_the_plain_question(pipeline, agents):
+    backend = scripted()
+    context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
+                              amber=AmberConfig(k=3, max_iterations=1))
+    output = build_pipeline(pipeline, context).run(ARC)
+    for agent in agents:
+        prompts = prompts_of(backend, agent)
+        assert len(prompts) == 3
+        assert all(option in text for text in prompts for option in OPTIONS.values()), agent
+    assert output.trace["queries"] == [ARC.question]
+
+
+def test_the_llm_judge_of_the_trust_metrics_reads_the_options_too():
+    backend = scripted()
+    context = PipelineContext(generator=backend, judge_backend=backend)
+    output = build_pipeline("main-rag", context).run(ARC)
+    trust_metrics(ARC, output, None, 0.5, backend)
+    (graded,) = prompts_of(backend, "eval_judge")
+    assert all(option in graded for option in OPTIONS.values())
