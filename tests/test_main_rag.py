@@ -1,5 +1,5 @@
 """`main-rag` with a scripted backend: every agent reads a multiple-choice question's options
-(amber's filters too)."""
+(amber's filters too), and the reading order reaches Agent-3."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.eval.records import trust_metrics
+from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.pipelines import PipelineContext, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.types import Document, Example
@@ -66,3 +67,25 @@ def test_the_llm_judge_of_the_trust_metrics_reads_the_options_too():
     trust_metrics(ARC, output, None, 0.5, backend)
     (graded,) = prompts_of(backend, "eval_judge")
     assert all(option in graded for option in OPTIONS.values())
+
+
+@pytest.mark.parametrize("order", ["descending", "ascending", "random"])
+def test_the_generator_reads_the_kept_documents_in_the_judge_order(order):
+    backend = scripted()
+    context = PipelineContext(generator=backend, judge_backend=backend,
+                              judge=JudgeConfig(bar_n=2, order=order))  # keeps all three
+    output = build_pipeline("main-rag", context).run(ARC)
+    scores = {s.document.id: s.score for s in output.filter_result.scored}
+    read = [d.id for d in output.documents_read]
+    assert sorted(read) == ["d1", "d2", "d3"]
+    if order == "descending":
+        assert read == sorted(scores, key=lambda i: -scores[i])
+    elif order == "ascending":
+        assert read == sorted(scores, key=lambda i: scores[i])
+    else:  # the same shuffle on every run of the question
+        again = build_pipeline("main-rag", context).run(ARC)
+        assert [d.id for d in again.documents_read] == read
+    generated = prompts_of(backend, "generator")[0]
+    texts = {d.id: d.text for d in ARC.documents}
+    assert [generated.index(texts[i]) for i in read] == sorted(
+        generated.index(texts[i]) for i in read)

@@ -56,7 +56,8 @@ class ScoredDocumentRecord(JsonlRecord):
 
 @dataclass(frozen=True)
 class FilterResult:
-    """Kept documents in reading order (best first), every score, and the threshold used."""
+    """Kept documents in reading order (best first; the judge's in `judge.order`), every
+    score, and the threshold used."""
 
     kept: tuple[ScoredDocument, ...]
     scored: tuple[ScoredDocument, ...]
