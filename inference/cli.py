@@ -64,7 +64,7 @@ class AskCommand:
     question: CliPositionalArg[str] = field(metadata={"help": "the question"})
     index: str = field(metadata={"help": "index folder"})
     pipeline: str = field(default="amber", metadata={
-        "help": "amber, amber-<filter>, vanilla, main-rag or direct"})
+        "help": "amber, amber-<filter>, vanilla, main-rag, main-rag-naive or direct"})
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
     k: int = field(default=5, metadata={"help": "documents retrieved for the question"})
     trace: bool = field(default=False, metadata={"help": "also show amber's rounds"})

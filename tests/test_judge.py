@@ -1,5 +1,5 @@
 """MAIN-RAG judge: bar arithmetic, r = log P(Yes) − log P(No), keep/order, batching; the
-reading orders."""
+reading orders; the naive judge's generated verdicts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from fake_backend import ScriptedBackend
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar, reading_order
+from sieverag.inference.filters.naive_judge import NaiveJudge
 from sieverag.inference.types import Document
 
 
@@ -129,3 +130,30 @@ def test_an_unknown_order_is_refused_by_name():
     with pytest.raises(ConfigError, match="order"):
         JudgeConfig(order="shuffled")
 
+
+def test_naive_judge_keeps_documents_whose_generated_verdict_starts_with_yes():
+    verdicts = {"alpha": " yes, it does", "beta": "No.", "gamma": "YES", "delta": "I think yes"}
+    backend = ScriptedBackend(reply=lambda text: (
+        next(v for k, v in verdicts.items() if k in text) if "noisy-document evaluator" in text
+        else "pred"))
+    documents = [Document(id=k, text=f"text {k}") for k in verdicts]
+    result = NaiveJudge(backend, JudgeConfig(verdict_max_new_tokens=3)).select("q?", documents)
+    # Kept in retrieved order; no score, no bar: 1.0 kept, 0.0 dropped, the reply beside it.
+    assert [s.document.id for s in result.kept] == ["alpha", "gamma"]
+    assert result.threshold is None
+    assert [s.score for s in result.scored] == [1.0, 0.0, 1.0, 0.0]
+    assert [s.details["verdict"] for s in result.scored] == ["yes, it does", "No.", "YES",
+                                                             "I think yes"]
+    assert all(s.details["predicted_answer"] == "pred" for s in result.scored)
+    # Agent-2 generates on the scored judge's own conversation, and is never scored.
+    judge_prompts = [text for agent, text in backend.calls if agent == "judge"]
+    assert len(judge_prompts) == 4 and all("noisy-document evaluator" in t
+                                           for t in judge_prompts)
+    # Generated, not scored: the scripted backend counts 2 completion tokens per generation.
+    assert backend.meter.by_agent["judge"].completion_tokens == 8
+
+
+def test_naive_judge_without_documents_makes_no_call():
+    backend = ScriptedBackend()
+    result = NaiveJudge(backend).select("q", [])
+    assert result.kept == () and result.scored == () and backend.calls == []

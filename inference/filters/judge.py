@@ -50,12 +50,13 @@ class JudgeConfig:
         "help": "the order kept documents reach Agent-3: descending r (the paper's), "
                 "ascending r, or random (the same on every run of a question)"})
     seed: int = field(default=0, metadata={"help": "seed of the random order"})
+    verdict_max_new_tokens: int = field(default=4, metadata={
+        "help": "main-rag-naive: length cap of Agent-2's generated Yes/No verdict"})
 
     def __post_init__(self) -> None:
-        if self.predictor_max_new_tokens < 1:
-            raise ConfigError(
-                f"judge.predictor_max_new_tokens must be >= 1, got {self.predictor_max_new_tokens}"
-            )
+        for name in ("predictor_max_new_tokens", "verdict_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"judge.{name} must be >= 1, got {getattr(self, name)}")
 
 
 def judge_bar(scores: Sequence[float], n: float) -> float:
