@@ -9,7 +9,8 @@
 * `pipelines` — direct, vanilla, main-rag (and main-rag-naive), amber (with its memory and
   collector agents), auto (with its router);
 * `config` (a run's settings, `presets/`) and `compose` (the model roles → pipelines);
-* `eval` — the runner, metrics, reports, trace rendering; `cli` — eval, ask, demo, trace.
+* `eval` — the runner, metrics, reports, trace rendering, the judge-bar sweep; `cli` — eval,
+  ask, demo, trace, judge-sweep.
 
 `inference` is the base of the project: `data_gen`, `training` and `serving` import it,
 it imports none of them.

@@ -46,6 +46,9 @@ COMMANDS: dict[str, Command] = {
                      "built-in demo set"),
     "trace": _command(_INFERENCE, "TraceCommand", "run_trace",
                       "show one question's saved result and amber trace"),
+    "judge-sweep": _command(_INFERENCE, "JudgeSweepCommand", "run_judge_sweep",
+                            "MAIN-RAG's n·σ ablation: re-answer a run's questions at other "
+                            "judge bars, from its stored scores"),
     "index build": _command(_RETRIEVAL, "IndexBuildCommand", "run_index_build",
                             "chunk a corpus and index it (BM25 and/or dense)"),
     "index search": _command(_RETRIEVAL, "IndexSearchCommand", "run_index_search",
