@@ -6,10 +6,11 @@
 * `llm` — backends (in-process transformers, OpenAI-compatible servers); `retrieval` — BM25,
   dense, hybrid (no LLM);
 * `filters` — MCF (the trained filter), the MAIN-RAG judge, their stack, the shipped filter;
-* `pipelines` — direct, vanilla, main-rag, amber (with its memory and collector agents), auto
-  (with its router);
+* `pipelines` — direct, vanilla, main-rag (and main-rag-naive), amber (with its memory and
+  collector agents), auto (with its router);
 * `config` (a run's settings, `presets/`) and `compose` (the model roles → pipelines);
-* `eval` — the runner, metrics, reports, trace rendering; `cli` — eval, ask, demo, trace.
+* `eval` — the runner, metrics, reports, trace rendering, the judge-bar sweep; `cli` — eval,
+  ask, demo, trace, judge-sweep.
 
 `inference` is the base of the project: `data_gen`, `training` and `serving` import it,
 it imports none of them.

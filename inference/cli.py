@@ -1,4 +1,4 @@
-"""The runtime's commands: `eval`, `ask`, `demo`, `trace` (see `sieverag.cli`).
+"""The runtime's commands: `eval`, `ask`, `demo`, `trace`, `judge-sweep` (see `sieverag.cli`).
 
 Each command is a settings class, its fields the command's flags and YAML keys, and a
 `run_*` function. `eval`'s settings are a run config (`RunConfig`) plus where the results go,
@@ -8,6 +8,7 @@ so a run folder's config.yaml is a valid `--config`.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import field, replace
@@ -64,7 +65,7 @@ class AskCommand:
     question: CliPositionalArg[str] = field(metadata={"help": "the question"})
     index: str = field(metadata={"help": "index folder"})
     pipeline: str = field(default="amber", metadata={
-        "help": "amber, amber-<filter>, vanilla, main-rag or direct"})
+        "help": "amber, amber-<filter>, vanilla, main-rag, main-rag-naive or direct"})
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
     k: int = field(default=5, metadata={"help": "documents retrieved for the question"})
     trace: bool = field(default=False, metadata={"help": "also show amber's rounds"})
@@ -86,6 +87,31 @@ class TraceCommand:
     question_id: CliPositionalArg[str] = field(metadata={"help": "the example's id"})
     pipeline: str = field(default="amber", metadata={
         "help": "which results/<pipeline>.jsonl to read"})
+
+
+@settings
+class JudgeSweepCommand:
+    """MAIN-RAG's n·σ ablation from one run: for each n, recompute every question's bar
+    τq = mean(r) − n·σ(r) over its stored judge scores and answer again with the run's
+    generator from the documents kept (the judge is not asked again)."""
+
+    run: str = field(metadata={"help": "run folder of `sieverag eval` with main-rag results"})
+    # Not `n`: a one-letter field would be the flag `-n`, unlike every other flag.
+    bar_n: tuple[float, ...] = field(metadata={
+        "help": "the n values of τq = mean(r) − n·σ(r) to sweep, comma-separated (negative "
+                "ones: --bar-n=-0.5,0,1)"})
+    pipeline: str = field(default="main-rag", metadata={
+        "help": "whose results/<pipeline>.jsonl holds the judge scores"})
+    out: str | None = field(default=None, metadata={
+        "help": "sweep folder (default RUN/judge-sweep-PIPELINE); rerunning into it resumes"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+
+    def __post_init__(self) -> None:
+        if not self.bar_n:
+            raise ConfigError("--bar-n: give at least one value, e.g. --bar-n 0,0.5,1,1.5")
+        if not all(math.isfinite(v) for v in self.bar_n):
+            raise ConfigError(f"--bar-n: every value must be a finite number, got "
+                              f"{','.join(f'{v:g}' for v in self.bar_n)}")
 
 
 def _default_out(prefix: str) -> Path:
@@ -222,6 +248,17 @@ def run_trace(command: TraceCommand) -> int:
     from sieverag.inference.eval.trace import find_record, render_record
 
     print(render_record(find_record(command.run_dir, command.question_id, command.pipeline)))
+    return 0
+
+
+def run_judge_sweep(command: JudgeSweepCommand) -> int:
+    from sieverag.inference.eval.judge_sweep import sweep_folder, sweep_judge_bar, sweep_table
+
+    out = Path(command.out) if command.out else sweep_folder(command.run, command.pipeline)
+    ns = tuple(dict.fromkeys(command.bar_n))  # each n once, in the given order
+    sweep = sweep_judge_bar(command.run, ns, command.pipeline, out, progress=not command.quiet)
+    print(sweep_table(sweep))
+    print(f"\nresults: {out}/summary.json, {out}/results/")
     return 0
 
 

@@ -49,6 +49,9 @@ COMMANDS: dict[str, Command] = {
     "report": _command(_INFERENCE, "ReportCommand", "run_report",
                        "the papers' tables across runs: a row per pipeline, a column per "
                        "dataset"),
+    "judge-sweep": _command(_INFERENCE, "JudgeSweepCommand", "run_judge_sweep",
+                            "MAIN-RAG's n·σ ablation: re-answer a run's questions at other "
+                            "judge bars, from its stored scores"),
     "index build": _command(_RETRIEVAL, "IndexBuildCommand", "run_index_build",
                             "chunk a corpus and index it (BM25 and/or dense)"),
     "index search": _command(_RETRIEVAL, "IndexSearchCommand", "run_index_search",

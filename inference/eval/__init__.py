@@ -1,4 +1,5 @@
 """Evaluation: answer and filter metrics (`metrics`), trust metrics (`trust`), the resumable
-runner (`runner.run_evaluation`), per-example records, summaries, the Markdown report, and
-`trace` (one saved example rendered readably, `sieverag trace`).
+runner (`runner.run_evaluation`), per-example records, summaries, the Markdown report,
+`trace` (one saved example rendered readably, `sieverag trace`) and `judge_sweep` (MAIN-RAG's
+bar re-applied at other n to a run's stored judge scores, `sieverag judge-sweep`).
 Datasets are read by the data layer below it (`inference.data`)."""

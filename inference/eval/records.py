@@ -22,7 +22,7 @@ from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.pipelines.amber_trace import AmberTrace
-from sieverag.inference.pipelines.base import PipelineOutput
+from sieverag.inference.pipelines.base import PipelineOutput, question_text
 from sieverag.inference.pipelines.router import RouteDecision
 from sieverag.inference.types import Example
 
@@ -217,7 +217,7 @@ def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
     if embed is not None:
         metrics.answer_quality = answer_quality(output.answer, example.answers, embed)
     if llm_judge is not None:
-        verdict = judge_answer(llm_judge, example.question, output.answer,
+        verdict = judge_answer(llm_judge, question_text(example), output.answer,
                                example.answers[0], output.documents_read)
         metrics.llm_judge = LLMJudgeGrades(**verdict.scores(), error=verdict.error)
     return metrics

@@ -75,11 +75,14 @@ def comparison_table(summaries: Mapping[str, Mapping],
 def plot_judge_scores(records: Sequence[EvalRecord], path: Path, title: str) -> bool:
     """Histogram of judge scores r for gold vs noisy documents with the mean bar τq.
 
-    Returns False (and writes nothing) when the records hold no gold-marked filter scores.
+    Returns False (and writes nothing) when the records hold no gold-marked filter scores
+    (generated verdicts are not scores).
     """
     filters = [r.filter for r in records if r.filter is not None]
-    gold = [s.score for f in filters for s in f.scores if s.is_gold is True]
-    noisy = [s.score for f in filters for s in f.scores if s.is_gold is False]
+    # A generated verdict (main-rag-naive) is no score: its 1.0/0.0 entries are not plotted.
+    scored = [s for f in filters for s in f.scores if s.verdict is None]
+    gold = [s.score for s in scored if s.is_gold is True]
+    noisy = [s.score for s in scored if s.is_gold is False]
     bars = [f.threshold for f in filters if f.threshold is not None]
     if not gold or not noisy:
         return False

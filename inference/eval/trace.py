@@ -68,6 +68,8 @@ def _document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[str]:
         extras.append(f"judge {entry.judge_score:+.2f}{'✓' if entry.judge_kept else '✗'}")
     if entry.predicted_answer is not None:
         extras.append(f"predicted {entry.predicted_answer!r}")
+    if entry.verdict is not None:
+        extras.append(f"verdict {entry.verdict!r}")
     if entry.kept and entry.sentence_status is not None:
         numbers = ", ".join(str(i + 1) for i in entry.key_sentences or []) or "none"
         extras.append(f"sentences {numbers} ({entry.sentence_status})")

@@ -35,7 +35,8 @@ class ScoredDocumentRecord(JsonlRecord):
 
     id: str = Field(description="the document's id")
     title: str | None = Field(None, description="the document's title (amber's rounds only)")
-    score: float = Field(description="the filter's score (fused with BM25 where MCF fuses)")
+    score: float = Field(description="the filter's score (fused with BM25 where MCF fuses; "
+                                     "main-rag-naive: 1.0 kept by its verdict, 0.0 dropped)")
     kept: bool = Field(description="whether the filter kept the document")
     is_gold: bool | None = Field(description="the data's gold mark; None where unmarked")
     p_yes: float | None = Field(None, description="MCF: P(Yes) of the chunk question")
@@ -48,6 +49,7 @@ class ScoredDocumentRecord(JsonlRecord):
     judge_kept: bool | None = Field(None, description="stack: the judge's verdict")
     judge_threshold: float | None = Field(None, description="stack: the judge's bar")
     predicted_answer: str | None = Field(None, description="judge: the predictor's answer")
+    verdict: str | None = Field(None, description="main-rag-naive: Agent-2's generated reply")
     sentence_reply: str | None = Field(None, description="MCF: the sentence stage's reply")
     sentence_status: Literal["single", "parsed", "unparsed", "none", "none_dropped"] | None = \
         Field(None, description="MCF: how the key sentences were chosen")
@@ -56,7 +58,8 @@ class ScoredDocumentRecord(JsonlRecord):
 
 @dataclass(frozen=True)
 class FilterResult:
-    """Kept documents in reading order (best first), every score, and the threshold used."""
+    """Kept documents in reading order (best first; the judge's in `judge.order`), every
+    score, and the threshold used."""
 
     kept: tuple[ScoredDocument, ...]
     scored: tuple[ScoredDocument, ...]

@@ -9,15 +9,22 @@ document — is a prefix Agent-1 already read: the `hf` backend's prompt cache a
 prefix cache compute it once.
 The adaptive judge bar is τq = mean(r) − n·σ(r) over the question's documents (population
 standard deviation; n = 0 by default keeps the documents scoring at least the mean).
-Documents with r ≥ τq are kept, ordered by r descending. Agent-3 (Final-Predictor) is the
-`main-rag` pipeline's generator.
+Documents with r ≥ τq are kept (`judge_selection`, the one rule `main-rag`, amber's judge and
+`sieverag judge-sweep` apply). Agent-3 (Final-Predictor) is the `main-rag` pipeline's
+generator; it reads the kept documents in `judge.order`: by r descending (the paper's order,
+the default), ascending, or a random order that is the same on every run of a question (its
+seed is a sha256 of the question as the judge reads it and `judge.seed`) — the paper's
+document-order ablation.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import field
+from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
@@ -28,6 +35,7 @@ from sieverag.inference.settings import settings
 from sieverag.inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
+DocumentOrder = Literal["descending", "ascending", "random"]
 
 
 @settings
@@ -38,12 +46,17 @@ class JudgeConfig:
     predictor_max_new_tokens: int = field(
         default=32, metadata={"help": "length cap of Agent-1's per-document answers"}
     )
+    order: DocumentOrder = field(default="descending", metadata={
+        "help": "the order kept documents reach Agent-3: descending r (the paper's), "
+                "ascending r, or random (the same on every run of a question)"})
+    seed: int = field(default=0, metadata={"help": "seed of the random order"})
+    verdict_max_new_tokens: int = field(default=4, metadata={
+        "help": "main-rag-naive: length cap of Agent-2's generated Yes/No verdict"})
 
     def __post_init__(self) -> None:
-        if self.predictor_max_new_tokens < 1:
-            raise ConfigError(
-                f"judge.predictor_max_new_tokens must be >= 1, got {self.predictor_max_new_tokens}"
-            )
+        for name in ("predictor_max_new_tokens", "verdict_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"judge.{name} must be >= 1, got {getattr(self, name)}")
 
 
 def judge_bar(scores: Sequence[float], n: float) -> float:
@@ -51,6 +64,34 @@ def judge_bar(scores: Sequence[float], n: float) -> float:
     if not scores:
         raise ValueError("judge_bar needs at least one score")
     return statistics.fmean(scores) - n * statistics.pstdev(scores)
+
+
+def reading_order(kept: Sequence[ScoredDocument], order: DocumentOrder, question: str,
+                  seed: int) -> tuple[ScoredDocument, ...]:
+    """`kept` (in retrieved order) as Agent-3 reads it: by score descending or ascending
+    (ties in retrieved order), or shuffled by a generator seeded from `question` and `seed`
+    (a sha256, not Python's per-process `hash`, so every run shuffles a question alike)."""
+    if order == "descending":
+        return tuple(sorted(kept, key=lambda s: -s.score))
+    if order == "ascending":
+        return tuple(sorted(kept, key=lambda s: s.score))
+    digest = hashlib.sha256(f"{seed}\n{question}".encode()).digest()
+    shuffled = list(kept)
+    random.Random(int.from_bytes(digest[:8], "big")).shuffle(shuffled)
+    return tuple(shuffled)
+
+
+def judge_selection(question: str, documents: Sequence[Document], scores: Sequence[float],
+                    details: Sequence[Mapping], config: JudgeConfig) -> FilterResult:
+    """Keep the documents with r ≥ τq (`judge_bar` with `config.bar_n`), in `config.order`;
+    `details` is each document's evidence for the record (Agent-1's answer)."""
+    if not documents:
+        return FilterResult(kept=(), scored=(), threshold=None)
+    bar = judge_bar(scores, config.bar_n)
+    scored = tuple(ScoredDocument(d, r, r >= bar, dict(x))
+                   for d, r, x in zip(documents, scores, details, strict=True))
+    kept = reading_order([s for s in scored if s.kept], config.order, question, config.seed)
+    return FilterResult(kept=kept, scored=scored, threshold=bar)
 
 
 class MainRagJudge:
@@ -93,10 +134,5 @@ class MainRagJudge:
             return FilterResult(kept=(), scored=(), threshold=None)
         answers = self.predict_answers(question, documents)
         scores = self.judge_scores(question, documents, answers)
-        bar = judge_bar(scores, self.config.bar_n)
-        scored = tuple(
-            ScoredDocument(d, r, r >= bar, {"predicted_answer": a})
-            for d, r, a in zip(documents, scores, answers, strict=True)
-        )
-        kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
-        return FilterResult(kept=kept, scored=scored, threshold=bar)
+        return judge_selection(question, documents, scores,
+                               [{"predicted_answer": a} for a in answers], self.config)

@@ -1,5 +1,6 @@
-"""Pipelines by name (`direct`, `vanilla`, `main-rag`, `iter-retgen`, `amber` and its
-`amber-<filter>` and ablation variants, `auto`), built from a shared PipelineContext.
+"""Pipelines by name (`direct`, `vanilla`, `main-rag` and its naive multi-agent variant
+`main-rag-naive`, `iter-retgen`, `amber` and its `amber-<filter>` and ablation variants,
+`auto`), built from a shared PipelineContext.
 
 Importing this package registers every pipeline; `build_pipeline(name, context)` makes one.
 Beside the pipelines sit the agents only they use: amber's memory updater (`memory`, AMU)

@@ -8,8 +8,10 @@ Each round:
    its search; otherwise the question's given documents are a small pool ranked by a BM25
    built over them for this question (ties in the given order). Round 1's query is the
    question.
-2. Filter: the round's documents through the filter stage; kept documents (MCF: narrowed to
-   their key sentences) join the evidence.
+2. Filter: the round's documents through the filter stage, whose prompts read the question
+   as every agent does (multiple-choice options listed; the queries are the plain question);
+   kept documents (MCF: narrowed to their key sentences) join the evidence, in the filter's
+   reading order.
 3. AMU (`inference/pipelines/memory.py`) revises the memory with the new evidence (skipped
    when nothing new was kept, and in the last round when the answer reads the evidence alone).
 4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
@@ -195,7 +197,7 @@ class AmberPipeline:
         stop_reason: StopReason = "max_iterations"
         for number in range(1, self.config.max_iterations + 1):
             fresh, skipped = documents.fetch(queries[-1])
-            result = (self.filter.select(example.question, fresh) if fresh
+            result = (self.filter.select(question, fresh) if fresh
                       else FilterResult(kept=(), scored=(), threshold=None))
             results.append(result)
             evidence.items.extend((number, s) for s in result.kept)

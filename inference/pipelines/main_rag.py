@@ -1,12 +1,22 @@
-"""`main-rag`: the MAIN-RAG judge filters the documents, then Agent-3 answers from the kept ones."""
+"""`main-rag`: the MAIN-RAG judge filters the documents, then Agent-3 answers from the kept ones.
+
+`main-rag-naive` is the paper's naive multi-agent baseline: the same Agent-1, but Agent-2
+generates a Yes/No verdict instead of being scored (inference/filters/naive_judge.py), so
+there is no adaptive bar. Every agent reads the question as the generator does
+(`question_text`: multiple-choice options listed); the documents are those the run's
+document source gives for the plain question.
+"""
 
 from __future__ import annotations
 
+from sieverag.inference.filters.base import DocumentFilter
 from sieverag.inference.filters.judge import MainRagJudge
+from sieverag.inference.filters.naive_judge import NaiveJudge
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
     Reader,
+    question_text,
     register_pipeline,
 )
 from sieverag.inference.types import Example
@@ -20,12 +30,27 @@ class MainRagPipeline:
 
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
-        self.judge = MainRagJudge(context.judge_backend, context.judge)
+        self.judge = self.build_judge(context)
         self.reader = Reader(context)
 
+    @staticmethod
+    def build_judge(context: PipelineContext) -> DocumentFilter:
+        return MainRagJudge(context.judge_backend, context.judge)
+
     def run(self, example: Example) -> PipelineOutput:
-        result = self.judge.select(example.question, self.context.documents(example))
+        result = self.judge.select(question_text(example), self.context.documents(example))
         kept = tuple(result.kept_documents)
         answer, raw = self.reader.answer(example, kept)
         return PipelineOutput(answer=answer, raw_answer=raw, documents_read=kept,
                               filter_result=result)
+
+
+@register_pipeline("main-rag-naive")
+class NaiveMainRagPipeline(MainRagPipeline):
+    """Predictor + a generated Yes/No verdict → Final-Predictor on the Yes documents."""
+
+    name = "main-rag-naive"
+
+    @staticmethod
+    def build_judge(context: PipelineContext) -> DocumentFilter:
+        return NaiveJudge(context.judge_backend, context.judge)
