@@ -41,6 +41,7 @@ from sieverag.inference.data.records import (
     literal_list,
     optional_str,
     optional_strings,
+    question_only_example,
     question_text,
     record_id,
     sentence_text,
@@ -185,12 +186,7 @@ def _parse_popqa(record: Record, source: RecordSource) -> Example:
 )
 def _parse_triviaqa(record: Record, source: RecordSource) -> Example:
     """TriviaQA questions with their answer aliases, no documents."""
-    return Example(
-        id=record_id(record, source),
-        question=question_text(record, source),
-        answers=answer_aliases(record.get("answers"), source, "answers"),
-        metadata=example_metadata("triviaqa", record, ("question_id",)),
-    )
+    return question_only_example("triviaqa", record, source, "answers", ("question_id",))
 
 
 @register_record_format(

@@ -12,7 +12,7 @@ from typing import Any
 
 from sieverag.inference.data.files import Record, json_type
 from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Document
+from sieverag.inference.types import Document, Example
 
 
 @dataclass(frozen=True)
@@ -206,3 +206,15 @@ def optional_strings(value: Any, source: RecordSource, where: str) -> tuple[str,
 def example_metadata(name: str, record: Record, keys: tuple[str, ...]) -> dict[str, Any]:
     """The dataset's name plus the record fields worth keeping for reports."""
     return {"dataset": name, **{key: record[key] for key in keys if key in record}}
+
+
+def question_only_example(name: str, record: Record, source: RecordSource, answers_field: str,
+                          metadata_keys: tuple[str, ...] = ()) -> Example:
+    """A record that is a question and its answer aliases (in `answers_field`), no documents:
+    TriviaQA's and NQ-open's rows."""
+    return Example(
+        id=record_id(record, source),
+        question=question_text(record, source),
+        answers=answer_aliases(record.get(answers_field), source, answers_field),
+        metadata=example_metadata(name, record, metadata_keys),
+    )

@@ -37,6 +37,7 @@ from sieverag.inference.data.records import (
     object_rows,
     optional_str,
     optional_strings,
+    question_only_example,
     question_text,
     record_id,
     sentence_text,
@@ -135,12 +136,7 @@ def _parse_triviaqa_original(record: Record, source: RecordSource) -> Example:
 )
 def _parse_nq_open(record: Record, source: RecordSource) -> Example:
     """NQ-open questions with their answer list, no documents (ids `nq-open-<row>`)."""
-    return Example(
-        id=record_id(record, source),
-        question=question_text(record, source),
-        answers=answer_aliases(record.get("answer"), source, "answer"),
-        metadata=example_metadata("nq", record, ()),
-    )
+    return question_only_example("nq", record, source, "answer")
 
 
 @register_record_format(
