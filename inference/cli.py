@@ -19,7 +19,7 @@ from pydantic_settings import CliPositionalArg
 from sieverag.inference.compose import build_context, resolve_roles
 from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, TrustConfig
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.filters.judge import DocumentOrder, JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.retrieval.config import IndexConfig
@@ -104,6 +104,9 @@ class JudgeSweepCommand:
         "help": "whose results/<pipeline>.jsonl holds the judge scores"})
     out: str | None = field(default=None, metadata={
         "help": "sweep folder (default RUN/judge-sweep-PIPELINE); rerunning into it resumes"})
+    order: DocumentOrder | None = field(default=None, metadata={
+        "help": "read the kept documents in this order instead of the run's judge.order "
+                "(descending, ascending, random): the ordering ablation from the same scores"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
 
     def __post_init__(self) -> None:
@@ -254,9 +257,11 @@ def run_trace(command: TraceCommand) -> int:
 def run_judge_sweep(command: JudgeSweepCommand) -> int:
     from sieverag.inference.eval.judge_sweep import sweep_folder, sweep_judge_bar, sweep_table
 
-    out = Path(command.out) if command.out else sweep_folder(command.run, command.pipeline)
+    out = (Path(command.out) if command.out
+           else sweep_folder(command.run, command.pipeline, command.order))
     ns = tuple(dict.fromkeys(command.bar_n))  # each n once, in the given order
-    sweep = sweep_judge_bar(command.run, ns, command.pipeline, out, progress=not command.quiet)
+    sweep = sweep_judge_bar(command.run, ns, command.pipeline, out, order=command.order,
+                            progress=not command.quiet)
     print(sweep_table(sweep))
     print(f"\nresults: {out}/summary.json, {out}/results/")
     return 0

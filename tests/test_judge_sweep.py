@@ -139,3 +139,20 @@ def test_n_values_must_be_finite_and_given():
         JudgeSweepCommand(run="r", bar_n=(0.0, math.inf))
     with pytest.raises(ConfigError, match="--bar-n: give at least one value"):
         JudgeSweepCommand(run="r", bar_n=())
+
+
+def test_another_reading_order_from_the_same_scores(tmp_path, backend, capsys):
+    """The ordering ablation without a judge pass: the run's kept sets, read ascending."""
+    run = run_main_rag(tmp_path, JudgeConfig(bar_n=0.0, order="descending"))
+    backend.calls.clear()
+    assert main(["judge-sweep", "--run", str(run), "--bar-n", "0", "--order", "ascending",
+                 "--quiet"]) == 0
+    assert [agent for agent, _ in backend.calls] == ["generator"] * 4
+    folder = run / "judge-sweep-main-rag-ascending"
+    for before, again in zip(lines(run / "results" / "main-rag.jsonl"),
+                             lines(folder / "results" / "n=0.jsonl"), strict=True):
+        kept = [s for s in before["filter"]["scores"] if s["kept"]]  # retrieved order
+        assert again["documents_read"] == [s["id"] for s in sorted(kept, key=lambda s: s["score"])]
+        assert set(again["documents_read"]) == set(before["documents_read"])
+    assert json.loads((folder / "summary.json").read_text())["judge_order"] == "ascending"
+    assert "judge-sweep-main-rag-ascending" in capsys.readouterr().out

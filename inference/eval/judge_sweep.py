@@ -8,12 +8,15 @@ again, so the only model loaded is the generator. Documents are recovered by id 
 run's own document source (the dataset's documents, or the index it retrieved from): the
 run's dataset and index must still be where its config.yaml says, and the dataset unchanged.
 With n the run's own `judge.bar_n`, the kept documents are the run's, in the run's order.
+`order` reads them in another order instead (MAIN-RAG's ordering ablation, from the same
+scores): the sweep then answers at the same kept sets, read descending, ascending or shuffled.
 
-The sweep folder (default RUN/judge-sweep-<pipeline>) holds `sweep.json` (which run and
-pipeline it sweeps), `results/n=<n>.jsonl` (one `EvalRecord` per question, appended as it
-finishes, so rerunning resumes) and `summary.json` (`summarize` per n: EM, F1, accuracy,
-documents read — the kept ones — and their precision/recall against the gold marks). A
-record's usage and seconds are Agent-3's alone; trust metrics are not computed.
+The sweep folder (default RUN/judge-sweep-<pipeline>, `-<order>` added for `order`) holds
+`sweep.json` (which run, pipeline and order it sweeps), `results/n=<n>.jsonl` (one
+`EvalRecord` per question, appended as it finishes, so rerunning resumes) and
+`summary.json` (`summarize` per n: EM, F1, accuracy, documents read — the kept ones — and
+their precision/recall against the gold marks). A record's usage and seconds are Agent-3's
+alone; trust metrics are not computed.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sieverag.inference.eval.records import EvalRecord, build_record
 from sieverag.inference.eval.report import comparison_table
 from sieverag.inference.eval.runner import selected_examples
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.filters.judge import judge_selection
+from sieverag.inference.filters.judge import DocumentOrder, judge_selection
 from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
@@ -83,9 +86,10 @@ def bar_label(n: float) -> str:
     return f"n={n:g}"
 
 
-def sweep_folder(run_dir: str | Path, pipeline: str) -> Path:
-    """The default sweep folder: RUN/judge-sweep-<pipeline>."""
-    return Path(run_dir) / f"judge-sweep-{pipeline}"
+def sweep_folder(run_dir: str | Path, pipeline: str, order: str | None = None) -> Path:
+    """The default sweep folder: RUN/judge-sweep-<pipeline>[-<order>] (an order given
+    instead of the run's own)."""
+    return Path(run_dir) / f"judge-sweep-{pipeline}{f'-{order}' if order else ''}"
 
 
 def load_run(run_dir: Path, pipeline: str) -> tuple[RunConfig, list[EvalRecord]]:
@@ -169,15 +173,20 @@ def _check_same_sweep(out: Path, identity: dict) -> None:
 
 
 def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "main-rag",
-                    out: str | Path | None = None, *, progress: bool = True) -> dict:
-    """Answer the run's questions again for each n in `ns` (see the module docstring);
-    returns what OUT/summary.json holds: the run and pipeline, the run's `judge_order` and
+                    out: str | Path | None = None, *, order: DocumentOrder | None = None,
+                    progress: bool = True) -> dict:
+    """Answer the run's questions again for each n in `ns`, reading the kept documents in
+    `order` (default: the run's `judge.order`; see the module docstring); returns what
+    OUT/summary.json holds: the run and pipeline, the `judge_order` used, the run's
     `run_bar_n`, and each n's summary under `bars` by `bar_label`."""
     run_dir = Path(run_dir)
     config, records = load_run(run_dir, pipeline)
-    out = Path(out) if out is not None else sweep_folder(run_dir, pipeline)
+    if order is not None:
+        config = replace(config, judge=replace(config.judge, order=order))
+    out = Path(out) if out is not None else sweep_folder(run_dir, pipeline, order)
     check_output_folder(out)
-    identity = {"run": str(run_dir.resolve()), "pipeline": pipeline}
+    identity = {"run": str(run_dir.resolve()), "pipeline": pipeline,
+                "judge_order": config.judge.order}
     _check_same_sweep(out, identity)
     _check_unchanged_dataset(config, run_dir)
     # Only the generator is needed: the judge's role shares its backend, so no judge loads.
@@ -213,8 +222,7 @@ def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "m
             log.append(record.to_json())
             finished[record.id] = record
         summaries[label] = summarize([finished[q.example.id] for q in questions])
-    sweep = {**identity, "judge_order": config.judge.order, "run_bar_n": config.judge.bar_n,
-             "bars": summaries}
+    sweep = {**identity, "run_bar_n": config.judge.bar_n, "bars": summaries}
     write_atomic(out / "summary.json", json.dumps(sweep, indent=2) + "\n")
     return sweep
 

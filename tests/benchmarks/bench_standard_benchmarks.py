@@ -8,7 +8,8 @@ user's export goes through. Every pipeline retrieves its documents (top `--k`, B
 index of the dataset's own passages where it has them (HotpotQA's contexts, NQ's gold
 passages, PopQA's retrieved knowledge texts); TriviaQA and ARC carry none, so they search
 the other three datasets' passages together. Then MAIN-RAG's ordering ablation on PopQA:
-the kept documents read in descending (the paper's), ascending and random judge order.
+the kept documents read in descending (the paper's), ascending and random judge order —
+from the main-rag run's stored judge scores (`judge-sweep --order`), no second judge pass.
 
     python tests/benchmarks/bench_standard_benchmarks.py [--data ../shared/data] [--limit 100]
         [--k 5] [--datasets hotpotqa,popqa] [--out runs/bench-standard] [--no-order-ablation]
@@ -34,6 +35,7 @@ from standard_exports import EXPORTS, read_jsonl, write_jsonl  # noqa: E402
 from sieverag.inference.cli import EvalCommand  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
+from sieverag.inference.eval.judge_sweep import bar_label, sweep_judge_bar  # noqa: E402
 from sieverag.inference.eval.report import collate_runs  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import build_index  # noqa: E402
@@ -55,10 +57,10 @@ def _index(corpus: list[dict], folder: Path) -> Path:
 
 
 def _run(dataset: Path, index: Path, out: Path, args: argparse.Namespace,
-         pipelines: str, extra: tuple[str, ...] = ()) -> dict:
+         pipelines: str) -> dict:
     flags = ["--dataset", str(dataset), "--pipelines", pipelines, "--retrieval.index",
              str(index), "--retrieval.mode", "bm25", "--retrieval.k", str(args.k),
-             "--limit", str(args.limit), "--no-trust.enabled", *extra]
+             "--limit", str(args.limit), "--no-trust.enabled"]
     config = narrow(parse_settings(EvalCommand, flags, "bench_standard_benchmarks"), RunConfig)
     print(f"{out.name}: {pipelines} ...", file=sys.stderr, flush=True)
     return runner.run_evaluation(config, out, progress=True)
@@ -101,17 +103,24 @@ def main() -> None:
                                                      "input_tokens_per_question",
                                                      "seconds_per_question")}
                          for p, s in summaries.items()}
-        if name == "popqa" and not args.no_order_ablation:
+        if name == "popqa" and "main-rag" in summaries and not args.no_order_ablation:
+            figures["popqa main-rag order"] = {"descending": summaries["main-rag"]}
             for order in ORDERS:
-                ablation = out / "runs" / f"popqa-{order}"
-                summary = _run(dataset, index, ablation, args, "main-rag",
-                               ("--judge.order", order))["main-rag"]
-                run_dirs.append(ablation)
-                figures[f"popqa main-rag {order}"] = {
-                    k: summary.get(k) for k in ("examples", "em", "f1", "accuracy")}
+                # at the run's own bar (the default n = 0): its kept sets, another order
+                sweep = sweep_judge_bar(run_dir, [0.0], out=out / "order" / order, order=order)
+                figures["popqa main-rag order"][order] = sweep["bars"][bar_label(0.0)]
 
     print(f"\nfirst {args.limit} questions, BM25 top {args.k}, the embedded model\n")
     print(collate_runs(run_dirs))
+    if "popqa main-rag order" in figures:
+        print("\nMAIN-RAG's reading order on PopQA (the same judge scores, n = 0)\n")
+        print("| order | accuracy | F1 | EM |\n|---|---:|---:|---:|")
+        for order, summary in figures["popqa main-rag order"].items():
+            print(f"| {order} | {summary['accuracy']:.3f} | {summary['f1']:.3f} | "
+                  f"{summary['em']:.3f} |")
+        figures["popqa main-rag order"] = {
+            order: {k: summary.get(k) for k in ("examples", "em", "f1", "accuracy")}
+            for order, summary in figures["popqa main-rag order"].items()}
     print(json.dumps({"limit": args.limit, "k": args.k, "figures": figures}))
 
 
