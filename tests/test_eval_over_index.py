@@ -250,6 +250,15 @@ def test_retrieval_flags_reach_the_run_config_and_it_round_trips(tmp_path: Path)
     assert (old.hygiene, old.search, old.reranker) == ("off", SearchConfig(), None)
 
 
+def test_a_preset_s_retrieval_takes_the_ablation_s_settings_from_flags() -> None:
+    command = parse_settings(EvalCommand, [
+        "--preset", "amber-open", "--dataset", "d.jsonl", "--retrieval.mode", "bm25",
+        "--retrieval.hygiene", "loose"], "sieverag eval")
+    assert command.retrieval is not None
+    assert (command.retrieval.index, command.retrieval.k) == ("runs/open-index", 6)  # preset's
+    assert (command.retrieval.mode, command.retrieval.hygiene) == ("bm25", "loose")
+
+
 @pytest.mark.parametrize(("flags", "named"), [
     (["--retrieval.hygiene", "medium"], "retrieval.hygiene"),
     (["--retrieval.search.alpha", "1.5"], "search.alpha must be in [0, 1]"),
