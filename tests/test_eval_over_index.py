@@ -95,7 +95,8 @@ def bm25_ranking(index_dir: Path, query: str = QUESTION) -> list[str]:
 ])
 def test_hygiene_removes_what_its_preset_must_and_the_record_says_so(
         tmp_path: Path, backend: ScriptedBackend, bridge_index: Path, questions: Path,
-        preset: str, removed: dict[str, str] | None) -> None:
+        preset: str, removed: dict[str, str] | None,
+        capsys: pytest.CaptureFixture[str]) -> None:
     ranking = bm25_ranking(bridge_index)
     assert ranking[:2] == ["stub#0", "mayor#0"]  # the two short texts rank first for BM25
     retrieval = RetrievalConfig(index=str(bridge_index), mode="bm25", k=2, hygiene=preset)
@@ -109,6 +110,8 @@ def test_hygiene_removes_what_its_preset_must_and_the_record_says_so(
     else:
         assert {r.id: r.reason for r in vanilla.hygiene_removed} == removed
         assert [r.id for r in vanilla.hygiene_removed] == [c for c in ranking if c in removed]
+        assert main(["trace", str(tmp_path / "run"), "q1", "--pipeline", "vanilla"]) == 0
+        assert "Evidence hygiene removed: stub#0 (too short (3 words))" in capsys.readouterr().out
         # iter-retgen's later query goes through the same rule: no removed chunk is read,
         # and each removed chunk is listed once however many searches removed it.
         iterative = records["iter-retgen"]
