@@ -1,4 +1,5 @@
-"""The runtime's commands: `eval`, `ask`, `demo`, `trace`, `judge-sweep` (see `sieverag.cli`).
+"""The runtime's commands: `eval`, `ask`, `demo`, `trace`, `judge-sweep`, `report`, `export`
+(see `sieverag.cli`).
 
 Each command is a settings class, its fields the command's flags and YAML keys, and a
 `run_*` function. `eval`'s settings are a run config (`RunConfig`) plus where the results go,
@@ -314,4 +315,25 @@ def run_report(command: ReportCommand) -> int:
     if command.out:
         write_atomic(command.out, text + "\n")
     print(text)
+    return 0
+
+
+@settings
+class ExportCommand:
+    """Write a run's records as jsonl in the schema RAG-evaluation tools read (RAGAS): one
+    line per (pipeline, question) with user_input, retrieved_contexts (the text the generator
+    read), response, reference, pipeline and id."""
+
+    run: str = field(metadata={"help": "run folder of `sieverag eval`"})
+    out: str = field(metadata={"help": "jsonl file to write (replaced whole)"})
+    pipelines: tuple[str, ...] = field(default=(), metadata={
+        "help": "pipelines to export, comma-separated (default: every one the run has)"})
+
+
+def run_export(command: ExportCommand) -> int:
+    from sieverag.inference.eval.export import export_run
+
+    counts = export_run(command.run, command.out, command.pipelines)
+    print(f"wrote {sum(counts.values())} rows to {command.out} ("
+          + ", ".join(f"{name}: {count}" for name, count in counts.items()) + ")")
     return 0

@@ -7,16 +7,19 @@ One place decides who runs what, for every command (`eval`, `ask`, `demo`, `eval
 * `build_roles(models)` — one backend per role (`generator`, `judge`, `filter`); roles with
   equal specs share one backend and one loaded model;
 * `build_context(config)` — the pipelines' shared context: backends, the document source
-  (the dataset's own documents or an index), the router.
+  (the dataset's own documents or an index: fused, reranked and hygiene-filtered as
+  `retrieval` says, one search rule for the question and for later queries), the router.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig
 from sieverag.inference.data.gold_match import mark_gold
+from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
@@ -25,7 +28,12 @@ from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.amber import amber_filter
 from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
 from sieverag.inference.pipelines.router import Router
+from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 from sieverag.inference.types import Document, Example
+
+if TYPE_CHECKING:
+    from sieverag.inference.retrieval.index import Index
+    from sieverag.inference.retrieval.rerank import Reranker
 
 
 @dataclass(frozen=True)
@@ -99,39 +107,58 @@ def _capped_documents(limit: int | None) -> DocumentSource:
     return documents
 
 
-def _retrieved_documents(index, config: RetrievalConfig) -> DocumentSource:
-    """Each question's top-k chunks from the index (its retrieval cache spares repeats),
-    marked gold from the question's given passages (`inference.data.gold_match`)."""
-
-    def documents(example: Example) -> Sequence[Document]:
-        hits = index.search(example.question, config.k, config.mode)
-        return mark_gold(example, [hit.document for hit in hits])
-
-    return documents
-
-
-def _index_search(index, config: RetrievalConfig) -> QuerySearch:
-    """Query-based search on the index in the configured mode (for later amber rounds)."""
+def _index_search(index: Index, config: RetrievalConfig, reranker: Reranker | None,
+                  removed: HygieneLog | None) -> QuerySearch:
+    """Query-based search on the index as `config` says (mode, reranker, evidence hygiene);
+    what hygiene removes goes to `removed`."""
 
     def search(query: str, k: int) -> Sequence[Document]:
-        return [hit.document for hit in index.search(query, k, config.mode)]
+        report = search_with_hygiene(index, query, k, config.mode, config.hygiene, reranker)
+        if removed is not None:
+            removed.add(report.removed)
+        return [hit.document for hit in report.kept]
 
     return search
 
 
-def build_context(config: RunConfig) -> tuple[PipelineContext, Roles]:
+def _retrieved_documents(search: QuerySearch, k: int) -> DocumentSource:
+    """Each question's top-k chunks from the index (its retrieval cache spares repeats),
+    marked gold from the question's given passages (`inference.data.gold_match`)."""
+
+    def documents(example: Example) -> Sequence[Document]:
+        return mark_gold(example, search(example.question, k))
+
+    return documents
+
+
+def _reranker(config: RetrievalConfig) -> Reranker | None:
+    """The cross-encoder of `retrieval.reranker`, or None when it is unset."""
+    if config.reranker is None:
+        return None
+    from sieverag.inference.retrieval.rerank import CrossEncoderReranker
+
+    try:
+        return CrossEncoderReranker(config.reranker)
+    except ModelNotFoundError as error:
+        raise ConfigError(f"retrieval.reranker: {error} (give a local folder holding a "
+                          "sentence-transformers cross-encoder)") from None
+
+
+def build_context(config: RunConfig, *, removed: HygieneLog | None = None
+                  ) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for `config` (roles resolved by `resolve_roles`), and
-    the role backends (for usage)."""
-    roles = build_roles(config.models, with_filter=needs_trained_filter(config))
+    the role backends (for usage). Over an index, what evidence hygiene removes from each
+    search is added to `removed` (a run takes it per question)."""
     index = None
     documents = _capped_documents(config.max_documents)
     search = None
-    if config.retrieval is not None:
+    if config.retrieval is not None:  # before the models load: a bad index fails at once
         from sieverag.inference.retrieval.index import Index
 
-        index = Index.load(config.retrieval.index)
-        documents = _retrieved_documents(index, config.retrieval)
-        search = _index_search(index, config.retrieval)
+        index = Index.load(config.retrieval.index, search_config=config.retrieval.search)
+        search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)
+        documents = _retrieved_documents(search, config.retrieval.k)
+    roles = build_roles(config.models, with_filter=needs_trained_filter(config))
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,

@@ -14,6 +14,8 @@ from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
 from sieverag.inference.pipelines.router import RouterConfig
+from sieverag.inference.retrieval.config import SearchConfig
+from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.settings import load_settings, settings, settings_to_yaml
 
@@ -31,15 +33,27 @@ class GenerationConfig:
 
 @settings
 class RetrievalConfig:
-    """Retrieve each question's documents from an index instead of the dataset's own."""
+    """Retrieve each question's documents from an index instead of the dataset's own; every
+    search (the question's, and the later queries of iterative pipelines) is fused by
+    `search`, reranked by `reranker` when set, then filtered by `hygiene`, keeping k."""
 
     index: str = field(metadata={"help": "index folder built by `sieverag index build`"})
     mode: SearchMode = field(default="hybrid", metadata={"help": "bm25, dense, hybrid or rrf"})
     k: int = field(default=5, metadata={"help": "documents retrieved per query"})
+    hygiene: HygienePreset = field(default="off", metadata={
+        "help": "evidence filtering: off, loose or strict (drops non-informative chunks; each "
+                "record lists what it removed, in hygiene_removed)"})
+    search: SearchConfig = field(default_factory=SearchConfig, metadata={
+        "help": "how searches fuse (alpha: the dense weight of hybrid) and rerank"})
+    reranker: str | None = field(default=None, metadata={
+        "help": "local cross-encoder model folder to rerank the hits (default: none)"})
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ConfigError(f"retrieval.k must be >= 1, got {self.k}")
+        if self.reranker is not None and not self.reranker.strip():
+            raise ConfigError("retrieval.reranker must name a local cross-encoder model "
+                              "folder, or be left unset")
 
 
 @settings

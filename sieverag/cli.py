@@ -49,6 +49,9 @@ COMMANDS: dict[str, Command] = {
     "report": _command(_INFERENCE, "ReportCommand", "run_report",
                        "the papers' tables across runs: a row per pipeline, a column per "
                        "dataset"),
+    "export": _command(_INFERENCE, "ExportCommand", "run_export",
+                       "a run's records as RAGAS-style jsonl: question, contexts read, "
+                       "response, reference"),
     "judge-sweep": _command(_INFERENCE, "JudgeSweepCommand", "run_judge_sweep",
                             "MAIN-RAG's n·σ ablation: re-answer a run's questions at other "
                             "judge bars, from its stored scores"),

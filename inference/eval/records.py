@@ -128,16 +128,31 @@ Trace = Annotated[Annotated[AmberTrace, Tag("amber")] | Annotated[PipelineTrace,
                   Discriminator(_trace_kind)]
 
 
+class HygieneRemoval(JsonlRecord):
+    """A retrieved chunk evidence hygiene removed before any agent read it."""
+
+    id: str = Field(description="the chunk's id in the index")
+    reason: str = Field(description="the rule that removed it (inference/retrieval/hygiene.py)")
+
+
 class EvalRecord(JsonlRecord):
     """One example's result: a line of results/<pipeline>.jsonl."""
 
     id: str = Field(description="the example's id")
     question: str
     answers: list[str] = Field(description="the gold aliases")
+    reference: str | None = Field(
+        None, description="the dataset's reference answer (absent unless the example's "
+                          "metadata holds a `reference` string)")
     prediction: str = Field(description="the answer scored (extracted from the reply)")
     raw_prediction: str = Field(description="the generator's whole reply")
     metrics: AnswerMetrics
     documents_read: list[str] = Field(description="ids of the documents the generator read")
+    contexts: list[str] = Field(
+        default_factory=list,
+        description="the text of each document read, in `documents_read`'s order, as the "
+                    "generator's prompt shows it (`Document.as_context`: title line, then the "
+                    "text; amber: the key sentences kept); absent in records of older versions")
     documents_given: int = Field(description="documents the example came with")
     read_scores: ReadScores | None = Field(
         description="documents read against gold; None without gold marks or documents read")
@@ -151,6 +166,10 @@ class EvalRecord(JsonlRecord):
                        "was; inference/llm/context.py)")
     tokens_dropped: int = Field(0, description="prompt tokens those cuts removed, all agents "
                                                "(absent when none was cut)")
+    hygiene_removed: list[HygieneRemoval] | None = Field(
+        None, description="the chunks evidence hygiene (`retrieval.hygiene`) removed from the "
+                          "example's searches, in the order removed, each once; absent when "
+                          "hygiene is off or the run reads no index")
     filter: FilterRecord | None = Field(None, description="absent for pipelines without one")
     trace: Trace | None = Field(None, description="absent when the pipeline recorded none")
     trust: TrustMetrics | None = Field(None, description="absent unless trust.enabled")
@@ -178,7 +197,8 @@ def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
 def build_record(
     example: Example, output: PipelineOutput, usage: dict[str, Usage], seconds: float
 ) -> EvalRecord:
-    """The jsonl record: answer, metrics, documents read, filter scores, usage by agent."""
+    """The jsonl record: answer, metrics, documents read (ids and text), filter scores,
+    usage by agent."""
     gold_ids = [d.id for d in example.documents if d.is_gold]
     optional: dict[str, Any] = {}
     if output.filter_result is not None:
@@ -189,6 +209,8 @@ def build_record(
                     for s in output.filter_result.scored])
     if output.trace:
         optional["trace"] = output.trace
+    if isinstance(example.metadata.get("reference"), str):
+        optional["reference"] = example.metadata["reference"]
     truncated = sum(u.truncated_prompts for u in usage.values())
     if truncated:
         optional["truncated_prompts"] = truncated
@@ -198,6 +220,7 @@ def build_record(
         prediction=output.answer, raw_prediction=output.raw_answer,
         metrics=answer_metrics(example, output.answer),
         documents_read=[d.id for d in output.documents_read],
+        contexts=[d.as_context() for d in output.documents_read],
         documents_given=len(example.documents),
         read_scores=(filter_scores(read_passage_ids(example, output.documents_read), gold_ids)
                      if output.documents_read or output.filter_result else None),

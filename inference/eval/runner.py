@@ -26,7 +26,12 @@ from sieverag.inference.compose import (
 from sieverag.inference.config import RunConfig, load_run_config
 from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
+from sieverag.inference.eval.records import (
+    EvalRecord,
+    HygieneRemoval,
+    build_record,
+    trust_metrics,
+)
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -39,6 +44,7 @@ from sieverag.inference.io_utils import (
 from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
+from sieverag.inference.retrieval.hygiene import HygieneLog
 from sieverag.inference.types import Example
 
 
@@ -140,7 +146,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     import torch
 
     torch.manual_seed(config.seed)
-    context, roles = build_context(config)
+    hygiene = (HygieneLog() if config.retrieval is not None
+               and config.retrieval.hygiene != "off" else None)
+    context, roles = build_context(config, removed=hygiene)
     backends = roles.distinct()
     embed = None
     if config.trust.enabled:
@@ -163,6 +171,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
             record = build_record(
                 example, output, _merged_usage(backends, before), time.perf_counter() - start
             )
+            if hygiene is not None:
+                record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)
+                                          for chunk_id, reason in hygiene.take()]
             if config.trust.enabled:
                 record.trust = trust_metrics(example, output, embed,
                                              config.trust.support_threshold, llm_judge)

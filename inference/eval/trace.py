@@ -147,6 +147,9 @@ def render_record(record: EvalRecord) -> str:
     if record.route is not None:
         lines.append(f"Router: {'retrieve' if record.route.retrieve else 'answer directly'} "
                      f"({record.route.reason})")
+    if record.hygiene_removed:
+        lines += _wrap("Evidence hygiene removed: ", "; ".join(
+            f"{removal.id} ({removal.reason})" for removal in record.hygiene_removed), indent=0)
     if isinstance(record.trace, AmberTrace):
         lines.append(render_loop(record.trace))
     else:

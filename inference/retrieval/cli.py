@@ -26,7 +26,7 @@ from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat, load_squad
 from sieverag.inference.retrieval.dense import DenseConfig
 from sieverag.inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset
-from sieverag.inference.retrieval.hygiene import HygienePreset, apply_hygiene
+from sieverag.inference.retrieval.hygiene import HygienePreset, search_with_hygiene
 from sieverag.inference.retrieval.index import (
     SEARCH_MODES,
     Index,
@@ -190,13 +190,11 @@ def run_index_search(command: IndexSearchCommand) -> int:
     index = Index.load(command.index_dir, search_config=command.search,
                        use_cache=command.cache)
     reranker = CrossEncoderReranker(command.reranker) if command.reranker else None
-    fetch = command.k if command.hygiene == "off" else command.k * 3
-    hits = index.search(command.query, fetch, command.mode, reranker)
-    report = apply_hygiene(hits, command.hygiene)
-    kept = report.kept[: command.k]
-    if not kept:
+    report = search_with_hygiene(index, command.query, command.k, command.mode,
+                                 command.hygiene, reranker)
+    if not report.kept:
         print(f"no results for {command.query!r} (mode {command.mode})")
-    for rank, hit in enumerate(kept, start=1):
+    for rank, hit in enumerate(report.kept, start=1):
         _print_hit(rank, hit.document.id, hit.score, hit.document.title, hit.text)
     if report.removed:
         print(f"\nevidence hygiene ({command.hygiene}) removed {len(report.removed)}:")

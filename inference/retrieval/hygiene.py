@@ -14,6 +14,10 @@ for reports to show. Rules, checked in this order (the first that fires is the r
 * `reference list` — starts with "References"/"Bibliography"/"Works Cited", or at least
   `reference_share` of its lines (sentences, for one-line text) look like citations
   (a year in brackets, "et al.", a DOI or a URL).
+
+`search_with_hygiene` is the one search every command filters through (`index search`, and
+`eval`'s retrieval): it fetches more than k hits, walks down the ranking skipping what the
+preset removes, and stops at k kept. `HygieneLog` gathers a run's removals per question.
 """
 
 from __future__ import annotations
@@ -21,13 +25,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, Protocol, TypeVar, get_args
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar, get_args
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import split_sentences
+
+if TYPE_CHECKING:
+    from sieverag.inference.retrieval.index import Index, SearchMode
 
 HygienePreset = Literal["off", "loose", "strict"]
 HYGIENE_PRESETS: tuple[str, ...] = get_args(HygienePreset)
+# With hygiene on, a search fetches this many times k hits, so k usually survive it.
+HYGIENE_FETCH_FACTOR = 3
 
 _CAPTION = re.compile(r"^\s*(?:figure|fig\.|table|image|photo|chart|graph|diagram|exhibit)"
                       r"\s*\d+(?:[.\-–]\d+)*\b", re.IGNORECASE)
@@ -150,3 +161,40 @@ def apply_hygiene(items: Sequence[T], preset: HygienePreset = "off") -> HygieneR
         else:
             removed.append(Removed(item, reason))
     return HygieneReport(kept, removed)
+
+
+def search_with_hygiene(index: Index, query: str, k: int, mode: SearchMode,
+                        preset: HygienePreset = "off", reranker: Reranker | None = None
+                        ) -> HygieneReport[RetrievedDocument]:
+    """The top-k hits for `query` that `preset` keeps, best first (reranked when `reranker`
+    is given), and the hits it removed on the way down to the k-th kept one (all of them
+    when fewer than k were kept). With hygiene on, `HYGIENE_FETCH_FACTOR`·k hits are fetched."""
+    fetch = k if preset == "off" else k * HYGIENE_FETCH_FACTOR
+    kept: list[RetrievedDocument] = []
+    removed: list[Removed[RetrievedDocument]] = []
+    for hit in index.search(query, fetch, mode, reranker):
+        if len(kept) == k:
+            break
+        reason = removal_reason(hit.text, preset)
+        if reason is None:
+            kept.append(hit)
+        else:
+            removed.append(Removed(hit, reason))
+    return HygieneReport(kept, removed)
+
+
+class HygieneLog:
+    """The chunks hygiene removed from searches since the last `take` (a run takes them after
+    each question), each chunk once with the reason it was first removed for."""
+
+    def __init__(self) -> None:
+        self._removed: dict[str, str] = {}
+
+    def add(self, removed: Sequence[Removed[RetrievedDocument]]) -> None:
+        for entry in removed:
+            self._removed.setdefault(entry.item.document.id, entry.reason)
+
+    def take(self) -> list[tuple[str, str]]:
+        """(chunk id, reason) of each removal since the last call, in the order removed."""
+        taken, self._removed = list(self._removed.items()), {}
+        return taken
