@@ -98,6 +98,35 @@ def test_a_sequence_left_alone_in_its_batch_computes_what_it_computes_alone(
     assert engine.stats.cancelled == 1
 
 
+def test_a_forward_pass_nobody_wants_stops_at_its_next_decoder_layer(
+    engine: BatchingEngine
+) -> None:
+    """Cancelled while its third pass (prefill, decode, decode) is in its first decoder
+    layer, a lone sequence's pass computes no further layer, and the sequence leaves."""
+    from sieverag.serving.engine import _decoder_layers
+
+    layers = _decoder_layers(engine.served.model)
+    assert len(layers) >= 2
+    calls: list[str] = []
+    futures: list[Future[SequenceResult]] = []
+
+    def cancel_on_third_pass(module: Any, args: Any) -> None:
+        calls.append("first layer")
+        if calls.count("first layer") == 3:
+            engine.cancel(futures)
+
+    hooks = [layers[0].register_forward_pre_hook(cancel_on_third_pass),
+             layers[-1].register_forward_pre_hook(lambda m, a: calls.append("last layer"))]
+    try:
+        futures.append(engine.submit(prompt(engine, "Tell me a story:", LONG)))
+        wait_for(lambda: engine.in_flight == 0, "the cancelled sequence to leave")
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == ["first layer", "last layer"] * 2 + ["first layer"]
+    assert futures[0].cancelled() and engine.stats.cancelled == 1
+
+
 # ----- clients that disconnect -----
 
 @pytest.fixture(scope="module")
