@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig
+from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, eval_judge_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
@@ -51,6 +51,17 @@ class Roles:
             if backend is not None and all(backend is not b for b in backends):
                 backends.append(backend)
         return backends
+
+
+def eval_judge(config: RunConfig, roles: Roles) -> LLMBackend:
+    """The trust metrics' LLM judge (`config.eval_judge_spec`): the backend of a role with the
+    same spec (one loaded model), else one of its own."""
+    spec = eval_judge_spec(config)
+    if spec == config.models.generator:
+        return roles.generator
+    if spec == config.models.judge_spec:
+        return roles.judge
+    return build_backend(spec)
 
 
 def needs_trained_filter(config: RunConfig) -> bool:

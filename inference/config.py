@@ -7,6 +7,12 @@ from pathlib import Path
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.trust import (
+    NOISE_THRESHOLD,
+    SUPPORT_THRESHOLD,
+    QualityWeights,
+    TAASWeights,
+)
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
@@ -62,11 +68,27 @@ class TrustConfig:
 
     enabled: bool = field(default=True, metadata={"help": "compute trust metrics"})
     embedding_model: str = field(default="all-minilm-l6-v2",
-                                 metadata={"help": "sentence encoder for support and quality"})
-    support_threshold: float = field(default=0.5,
-                                     metadata={"help": "cosine that counts as support"})
+                                 metadata={"help": "sentence encoder of the trust metrics"})
+    support_threshold: float = field(default=SUPPORT_THRESHOLD, metadata={
+        "help": "cosine at which a context sentence supports an answer sentence"})
+    noise_threshold: float = field(default=NOISE_THRESHOLD, metadata={
+        "help": "cosine to the question under which a context sentence is noise"})
+    quality: QualityWeights = field(default_factory=QualityWeights,
+                                    metadata={"help": "AQS weights"})
+    taas: TAASWeights = field(default_factory=TAASWeights, metadata={
+        "help": "TAAS weights when the answer retrieved"})
     llm_judge: bool = field(default=False,
-                            metadata={"help": "also grade answers 1-5 with the generator model"})
+                            metadata={"help": "also grade answers 1-5 with an LLM judge"})
+    judge_model: BackendSpec | None = field(default=None, metadata={
+        "help": "the LLM judge's model, in-process or served (unset: the models.judge role's, "
+                "which is the generator's unless set: the generator then grades itself, and "
+                "the summary says so)"})
+
+    def __post_init__(self) -> None:
+        for name in ("support_threshold", "noise_threshold"):
+            value = getattr(self, name)
+            if not -1.0 <= value <= 1.0:
+                raise ConfigError(f"trust.{name} is a cosine in [-1, 1], got {value}")
 
 
 @settings
@@ -88,6 +110,12 @@ class ModelRoles:
     @property
     def judge_spec(self) -> BackendSpec:
         return self.judge or self.generator
+
+
+def eval_judge_spec(config: RunConfig) -> BackendSpec:
+    """The LLM judge's model of the trust metrics: `trust.judge_model`, else the MAIN-RAG
+    judge role's (itself the generator's unless `models.judge` is set)."""
+    return config.trust.judge_model or config.models.judge_spec
 
 
 @settings

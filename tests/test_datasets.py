@@ -441,3 +441,20 @@ def test_real_shared_files_first_rows(name: str, fmt: str) -> None:
             assert example.documents
         if fmt == "arc":
             assert example.choices and example.answer_key in example.choices
+
+
+def test_evaluation_annotations_are_kept_in_any_format(tmp_path: Path) -> None:
+    """`reference`, `keywords` and `kind` (the trust metrics' reference answer, key terms and
+    the report's question kinds) reach the example's metadata; a wrong type names the line."""
+    path = tmp_path / "nutrition.jsonl"
+    row = {"id": "n1", "question": "Which vitamin prevents scurvy?", "answers": ["vitamin C"],
+           "reference": "Vitamin C prevents scurvy.", "keywords": ["vitamin c", "scurvy"],
+           "kind": "factual"}
+    path.write_text(json.dumps(row) + "\n")
+    (example,) = load_examples(path)
+    assert example.metadata["reference"] == "Vitamin C prevents scurvy."
+    assert example.metadata["keywords"] == ("vitamin c", "scurvy")
+    assert example.metadata["kind"] == "factual"
+    path.write_text(json.dumps({**row, "keywords": "vitamin c"}) + "\n")
+    with pytest.raises(DatasetError, match=r"line 1.*keywords"):
+        load_examples(path)

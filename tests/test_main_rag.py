@@ -12,6 +12,7 @@ from fake_backend import ScriptedBackend
 
 from sieverag.cli import main
 from sieverag.inference import compose
+from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.records import trust_metrics
 from sieverag.inference.filters.judge import JudgeConfig
@@ -70,7 +71,7 @@ def test_the_llm_judge_of_the_trust_metrics_reads_the_options_too():
     backend = scripted()
     context = PipelineContext(generator=backend, judge_backend=backend)
     output = build_pipeline("main-rag", context).run(ARC)
-    trust_metrics(ARC, output, None, 0.5, backend)
+    trust_metrics(ARC, output, None, TrustConfig(), backend)
     (graded,) = prompts_of(backend, "eval_judge")
     assert all(option in graded for option in OPTIONS.values())
 

@@ -12,6 +12,7 @@ from fake_backend import ScriptedBackend
 from pydantic import ValidationError
 from test_amber import EXAMPLE, Agents
 
+from sieverag.inference.config import TrustConfig
 from sieverag.inference.errors import DatasetError
 from sieverag.inference.eval.records import EvalRecord, PipelineTrace, build_record, trust_metrics
 from sieverag.inference.eval.trace import find_record, render_loop
@@ -38,7 +39,7 @@ def records(pipeline: str, *, retrieve: bool = True) -> list[EvalRecord]:
                               router=router, routed_pipeline="amber-stack")
     output = build_pipeline(pipeline, context).run(EXAMPLE)
     record = build_record(EXAMPLE, output, {"generator": Usage(1, 30, 4)}, 0.123456)
-    record.trust = trust_metrics(EXAMPLE, output, None, 0.5, backend)
+    record.trust = trust_metrics(EXAMPLE, output, None, TrustConfig(), backend)
     return [record]
 
 
@@ -59,7 +60,7 @@ def test_a_record_is_read_back_unchanged(tmp_path: Path, pipeline: str, retrieve
     assert line == written and json.dumps(read.to_json()) == json.dumps(line)
     assert ("filter" in line) == (pipeline != "auto" or retrieve)
     assert set(line["trust"]) >= {"faithfulness", "llm_judge"}
-    assert "answer_quality" not in line["trust"]  # no embedding model: left out, not null
+    assert line["trust"]["answer_quality"] is None  # no embedding model: null, not a guess
     assert line["trust"]["llm_judge"]["overall"] == 4
     if pipeline == "amber-stack":
         scored = line["trace"]["rounds"][0]["scored"][0]

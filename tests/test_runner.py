@@ -242,3 +242,46 @@ def test_a_preset_supplies_defaults_that_flags_override():
     assert command.mcf.sentence_stage and command.amber.answer_from == "memory"
     assert command.amber.collector.query_source == "write" and command.amber.amu
     assert {"amber-mcf", "amber-no-amu", "amber-no-aic", "amber-none"} <= set(command.pipelines)
+
+
+def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
+    """Annotated questions (reference, keywords, kind): grounding is null without retrieval,
+    TAAS is AQS there; the summary has the per-kind table and every judge criterion, and says
+    the generator graded itself."""
+    dataset = tmp_path / "annotated.jsonl"
+    rows = [{"id": f"q{i}", "question": f"Which vitamin prevents disease {i}?",
+             "answers": ["vitamin C"], "reference": "Vitamin C prevents it.",
+             "keywords": ["vitamin c"], "kind": kind,
+             "ctxs": [{"text": "Vitamin C prevents scurvy. Sailors ate limes.", "title": "C"}]}
+            for i, kind in enumerate(("factual", "factual", "conceptual"))]
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    config = tiny_config(dataset, tiny_model_dir, pipelines=("direct", "vanilla"), limit=None)
+    config = replace(config, trust=replace(config.trust, llm_judge=True))
+    summaries = runner.run_evaluation(config, out, progress=False)
+    direct = [json.loads(line) for line in (out / "results" / "direct.jsonl").open()]
+    vanilla = [json.loads(line) for line in (out / "results" / "vanilla.jsonl").open()]
+    assert [r["kind"] for r in direct] == ["factual", "factual", "conceptual"]
+    assert direct[0]["reference"] == "Vitamin C prevents it."
+    for record in direct:
+        trust = record["trust"]
+        assert trust["retrieved"] is False and trust["taas"] == trust["answer_quality"]
+        assert trust["faithfulness"] is None and trust["hallucination_rate"] is None
+        assert trust["llm_judge"]["evidence_grounding"] is None
+    for record in vanilla:
+        assert record["trust"]["retrieved"] is True
+        assert 0.0 <= record["trust"]["faithfulness"] <= 1.0
+        assert record["contexts"] == ["C\nVitamin C prevents scurvy. Sailors ate limes."]
+    assert summaries["direct"]["faithfulness"] is None
+    assert summaries["direct"]["trust_counts"]["faithfulness"] == 0
+    assert summaries["vanilla"]["trust_counts"]["faithfulness"] == 3
+    assert summaries["direct"]["retrieval_usage_rate"] == 0.0
+    assert set(summaries["vanilla"]["by_kind"]) == {"factual", "conceptual"}
+    # the random tiny model writes no verdict: every reply counted invalid, none guessed
+    assert summaries["vanilla"]["llm_judge_invalid"] == 3
+    assert summaries["vanilla"]["llm_judge_overall"] is None
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["llm_judge"] == {"model": str(tiny_model_dir), "self_graded": True}
+    report = (out / "report.md").read_text()
+    assert "## By question kind" in report and "### conceptual" in report
+    assert "direct: 0 of 3; vanilla: 3 of 3" in report

@@ -7,24 +7,31 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from sieverag.inference.config import TrustConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.trust import (
     JUDGE_CRITERIA,
     JUDGE_PROMPT,
+    JUDGE_PROMPT_NO_CONTEXT,
+    JudgeItem,
     QualityWeights,
-    TrustWeights,
+    SupportMatrix,
+    TAASWeights,
     answer_quality,
     content_tokens,
+    context_precision,
     context_precision_gold,
-    context_precision_used,
+    evidence_noise,
     faithfulness,
     hallucination_rate,
-    judge_answer,
+    judge_answers,
     keyword_coverage,
+    lexical_context_use,
+    lexical_faithfulness,
     parse_judge_reply,
     sentence_support_rate,
+    taas,
     trust_report,
-    trust_score,
 )
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.prompt_templates import load_template
@@ -35,14 +42,20 @@ DOCS = [
     Document(id="d2", text="Berlin is the capital of Germany.", is_gold=False),
     Document(id="d3", text="Bananas are yellow.", is_gold=False),
 ]
+ANSWER = "Paris is the capital. It has the Louvre."
+QUESTION = "Capital of France?"
 
 # Fixed vectors so cosines are known: cos(x, y) = dot of unit vectors.
 VECTORS = {
     "Paris is the capital.": [1.0, 0.0, 0.0],
     "It has the Louvre.": [0.0, 1.0, 0.0],
-    "Paris is the capital of France.": [0.8, 0.6, 0.0],   # cos 0.8 with sentence 1
+    "Paris is the capital of France.": [0.8, 0.6, 0.0],   # cos 0.8 / 0.6 with the two above
     "Berlin is the capital of Germany.": [0.0, 0.0, 1.0],
     "Bananas are yellow.": [0.0, 0.3, 0.954],           # cos 0.3 with sentence 2
+    QUESTION: [1.0, 0.0, 0.0],                          # cos 0.8 / 0 / 0 with the documents
+    "Paris": [1.0, 0.0, 0.0],
+    "Paris, France": [0.6, 0.8, 0.0],                   # cos 0.6 with "Paris"
+    ANSWER: [0.0, 0.6, 0.8],                            # cos 0.48 with "Paris, France"
 }
 
 
@@ -50,85 +63,120 @@ def fake_embed(texts: Sequence[str]) -> np.ndarray:
     return np.array([VECTORS[t] for t in texts], dtype=np.float32)
 
 
+def support() -> SupportMatrix:
+    return SupportMatrix.of(ANSWER, DOCS, fake_embed)
+
+
 def test_content_tokens_drop_stop_words() -> None:
     assert content_tokens("The capital of France is Paris!") == {"capital", "france", "paris"}
 
 
-def test_faithfulness_and_hallucination_rate() -> None:
+def test_faithfulness_is_the_mean_best_cosine_of_the_answer_sentences() -> None:
+    # sentence 1's best context sentence: 0.8 (d1); sentence 2's: 0.6 (d1) → mean 0.7
+    assert faithfulness(support()) == pytest.approx(0.7)
+    assert faithfulness(SupportMatrix.of(ANSWER, [], fake_embed)) is None
+    assert faithfulness(SupportMatrix.of("", DOCS, fake_embed)) is None
+
+
+def test_support_and_hallucination_share_one_threshold() -> None:
+    assert sentence_support_rate(support(), 0.5) == 1.0  # 0.8 and 0.6 both ≥ 0.5
+    assert hallucination_rate(support(), 0.5) == 0.0
+    assert sentence_support_rate(support(), 0.7) == 0.5  # only 0.8 ≥ 0.7
+    assert hallucination_rate(support(), 0.7) == 0.5     # "It has the Louvre." unsupported
+    assert hallucination_rate(SupportMatrix.of(ANSWER, [], fake_embed)) is None
+
+
+def test_context_precision_is_the_share_of_context_used() -> None:
+    # context sentences supporting some answer sentence: d1 (0.8); d2 (0), d3 (0.3) unused
+    assert context_precision(support(), 0.5) == pytest.approx(1 / 3)
+    assert context_precision(support(), 0.9) == 0.0
+    assert context_precision(SupportMatrix.of(ANSWER, [], fake_embed)) is None
+
+
+def test_evidence_noise_is_the_share_of_context_off_the_question() -> None:
+    # cosine to the question: d1 0.8, d2 0, d3 0 → two of three below 0.3
+    assert evidence_noise(QUESTION, DOCS, fake_embed, 0.3) == pytest.approx(2 / 3)
+    assert evidence_noise(QUESTION, DOCS[:1], fake_embed, 0.3) == 0.0
+    assert evidence_noise(QUESTION, [], fake_embed) is None
+
+
+def test_lexical_proxies_say_what_they_compute() -> None:
     # answer content tokens: paris, capital, big → 2 of 3 found in the documents
-    assert faithfulness("Paris is the big capital", DOCS) == pytest.approx(2 / 3)
-    assert hallucination_rate("Paris is the big capital", DOCS) == pytest.approx(1 / 3)
-    assert faithfulness("Paris", ["Paris, France"]) == 1.0  # plain strings work too
-    assert faithfulness("It is what it is.", DOCS) is None  # only stop words / nothing to check
-    assert hallucination_rate("", DOCS) is None
-    assert faithfulness("Paris", []) == 0.0
+    assert lexical_faithfulness("Paris is the big capital", DOCS) == pytest.approx(2 / 3)
+    assert lexical_faithfulness("Paris", []) is None
+    assert lexical_context_use("Paris capital", DOCS) == pytest.approx(2 / 3)
+    assert lexical_context_use("Paris", []) is None
 
 
-def test_context_precision_variants() -> None:
-    # "Paris capital" shares tokens with d1 and d2 (capital), not d3 → 2/3 used
-    assert context_precision_used("Paris capital", DOCS) == pytest.approx(2 / 3)
-    assert context_precision_used("Paris", []) is None
+def test_context_precision_gold() -> None:
     assert context_precision_gold(DOCS) == pytest.approx(1 / 3)
     assert context_precision_gold([Document(id="x", text="t")]) is None
     assert context_precision_gold([]) is None
 
 
-def test_sentence_support_rate_threshold() -> None:
-    answer = "Paris is the capital. It has the Louvre."
-    # sentence 1: best cos 0.8 (d1); sentence 2: best cos 0.6 (d1) → both pass 0.5
-    assert sentence_support_rate(answer, DOCS, fake_embed) == 1.0
-    # at 0.7 only sentence 1 passes
-    assert sentence_support_rate(answer, DOCS, fake_embed, threshold=0.7) == 0.5
-    # without d1, sentence 2's best is 0.3 (d3), sentence 1's is 0.0
-    assert sentence_support_rate(answer, DOCS[1:], fake_embed) == 0.0
-    assert sentence_support_rate(answer, [], fake_embed) == 0.0
-    assert sentence_support_rate("", DOCS, fake_embed) is None
-    presplit = Document(id="s", text="ignored", sentences=("Paris is the capital of France.",))
-    assert sentence_support_rate("Paris is the capital.", [presplit], fake_embed) == 1.0
-
-
-def test_trust_score_weights_and_missing_parts() -> None:
-    assert trust_score(1.0, 0.5, 0.0) == pytest.approx(0.4 * 1 + 0.3 * 0.5 + 0.3 * 0)
-    # missing sentence support → renormalise over faithfulness and precision
-    assert trust_score(1.0, None, 0.5) == pytest.approx((0.4 + 0.3 * 0.5) / 0.7)
-    assert trust_score(None, None, None) is None
-    assert trust_score(0.5, 1.0, 1.0, TrustWeights(1, 0, 0)) == 0.5
-    with pytest.raises(ConfigError):
-        TrustWeights(-1, 0, 0)
-
-
-def test_trust_report_collects_everything() -> None:
-    report = trust_report("Paris is the capital. It has the Louvre.", DOCS, fake_embed)
-    # content tokens: paris, capital, louvre → 2/3 faithful; d1, d2 used
-    assert report.faithfulness == pytest.approx(2 / 3)
-    assert report.hallucination_rate == pytest.approx(1 / 3)
-    assert report.context_precision_used == pytest.approx(2 / 3)
-    assert report.context_precision_gold == pytest.approx(1 / 3)
-    assert report.sentence_support_rate == 1.0
-    expected = 0.4 * (2 / 3) + 0.3 * 1.0 + 0.3 * (2 / 3)
-    assert report.trust_score == pytest.approx(expected)
-    assert trust_report("Paris", DOCS).sentence_support_rate is None
-    assert set(report.to_dict()) >= {"faithfulness", "trust_score"}
+def test_keyword_coverage_matches_whole_words_and_phrases() -> None:
+    assert keyword_coverage("Paris", ["Paris", "France"]) == 0.5
+    assert keyword_coverage("Paris is the capital of France.", ["capital of france"]) == 1.0
+    assert keyword_coverage("It is Vitamin C.", ["vitamin c"]) == 1.0
+    assert keyword_coverage("vitamin cc", ["vitamin c"]) == 0.0
+    assert keyword_coverage("Paris", []) is None
 
 
 def test_answer_quality_combines_similarity_and_keywords() -> None:
-    vectors = {"Paris": [1.0, 0.0], "Paris, France": [0.6, 0.8], "Lyon": [0.0, 1.0],
-               "France": [0.0, 1.0]}
+    # cos 0.6; the reference's content tokens paris, france: coverage 0.5 → 0.36 + 0.2
+    assert answer_quality("Paris", "Paris, France", fake_embed) == pytest.approx(0.56)
+    # the question's own keywords replace the reference's tokens: coverage 1 → 0.36 + 0.4
+    assert answer_quality("Paris", "Paris, France", fake_embed, ["paris"]) == \
+        pytest.approx(0.76)
+    assert answer_quality("Paris", ["Paris, France", "Paris"], fake_embed) == \
+        pytest.approx(1.0)  # the best alias counts
+    assert answer_quality("", "Paris", fake_embed) == 0.0
+    assert answer_quality("Paris", [], fake_embed) is None
+    assert answer_quality("Paris", "Paris, France", fake_embed,
+                          weights=QualityWeights(similarity=1, keywords=0)) == pytest.approx(0.6)
 
-    def embed(texts: Sequence[str]) -> np.ndarray:
-        return np.array([vectors[t] for t in texts])
 
-    assert keyword_coverage("Paris", "Paris, France") == 0.5
-    # cos 0.6, coverage 0.5 → 0.6·0.6 + 0.4·0.5 = 0.56
-    assert answer_quality("Paris", "Paris, France", embed) == pytest.approx(0.56)
-    # best alias counts: "Paris" vs "Paris" → 1.0
-    assert answer_quality("Paris", ["Lyon", "Paris"], embed) == pytest.approx(1.0)
-    # orthogonal vectors, no shared keyword → 0
-    assert answer_quality("Paris", "France", embed) == 0.0
-    assert answer_quality("", "Paris", embed) == 0.0
-    assert answer_quality("Paris", [], embed) is None
-    assert answer_quality("Paris", "Paris, France", embed, QualityWeights(1, 0)) == \
+def test_taas_switches_on_retrieval() -> None:
+    # r(q) = 0: AQS alone, grounding not applicable
+    assert taas(0.6, retrieved=False, faithful=0.1, hallucination=0.9) == 0.6
+    # r(q) = 1: 0.5·0.6 + 0.25·0.7 + 0.25·(1 − 0) = 0.725
+    assert taas(0.6, True, 0.7, 0.0) == pytest.approx(0.725)
+    # a term undefined (no answer sentence) is left out, the weights renormalised
+    assert taas(0.6, True, 0.7, None) == pytest.approx((0.3 + 0.175) / 0.75)
+    assert taas(None, True, 0.7, 0.0) is None
+    assert taas(0.6, True, 0.7, 0.0, TAASWeights(quality=1, faithfulness=0, grounding=0)) == \
         pytest.approx(0.6)
+    with pytest.raises(ConfigError, match="trust.taas weights"):
+        TAASWeights(quality=-1)
+    with pytest.raises(ConfigError, match="trust.quality weights"):
+        QualityWeights(similarity=0, keywords=0)
+
+
+def test_trust_report_with_and_without_retrieval() -> None:
+    report = trust_report(QUESTION, ANSWER, DOCS, ["Paris, France"], fake_embed,
+                          keywords=["paris", "louvre"])
+    assert report.retrieved is True
+    # AQS: 0.6·0.48 + 0.4·(paris and louvre both said: 1.0) = 0.688
+    assert report.answer_quality == pytest.approx(0.688)
+    assert report.faithfulness == pytest.approx(0.7)
+    assert report.sentence_support_rate == 1.0 and report.hallucination_rate == 0.0
+    assert report.context_precision == pytest.approx(1 / 3)
+    assert report.evidence_noise == pytest.approx(2 / 3)
+    assert report.taas == pytest.approx(0.5 * 0.688 + 0.25 * 0.7 + 0.25 * 1.0)
+    alone = trust_report(QUESTION, "Paris", [], ["Paris, France"], fake_embed)
+    assert alone.retrieved is False and alone.answer_quality == pytest.approx(0.56)
+    assert alone.taas == alone.answer_quality
+    assert (alone.faithfulness, alone.hallucination_rate, alone.sentence_support_rate,
+            alone.context_precision, alone.evidence_noise, alone.lexical_faithfulness,
+            alone.lexical_context_use) == (None,) * 7
+    no_encoder = trust_report(QUESTION, ANSWER, DOCS, ["Paris"], None)
+    assert no_encoder.answer_quality is None and no_encoder.faithfulness is None
+    assert no_encoder.lexical_faithfulness is not None
+
+
+def test_trust_config_checks_its_thresholds() -> None:
+    with pytest.raises(ConfigError, match="trust.noise_threshold"):
+        TrustConfig(noise_threshold=2.0)
 
 
 # --- LLM judge ------------------------------------------------------------------------------
@@ -160,14 +208,15 @@ VALID = ('{"correctness": 5, "relevance": 4, "completeness": 3, "evidence_ground
          '"hallucination_risk": 4, "overall": 4}')
 
 
-def test_judge_answer_builds_prompt_and_parses_scores() -> None:
+def test_judge_builds_prompt_and_parses_scores() -> None:
     backend = FakeBackend(f"Here you go:\n```json\n{VALID}\n```")
-    verdict = judge_answer(backend, "Capital of France?", "Paris", "Paris", DOCS[:1])
+    (verdict,) = judge_answers(backend, [JudgeItem("Capital of France?", "Paris", "Paris",
+                                                   DOCS[:1])])
     assert verdict.ok and verdict.scores() == {
         "correctness": 5, "relevance": 4, "completeness": 3, "evidence_grounding": 5,
         "hallucination_risk": 4, "overall": 4}
     system, user = backend.prompts[0]
-    assert system["role"] == "system" and "hallucination_risk" in system["content"]
+    assert system["role"] == "system" and "hallucination_risk (1 = best)" in system["content"]
     assert "Capital of France?" in user["content"] and "[1] Paris is the capital" in \
         user["content"]
     assert '{"correctness": _' in user["content"]  # escaped braces rendered literally
@@ -186,7 +235,7 @@ def test_judge_answer_builds_prompt_and_parses_scores() -> None:
     ("[1, 2]", "no JSON object"),
 ])
 def test_judge_invalid_replies_give_none_scores(reply: str, reason: str) -> None:
-    verdict = judge_answer(FakeBackend(reply), "q", "a", "r", [])
+    (verdict,) = judge_answers(FakeBackend(reply), [JudgeItem("q", "a", "r", DOCS[:1])])
     assert not verdict.ok and reason in (verdict.error or "")
     assert all(verdict.scores()[name] is None for name in JUDGE_CRITERIA)
     assert verdict.raw == reply
@@ -197,3 +246,19 @@ def test_parse_ignores_extra_keys_and_prompt_file_is_valid() -> None:
     template = load_template(JUDGE_PROMPT)
     assert template.name == "llm_judge_eval"
     assert template.inputs == ("question", "answer", "reference", "documents")
+
+
+def test_judge_without_retrieval_asks_no_grounding() -> None:
+    reply = ('{"correctness": 2, "relevance": 4, "completeness": 3, "hallucination_risk": 1, '
+             '"overall": 3}')
+    backend = FakeBackend(reply)
+    (verdict,) = judge_answers(backend, [JudgeItem("Capital of France?", "Lyon", "Paris")])
+    assert verdict.ok and verdict.evidence_grounding is None and verdict.hallucination_risk == 1
+    system, user = backend.prompts[0]
+    assert "evidence_grounding" not in system["content"] + user["content"]
+    assert "Documents" not in user["content"]
+    # a grounding score given anyway is ignored; one missing with retrieval is an error
+    assert parse_judge_reply(VALID, retrieved=False).evidence_grounding is None
+    assert "missing score(s): evidence_grounding" in parse_judge_reply(reply).error
+    template = load_template(JUDGE_PROMPT_NO_CONTEXT)
+    assert template.inputs == ("question", "answer", "reference")

@@ -109,7 +109,7 @@ def _parse_hotpotqa(record: Record, source: RecordSource) -> Example:
         question=question_text(record, source),
         answers=answer_aliases(record.get("answers"), source, "answers"),
         documents=tuple(documents),
-        metadata=example_metadata("hotpotqa", record, ("type", "level")),
+        metadata=example_metadata("hotpotqa", record, ("type", "level"), source),
     )
 
 
@@ -174,7 +174,8 @@ def _parse_popqa(record: Record, source: RecordSource) -> Example:
         answers=answer_aliases(literal_list(record.get(field), source, field), source, field),
         documents=tuple(documents),
         metadata=example_metadata("popqa", record,
-                                  ("prop", "pop", "s_pop", "s_wiki_title", "question_id")),
+                                  ("prop", "pop", "s_pop", "s_wiki_title", "question_id"),
+                                  source),
     )
 
 
@@ -220,7 +221,7 @@ def _parse_arc(record: Record, source: RecordSource) -> Example:
         answers=answer_aliases([options[key], key], source, "answerKey"),
         choices=options,
         answer_key=key,
-        metadata=example_metadata("arc", record, ()),
+        metadata=example_metadata("arc", record, (), source),
     )
 
 
@@ -271,7 +272,7 @@ def _parse_ctxs_record(name: str, record: Record, source: RecordSource) -> Examp
         question=question_text(record, source),
         answers=answer_aliases(record.get(field), source, field),
         documents=tuple(documents),
-        metadata=example_metadata(name, record, ()),
+        metadata=example_metadata(name, record, (), source),
     )
 
 

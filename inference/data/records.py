@@ -203,9 +203,18 @@ def optional_strings(value: Any, source: RecordSource, where: str) -> tuple[str,
     return tuple(value)
 
 
-def example_metadata(name: str, record: Record, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The dataset's name plus the record fields worth keeping for reports."""
-    return {"dataset": name, **{key: record[key] for key in keys if key in record}}
+def example_metadata(name: str, record: Record, keys: tuple[str, ...],
+                     source: RecordSource) -> dict[str, Any]:
+    """The dataset's name, the record fields worth keeping for reports, and its evaluation
+    annotations where present: `reference` and `kind` strings, `keywords` an array of
+    strings (another type is an error naming the record)."""
+    metadata = {"dataset": name, **{key: record[key] for key in keys if key in record}}
+    for key in ("reference", "kind"):
+        if value := optional_str(record, key, source, "the record").strip():
+            metadata[key] = value
+    if keywords := optional_strings(record.get("keywords"), source, "the record's 'keywords'"):
+        metadata["keywords"] = keywords
+    return metadata
 
 
 def question_only_example(name: str, record: Record, source: RecordSource, answers_field: str,
@@ -216,5 +225,5 @@ def question_only_example(name: str, record: Record, source: RecordSource, answe
         id=record_id(record, source),
         question=question_text(record, source),
         answers=answer_aliases(record.get(answers_field), source, answers_field),
-        metadata=example_metadata(name, record, metadata_keys),
+        metadata=example_metadata(name, record, metadata_keys, source),
     )

@@ -89,7 +89,7 @@ def _titled_sentences_example(name: str, record: Record, source: RecordSource,
         question=question_text(record, source),
         answers=answer_aliases(record.get("answer"), source, "answer"),
         documents=tuple(documents),
-        metadata=example_metadata(name, record, kept),
+        metadata=example_metadata(name, record, kept, source),
     )
 
 
@@ -125,7 +125,7 @@ def _parse_triviaqa_original(record: Record, source: RecordSource) -> Example:
         question=question_text(record, source),
         answers=answer_aliases(values, source, "answer"),
         documents=tuple(documents),
-        metadata=example_metadata("triviaqa", record, ("question_source",)),
+        metadata=example_metadata("triviaqa", record, ("question_source",), source),
     )
 
 
@@ -157,7 +157,7 @@ def _parse_squad_flat(record: Record, source: RecordSource) -> Example:
         question=question_text(record, source),
         answers=answer_aliases(squad_answer_texts(record.get("answers")), source, "answers"),
         documents=documents,
-        metadata=example_metadata("squad", record, ()),
+        metadata=example_metadata("squad", record, (), source),
     )
 
 
@@ -198,6 +198,6 @@ def _parse_asqa(record: Record, source: RecordSource) -> Example:
         question=question_text(record, source, "ambiguous_question"),
         answers=answer_aliases(answers, source, "qa_pairs[].short_answers"),
         documents=tuple(documents),
-        metadata={**example_metadata("asqa", record, ()), "qa_pairs": qa_pairs,
+        metadata={**example_metadata("asqa", record, (), source), "qa_pairs": qa_pairs,
                   "long_answers": long_answers},
     )

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
+from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.metrics import (
     answer_accuracy,
@@ -17,7 +18,7 @@ from sieverag.inference.eval.metrics import (
     filter_scores,
     token_f1,
 )
-from sieverag.inference.eval.trust import Embed, answer_quality, judge_answer, trust_report
+from sieverag.inference.eval.trust import Embed, JudgeItem, judge_answers, trust_report
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
@@ -77,7 +78,9 @@ class FilterRecord(JsonlRecord):
 
 
 class LLMJudgeGrades(JsonlRecord):
-    """The LLM judge's 1-5 grades (`trust.JudgeVerdict`); all None when its reply was invalid."""
+    """The LLM judge's 1-5 grades (`trust.JudgeVerdict`): higher is better except
+    `hallucination_risk` (1 = nothing invented); `evidence_grounding` None without retrieval
+    (not applicable); all None when its reply was invalid."""
 
     correctness: int | None
     relevance: int | None
@@ -89,16 +92,23 @@ class LLMJudgeGrades(JsonlRecord):
 
 
 class TrustMetrics(JsonlRecord):
-    """Trust metrics of the answer (inference/eval/trust.py); None where undefined."""
+    """Trust metrics of the answer (inference/eval/trust.py, where each is defined). The
+    grounding metrics are None when the answer was given without retrieval (`retrieved`
+    false: not applicable), the embedding ones None without an encoder."""
 
+    retrieved: bool = Field(description="r(q): the generator read retrieved context")
+    answer_quality: float | None = Field(description="AQS: similarity + keyword coverage")
     faithfulness: float | None
-    hallucination_rate: float | None
-    context_precision_used: float | None
-    context_precision_gold: float | None
+    hallucination_rate: float | None = Field(description="lower is better")
     sentence_support_rate: float | None
-    trust_score: float | None
-    answer_quality: float | None = Field(
-        None, description="similarity to the gold answers (absent without an embedding model)")
+    context_precision: float | None = Field(description="share of the context read used")
+    evidence_noise: float | None = Field(description="share of the context read off the "
+                                                     "question; lower is better")
+    taas: float | None = Field(description="trust-aware answer score (AQS when not retrieved)")
+    lexical_faithfulness: float | None = Field(description="token-overlap proxy")
+    lexical_context_use: float | None = Field(description="token-overlap proxy")
+    context_precision_gold: float | None = Field(description="share of the documents read "
+                                                             "that are gold")
     llm_judge: LLMJudgeGrades | None = Field(
         None, description="the LLM judge's grades (absent unless trust.llm_judge)")
 
@@ -144,6 +154,10 @@ class EvalRecord(JsonlRecord):
     reference: str | None = Field(
         None, description="the dataset's reference answer (absent unless the example's "
                           "metadata holds a `reference` string)")
+    kind: str | None = Field(
+        None, description="the question's kind (absent unless the example's metadata holds a "
+                          "`kind`, e.g. the nutrition set's factual / conceptual / "
+                          "textbook-specific)")
     prediction: str = Field(description="the answer scored (extracted from the reply)")
     raw_prediction: str = Field(description="the generator's whole reply")
     metrics: AnswerMetrics
@@ -209,8 +223,9 @@ def build_record(
                     for s in output.filter_result.scored])
     if output.trace:
         optional["trace"] = output.trace
-    if isinstance(example.metadata.get("reference"), str):
-        optional["reference"] = example.metadata["reference"]
+    for annotation in ("reference", "kind"):  # strings by the loaders' rule
+        if annotation in example.metadata:
+            optional[annotation] = example.metadata[annotation]
     truncated = sum(u.truncated_prompts for u in usage.values())
     if truncated:
         optional["truncated_prompts"] = truncated
@@ -232,15 +247,21 @@ def build_record(
 
 
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
-                  support_threshold: float, llm_judge: LLMBackend | None = None) -> TrustMetrics:
-    """Trust metrics of the answer against the documents read (inference/eval/trust.py),
-    answer quality against the gold answers, and optionally the LLM judge's 1-5 grades."""
-    metrics = TrustMetrics(**trust_report(output.answer, output.documents_read, embed,
-                                          support_threshold).to_dict())
-    if embed is not None:
-        metrics.answer_quality = answer_quality(output.answer, example.answers, embed)
+                  config: TrustConfig, llm_judge: LLMBackend | None = None) -> TrustMetrics:
+    """Trust metrics of the answer against what the generator read (inference/eval/trust.py):
+    against the example's reference answer where it has one (`metadata["reference"]`, with
+    its `keywords`), else its gold aliases; optionally the LLM judge's 1-5 grades."""
+    reference = example.metadata.get("reference")
+    report = trust_report(
+        question_text(example), output.answer, output.documents_read,
+        [reference] if reference else example.answers, embed,
+        keywords=example.metadata.get("keywords"), support_threshold=config.support_threshold,
+        noise_threshold=config.noise_threshold, quality_weights=config.quality,
+        taas_weights=config.taas)
+    metrics = TrustMetrics(**report.to_dict())
     if llm_judge is not None:
-        verdict = judge_answer(llm_judge, question_text(example), output.answer,
-                               example.answers[0], output.documents_read)
+        verdict = judge_answers(llm_judge, [JudgeItem(
+            question_text(example), output.answer, reference or example.answers[0],
+            output.documents_read)])[0]
         metrics.llm_judge = LLMJudgeGrades(**verdict.scores(), error=verdict.error)
     return metrics

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.trust import JUDGE_CRITERIA, LOWER_IS_BETTER
 from sieverag.inference.io_utils import parse_json, read_text, write_atomic
 
 TABLE_COLUMNS = (
@@ -40,15 +41,23 @@ PAPER_METRICS = (
     ("seconds_per_question", "Seconds per question"),
 )
 TRUST_COLUMNS = (
+    ("retrieval_usage_rate", "Retrieval usage"),
+    ("answer_quality", "AQS"),
+    ("taas", "TAAS"),
     ("faithfulness", "Faithfulness"),
-    ("hallucination_rate", "Hallucination"),
-    ("context_precision_used", "Ctx P (used)"),
-    ("context_precision_gold", "Ctx P (gold)"),
+    ("hallucination_rate", "Hallucination ↓"),
     ("sentence_support_rate", "Sentence support"),
-    ("trust_score", "Trust score"),
-    ("answer_quality", "Answer quality"),
-    ("llm_judge_overall", "LLM judge (1-5)"),
+    ("context_precision", "Ctx precision (used)"),
+    ("evidence_noise", "Evidence noise ↓"),
+    ("lexical_faithfulness", "Lexical faithfulness"),
+    ("context_precision_gold", "Ctx P (gold)"),
 )
+JUDGE_COLUMNS = tuple((f"llm_judge_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER
+                                                               else ""))
+                      for c in JUDGE_CRITERIA) + (("llm_judge_invalid", "invalid replies"),)
+# Per-question Δ(auto − LLM-only) of these (the study's comparison of routing with the model
+# alone), per kind where the records have kinds.
+DELTA_METRICS = (("taas", "TAAS"), ("answer_quality", "AQS"))
 
 
 def _cell(value: object) -> str:
@@ -109,6 +118,66 @@ def plot_judge_scores(records: Sequence[EvalRecord], path: Path, title: str) -> 
     return True
 
 
+def trust_counts_line(summaries: Mapping[str, Mapping]) -> str:
+    """How many answers each pipeline's grounding means cover (not applicable without
+    retrieval, so left out)."""
+    parts = []
+    for name, summary in summaries.items():
+        counts = summary.get("trust_counts")
+        if counts:
+            parts.append(f"{name}: {counts.get('faithfulness', 0)} of {summary['examples']}")
+    return ("Grounding metrics (faithfulness, hallucination, support, context precision, "
+            "noise) are not applicable to answers given without retrieval; their means cover "
+            "the answers that retrieved — " + "; ".join(parts) + ".") if parts else ""
+
+
+def kind_tables(summaries: Mapping[str, Mapping]) -> list[str]:
+    """The study's Table 5: per question kind, a row per pipeline."""
+    kinds = list(dict.fromkeys(k for s in summaries.values() for k in s.get("by_kind", {})))
+    if not kinds:
+        return []
+    parts = ["## By question kind\n"]
+    for kind in kinds:
+        rows = {name: {**s["by_kind"][kind]} for name, s in summaries.items()
+                if kind in s.get("by_kind", {})}
+        parts += [f"### {kind}\n", comparison_table(rows, (("accuracy", "Acc"),
+                                                            *TRUST_COLUMNS)), ""]
+    return parts
+
+
+def _trust_value(record: EvalRecord, metric: str) -> float | None:
+    return getattr(record.trust, metric) if record.trust is not None else None
+
+
+def delta_table(records: Mapping[str, Sequence[EvalRecord]], auto: str = "auto",
+                alone: str = "direct") -> list[str]:
+    """Per-question Δ(auto − LLM-only) of TAAS and AQS, overall and per kind: mean Δ and
+    how many questions auto wins, ties and loses. Empty unless both pipelines ran."""
+    if auto not in records or alone not in records:
+        return []
+    base = {r.id: r for r in records[alone]}
+    pairs = [(r, base[r.id]) for r in records[auto] if r.id in base]
+    groups = {"all": pairs}
+    for kind in dict.fromkeys(r.kind for r, _ in pairs if r.kind is not None):
+        groups[kind] = [(a, b) for a, b in pairs if a.kind == kind]
+    lines = [f"## Per-question Δ({auto} − {alone})\n",
+             "| questions | n | " + " | ".join(f"mean Δ {t} | {t} wins/ties/losses"
+                                               for _, t in DELTA_METRICS) + " |",
+             "|---|---|" + "---|---|" * len(DELTA_METRICS)]
+    for group, members in groups.items():
+        cells = []
+        for metric, _ in DELTA_METRICS:
+            deltas = [a - b for x, y in members
+                      if (a := _trust_value(x, metric)) is not None
+                      and (b := _trust_value(y, metric)) is not None]
+            mean = sum(deltas) / len(deltas) if deltas else None
+            cells += [_cell(round(mean, 4) if mean is not None else None),
+                      f"{sum(d > 1e-9 for d in deltas)}/{sum(abs(d) <= 1e-9 for d in deltas)}/"
+                      f"{sum(d < -1e-9 for d in deltas)}"]
+        lines.append(f"| {group} | {len(members)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def write_report(
     out_dir: Path,
     dataset: str,
@@ -117,8 +186,15 @@ def write_report(
 ) -> Path:
     """Write `report.md` (comparison table, per-pipeline usage, score plots)."""
     parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), "",
-             "Trust-aware metrics (inference/eval/trust.py):\n",
-             comparison_table(summaries, TRUST_COLUMNS), ""]
+             "Trust-aware metrics (inference/eval/trust.py; ↓ lower is better):\n",
+             comparison_table(summaries, TRUST_COLUMNS), "", trust_counts_line(summaries), ""]
+    if any(s.get("llm_judge_overall") is not None or s.get("llm_judge_invalid")
+           for s in summaries.values()):
+        parts += ["LLM judge (1-5; ↓ lower is better):\n",
+                  comparison_table(summaries, JUDGE_COLUMNS), ""]
+    parts += kind_tables(summaries)
+    auto = next((name for name in summaries if name.startswith("auto")), "auto")
+    parts += delta_table(records, auto)
     for name, summary in summaries.items():
         parts.append(f"## {name}\n")
         usage = summary.get("usage_per_question", {})

@@ -19,11 +19,12 @@ from tqdm import tqdm
 
 from sieverag.inference.compose import (
     build_context,
+    eval_judge,
     needs_given_documents,
     needs_trained_filter,
     resolve_roles,
 )
-from sieverag.inference.config import RunConfig, load_run_config
+from sieverag.inference.config import RunConfig, eval_judge_spec, load_run_config
 from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.records import (
@@ -155,7 +156,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
         from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
-    llm_judge = context.generator if config.trust.llm_judge else None
+    llm_judge = eval_judge(config, roles) if config.trust.llm_judge else None
     all_records: dict[str, list[EvalRecord]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
@@ -175,16 +176,19 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                 record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)
                                           for chunk_id, reason in hygiene.take()]
             if config.trust.enabled:
-                record.trust = trust_metrics(example, output, embed,
-                                             config.trust.support_threshold, llm_judge)
+                record.trust = trust_metrics(example, output, embed, config.trust, llm_judge)
             log.append(record.to_json())
             records.append(record)
         order = {example_id: i for i, example_id in enumerate(ids)}
         all_records[name] = sorted(records, key=lambda r: order[r.id])
     summaries = {name: summarize(records) for name, records in all_records.items()}
+    graded = ({"llm_judge": {"model": eval_judge_spec(config).model,
+                             "self_graded": eval_judge_spec(config) == config.models.generator}}
+              if config.trust.enabled and config.trust.llm_judge else {})
     write_atomic(
         out_dir / "summary.json",
-        json.dumps({"dataset": config.dataset, "pipelines": summaries}, indent=2) + "\n",
+        json.dumps({"dataset": config.dataset, **graded, "pipelines": summaries},
+                   indent=2) + "\n",
     )
     write_report(out_dir, config.dataset, summaries, all_records)
     return summaries

@@ -6,15 +6,59 @@ import statistics
 from collections.abc import Sequence
 
 from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.trust import JUDGE_CRITERIA
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit")
-TRUST_METRICS = ("faithfulness", "hallucination_rate", "context_precision_used",
-                 "context_precision_gold", "sentence_support_rate", "trust_score",
-                 "answer_quality")
+# Trust metrics (inference/eval/trust.py), averaged over the answers where each is defined;
+# `trust_counts` says how many that is (grounding metrics: the answers that retrieved).
+TRUST_METRICS = ("answer_quality", "taas", "faithfulness", "hallucination_rate",
+                 "sentence_support_rate", "context_precision", "evidence_noise",
+                 "lexical_faithfulness", "lexical_context_use", "context_precision_gold")
+# The per-kind table (the study's Table 5): a question set's kinds (`kind` in its records).
+KIND_METRICS = ("accuracy", "answer_quality", "taas", "faithfulness", "hallucination_rate",
+                "context_precision", "retrieval_usage_rate")
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return round(statistics.fmean(values), 4) if values else None
+
+
+def retrieval_usage(records: Sequence[EvalRecord]) -> float | None:
+    """Share of questions answered with retrieval, r(q) = 1: the generator read retrieved
+    context (the rule of `trust.trust_report`)."""
+    return _mean([float(bool(r.documents_read)) for r in records])
+
+
+def trust_summary(records: Sequence[EvalRecord]) -> dict:
+    """Each trust metric's mean over the answers where it is defined, how many those are
+    (`trust_counts`), and the LLM judge's mean grade per criterion with its invalid replies."""
+    trusted = [r.trust for r in records if r.trust is not None]
+    if not trusted:
+        return {}
+    summary: dict = {}
+    counts: dict[str, int] = {}
+    for metric in TRUST_METRICS:
+        values = [value for t in trusted if (value := getattr(t, metric)) is not None]
+        summary[metric] = _mean(values)
+        counts[metric] = len(values)
+    summary["trust_counts"] = counts
+    grades = [t.llm_judge for t in trusted if t.llm_judge is not None]
+    if grades:
+        for criterion in JUDGE_CRITERIA:
+            values = [v for g in grades if (v := getattr(g, criterion)) is not None]
+            summary[f"llm_judge_{criterion}"] = _mean(values)
+        summary["llm_judge_invalid"] = sum(1 for g in grades if g.error is not None)
+    return summary
+
+
+def kind_summary(records: Sequence[EvalRecord]) -> dict:
+    """The per-kind figures (`KIND_METRICS`) of one kind's records."""
+    figures: dict = {"examples": len(records),
+                     "accuracy": _mean([r.metrics.accuracy for r in records]),
+                     "retrieval_usage_rate": retrieval_usage(records)}
+    trust = trust_summary(records)
+    figures.update({m: trust.get(m) for m in KIND_METRICS if m not in figures})
+    return figures
 
 
 def summarize(records: Sequence[EvalRecord]) -> dict:
@@ -37,17 +81,12 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     # Every gold document read (HotpotQA: the gold pair) — the retrieval side of the run.
     summary["read_all_gold"] = _mean([float(g.recall == 1.0) for g in graded])
     summary["read_graded_examples"] = len(graded)
-    trusted = [r.trust for r in records if r.trust is not None]
-    for metric in TRUST_METRICS:
-        values = [value for t in trusted if (value := getattr(t, metric)) is not None]
-        summary[metric] = _mean(values)
-    judged = [t.llm_judge.overall for t in trusted
-              if t.llm_judge is not None and t.llm_judge.overall is not None]
-    if judged:
-        summary["llm_judge_overall"] = _mean(judged)
-    routed = [r.route.retrieve for r in records if r.route is not None]
-    if routed:
-        summary["retrieval_usage_rate"] = _mean([float(x) for x in routed])
+    summary.update(trust_summary(records))
+    summary["retrieval_usage_rate"] = retrieval_usage(records)
+    kinds = sorted({r.kind for r in records if r.kind is not None})
+    if kinds:
+        summary["by_kind"] = {kind: kind_summary([r for r in records if r.kind == kind])
+                              for kind in kinds}
     summary["documents_read_per_question"] = _mean([len(r.documents_read) for r in records])
     summary["input_tokens_per_question"] = _mean([r.input_tokens for r in records])
     summary["generator_input_tokens_per_question"] = _mean(

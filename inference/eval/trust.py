@@ -1,12 +1,23 @@
-"""Trust-aware answer metrics (after the Auto-RAG paper), each defined next to its code.
+"""Trust-aware answer metrics as the Auto-RAG nutrition study defines them.
 
-All are pure functions of the answer, the documents the generator read and, where needed, an
-embedding function `embed(texts) -> array (len(texts), dim)` (any sentence encoder; tests pass
-a fake). "Content tokens" are the distinct lower-cased word tokens (`\\w+`) of a text minus
-English stop words. A metric that is undefined for an input returns None, never a guess.
+Every metric is a pure function of the question, the answer, the retrieved context the
+generator read (documents; their sentences) and, where needed, a sentence encoder
+`embed(texts) -> array (len(texts), dim)` (any encoder; tests pass a fake). Two quantities
+are shared by several metrics:
 
-The LLM-as-a-judge helper asks any backend for six 1–5 scores as JSON, with its prompt in
-`inference/prompts/llm_judge_eval.yaml`, and parses the reply strictly.
+* r(q) — whether the answer was produced with retrieval: 1 when the generator read retrieved
+  context, 0 when the model answered alone (`direct`, or `auto` routing to the model).
+* support — answer sentence a is supported by context sentence c when
+  cos(embed(a), embed(c)) ≥ τ (`support_threshold`, 0.5 by default). Sentences are the
+  data's own split where a Document has one, else `split_sentences`.
+
+Grounding metrics (faithfulness, hallucination rate, sentence support rate, context precision,
+evidence noise) are not applicable when r(q) = 0: they are None in the record and left out of
+the means, which say how many answers they cover. An answer with no sentence, a metric with no
+input (no reference, no context sentence) is None too, never a guess.
+
+`lexical_faithfulness` and `lexical_context_use` are token-overlap proxies kept for their
+cheapness; they are named for what they compute, not after RAGAS's model-based metrics.
 """
 
 from __future__ import annotations
@@ -23,10 +34,14 @@ from sieverag.inference.io_utils import parse_json
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Document
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 Evidence = Document | str
+# The defaults of `trust.support_threshold` and `trust.noise_threshold` (see the metrics).
+SUPPORT_THRESHOLD = 0.5
+NOISE_THRESHOLD = 0.3
 
 STOP_WORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being
@@ -49,50 +64,6 @@ def _text(evidence: Evidence) -> str:
     return evidence if isinstance(evidence, str) else evidence.as_context()
 
 
-def faithfulness(answer: str, documents: Sequence[Evidence]) -> float | None:
-    """Share of the answer's content tokens that occur in the documents read.
-
-    faithfulness = |content(answer) ∩ content(documents)| / |content(answer)|.
-    None when the answer has no content token (it asserts nothing checkable).
-    """
-    claimed = content_tokens(answer)
-    if not claimed:
-        return None
-    read: set[str] = set()
-    for document in documents:
-        read |= content_tokens(_text(document))
-    return len(claimed & read) / len(claimed)
-
-
-def hallucination_rate(answer: str, documents: Sequence[Evidence]) -> float | None:
-    """1 − faithfulness: the share of answer content tokens found in no document read."""
-    score = faithfulness(answer, documents)
-    return None if score is None else 1.0 - score
-
-
-def context_precision_used(answer: str, documents: Sequence[Evidence]) -> float | None:
-    """Share of the documents read that the answer used.
-
-    A document counts as used when it shares at least one content token with the answer.
-    None when no document was read.
-    """
-    if not documents:
-        return None
-    claimed = content_tokens(answer)
-    used = sum(1 for d in documents if claimed & content_tokens(_text(d)))
-    return used / len(documents)
-
-
-def context_precision_gold(documents: Sequence[Document]) -> float | None:
-    """Share of the documents read that are gold (`is_gold` True).
-
-    None when no document was read or none carries gold information (`is_gold` None).
-    """
-    if not documents or all(d.is_gold is None for d in documents):
-        return None
-    return sum(1 for d in documents if d.is_gold) / len(documents)
-
-
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float64)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -105,24 +76,111 @@ def _document_sentences(document: Evidence) -> list[str]:
     return split_sentences(_text(document))
 
 
-def sentence_support_rate(answer: str, documents: Sequence[Evidence], embed: Embed,
-                          threshold: float = 0.5) -> float | None:
-    """Share of answer sentences supported by some sentence of the documents read.
+def context_sentences(documents: Sequence[Evidence]) -> list[str]:
+    """The sentences of the retrieved context, document by document."""
+    return [s for d in documents for s in _document_sentences(d)]
 
-    An answer sentence is supported when the cosine similarity of its embedding to the
-    embedding of at least one document sentence is ≥ `threshold` (default 0.5).
-    Document sentences are the data's own split where a Document has one, else
-    `split_sentences`. None when the answer has no sentence; 0.0 when nothing was read.
+
+@dataclass(frozen=True)
+class SupportMatrix:
+    """Cosine similarity of every answer sentence (rows) to every context sentence (columns)."""
+
+    answer_sentences: list[str]
+    context_sentences: list[str]
+    similarity: np.ndarray  # (answer sentences, context sentences)
+
+    @classmethod
+    def of(cls, answer: str, documents: Sequence[Evidence], embed: Embed) -> SupportMatrix:
+        claims = split_sentences(answer)
+        evidence = context_sentences(documents)
+        if not claims or not evidence:
+            return cls(claims, evidence, np.zeros((len(claims), len(evidence))))
+        vectors = _unit_rows(embed([*claims, *evidence]))
+        return cls(claims, evidence, vectors[: len(claims)] @ vectors[len(claims):].T)
+
+
+def faithfulness(support: SupportMatrix) -> float | None:
+    """How closely the answer stays to the retrieved context.
+
+    faithfulness = mean over answer sentences a of max over context sentences c of
+    max(0, cos(a, c)) — 1 when every sentence of the answer restates some sentence read.
+    None when the answer has no sentence or nothing was read.
     """
-    claims = split_sentences(answer)
-    if not claims:
+    if not support.answer_sentences or not support.context_sentences:
         return None
-    evidence = [s for d in documents for s in _document_sentences(d)]
+    return float(np.mean(np.clip(support.similarity.max(axis=1), 0.0, 1.0)))
+
+
+def sentence_support_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
+                          ) -> float | None:
+    """Share of answer sentences supported by at least one context sentence
+    (max cos ≥ `threshold`). None when the answer has no sentence or nothing was read."""
+    if not support.answer_sentences or not support.context_sentences:
+        return None
+    return float(np.mean(support.similarity.max(axis=1) >= threshold))
+
+
+def hallucination_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
+                       ) -> float | None:
+    """Share of answer sentences supported by no context sentence (max cos < `threshold`):
+    content the retrieved evidence does not back. Lower is better; 1 − sentence support rate
+    at the same threshold. None when the answer has no sentence or nothing was read."""
+    rate = sentence_support_rate(support, threshold)
+    return None if rate is None else 1.0 - rate
+
+
+def context_precision(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD) -> float | None:
+    """Share of the retrieved context actually used: context sentences that support some
+    answer sentence (cos ≥ `threshold`) over all context sentences read. None when nothing
+    was read or the answer has no sentence."""
+    if not support.answer_sentences or not support.context_sentences:
+        return None
+    return float(np.mean(support.similarity.max(axis=0) >= threshold))
+
+
+def evidence_noise(question: str, documents: Sequence[Evidence], embed: Embed,
+                   threshold: float = NOISE_THRESHOLD) -> float | None:
+    """Share of the retrieved context that is noise for the question: context sentences whose
+    cosine similarity to the question is below `threshold` (0.3 by default: a sentence-to-
+    question cosine runs lower than sentence-to-sentence). Lower is better; evidence filtering
+    exists to lower it. None when nothing was read."""
+    evidence = context_sentences(documents)
     if not evidence:
-        return 0.0
-    vectors = _unit_rows(embed([*claims, *evidence]))
-    similarity = vectors[: len(claims)] @ vectors[len(claims) :].T
-    return float(np.mean(similarity.max(axis=1) >= threshold))
+        return None
+    vectors = _unit_rows(embed([question, *evidence]))
+    return float(np.mean(vectors[1:] @ vectors[0] < threshold))
+
+
+def lexical_faithfulness(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Token-overlap proxy: share of the answer's content tokens (lower-cased `\\w+`, stop words
+    dropped) that occur in the documents read. None when the answer has no content token or
+    nothing was read."""
+    claimed = content_tokens(answer)
+    if not claimed or not documents:
+        return None
+    read: set[str] = set()
+    for document in documents:
+        read |= content_tokens(_text(document))
+    return len(claimed & read) / len(claimed)
+
+
+def lexical_context_use(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Token-overlap proxy: share of the documents read that share at least one content token
+    with the answer. None when nothing was read."""
+    if not documents:
+        return None
+    claimed = content_tokens(answer)
+    return sum(1 for d in documents if claimed & content_tokens(_text(d))) / len(documents)
+
+
+def context_precision_gold(documents: Sequence[Document]) -> float | None:
+    """Share of the documents read that are gold (`is_gold` True).
+
+    None when no document was read or none carries gold information (`is_gold` None).
+    """
+    if not documents or all(d.is_gold is None for d in documents):
+        return None
+    return sum(1 for d in documents if d.is_gold) / len(documents)
 
 
 def _weighted_mean(values: Mapping[str, float | None], weights: Mapping[str, float]
@@ -134,102 +192,49 @@ def _weighted_mean(values: Mapping[str, float | None], weights: Mapping[str, flo
     return sum(weights[name] * v for name, v in present.items()) / total
 
 
-@dataclass(frozen=True)
-class TrustWeights:
-    """Weights of the combined trust score (renormalised over the components present)."""
-
-    faithfulness: float = field(default=0.4, metadata={"help": "weight of faithfulness"})
-    sentence_support: float = field(default=0.3, metadata={
-        "help": "weight of the sentence support rate"})
-    context_precision: float = field(default=0.3, metadata={
-        "help": "weight of context precision (used documents)"})
-
-    def __post_init__(self) -> None:
-        values = asdict(self)
-        if any(v < 0 for v in values.values()) or sum(values.values()) == 0:
-            raise ConfigError(f"trust weights must be >= 0 and not all 0, got {values}")
+def _check_weights(name: str, weights: Mapping[str, float]) -> None:
+    if any(v < 0 for v in weights.values()) or sum(weights.values()) == 0:
+        raise ConfigError(f"{name} weights must be >= 0 and not all 0, got {dict(weights)}")
 
 
-def trust_score(faithfulness: float | None, sentence_support: float | None,
-                context_precision: float | None,
-                weights: TrustWeights = TrustWeights()) -> float | None:
-    """Combined trust score in [0, 1].
-
-    trust = (0.4·faithfulness + 0.3·sentence support + 0.3·context precision) / Σ weights
-    of the components that are defined (None components are left out and the weights
-    renormalised; None when none is defined). Faithfulness weighs most because an answer's
-    unsupported content is the failure trust metrics exist to catch; the two others say
-    whether support holds sentence by sentence and whether the reading was well targeted.
-    """
-    return _weighted_mean(
-        {"faithfulness": faithfulness, "sentence_support": sentence_support,
-         "context_precision": context_precision}, asdict(weights))
-
-
-@dataclass(frozen=True)
-class TrustReport:
-    """All trust metrics of one answer (None where undefined)."""
-
-    faithfulness: float | None
-    hallucination_rate: float | None
-    context_precision_used: float | None
-    context_precision_gold: float | None
-    sentence_support_rate: float | None
-    trust_score: float | None
-
-    def to_dict(self) -> dict[str, float | None]:
-        return asdict(self)
-
-
-def trust_report(answer: str, documents: Sequence[Document], embed: Embed | None = None,
-                 threshold: float = 0.5, weights: TrustWeights = TrustWeights()) -> TrustReport:
-    """Every trust metric for one answer; sentence support needs `embed` (else None)."""
-    faithful = faithfulness(answer, documents)
-    used = context_precision_used(answer, documents)
-    support = (sentence_support_rate(answer, documents, embed, threshold)
-               if embed is not None else None)
-    return TrustReport(
-        faithfulness=faithful,
-        hallucination_rate=None if faithful is None else 1.0 - faithful,
-        context_precision_used=used,
-        context_precision_gold=context_precision_gold(documents),
-        sentence_support_rate=support,
-        trust_score=trust_score(faithful, support, used, weights),
-    )
-
-
-def keyword_coverage(answer: str, reference: str) -> float | None:
-    """Share of the reference's content tokens present in the answer (None if it has none)."""
-    wanted = content_tokens(reference)
+def keyword_coverage(answer: str, keywords: Sequence[str]) -> float | None:
+    """Share of `keywords` (words or phrases) the answer contains, compared lower-cased on
+    whole words. None when there is no keyword."""
+    wanted = [k.strip().lower() for k in keywords if k.strip()]
     if not wanted:
         return None
-    return len(wanted & content_tokens(answer)) / len(wanted)
+    text = " ".join(_TOKEN.findall(answer.lower()))
+    found = sum(1 for k in wanted if re.search(rf"\b{re.escape(' '.join(_TOKEN.findall(k)))}\b",
+                                                text))
+    return found / len(wanted)
 
 
-@dataclass(frozen=True)
+@settings
 class QualityWeights:
-    """Weights of the answer quality score."""
+    """Weights of the answer quality score (AQS)."""
 
     similarity: float = field(default=0.6, metadata={
         "help": "weight of embedding similarity to the reference"})
     keywords: float = field(default=0.4, metadata={"help": "weight of keyword coverage"})
 
     def __post_init__(self) -> None:
-        if self.similarity < 0 or self.keywords < 0 or self.similarity + self.keywords == 0:
-            raise ConfigError(f"quality weights must be >= 0 and not both 0, got "
-                              f"similarity={self.similarity}, keywords={self.keywords}")
+        _check_weights("trust.quality", asdict(self))
+
+
+DEFAULT_QUALITY = QualityWeights()
 
 
 def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
-                   weights: QualityWeights = QualityWeights()) -> float | None:
-    """Answer quality in [0, 1] against the reference answer(s).
+                   keywords: Sequence[str] | None = None,
+                   weights: QualityWeights = DEFAULT_QUALITY) -> float | None:
+    """AQS, the answer quality score in [0, 1]: semantic similarity to the reference answer
+    plus keyword coverage.
 
-    For each reference: quality = (0.6·max(0, cos(embed(answer), embed(reference)))
-    + 0.4·keyword coverage) / Σ weights, leaving out keyword coverage when the reference
-    has no content token; the best reference counts (answers list aliases). Similarity
-    weighs more because it credits paraphrases, which keyword coverage misses; coverage
-    keeps a fluent answer that drops the key facts from scoring high. An empty answer
-    scores 0.0; None when there is no reference.
+    For each reference: AQS = (0.6·max(0, cos(embed(answer), embed(reference))) + 0.4·keyword
+    coverage) / Σ weights. Keywords are the question's own (`keywords`, where the data has
+    them), else the reference's content tokens; coverage is left out (weights renormalised)
+    when there are none. The best reference counts (answer lists hold aliases). An empty
+    answer scores 0.0; None when there is no reference.
     """
     refs = [references] if isinstance(references, str) else list(references)
     refs = [r for r in refs if r.strip()]
@@ -239,22 +244,121 @@ def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
         return 0.0
     vectors = _unit_rows(embed([answer, *refs]))
     cosines = np.clip(vectors[1:] @ vectors[0], 0.0, 1.0)
-    scores = [_weighted_mean({"similarity": float(cos), "keywords": keyword_coverage(answer, r)},
-                             asdict(weights)) for cos, r in zip(cosines, refs, strict=True)]
+    scores = []
+    for cos, reference in zip(cosines, refs, strict=True):
+        coverage = keyword_coverage(answer, keywords if keywords else
+                                    sorted(content_tokens(reference)))
+        scores.append(_weighted_mean({"similarity": float(cos), "keywords": coverage},
+                                     asdict(weights)))
     return max(s for s in scores if s is not None)
+
+
+@settings
+class TAASWeights:
+    """Weights of TAAS when the answer retrieved (r(q) = 1)."""
+
+    quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
+    faithfulness: float = field(default=0.25, metadata={"help": "weight of faithfulness"})
+    grounding: float = field(default=0.25, metadata={
+        "help": "weight of 1 − hallucination rate"})
+
+    def __post_init__(self) -> None:
+        _check_weights("trust.taas", asdict(self))
+
+
+DEFAULT_TAAS = TAASWeights()
+
+
+def taas(quality: float | None, retrieved: bool, faithful: float | None = None,
+         hallucination: float | None = None,
+         weights: TAASWeights = DEFAULT_TAAS) -> float | None:
+    """TAAS, the trust-aware answer score, with the study's r(q) switch.
+
+    r(q) = 0 (answered without retrieval): TAAS = AQS — grounding is not applicable, so an
+    answer the router rightly kept from retrieval is not penalised for reading nothing.
+    r(q) = 1: TAAS = (0.5·AQS + 0.25·faithfulness + 0.25·(1 − hallucination rate)) / Σ weights
+    of the terms defined (a None term is left out, the weights renormalised). Quality weighs
+    half: a grounded wrong answer is still wrong. None when AQS is None (no reference).
+    """
+    if quality is None:
+        return None
+    if not retrieved:
+        return quality
+    grounding = None if hallucination is None else 1.0 - hallucination
+    return _weighted_mean({"quality": quality, "faithfulness": faithful,
+                           "grounding": grounding}, asdict(weights))
+
+
+@dataclass(frozen=True)
+class TrustReport:
+    """All trust metrics of one answer (None where undefined or not applicable)."""
+
+    retrieved: bool
+    answer_quality: float | None
+    faithfulness: float | None
+    hallucination_rate: float | None
+    sentence_support_rate: float | None
+    context_precision: float | None
+    evidence_noise: float | None
+    taas: float | None
+    lexical_faithfulness: float | None
+    lexical_context_use: float | None
+    context_precision_gold: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trust_report(question: str, answer: str, documents: Sequence[Document],
+                 references: str | Sequence[str], embed: Embed | None,
+                 keywords: Sequence[str] | None = None,
+                 support_threshold: float = SUPPORT_THRESHOLD,
+                 noise_threshold: float = NOISE_THRESHOLD,
+                 quality_weights: QualityWeights = DEFAULT_QUALITY,
+                 taas_weights: TAASWeights = DEFAULT_TAAS) -> TrustReport:
+    """Every trust metric of one answer. r(q) = 1 when `documents` (what the generator read)
+    is not empty. Without `embed` the embedding metrics are None (the lexical ones remain)."""
+    retrieved = bool(documents)
+    quality = faithful = hallucinated = supported = precision = noise = None
+    if embed is not None:
+        quality = answer_quality(answer, references, embed, keywords, quality_weights)
+        if retrieved:
+            support = SupportMatrix.of(answer, documents, embed)
+            faithful = faithfulness(support)
+            supported = sentence_support_rate(support, support_threshold)
+            hallucinated = hallucination_rate(support, support_threshold)
+            precision = context_precision(support, support_threshold)
+            noise = evidence_noise(question, documents, embed, noise_threshold)
+    return TrustReport(
+        retrieved=retrieved, answer_quality=quality, faithfulness=faithful,
+        hallucination_rate=hallucinated, sentence_support_rate=supported,
+        context_precision=precision, evidence_noise=noise,
+        taas=taas(quality, retrieved, faithful, hallucinated, taas_weights),
+        lexical_faithfulness=lexical_faithfulness(answer, documents) if retrieved else None,
+        lexical_context_use=lexical_context_use(answer, documents) if retrieved else None,
+        context_precision_gold=context_precision_gold(documents),
+    )
 
 
 # --- LLM-as-a-judge -----------------------------------------------------------------------
 
 JUDGE_CRITERIA = ("correctness", "relevance", "completeness", "evidence_grounding",
                   "hallucination_risk", "overall")
+# Scales of the study: every criterion 1 (worst) to 5 (best) except hallucination risk,
+# where 1 is the lowest risk — lower is better there.
+LOWER_IS_BETTER = frozenset({"hallucination_risk"})
+# Grounding in evidence is not applicable to an answer given without retrieval.
+GROUNDING_CRITERIA = frozenset({"evidence_grounding"})
 JUDGE_PROMPT = "llm_judge_eval"
+JUDGE_PROMPT_NO_CONTEXT = "llm_judge_eval_no_context"
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class JudgeVerdict:
-    """Six 1–5 scores (higher is better; `hallucination_risk` 5 = no invented content).
+    """Six 1–5 scores as the study defines them: higher is better except for
+    `hallucination_risk` (1 = no invented content, 5 = mostly invented); `evidence_grounding`
+    is None for an answer given without retrieval (not applicable).
 
     When the reply is not a valid verdict every score is None and `error` says why;
     `raw` keeps the reply either way.
@@ -277,9 +381,15 @@ class JudgeVerdict:
         return {name: getattr(self, name) for name in JUDGE_CRITERIA}
 
 
-def parse_judge_reply(reply: str) -> JudgeVerdict:
+def judge_criteria(retrieved: bool) -> tuple[str, ...]:
+    """The criteria asked of an answer: all six with retrieval, no grounding without."""
+    return tuple(c for c in JUDGE_CRITERIA if retrieved or c not in GROUNDING_CRITERIA)
+
+
+def parse_judge_reply(reply: str, retrieved: bool = True) -> JudgeVerdict:
     """Parse a judge reply strictly: one JSON object (surrounding text and code fences are
-    ignored) holding every criterion as an integer 1–5; other keys are ignored."""
+    ignored) holding every criterion asked (`judge_criteria(retrieved)`) as an integer 1–5;
+    other keys are ignored (a grounding score given without retrieval too)."""
     match = _JSON_OBJECT.search(reply)
     if match is None:
         return JudgeVerdict(error="no JSON object in the reply", raw=reply)
@@ -289,41 +399,48 @@ def parse_judge_reply(reply: str) -> JudgeVerdict:
         return JudgeVerdict(error=str(error), raw=reply)
     if not isinstance(payload, dict):
         return JudgeVerdict(error="the JSON is not an object", raw=reply)
-    missing = [name for name in JUDGE_CRITERIA if name not in payload]
+    asked = judge_criteria(retrieved)
+    missing = [name for name in asked if name not in payload]
     if missing:
         return JudgeVerdict(error=f"missing score(s): {', '.join(missing)}", raw=reply)
-    invalid = [name for name in JUDGE_CRITERIA
+    invalid = [name for name in asked
                if type(payload[name]) is not int or not 1 <= payload[name] <= 5]
     if invalid:
         return JudgeVerdict(error=f"score(s) not an integer 1-5: {', '.join(invalid)}",
                             raw=reply)
-    return JudgeVerdict(**{name: payload[name] for name in JUDGE_CRITERIA}, raw=reply)
+    return JudgeVerdict(**{name: payload[name] for name in asked}, raw=reply)
 
 
 def _format_documents(documents: Sequence[Evidence]) -> str:
-    if not documents:
-        return "(none)"
     return "\n\n".join(f"[{i}] {_text(d)}" for i, d in enumerate(documents, start=1))
 
 
-def judge_answers(backend: LLMBackend, items: Sequence[tuple[str, str, str, Sequence[Evidence]]],
+@dataclass(frozen=True)
+class JudgeItem:
+    """One answer to grade: its question, the reference answer and what the generator read
+    (empty: answered without retrieval)."""
+
+    question: str
+    answer: str
+    reference: str
+    documents: Sequence[Evidence] = ()
+
+
+def judge_answers(backend: LLMBackend, items: Sequence[JudgeItem],
                   settings: GenerationSettings = GenerationSettings(max_new_tokens=128)
                   ) -> list[JudgeVerdict]:
-    """`judge_answer` for many (question, answer, reference, documents) items, one batch."""
-    template = load_template(JUDGE_PROMPT)
-    prompts = [template.messages(question=q, answer=a, reference=r,
-                                 documents=_format_documents(d)) for q, a, r, d in items]
-    replies = backend.generate(prompts, settings, agent="eval_judge") if prompts else []
-    return [parse_judge_reply(reply) for reply in replies]
-
-
-def judge_answer(backend: LLMBackend, question: str, answer: str, reference: str,
-                 documents: Sequence[Evidence],
-                 settings: GenerationSettings = GenerationSettings(max_new_tokens=128)
-                 ) -> JudgeVerdict:
-    """Ask `backend` to grade one answer on the six criteria (see `JudgeVerdict`).
-
+    """Grade many answers in one batch (see `JudgeVerdict`). An answer given without
+    retrieval is asked the five criteria that apply (prompt `llm_judge_eval_no_context`).
     An invalid reply yields None scores with the reason in `error`, never an exception;
-    backend failures (a server that is down) propagate as the backend raises them.
-    """
-    return judge_answers(backend, [(question, answer, reference, documents)], settings)[0]
+    backend failures (a server that is down) propagate as the backend raises them."""
+    with_context = load_template(JUDGE_PROMPT)
+    without = load_template(JUDGE_PROMPT_NO_CONTEXT)
+    prompts = [with_context.messages(question=i.question, answer=i.answer,
+                                     reference=i.reference,
+                                     documents=_format_documents(i.documents))
+               if i.documents else
+               without.messages(question=i.question, answer=i.answer, reference=i.reference)
+               for i in items]
+    replies = backend.generate(prompts, settings, agent="eval_judge") if prompts else []
+    return [parse_judge_reply(reply, bool(item.documents))
+            for reply, item in zip(replies, items, strict=True)]
