@@ -8,7 +8,8 @@ One place decides who runs what, for every command (`eval`, `ask`, `demo`, `eval
   equal specs share one backend and one loaded model;
 * `build_context(config)` — the pipelines' shared context: backends, the document source
   (the dataset's own documents or an index: fused, reranked and hygiene-filtered as
-  `retrieval` says, one search rule for the question and for later queries), the router.
+  `retrieval` says, one search rule for the question and for later queries), and for a run
+  with `auto` its router (with the knowledge rule's sentence encoder).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
+    from sieverag.inference.retrieval.dense import Encoder
     from sieverag.inference.retrieval.index import Index
     from sieverag.inference.retrieval.rerank import Reranker
 
@@ -155,6 +157,21 @@ def _reranker(config: RetrievalConfig) -> Reranker | None:
                           "sentence-transformers cross-encoder)") from None
 
 
+def _router_encoder(config: RunConfig) -> Encoder | None:
+    """The sentence encoder of the knowledge rule, for a run with `auto` under that rule.
+    The model loads once per process per name, so the trust metrics' encoder of the same
+    model (the runner's) shares it."""
+    if "auto" not in config.pipelines or config.router.rule != "knowledge":
+        return None
+    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
+
+    try:
+        return make_encoder(DenseConfig(model=config.router.embedding_model))
+    except ModelNotFoundError as error:
+        raise ConfigError(f"router.embedding_model: {error} (or choose router.rule "
+                          "`corpus-match`, which needs no encoder)") from None
+
+
 def build_context(config: RunConfig, *, removed: HygieneLog | None = None
                   ) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for `config` (roles resolved by `resolve_roles`), and
@@ -169,6 +186,7 @@ def build_context(config: RunConfig, *, removed: HygieneLog | None = None
         index = Index.load(config.retrieval.index, search_config=config.retrieval.search)
         search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)
         documents = _retrieved_documents(search, config.retrieval.k)
+    router_encoder = _router_encoder(config)  # also before the models: a bad name fails at once
     roles = build_roles(config.models, with_filter=needs_trained_filter(config))
     context = PipelineContext(
         generator=roles.generator,
@@ -178,8 +196,9 @@ def build_context(config: RunConfig, *, removed: HygieneLog | None = None
         answer_extraction=config.answer_extraction,
         documents=documents,
         routed_pipeline=config.routed_pipeline,
-        router=Router(config.router, index=index,
-                      backend=roles.generator if config.router.self_check else None),
+        router=(Router(config.router, index=index, embed=router_encoder,
+                       backend=roles.generator if config.router.self_check else None)
+                if "auto" in config.pipelines else None),
         mcf_backend=roles.filter,
         mcf=config.mcf,
         amber=config.amber,

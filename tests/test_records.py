@@ -33,7 +33,8 @@ def records(pipeline: str, *, retrieve: bool = True) -> list[EvalRecord]:
     backend = ScriptedBackend(reply=lambda text: GRADES if "overall" in text else
                               Agents().reply(text), labels=Agents().labels)
     # The sentence stage and the stack write every filter detail; the router's bars decide.
-    router = Router(RouterConfig(long_query_tokens=1 if retrieve else 1000, min_entity_words=0))
+    router = Router(RouterConfig(rule="corpus-match", long_query_tokens=1 if retrieve else 1000,
+                                 min_entity_words=0))
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
                               mcf=MCFConfig(sentence_stage=True), amber=AmberConfig(k=4),
                               router=router, routed_pipeline="amber-stack")

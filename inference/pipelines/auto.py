@@ -2,6 +2,10 @@
 
 Per question the router decides whether retrieval is worth it; if so the routed pipeline
 (`vanilla` by default, any registered one) runs, else the question is answered directly.
+Under the router's `knowledge` rule the direct answer comes first, as the draft the router
+compares with the question: a question the model knows returns that draft as it is (one
+generator call), one it does not runs the routed pipeline too (the draft's call then shows
+in the record's usage). Under `corpus-match` the router decides from the question alone.
 The decision and its features are kept in the trace.
 """
 
@@ -16,7 +20,6 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
     register_pipeline,
 )
-from sieverag.inference.pipelines.router import Router
 from sieverag.inference.pipelines.simple import DirectPipeline
 from sieverag.inference.types import Example
 
@@ -30,12 +33,20 @@ class AutoPipeline:
     def __init__(self, context: PipelineContext) -> None:
         if context.routed_pipeline == "auto":
             raise ConfigError("routed_pipeline cannot be `auto` itself")
-        self.router = context.router or Router()
+        if context.router is None:
+            raise ConfigError("the `auto` pipeline needs a router in its context "
+                              "(`inference.compose.build_context` makes one)")
+        self.router = context.router
         self.routed = build_pipeline(context.routed_pipeline, context)
         self.direct = DirectPipeline(context)
 
     def run(self, example: Example) -> PipelineOutput:
-        decision = self.router.decide(example.question)
-        output = (self.routed if decision.retrieve else self.direct).run(example)
+        if self.router.needs_draft:
+            draft = self.direct.run(example)
+            decision = self.router.decide(example.question, draft=draft.raw_answer)
+            output = self.routed.run(example) if decision.retrieve else draft
+        else:
+            decision = self.router.decide(example.question)
+            output = (self.routed if decision.retrieve else self.direct).run(example)
         trace = {**output.trace, "route": decision.to_json()}
         return replace(output, trace=trace)

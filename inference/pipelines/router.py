@@ -1,19 +1,27 @@
 """Conditional routing (Auto-RAG): decide per question whether retrieval is worth it.
 
-Features, all cheap and recorded with every decision:
-* `query_tokens` — words in the question;
-* `intent` — the intent words/phrases it contains (why, how, explain, compare, according to…);
-* `entities` — the names it mentions: capitalised words inside a sentence ("Edward Corser",
-  "Nobel Prize"), the mark of an entity-centric question;
-* `vocabulary_overlap` — share of its distinct content terms (stemmed, stop words dropped,
-  as the BM25 index tokenises; question words and auxiliaries left out) that occur in the
-  corpus vocabulary;
-* `top_score`, `score_margin` — the best BM25 score of a quick top-2 search and the relative
-  gap to the second (how decisively one passage of the corpus matches);
-* `self_check` (optional) — P("Yes") that the model can answer without documents, from
-  label log-probs of one forward pass.
+Two rules, chosen by `RouterConfig.rule`:
 
-Decision rule (thresholds in `RouterConfig`):
+`knowledge` (the default) is the Auto-RAG study's rule: retrieve when the question's
+similarity to what the model knows is *below* a threshold, or the question is complex.
+* `knowledge_similarity` — the cosine similarity, in a sentence encoder's embedding
+  (`embedding_model`), of the question and the model's closed-book draft answer (the raw
+  reply of the very `direct` pipeline that `auto` answers with: same prompt, same
+  generation settings), rounded to 4 places. A model that knows the answer drafts a reply on
+  the question's subject; one that does not drifts or hedges, and its draft moves away from
+  the question. The study names the feature, not how to measure it: this is our
+  operationalisation of "similarity to what the model knows", with an embedding and no
+  extra model call on the questions the model answers alone — there the draft *is* the
+  answer `auto` returns (on the others it is one generator call more).
+* `complexity` — how many complexity signals the question shows: an intent word, a long
+  question (`query_tokens ≥ long_query_tokens`), names (`len(entities) ≥ min_entity_words`,
+  unless that is 0).
+Retrieve when `knowledge_similarity < min_knowledge_similarity` or
+`complexity ≥ min_complexity` (0 turns complexity off), or — with `self_check` on — the
+self-check doubts the model (`self_check < self_check_threshold`); otherwise the model
+knows it and its draft is the answer.
+
+`corpus-match` is the earlier rule, kept as an option:
 1. The corpus cannot help, so skip: no passage matches (`top_score < min_top_score`) or the
    question is mostly outside the corpus's language
    (`vocabulary_overlap < min_vocabulary_overlap`).
@@ -25,8 +33,25 @@ Decision rule (thresholds in `RouterConfig`):
 3. With self-check on, a model that is confident it knows the answer skips even then;
    otherwise a question with no need signalled is answered directly.
 
-Why these defaults (tuned on tests/benchmarks/bench_router.py: HotpotQA + PopQA + nutrition
-questions over one corpus holding all their evidence):
+Features recorded with every decision (both rules; the knowledge rule adds the two above):
+* `query_tokens` — words in the question;
+* `intent` — the intent words/phrases it contains (why, how, explain, compare, according to…);
+* `entities` — the names it mentions: capitalised words inside a sentence ("Edward Corser",
+  "Nobel Prize"), the mark of an entity-centric question;
+* `vocabulary_overlap` — share of its distinct content terms (stemmed, stop words dropped,
+  as the BM25 index tokenises; question words and auxiliaries left out) that occur in the
+  corpus vocabulary;
+* `top_score`, `score_margin` — the best BM25 score of a quick top-2 search and the relative
+  gap to the second (how decisively one passage of the corpus matches);
+* `self_check` (optional) — P("Yes") that the model can answer without documents, from
+  label log-probs of one forward pass.
+The corpus features are None without a BM25 index, `self_check` is None unless switched on.
+
+The knowledge rule's thresholds (`min_knowledge_similarity` 0.5, `min_complexity` 1) are
+starting values, not yet tuned on a benchmark.
+
+Why the corpus-match rule's defaults (tuned on tests/benchmarks/bench_router.py under that
+rule: HotpotQA + PopQA + nutrition questions over one corpus holding all their evidence):
 * Vocabulary overlap is a gate, not a reason to retrieve. As a reason (overlap ≥ 0.8) it
   fired on every question of that benchmark — a corpus that covers the questions speaks their
   language — so the router retrieved 68 of 68. As a gate at 0.5 it still sends questions
@@ -51,7 +76,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import field
+from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 from pydantic import ConfigDict, Field, JsonValue
 
 from sieverag.inference.errors import ConfigError
@@ -61,24 +88,42 @@ from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import settings
 
+if TYPE_CHECKING:
+    from sieverag.inference.retrieval.dense import Encoder
+
 DEFAULT_INTENT_WORDS = ("why", "how", "explain", "compare", "according to", "describe",
                         "difference between", "what are the", "list", "which of")
+
+RouterRule = Literal["knowledge", "corpus-match"]
 
 
 @settings
 class RouterConfig:
-    """Thresholds of the retrieve-or-not decision (see the module docstring)."""
+    """The retrieve-or-not rule and its thresholds (see the module docstring)."""
 
+    rule: RouterRule = field(default="knowledge", metadata={
+        "help": "knowledge (the study's: retrieve when the model's draft answer is far from "
+                "the question, or the question is complex) or corpus-match (skip when the "
+                "corpus has no match, else retrieve on a need signal)"})
+    embedding_model: str = field(default="all-minilm-l6-v2", metadata={
+        "help": "sentence encoder of the knowledge rule's similarity (embedded model name or "
+                "a local sentence-transformers folder)"})
+    min_knowledge_similarity: float = field(default=0.5, metadata={
+        "help": "knowledge rule: a question-draft cosine below this retrieves"})
+    min_complexity: int = field(default=1, metadata={
+        "help": "knowledge rule: this many complexity signals (intent, long, names) "
+                "retrieve; 0 turns complexity off"})
     intent_words: tuple[str, ...] = field(default=DEFAULT_INTENT_WORDS,
                                           metadata={"help": "words/phrases signalling need"})
     long_query_tokens: int = field(default=15, metadata={"help": "a question this long retrieves"})
     min_entity_words: int = field(default=1, metadata={
         "help": "a question naming this many capitalised words retrieves; 0 turns it off"})
     min_vocabulary_overlap: float = field(default=0.5, metadata={
-        "help": "below this share of terms in the corpus vocabulary: skip"})
-    min_top_score: float = field(default=1.0, metadata={"help": "below: the corpus has nothing"})
-    min_score_margin: float = field(default=0.25,
-                                    metadata={"help": "relative top-1/top-2 gap that retrieves"})
+        "help": "corpus-match rule: below this share of terms in the corpus vocabulary: skip"})
+    min_top_score: float = field(default=1.0, metadata={
+        "help": "corpus-match rule: below, the corpus has nothing: skip"})
+    min_score_margin: float = field(default=0.25, metadata={
+        "help": "corpus-match rule: relative top-1/top-2 gap that retrieves"})
     self_check: bool = field(default=False, metadata={"help": "also ask the model itself"})
     self_check_threshold: float = field(default=0.5,
                                         metadata={"help": "P(can answer) below this retrieves"})
@@ -88,14 +133,19 @@ class RouterConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"router.{name} must be in [0, 1], got {value}")
+        if not -1.0 <= self.min_knowledge_similarity <= 1.0:
+            raise ConfigError("router.min_knowledge_similarity must be in [-1, 1] (a cosine), "
+                              f"got {self.min_knowledge_similarity}")
         for name, minimum in (("long_query_tokens", 1), ("min_entity_words", 0),
-                              ("min_top_score", 0)):
+                              ("min_top_score", 0), ("min_complexity", 0)):
             value = getattr(self, name)
             if value < minimum:
                 raise ConfigError(f"router.{name} must be >= {minimum}, got {value}")
         if any(not w.strip() for w in self.intent_words):
             raise ConfigError("router.intent_words must be non-empty strings, got "
                               f"{list(self.intent_words)!r}")
+        if not self.embedding_model.strip():
+            raise ConfigError("router.embedding_model must name a sentence encoder")
 
 
 class RouteDecision(JsonlRecord):
@@ -118,22 +168,35 @@ _EDGE_PUNCTUATION = "\"'“”‘’()[]{},;:?!."
 
 
 class Router:
-    """Decides per question; `index` (an `inference.retrieval.Index`) gives corpus features."""
+    """Decides per question; `index` (an `inference.retrieval.Index`) gives corpus features,
+    `backend` the self-check, `embed` (texts → one embedding per row) the knowledge rule's
+    similarity."""
 
     def __init__(self, config: RouterConfig = RouterConfig(), index=None,
-                 backend: LLMBackend | None = None) -> None:
+                 backend: LLMBackend | None = None, embed: Encoder | None = None) -> None:
         if config.self_check and backend is None:
             raise ConfigError("router.self_check needs a model backend")
+        if config.rule == "knowledge" and embed is None:
+            raise ConfigError("router.rule `knowledge` needs a sentence encoder (built from "
+                              "router.embedding_model); choose router.rule `corpus-match` "
+                              "to route without one")
         self.config = config
         self.index = index
         self.backend = backend
+        self.embed = embed
         self.self_check_prompt = load_template("router_self_check")
         self._intent = [(w, re.compile(rf"\b{re.escape(w.lower())}\b"))
                         for w in config.intent_words]
 
-    def features(self, question: str) -> dict:
+    @property
+    def needs_draft(self) -> bool:
+        """Whether `decide` reads the model's closed-book draft answer (the knowledge rule)."""
+        return self.config.rule == "knowledge"
+
+    def features(self, question: str, draft: str | None = None) -> dict:
         """The decision's inputs (see the module docstring); corpus ones are None without
-        a BM25 index, `self_check` is None unless it is switched on."""
+        a BM25 index, `self_check` is None unless it is switched on. Under the knowledge rule
+        `draft`, the model's direct answer, gives `knowledge_similarity`."""
         lowered = question.lower()
         features: dict = {"query_tokens": len(_WORD.findall(lowered)),
                           "intent": [w for w, pattern in self._intent if pattern.search(lowered)],
@@ -147,11 +210,57 @@ class Router:
             prompt = self.self_check_prompt.messages(question=question)
             scores = self.backend.label_logprobs([prompt], ["Yes", "No"], agent="router")[0]
             features["self_check"] = round(p_relevant(relevance_log_odds(scores)), 4)
+        if self.needs_draft:
+            if draft is None:
+                raise ValueError("the knowledge rule needs the model's draft answer")
+            features["knowledge_similarity"] = self._similarity(question, draft)
+            features["complexity"] = len(self._complexity_signals(features))
         return features
 
-    def decide(self, question: str) -> RouteDecision:
-        """Retrieve or answer directly, with the reason and the features."""
-        f = self.features(question)
+    def decide(self, question: str, draft: str | None = None) -> RouteDecision:
+        """Retrieve or answer directly, with the reason and the features; the knowledge rule
+        needs `draft`, the model's raw direct answer to the question."""
+        f = self.features(question, draft)
+        if self.needs_draft:
+            return self._decide_by_knowledge(f)
+        return self._decide_by_corpus_match(f)
+
+    def _similarity(self, question: str, draft: str) -> float:
+        """Cosine of the question's and the draft's embeddings (0 where one is all zeros)."""
+        vectors = np.asarray(self.embed([question, draft]), dtype=np.float64)
+        norms = np.linalg.norm(vectors, axis=1)
+        if not norms.all():
+            return 0.0
+        return round(float(vectors[0] @ vectors[1] / (norms[0] * norms[1])), 4)
+
+    def _complexity_signals(self, f: dict) -> list[str]:
+        c = self.config
+        signals = []
+        if f["intent"]:
+            signals.append("intent: " + ", ".join(f["intent"]))
+        if f["query_tokens"] >= c.long_query_tokens:
+            signals.append("long question")
+        if c.min_entity_words and len(f["entities"]) >= c.min_entity_words:
+            signals.append("names: " + ", ".join(f["entities"]))
+        return signals
+
+    def _decide_by_knowledge(self, f: dict) -> RouteDecision:
+        c = self.config
+        similarity = f["knowledge_similarity"]
+        doubts = []
+        if similarity < c.min_knowledge_similarity:
+            doubts.append(f"low similarity to the model's knowledge "
+                          f"({similarity} < {c.min_knowledge_similarity})")
+        if c.min_complexity and f["complexity"] >= c.min_complexity:
+            doubts.append("complex: " + "; ".join(self._complexity_signals(f)))
+        if f["self_check"] is not None and f["self_check"] < c.self_check_threshold:
+            doubts.append("model unsure")
+        if doubts:
+            return RouteDecision(retrieve=True, reason="; ".join(doubts), features=f)
+        return RouteDecision(retrieve=False, features=f,
+                             reason=f"model knows it (similarity {similarity})")
+
+    def _decide_by_corpus_match(self, f: dict) -> RouteDecision:
         c = self.config
         if f["top_score"] is not None and f["top_score"] < c.min_top_score:
             return RouteDecision(retrieve=False, reason="corpus has no match", features=f)
@@ -160,13 +269,7 @@ class Router:
             return RouteDecision(retrieve=False, reason="question outside the corpus vocabulary",
                                  features=f)
         confident = f["self_check"] is not None and f["self_check"] >= c.self_check_threshold
-        needs = []
-        if f["intent"]:
-            needs.append("intent: " + ", ".join(f["intent"]))
-        if f["query_tokens"] >= c.long_query_tokens:
-            needs.append("long question")
-        if c.min_entity_words and len(f["entities"]) >= c.min_entity_words:
-            needs.append("names: " + ", ".join(f["entities"]))
+        needs = self._complexity_signals(f)
         if f["score_margin"] is not None and f["score_margin"] >= c.min_score_margin:
             needs.append("decisive corpus match")
         if f["self_check"] is not None and not confident:
