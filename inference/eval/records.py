@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
@@ -96,7 +96,8 @@ class TrustMetrics(JsonlRecord):
     grounding metrics are None when the answer was given without retrieval (`retrieved`
     false: not applicable), the embedding ones None without an encoder."""
 
-    retrieved: bool = Field(description="r(q): the generator read retrieved context")
+    retrieved: bool = Field(description="r(q): answered with retrieval (`auto`'s routing "
+                                        "decision, else: retrieved context was read)")
     answer_quality: float | None = Field(description="AQS: similarity + keyword coverage")
     faithfulness: float | None
     hallucination_rate: float | None = Field(description="lower is better")
@@ -246,6 +247,17 @@ def build_record(
         seconds=round(seconds, 4), **optional)
 
 
+def answered_with_retrieval(route: RouteDecision | Mapping[str, Any] | None,
+                            documents_read: Sequence[object]) -> bool:
+    """r(q): whether the question was answered with retrieval — `auto`'s routing decision
+    where it routed, else whether the generator read retrieved context."""
+    if isinstance(route, RouteDecision):
+        return route.retrieve
+    if isinstance(route, Mapping):
+        return bool(route.get("retrieve"))
+    return bool(documents_read)
+
+
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
                   config: TrustConfig, llm_judge: LLMBackend | None = None) -> TrustMetrics:
     """Trust metrics of the answer against what the generator read (inference/eval/trust.py):
@@ -255,6 +267,7 @@ def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
     report = trust_report(
         question_text(example), output.answer, output.documents_read,
         [reference] if reference else example.answers, embed,
+        retrieved=answered_with_retrieval(output.trace.get("route"), output.documents_read),
         keywords=example.metadata.get("keywords"), support_threshold=config.support_threshold,
         noise_threshold=config.noise_threshold, quality_weights=config.quality,
         taas_weights=config.taas)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.records import EvalRecord, answered_with_retrieval
 from sieverag.inference.eval.trust import JUDGE_CRITERIA
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit")
@@ -24,9 +24,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def retrieval_usage(records: Sequence[EvalRecord]) -> float | None:
-    """Share of questions answered with retrieval, r(q) = 1: the generator read retrieved
-    context (the rule of `trust.trust_report`)."""
-    return _mean([float(bool(r.documents_read)) for r in records])
+    """Share of questions answered with retrieval, r(q) = 1 (`answered_with_retrieval`: the
+    routing decision where `auto` routed, else whether retrieved context was read)."""
+    return _mean([float(answered_with_retrieval(r.route, r.documents_read)) for r in records])
 
 
 def trust_summary(records: Sequence[EvalRecord]) -> dict:

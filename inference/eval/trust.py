@@ -5,8 +5,10 @@ generator read (documents; their sentences) and, where needed, a sentence encode
 `embed(texts) -> array (len(texts), dim)` (any encoder; tests pass a fake). Two quantities
 are shared by several metrics:
 
-* r(q) — whether the answer was produced with retrieval: 1 when the generator read retrieved
-  context, 0 when the model answered alone (`direct`, or `auto` routing to the model).
+* r(q) — whether the answer was produced with retrieval: `auto`'s routing decision where it
+  routed, else 1 when the generator read retrieved context; 0 when the model answered alone
+  (`direct`, or `auto` routing to the model). Grounding needs context: a question that
+  retrieved and read nothing has no grounding figures either.
 * support — answer sentence a is supported by context sentence c when
   cos(embed(a), embed(c)) ≥ τ (`support_threshold`, 0.5 by default). Sentences are the
   data's own split where a Document has one, else `split_sentences`.
@@ -311,18 +313,20 @@ class TrustReport:
 
 def trust_report(question: str, answer: str, documents: Sequence[Document],
                  references: str | Sequence[str], embed: Embed | None,
-                 keywords: Sequence[str] | None = None,
+                 retrieved: bool | None = None, keywords: Sequence[str] | None = None,
                  support_threshold: float = SUPPORT_THRESHOLD,
                  noise_threshold: float = NOISE_THRESHOLD,
                  quality_weights: QualityWeights = DEFAULT_QUALITY,
                  taas_weights: TAASWeights = DEFAULT_TAAS) -> TrustReport:
-    """Every trust metric of one answer. r(q) = 1 when `documents` (what the generator read)
-    is not empty. Without `embed` the embedding metrics are None (the lexical ones remain)."""
-    retrieved = bool(documents)
+    """Every trust metric of one answer. `retrieved` is r(q) (default: `documents`, what the
+    generator read, is not empty); the grounding metrics are None when it is false, and when
+    nothing was read. Without `embed` the embedding metrics are None (the lexical ones
+    remain)."""
+    retrieved = bool(documents) if retrieved is None else retrieved
     quality = faithful = hallucinated = supported = precision = noise = None
     if embed is not None:
         quality = answer_quality(answer, references, embed, keywords, quality_weights)
-        if retrieved:
+        if retrieved and documents:
             support = SupportMatrix.of(answer, documents, embed)
             faithful = faithfulness(support)
             supported = sentence_support_rate(support, support_threshold)
@@ -336,6 +340,7 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
         taas=taas(quality, retrieved, faithful, hallucinated, taas_weights),
         lexical_faithfulness=lexical_faithfulness(answer, documents) if retrieved else None,
         lexical_context_use=lexical_context_use(answer, documents) if retrieved else None,
+        # (both are None when nothing was read)
         context_precision_gold=context_precision_gold(documents),
     )
 
