@@ -7,7 +7,7 @@ Run directly (never collected by pytest):
 
 Questions: HotpotQA distractor (--hotpotqa, default 20), PopQA long-tail (--popqa, default
 20), both spread evenly over the shared files, and the nutrition questions of
-tests/benchmarks/data/nutrition_questions.jsonl (--nutrition, default all 28): general
+tests/benchmarks/data/nutrition_questions.jsonl (--nutrition, default all 105): general
 knowledge a model may know alone and facts only the textbook states. --quick takes 4 + 4 + 4.
 
 Corpus: one index over the nutrition textbook's pages + the chosen HotpotQA questions'
@@ -42,7 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.config import (  # noqa: E402
+    ModelRoles,
+    RetrievalConfig,
+    RunConfig,
+    TrustConfig,
+)
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.io_utils import cache_root, write_atomic  # noqa: E402
@@ -208,7 +213,7 @@ def main() -> None:
           f"{index.size} chunks; mode {mode}, k={args.k}\n", flush=True)
 
     base = RunConfig(dataset=str(questions_file), dataset_format="triviaqa",
-                     generator=BackendSpec(model=args.model),
+                     models=ModelRoles(generator=BackendSpec(model=args.model)),
                      retrieval=RetrievalConfig(index=str(work / "index"), mode=mode, k=args.k),
                      trust=TrustConfig(enabled=False))
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
