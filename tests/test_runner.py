@@ -242,6 +242,15 @@ def test_a_preset_supplies_defaults_that_flags_override():
     assert command.mcf.sentence_stage and command.amber.answer_from == "memory"
     assert command.amber.collector.query_source == "write" and command.amber.amu
     assert {"amber-mcf", "amber-no-amu", "amber-no-aic", "amber-none"} <= set(command.pipelines)
+    # The Auto-RAG study: LLM-only, always-RAG and auto over hybrid retrieval; the ablation's
+    # cells are flags on top.
+    command = parse_settings(EvalCommand, [
+        "--preset", "auto-rag-paper", "--dataset", "d.jsonl", "--retrieval.index", "idx",
+        "--retrieval.hygiene", "strict", "--retrieval.search.alpha", "0.7"], "sieverag eval")
+    assert command.pipelines == ("direct", "vanilla", "auto")
+    assert (command.retrieval.mode, command.retrieval.k, command.retrieval.hygiene,
+            command.retrieval.search.alpha) == ("hybrid", 5, "strict", 0.7)
+    assert command.router.rule == "knowledge" and command.trust.enabled
 
 
 def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
