@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import field, replace
+from dataclasses import asdict, field, replace
 from pathlib import Path
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.eval.trust import (
-    NOISE_THRESHOLD,
-    SUPPORT_THRESHOLD,
-    QualityWeights,
-    TAASWeights,
-)
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
@@ -60,6 +54,41 @@ class RetrievalConfig:
         if self.reranker is not None and not self.reranker.strip():
             raise ConfigError("retrieval.reranker must name a local cross-encoder model "
                               "folder, or be left unset")
+
+
+# The trust metrics' settings (inference/eval/trust.py defines the metrics they weigh).
+SUPPORT_THRESHOLD = 0.5  # cosine at which a context sentence supports an answer sentence
+NOISE_THRESHOLD = 0.3  # cosine to the question under which a context sentence is noise
+
+
+def _check_weights(name: str, weights: dict[str, float]) -> None:
+    if any(v < 0 for v in weights.values()) or sum(weights.values()) == 0:
+        raise ConfigError(f"{name} weights must be >= 0 and not all 0, got {weights}")
+
+
+@settings
+class QualityWeights:
+    """Weights of the answer quality score (AQS)."""
+
+    similarity: float = field(default=0.6, metadata={
+        "help": "weight of embedding similarity to the reference"})
+    keywords: float = field(default=0.4, metadata={"help": "weight of keyword coverage"})
+
+    def __post_init__(self) -> None:
+        _check_weights("trust.quality", asdict(self))
+
+
+@settings
+class TAASWeights:
+    """Weights of TAAS when the answer retrieved (r(q) = 1)."""
+
+    quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
+    faithfulness: float = field(default=0.25, metadata={"help": "weight of faithfulness"})
+    grounding: float = field(default=0.25, metadata={
+        "help": "weight of 1 − hallucination rate"})
+
+    def __post_init__(self) -> None:
+        _check_weights("trust.taas", asdict(self))
 
 
 @settings

@@ -7,16 +7,14 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from sieverag.inference.config import TrustConfig
+from sieverag.inference.config import QualityWeights, TAASWeights, TrustConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.trust import (
     JUDGE_CRITERIA,
     JUDGE_PROMPT,
     JUDGE_PROMPT_NO_CONTEXT,
     JudgeItem,
-    QualityWeights,
     SupportMatrix,
-    TAASWeights,
     answer_quality,
     content_tokens,
     context_precision,

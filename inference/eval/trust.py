@@ -26,24 +26,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.config import (
+    NOISE_THRESHOLD,
+    SUPPORT_THRESHOLD,
+    QualityWeights,
+    TAASWeights,
+)
+from sieverag.inference.errors import DatasetError
 from sieverag.inference.io_utils import parse_json
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import settings
 from sieverag.inference.types import Document
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 Evidence = Document | str
-# The defaults of `trust.support_threshold` and `trust.noise_threshold` (see the metrics).
-SUPPORT_THRESHOLD = 0.5
-NOISE_THRESHOLD = 0.3
 
 STOP_WORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being
@@ -194,11 +196,6 @@ def _weighted_mean(values: Mapping[str, float | None], weights: Mapping[str, flo
     return sum(weights[name] * v for name, v in present.items()) / total
 
 
-def _check_weights(name: str, weights: Mapping[str, float]) -> None:
-    if any(v < 0 for v in weights.values()) or sum(weights.values()) == 0:
-        raise ConfigError(f"{name} weights must be >= 0 and not all 0, got {dict(weights)}")
-
-
 def keyword_coverage(answer: str, keywords: Sequence[str]) -> float | None:
     """Share of `keywords` (words or phrases) the answer contains, compared lower-cased on
     whole words. None when there is no keyword."""
@@ -209,18 +206,6 @@ def keyword_coverage(answer: str, keywords: Sequence[str]) -> float | None:
     found = sum(1 for k in wanted if re.search(rf"\b{re.escape(' '.join(_TOKEN.findall(k)))}\b",
                                                 text))
     return found / len(wanted)
-
-
-@settings
-class QualityWeights:
-    """Weights of the answer quality score (AQS)."""
-
-    similarity: float = field(default=0.6, metadata={
-        "help": "weight of embedding similarity to the reference"})
-    keywords: float = field(default=0.4, metadata={"help": "weight of keyword coverage"})
-
-    def __post_init__(self) -> None:
-        _check_weights("trust.quality", asdict(self))
 
 
 DEFAULT_QUALITY = QualityWeights()
@@ -253,19 +238,6 @@ def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
         scores.append(_weighted_mean({"similarity": float(cos), "keywords": coverage},
                                      asdict(weights)))
     return max(s for s in scores if s is not None)
-
-
-@settings
-class TAASWeights:
-    """Weights of TAAS when the answer retrieved (r(q) = 1)."""
-
-    quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
-    faithfulness: float = field(default=0.25, metadata={"help": "weight of faithfulness"})
-    grounding: float = field(default=0.25, metadata={
-        "help": "weight of 1 − hallucination rate"})
-
-    def __post_init__(self) -> None:
-        _check_weights("trust.taas", asdict(self))
 
 
 DEFAULT_TAAS = TAASWeights()
