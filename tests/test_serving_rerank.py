@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import httpx
@@ -13,9 +14,12 @@ import pytest
 from fake_backend import ScriptedBackend
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
+from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
+from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.rerank import as_documents, rank_documents
 from sieverag.serving.tokens import max_token_chars
@@ -165,6 +169,29 @@ def test_key_sentences_follow_the_filters_sentence_reply() -> None:
     assert [(r.index, r.kept, r.key_sentences) for r in ranked] == [
         (0, True, ("Alpha two.",)), (1, False, ()), (2, False, ())]
     assert ranked[0].relevance_score == pytest.approx(1 / (1 + math.exp(-0.9)))
+
+
+def test_engine_backend_computes_what_hf_computes(server: LocalServer,
+                                                   in_process: dict[str, HFBackend]) -> None:
+    """The backend the endpoint runs MCF on, beside the in-process one on the same adapter:
+    one-token labels, a label of several tokens (scored as a reply), replies, generation."""
+    engine, hf = EngineBackend(server.engine, "filter"), in_process["filter"]
+    prompts = [chunk_prompt(QUERY, text) for text in TEXTS[:3]]
+    labels = ["Yes", "No", "Absolutely not"]
+    served, local = engine.label_logprobs(prompts, labels), hf.label_logprobs(prompts, labels)
+    for got, expected in zip(served, local, strict=True):
+        assert [got[label] for label in labels] == pytest.approx(
+            [expected[label] for label in labels], abs=1e-4)
+    # One label of several tokens: every label is scored as a reply, as HFBackend does.
+    assert engine.meter.by_agent["scorer"].calls == len(prompts) * len(labels)
+    replies = [" Yes, it says so.", "No", ""]
+    assert engine.continuation_logprob(prompts, replies) == pytest.approx(
+        hf.continuation_logprob(prompts, replies), abs=1e-4)
+    settings = GenerationSettings(max_new_tokens=5)
+    assert engine.generate(prompts, settings) == hf.generate(prompts, settings)
+    engine.cancel()  # the client went away: nothing more runs
+    with pytest.raises(CancelledError):
+        engine.label_logprobs(prompts, labels)
 
 
 # ----- refusals -----
