@@ -1,8 +1,9 @@
 """The embedded server's HTTP API: an OpenAI-compatible subset on top of `BatchingEngine`.
 
-GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions. A request
-picks the base model or an adapter by its `model` name. Every refusal is an OpenAI-style
-error body with a 4xx status; the server keeps serving.
+GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, and POST
+/v1/rerank (also /rerank, as on vLLM): the filter as a reranker (`rerank`). A request picks
+the base model or an adapter by its `model` name. Every refusal is an OpenAI-style error
+body with a 4xx status; the server keeps serving.
 
 Sizes are checked before the work they bound: the body by `body_limit`, prompts by `limits`.
 Tokenising, rendering chat templates and building responses run in worker threads, so the
@@ -13,6 +14,7 @@ A request whose client disconnects is cancelled (`disconnect`), its sequences wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from sieverag.serving.engine import (
     SequenceRequest,
     SequenceResult,
 )
+from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.limits import PromptLimits
 from sieverag.serving.openai_format import chat_body, completion_body
 from sieverag.serving.protocol import (
@@ -41,7 +44,14 @@ from sieverag.serving.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    RerankRequest,
     error_body,
+)
+from sieverag.serving.rerank import (
+    RankedDocument,
+    check_prompts_fit,
+    rank_documents,
+    rerank_body,
 )
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 
@@ -58,7 +68,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         max_model_len=served.max_model_len, vocabulary_size=len(tokenizer),
         max_token_chars=max_token_chars(tokenizer),
         max_prompts_per_request=options.max_prompts_per_request,
-        default_chat_max_tokens=options.default_chat_max_tokens)
+        default_chat_max_tokens=options.default_chat_max_tokens,
+        max_rerank_documents=options.max_rerank_documents)
     created = int(time.time())
     app = FastAPI(title="sieverag embedded server", docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -161,6 +172,32 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         return await respond(lambda: chat_body(body.model, prompt, result,
                                                logprobs=body.logprobs, tokenizer=tokenizer))
 
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    async def rerank(body: RerankRequest) -> JSONResponse:
+        check_model(body.model)
+        texts = body.texts()
+        limits.check_documents(texts)
+        sentence_stage = (body.granularity == "sentence" if body.granularity is not None
+                          else options.rerank.sentence_stage)
+        config = dataclasses.replace(options.rerank, sentence_stage=sentence_stage)
+        backend = EngineBackend(engine, body.model)
+
+        def rank() -> list[RankedDocument]:
+            check_prompts_fit(backend, limits, config, body.query, texts)
+            return rank_documents(backend, config, body.query, texts)
+
+        try:
+            ranked = await asyncio.to_thread(rank)
+        except asyncio.CancelledError:  # the client went away: so do its sequences
+            backend.cancel()
+            raise
+        usage = backend.meter.by_agent.values()
+        total_tokens = sum(u.prompt_tokens + u.completion_tokens for u in usage)
+        return await respond(lambda: rerank_body(
+            body.model, ranked, texts, top_n=body.top_n,
+            return_documents=body.return_documents, total_tokens=total_tokens))
+
     return app
 
 
@@ -170,8 +207,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc.errors())
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc.errors(), request.url.path)
         return JSONResponse(error_body(message, "invalid_request_error", param),
                             status_code=400)
 
@@ -205,8 +242,15 @@ def _add_error_handlers(app: FastAPI) -> None:
 _UNENCODABLE = (UNENCODABLE_TEXT, "string_unicode")
 
 
-def _validation_message(errors: Any) -> tuple[str, str | None]:
-    """One clear message (and the offending parameter) from pydantic's error list."""
+# The parameters each kind of request takes, named when it sends another one.
+_PARAMETERS = ("model, prompt/messages, max_tokens, temperature, top_p, seed, stop, logprobs, "
+               "top_logprobs, echo, user, n=1, stream=false and zero penalties")
+_RERANK_PARAMETERS = "model, query, documents, top_n, return_documents and granularity"
+
+
+def _validation_message(errors: Any, url_path: str) -> tuple[str, str | None]:
+    """One clear message (and the offending parameter) from pydantic's error list for a
+    request to `url_path`."""
     # A union reports every branch's error; text UTF-8 cannot encode is the one to name.
     error = next((e for e in errors if e["type"] in _UNENCODABLE), errors[0])
     path = [str(part) for part in error["loc"] if part != "body"]
@@ -219,10 +263,12 @@ def _validation_message(errors: Any) -> tuple[str, str | None]:
         return f"the request body is not valid JSON ({detail}): send a JSON object", None
     if error["type"] in ("missing", "model_attributes_type", "dict_type") and not path:
         return "the request body must be a JSON object", None
+    if param == "documents" and len(path) > 1:
+        return "documents must be a list of strings or of objects {\"text\": ...}", param
     if error["type"] == "extra_forbidden":
-        return (f"unsupported parameter {'.'.join(path)!r}: this server implements model, "
-                "prompt/messages, max_tokens, temperature, top_p, seed, stop, logprobs, "
-                "top_logprobs, echo, user, n=1, stream=false and zero penalties"), param
+        supported = _RERANK_PARAMETERS if url_path.endswith("/rerank") else _PARAMETERS
+        return (f"unsupported parameter {'.'.join(path)!r}: this server implements "
+                f"{supported}"), param
     if param == "prompt" and len(path) > 1:
         return ("prompt must be a string, a list of strings, a list of token ids or a list of "
                 "token-id lists"), param

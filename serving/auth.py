@@ -1,5 +1,6 @@
 """API keys: read from an environment variable (never a command-line value, which other users
-can see in the process list), and checked on every /v1 request. Keys are never logged."""
+can see in the process list), and checked on every /v1 request and on /rerank (vLLM's alias of
+/v1/rerank). Keys are never logged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sieverag.inference.errors import ConfigError
 from sieverag.serving.protocol import error_body
+
+# Paths that need the key: the API, and the one route served outside /v1.
+PROTECTED_PREFIXES = ("/v1", "/rerank")
 
 
 def read_api_key(env_var: str | None) -> str | None:
@@ -25,7 +29,8 @@ def read_api_key(env_var: str | None) -> str | None:
 
 
 class BearerAuth:
-    """ASGI middleware: /v1 requests without `Authorization: Bearer <key>` get a 401.
+    """ASGI middleware: /v1 and /rerank requests without `Authorization: Bearer <key>` get
+    a 401.
 
     It runs before routing and body parsing, so an unauthenticated client learns nothing
     about the request it sent. /health stays open, as on vLLM.
@@ -36,7 +41,7 @@ class BearerAuth:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 body = error_body("missing or wrong API key: send the header "

@@ -3,8 +3,9 @@
 Each option is defined once: `ServedModelConfig` holds what both engines share, `LocalOptions` and
 `VLLMOptions` what only one uses. An engine's config is the shared part plus its own
 (`LocalServerConfig`, `VLLMLaunchConfig`); `sieverag serve` (`serving.cli`) takes the shared
-part and both option sections as flags. Kept apart from the engines so `sieverag --help` and
-argument parsing import nothing heavy.
+part and both option sections as flags. Kept apart from the engines so `sieverag --help`
+imports nothing heavy (parsing `serve`'s flags imports MCF's config, the rerank endpoint's bar,
+and with it torch, as every inference command's parsing does).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 from sieverag.inference.types import Device, DType
@@ -69,13 +71,21 @@ class LocalOptions:
     default_chat_max_tokens: int = field(default=1024, metadata={
         "help": "max_tokens of a chat request that gives none, lowered to the context the "
                 "prompt leaves"})
+    max_rerank_documents: int = field(default=100, metadata={
+        "help": "most documents in one /v1/rerank request"})
+    rerank: MCFConfig = field(default_factory=MCFConfig, metadata={
+        "help": "/v1/rerank's filter rules, as MCF's (--mcf.*): the bar that decides `kept` "
+                "(default MCF's: the request's 2 best documents by the filter's score fused "
+                "with BM25) and the sentence stage (sentence-stage: the default granularity "
+                "of a request that names none)"})
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not self.batch_window_ms >= 0:
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
-        for name in ("max_request_bytes", "max_prompts_per_request", "default_chat_max_tokens"):
+        for name in ("max_request_bytes", "max_prompts_per_request", "default_chat_max_tokens",
+                     "max_rerank_documents"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 

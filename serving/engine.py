@@ -71,6 +71,9 @@ class SequenceRequest:
     top_logprobs: int = 0  # alternatives reported per token (the chosen one is always reported)
     prompt_logprobs: bool = False  # also score the prompt's tokens (for echo)
     stop: tuple[str, ...] = ()
+    # Tokens whose log-probs at the first new position are reported (a Yes/No verdict read
+    # in one step, as `label_logprobs` reads it); with max_tokens=0 nothing is generated.
+    label_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -94,6 +97,8 @@ class SequenceResult:
     """Generated tokens (an EOS included), text (stop strings and EOS cut off), log-probs.
 
     `prompt_logprobs` is set when asked for: one entry per prompt token, the first None.
+    `label_logprobs` holds the log-prob of each of the request's `label_token_ids` as the
+    first new token, in their order.
     """
 
     token_ids: tuple[int, ...]
@@ -101,6 +106,7 @@ class SequenceResult:
     finish_reason: FinishReason
     logprobs: tuple[TokenLogprob, ...]
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None
+    label_logprobs: tuple[float, ...] = ()
 
 
 @dataclass
@@ -124,6 +130,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    label_logprobs: tuple[float, ...] = ()
     finish_reason: FinishReason | None = None
     text: str | None = None
 
@@ -411,7 +418,8 @@ class BatchingEngine:
         """Choose each row's next token from `logits`; finish rows that are done.
 
         Returns the indices of the rows still generating. With `first`, rows that asked for
-        no tokens at all (max_tokens=0) finish before a token is chosen.
+        label log-probs get them, and rows that asked for no tokens at all (max_tokens=0)
+        finish before a token is chosen.
         """
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = choose_tokens(logprobs, [s.sampling for s in rows])
@@ -420,6 +428,9 @@ class BatchingEngine:
         top = _top_k(logprobs, max(s.request.top_logprobs for s in rows))
         live: list[int] = []
         for index, sequence in enumerate(rows):
+            if first and sequence.request.label_token_ids:
+                sequence.label_logprobs = tuple(
+                    logprobs[index, list(sequence.request.label_token_ids)].tolist())
             if first and sequence.request.max_tokens == 0:
                 sequence.finish_reason = "length"
             else:
@@ -456,7 +467,8 @@ class BatchingEngine:
             sequence.text = self._decode(tokens)
         assert sequence.finish_reason is not None
         result = SequenceResult(tuple(sequence.tokens), sequence.text, sequence.finish_reason,
-                                tuple(sequence.logprobs), sequence.prompt_logprobs)
+                                tuple(sequence.logprobs), sequence.prompt_logprobs,
+                                sequence.label_logprobs)
         self._let_go([sequence])  # first: a client that has its answer finds nothing in flight
         try:
             sequence.future.set_result(result)

@@ -1,6 +1,7 @@
 """The size rules every prompt must pass, each checked before the work whose cost it bounds.
 
-* Prompts per /v1/completions request: at most `max_prompts_per_request` (400).
+* Prompts per /v1/completions request: at most `max_prompts_per_request` (400); documents
+  per /v1/rerank request: at least one, at most `max_rerank_documents` (400).
 * A text prompt (a completions string, a chat conversation as its template renders it),
   before it is tokenised: one token stands for at most `max_token_chars` characters (the
   longest vocabulary entry, `tokens.max_token_chars`), so a text of more than
@@ -9,7 +10,9 @@
   its length): its length against the context, then each id against the vocabulary, in one
   pass (400).
 * Every prompt once tokenised: not empty, and its tokens plus max_tokens within the context
-  (400 `context_length_exceeded`).
+  (400 `context_length_exceeded`). A rerank document is refused by its index: first by its
+  text alone, before anything is tokenised, then by each filter prompt built on it and the
+  tokens that prompt's answer needs.
 * A chat request without max_tokens gets `default_chat_max_tokens`, lowered to what the
   context leaves after the prompt.
 
@@ -34,6 +37,7 @@ class PromptLimits:
     max_token_chars: int
     max_prompts_per_request: int
     default_chat_max_tokens: int
+    max_rerank_documents: int
 
     def check_count(self, prompts: Sequence[object]) -> None:
         """Refuse a completions request with no prompt or more than the cap."""
@@ -43,6 +47,31 @@ class PromptLimits:
             raise APIError(400, f"the request holds {len(prompts)} prompts; this server takes "
                            f"at most {self.max_prompts_per_request} per request: split it",
                            param="prompt")
+
+    def check_documents(self, texts: Sequence[str]) -> None:
+        """Refuse a rerank request with no document or more than the cap, and any document
+        whose text alone cannot fit the context (in time linear in its length)."""
+        if not texts:
+            raise APIError(400, "documents is an empty list: send at least one document to "
+                           "rerank", param="documents")
+        if len(texts) > self.max_rerank_documents:
+            raise APIError(400, f"the request holds {len(texts)} documents; this server reranks "
+                           f"at most {self.max_rerank_documents} per request: split it",
+                           param="documents")
+        for index, text in enumerate(texts):
+            fewest = -(-len(text) // self.max_token_chars)
+            if fewest >= self.max_model_len:
+                raise self._document_too_long(index, f"its text alone has at least {fewest} "
+                                              f"tokens ({len(text)} characters)")
+
+    def check_document_prompt(self, index: int, prompt_tokens: int, answer_tokens: int,
+                              prompt_name: str) -> None:
+        """Refuse document `index` when its filter prompt (`prompt_name`) with the tokens
+        of its answer overflows the context."""
+        if prompt_tokens + answer_tokens > self.max_model_len:
+            raise self._document_too_long(
+                index, f"its {prompt_name} prompt has {prompt_tokens} tokens and the answer "
+                f"needs {answer_tokens} more")
 
     def check_before_encoding(self, prompt: str | Sequence[int], max_tokens: int,
                               param: str) -> None:
@@ -71,6 +100,12 @@ class PromptLimits:
         if requested is not None:
             return requested
         return max(1, min(self.default_chat_max_tokens, self.max_model_len - prompt_tokens))
+
+    def _document_too_long(self, index: int, counted: str) -> APIError:
+        return APIError(400, f"document {index} does not fit this model's maximum context "
+                        f"length of {self.max_model_len} tokens: {counted}; shorten it (split "
+                        "it into chunks) or the query", param="documents",
+                        code="context_length_exceeded")
 
     def _check_fit(self, prompt_tokens: int, max_tokens: int, param: str, counted: str) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible request bodies the embedded server accepts, and its error type.
+"""The request bodies the embedded server accepts (OpenAI's, and the Cohere/Jina rerank body
+vLLM serves), and its error type.
 
 Bodies are validated strictly: an unknown parameter is refused with a 400 naming it rather
 than silently ignored, so a client never believes a setting took effect when it did not.
@@ -161,3 +162,33 @@ class ChatCompletionRequest(_RequestBody):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens else self.max_tokens
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object (Jina, Cohere): its text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Text
+
+
+class RerankRequest(BaseModel):
+    """POST /v1/rerank (and /rerank): the Cohere/Jina schema vLLM serves, plus `granularity`.
+
+    The count of documents and their sizes are checked by `limits`, before any work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text = Field(description="served model name: the base model or an adapter name")
+    query: Text = Field(description="the question the documents are judged against")
+    documents: list[Text | RerankDocument] = Field(description="strings or {text} objects")
+    top_n: StrictInt | None = Field(None, ge=0, description="results returned, best first; "
+                                    "0 or null: every document")
+    return_documents: bool = Field(True, description="return each document's text")
+    granularity: Literal["chunk", "sentence"] | None = Field(
+        None, description="sentence: also the kept documents' key sentences; null: the "
+                          "server's default (--local.rerank.sentence-stage)")
+
+    def texts(self) -> list[str]:
+        """The documents' texts, in request order."""
+        return [d if isinstance(d, str) else d.text for d in self.documents]

@@ -156,7 +156,12 @@ class MultiGranularFilter:
         """Score every document and keep those at or above the bar, best first (full text)."""
         if not documents:
             return FilterResult(kept=(), scored=(), threshold=None)
-        scores = self.chunk_scores(question, documents)
+        return self.chunk_verdicts(question, documents, self.chunk_scores(question, documents))
+
+    def chunk_verdicts(self, question: str, documents: Sequence[Document],
+                       scores: Sequence[dict]) -> FilterResult:
+        """The chunk stage's verdicts on `documents` (at least one) from their `chunk_scores`:
+        the lexical prior fused in where configured, the bar applied, kept ones best first."""
         values = [s["score"] for s in scores]
         details = [{"p_yes": round(s["p_yes"], 4)} for s in scores]
         if self.config.prior_weight > 0:

@@ -87,6 +87,18 @@ def model_context_length(model: torch.nn.Module, name: str) -> int:
                       "(max_position_embeddings); set context_length")
 
 
+def reply_token_ids(tokenizer: PreTrainedTokenizerBase, prompt_text: str,
+                    prompt_ids: Sequence[int], reply: str) -> list[int]:
+    """Token ids of `reply` as the model would emit it right after `prompt_text` (whose ids
+    are `prompt_ids`): how every in-process scorer (this backend, the embedded server) reads
+    a label or a continuation."""
+    joint = tokenizer(prompt_text + reply, add_special_tokens=False)["input_ids"]
+    if joint[: len(prompt_ids)] == list(prompt_ids) and len(joint) > len(prompt_ids):
+        return joint[len(prompt_ids):]
+    # The reply merged with the prompt's last token: fall back to tokenising it alone.
+    return tokenizer(reply, add_special_tokens=False)["input_ids"]
+
+
 def _pick_device(device: Device) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -205,11 +217,7 @@ class HFBackend:
 
     def reply_ids(self, prompt_text: str, prompt_ids: list[int], reply: str) -> list[int]:
         """Token ids of `reply` as the model would emit it right after `prompt_text`."""
-        joint = self.tokenizer(prompt_text + reply, add_special_tokens=False)["input_ids"]
-        if joint[: len(prompt_ids)] == prompt_ids and len(joint) > len(prompt_ids):
-            return joint[len(prompt_ids):]
-        # The reply merged with the prompt's last token: fall back to tokenising it alone.
-        return self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+        return reply_token_ids(self.tokenizer, prompt_text, prompt_ids, reply)
 
     def _batches(self, sequences: Sequence[list[int]]) -> Iterator[list[int]]:
         """Indices of `sequences` grouped into batches of similar length (less padding)."""

@@ -1,0 +1,144 @@
+"""The `LLMBackend` protocol on the embedded server's own engine, so inference's filters run
+inside the server: batched with every other request, on the served model or adapter a
+request names.
+
+Each operation computes what `HFBackend` computes on the same model: prompts are rendered by
+the chat template and tokenised as it does, labels and replies tokenised by the one
+`reply_token_ids`; `label_logprobs` reads the labels' log-probs at the first new position
+(`SequenceRequest.label_token_ids`), `continuation_logprob` sums the reply's prompt log-probs,
+`generate` decodes as the engine decodes chat requests. Prompts are not cut to fit: the
+caller checks their sizes first (`encode` gives their tokens), and the engine refuses none.
+
+One instance serves one HTTP request, from the worker thread that runs the filter: each call
+blocks on the engine's futures; `cancel()` (from the event loop, when the client goes away)
+cancels those in flight and refuses later calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import CancelledError, Future
+
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.hf import reply_token_ids
+from sieverag.inference.types import Conversation
+from sieverag.serving.engine import BatchingEngine, SequenceRequest, SequenceResult
+
+_DEFAULT_SETTINGS = GenerationSettings()
+
+
+class EngineBackend:
+    """An `LLMBackend` that runs `model` (a served name) on `engine`."""
+
+    def __init__(self, engine: BatchingEngine, model: str) -> None:
+        if model not in engine.served.names:
+            raise ValueError(f"unknown model {model!r}; served: {engine.served.names}")
+        self.engine = engine
+        self.model = model
+        self.tokenizer = engine.served.tokenizer
+        self.meter = UsageMeter()
+        self._encoded: dict[str, tuple[int, ...]] = {}  # rendered prompt -> its token ids
+        self._in_flight: list[Future[SequenceResult]] = []
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    @property
+    def model_name(self) -> str:
+        return self.model
+
+    def render(self, conversation: Conversation) -> str:
+        """The chat-templated prompt text, ending with the assistant prefix."""
+        return self.tokenizer.apply_chat_template(list(conversation),
+                                                  add_generation_prompt=True, tokenize=False)
+
+    def encode(self, conversation: Conversation) -> tuple[str, tuple[int, ...]]:
+        """The prompt's text and token ids (the template holds its own special tokens);
+        remembered, so checking a prompt's size and then running it tokenise it once."""
+        text = self.render(conversation)
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._encoded[text] = ids
+        return text, ids
+
+    def generate(
+        self,
+        prompts: Sequence[Conversation],
+        settings: GenerationSettings = _DEFAULT_SETTINGS,
+        *,
+        agent: str = "generator",
+    ) -> list[str]:
+        """One reply per conversation, in order, with stop strings cut off."""
+        encoded = [self.encode(prompt)[1] for prompt in prompts]
+        results = self._run([SequenceRequest(
+            model=self.model, prompt_ids=ids, max_tokens=settings.max_new_tokens,
+            temperature=settings.temperature, stop=settings.stop) for ids in encoded])
+        self.meter.record(agent, len(prompts), sum(map(len, encoded)),
+                          sum(len(r.token_ids) for r in results))
+        return [r.text for r in results]
+
+    def label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[dict[str, float]]:
+        """For each conversation, {label: log P(label as the assistant's next output)}; a
+        label of more than one token is scored as a whole reply (`continuation_logprob`)."""
+        if not labels:
+            raise ValueError("label_logprobs needs at least one label")
+        encoded = [self.encode(prompt) for prompt in prompts]
+        label_ids = [[reply_token_ids(self.tokenizer, text, ids, label) for label in labels]
+                     for text, ids in encoded]
+        if any(len(ids) != 1 for row in label_ids for ids in row):
+            flat_prompts = [p for p in prompts for _ in labels]
+            scores = self.continuation_logprob(flat_prompts, list(labels) * len(prompts),
+                                               agent=agent)
+            return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
+                    for i in range(len(prompts))]
+        results = self._run([SequenceRequest(
+            model=self.model, prompt_ids=ids, max_tokens=0,
+            label_token_ids=tuple(label[0] for label in row))
+            for (_, ids), row in zip(encoded, label_ids, strict=True)])
+        self.meter.record(agent, len(prompts), sum(len(ids) for _, ids in encoded), 0)
+        return [dict(zip(labels, r.label_logprobs, strict=True)) for r in results]
+
+    def continuation_logprob(
+        self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
+        agent: str = "scorer",
+    ) -> list[float]:
+        """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        encoded = [self.encode(prompt) for prompt in prompts]
+        replies = [reply_token_ids(self.tokenizer, text, ids, reply)
+                   for (text, ids), reply in zip(encoded, continuations, strict=True)]
+        sequences = [(*ids, *reply) for (_, ids), reply in zip(encoded, replies, strict=True)]
+        results = self._run([SequenceRequest(model=self.model, prompt_ids=ids, max_tokens=0,
+                                             prompt_logprobs=True) for ids in sequences])
+        self.meter.record(agent, len(prompts), sum(map(len, sequences)), 0)
+        # The reply's tokens are the last prompt tokens; each entry scores its own token.
+        return [sum(entry.logprob for entry in result.prompt_logprobs[-len(reply):])
+                if reply else 0.0 for result, reply in zip(results, replies, strict=True)]
+
+    def cancel(self) -> None:
+        """Cancel the sequences in flight; every later call raises `CancelledError`."""
+        with self._lock:
+            self._cancelled = True
+            futures, self._in_flight = self._in_flight, []
+        self.engine.cancel(futures)
+
+    def _run(self, requests: list[SequenceRequest]) -> list[SequenceResult]:
+        """Submit every request, then wait for all of them (results in order)."""
+        futures: list[Future[SequenceResult]] = []
+        try:
+            with self._lock:
+                if self._cancelled:
+                    raise CancelledError
+                self._in_flight = futures
+                futures.extend(self.engine.submit(request) for request in requests)
+            return [future.result() for future in futures]
+        except BaseException:
+            self.engine.cancel(futures)  # one failed or was cancelled: none is wanted now
+            raise
+        finally:
+            with self._lock:
+                self._in_flight = []
