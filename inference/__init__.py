@@ -9,6 +9,8 @@
 * `pipelines` — direct, vanilla, main-rag (and main-rag-naive), amber (with its memory and
   collector agents), auto (with its router);
 * `config` (a run's settings, `presets/`) and `compose` (the model roles → pipelines);
+* `integrations` — the filter inside LangChain and LlamaIndex pipelines, through the rerank
+  endpoint (each framework imported by its own module only, behind its extra);
 * `eval` — the runner, metrics, reports, trace rendering, the judge-bar sweep; `cli` — eval,
   ask, demo, trace, judge-sweep.
 

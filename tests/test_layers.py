@@ -9,7 +9,8 @@ Inside `sieverag.inference` a module imports only its own layer or the layers be
   llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
   agents       filters, answers
   pipelines    inference.pipelines (with amber's memory and collector agents and the router)
-  composition  config, compose (build the roles and pipelines for every command)
+  composition | integrations   side by side: config, compose (build the roles and pipelines
+               for every command) | the framework adapters (the rerank endpoint's clients)
   evaluation   inference.eval (runner, metrics, reports, trace rendering)
   command line every `cli.py`: anything in its own part
 
@@ -76,6 +77,7 @@ LAYERS = (
     Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers")),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
     Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
+    Layer("integrations", 5, (f"{INFERENCE}.integrations",)),
     Layer("evaluation", 6, (f"{INFERENCE}.eval",)),
 )
 COMMAND_LINE = Layer("command line", 7, ())
@@ -362,9 +364,14 @@ def test_every_folder_with_python_code_is_a_package() -> None:
 
 # Import names that differ from their distribution's name.
 DISTRIBUTION_OF = {"Stemmer": "pystemmer", "faiss": "faiss-cpu", "sklearn": "scikit-learn",
-                   "yaml": "pyyaml"}
-# Imported only where their extra is installed (inside functions, behind that extra).
-EXTRA_ONLY = {"vllm", "deepspeed", "wandb"}
+                   "yaml": "pyyaml", "llama_index": "llama-index-core"}
+# Imported only where their extra is installed (inside functions, behind that extra, or by a
+# module of that extra alone: FRAMEWORK_MODULES).
+EXTRA_ONLY = {"vllm", "deepspeed", "wandb", "langchain_core", "llama_index"}
+# A framework adapter's library → the one module that imports it (nothing imports that module),
+# so `import sieverag.inference` and every command run without the framework installed.
+FRAMEWORK_MODULES = {"langchain_core": f"{INFERENCE}.integrations.langchain",
+                     "llama_index": f"{INFERENCE}.integrations.llamaindex"}
 
 
 def _distribution(requirement: str) -> str:
@@ -388,3 +395,19 @@ def test_every_imported_package_is_declared() -> None:
         if DISTRIBUTION_OF.get(name, name).lower().replace("_", "-")
         not in (declared | (extras if name in EXTRA_ONLY else set())))
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_each_framework_is_imported_by_its_adapter_alone() -> None:
+    known = set(MODULES)
+    found = []
+    for module in MODULES.values():
+        for imported in imports_of(module, known):
+            library = imported.target.split(".")[0]
+            if library in FRAMEWORK_MODULES and module.name != FRAMEWORK_MODULES[library]:
+                found.append(f"{module.shown}:{imported.line}: `{imported.statement}` — only "
+                             f"{FRAMEWORK_MODULES[library]} imports {library}")
+            if imported.target in FRAMEWORK_MODULES.values():
+                found.append(f"{module.shown}:{imported.line}: `{imported.statement}` — a "
+                             "framework adapter is imported by its users only")
+    assert set(FRAMEWORK_MODULES.values()) <= known
+    assert not found, "framework imports outside their adapters:\n" + "\n".join(found)

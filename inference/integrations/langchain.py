@@ -1,0 +1,105 @@
+"""LangChain: the trained filter as a document compressor (`pip install "sieverag[langchain]"`).
+
+`SieveragCompressor` sends the retrieved documents' `page_content` to the rerank endpoint
+(`rerank_client`) and returns the documents it keeps, best first, each a copy with
+`relevance_score`, `kept` and (at sentence granularity) `key_sentences` added to its
+metadata. At sentence granularity a kept document's `page_content` becomes its key sentences
+joined by a space (the compressor compresses); the rest of its metadata and its id stay.
+
+Use it where LangChain takes a compressor (langchain-classic's
+`ContextualCompressionRetriever`), or, with langchain-core alone, wrap a retriever:
+`SieveragCompressor(...).wrap(retriever)` is a `FilteredRetriever`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+    Callbacks,
+)
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.retrievers import BaseRetriever, RetrieverLike
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from sieverag.inference.integrations.rerank_client import (
+    Granularity,
+    Keep,
+    RerankEndpoint,
+    RerankResult,
+)
+
+_DEFAULTS = RerankEndpoint()
+
+
+class SieveragCompressor(BaseDocumentCompressor):
+    """The documents the served filter keeps, best first (see `RerankEndpoint` for the
+    settings; `api_key` is the server's key, held out of the fields so it is never shown)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
+    model: str = Field(_DEFAULTS.model, description="the served filter's name")
+    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
+                                                   "top_n best, kept or not")
+    top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many documents")
+    granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
+                                     "the kept documents' key sentences")
+    timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
+    _endpoint: RerankEndpoint = PrivateAttr()
+
+    def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._endpoint = RerankEndpoint(
+            base_url=self.base_url, model=self.model, keep=self.keep, top_n=self.top_n,
+            granularity=self.granularity, timeout_s=self.timeout_s, api_key=api_key)
+
+    def compress_documents(self, documents: Sequence[Document], query: str,
+                           callbacks: Callbacks | None = None) -> Sequence[Document]:
+        """The documents the filter keeps for `query`, best first, annotated."""
+        documents = list(documents)
+        selected = self._endpoint.select(query, [d.page_content for d in documents])
+        return [_annotated(documents[result.index], result) for result in selected]
+
+    async def acompress_documents(self, documents: Sequence[Document], query: str,
+                                  callbacks: Callbacks | None = None) -> Sequence[Document]:
+        """`compress_documents`, without blocking the event loop."""
+        documents = list(documents)
+        selected = await self._endpoint.aselect(query, [d.page_content for d in documents])
+        return [_annotated(documents[result.index], result) for result in selected]
+
+    def wrap(self, retriever: RetrieverLike) -> FilteredRetriever:
+        """`retriever`, its documents passed through this compressor."""
+        return FilteredRetriever(retriever=retriever, compressor=self)
+
+
+class FilteredRetriever(BaseRetriever):
+    """A retriever's documents as the filter keeps them: langchain-classic's
+    `ContextualCompressionRetriever` for a `SieveragCompressor`, with langchain-core alone."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    retriever: RetrieverLike
+    compressor: SieveragCompressor
+
+    def _get_relevant_documents(self, query: str, *,
+                                run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        documents = self.retriever.invoke(query, config={"callbacks": run_manager.get_child()})
+        return list(self.compressor.compress_documents(documents, query,
+                                                       callbacks=run_manager.get_child()))
+
+    async def _aget_relevant_documents(
+            self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        documents = await self.retriever.ainvoke(query,
+                                                 config={"callbacks": run_manager.get_child()})
+        return list(await self.compressor.acompress_documents(
+            documents, query, callbacks=run_manager.get_child()))
+
+
+def _annotated(document: Document, result: RerankResult) -> Document:
+    return Document(page_content=result.text(document.page_content),
+                    metadata={**document.metadata, **result.metadata()}, id=document.id)

@@ -1,0 +1,109 @@
+"""LlamaIndex: the trained filter as a node post-processor (`pip install
+"sieverag[llamaindex]"`).
+
+`SieveragPostprocessor` sends the retrieved nodes' text (`MetadataMode.NONE`: the text
+alone, no metadata) to the rerank endpoint (`rerank_client`) and returns the nodes it keeps,
+best first. Each is a copy whose score is the filter's `relevance_score` and whose metadata
+gains `relevance_score`, `kept` and (at sentence granularity) `key_sentences`, hidden from
+the LLM and the embedding model (`excluded_*_metadata_keys`). At sentence granularity a kept
+node's text becomes its key sentences joined by a space; the index's own nodes are never
+changed.
+
+Add it where LlamaIndex takes post-processors:
+`index.as_query_engine(node_postprocessors=[SieveragPostprocessor(...)])`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from sieverag.inference.integrations.rerank_client import (
+    Granularity,
+    Keep,
+    RerankEndpoint,
+    RerankResult,
+)
+
+_DEFAULTS = RerankEndpoint()
+
+
+class SieveragPostprocessor(BaseNodePostprocessor):
+    """The nodes the served filter keeps, best first (see `RerankEndpoint` for the settings;
+    `api_key` is the server's key, held out of the fields so it is never shown or saved)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
+    model: str = Field(_DEFAULTS.model, description="the served filter's name")
+    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
+                                                   "top_n best, kept or not")
+    top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many nodes")
+    granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
+                                     "the kept nodes' key sentences")
+    timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
+    _endpoint: RerankEndpoint = PrivateAttr()
+
+    def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._endpoint = RerankEndpoint(
+            base_url=self.base_url, model=self.model, keep=self.keep, top_n=self.top_n,
+            granularity=self.granularity, timeout_s=self.timeout_s, api_key=api_key)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SieveragPostprocessor"
+
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        query = _query(query_bundle)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._event(nodes, query)) as event:
+            selected = self._endpoint.select(query, [_text(node) for node in nodes])
+            kept = [_annotated(nodes[result.index], result) for result in selected]
+            event.on_end(payload={EventPayload.NODES: kept})
+        return kept
+
+    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
+                                  query_bundle: QueryBundle | None = None
+                                  ) -> list[NodeWithScore]:
+        query = _query(query_bundle)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._event(nodes, query)) as event:
+            selected = await self._endpoint.aselect(query, [_text(node) for node in nodes])
+            kept = [_annotated(nodes[result.index], result) for result in selected]
+            event.on_end(payload={EventPayload.NODES: kept})
+        return kept
+
+    def _event(self, nodes: list[NodeWithScore], query: str) -> dict[EventPayload, Any]:
+        return {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.model,
+                EventPayload.QUERY_STR: query, EventPayload.TOP_K: self.top_n}
+
+
+def _query(query_bundle: QueryBundle | None) -> str:
+    if query_bundle is None:
+        raise ValueError("SieveragPostprocessor judges nodes against a query: pass "
+                         "query_bundle or query_str to postprocess_nodes")
+    return query_bundle.query_str
+
+
+def _text(node: NodeWithScore) -> str:
+    return node.node.get_content(metadata_mode=MetadataMode.NONE)
+
+
+def _annotated(node: NodeWithScore, result: RerankResult) -> NodeWithScore:
+    added = result.metadata()
+    hidden = [key for key in added if key not in node.node.excluded_llm_metadata_keys]
+    hidden_embed = [key for key in added if key not in node.node.excluded_embed_metadata_keys]
+    copy = node.node.model_copy(update={
+        "metadata": {**node.node.metadata, **added},
+        "excluded_llm_metadata_keys": [*node.node.excluded_llm_metadata_keys, *hidden],
+        "excluded_embed_metadata_keys": [*node.node.excluded_embed_metadata_keys,
+                                         *hidden_embed]})
+    if result.key_sentences:
+        copy.set_content(result.text(_text(node)))
+    return NodeWithScore(node=copy, score=result.relevance_score)

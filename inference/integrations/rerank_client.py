@@ -1,0 +1,202 @@
+"""A client of the rerank endpoint (`POST {base_url}/rerank`, the embedded server's
+`/v1/rerank`) that returns the documents to keep, best first: what the framework adapters
+(`langchain`, `llamaindex`) share.
+
+The server runs the trained filter (MCF) on the documents and answers in the Cohere/Jina
+schema with sieverag's `kept` verdicts (README, "Reranking with the filter"). `keep` says
+which results a caller gets:
+
+* `"kept"` — the documents the server's bar keeps, best first, at most `top_n`;
+* `"top_n"` — the `top_n` best by `relevance_score`, kept or not (all, best first, without
+  `top_n`): a plain reranker, which also works against any Cohere/Jina-schema reranker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import httpx
+
+from sieverag.inference.errors import ConfigError, SieveragError
+
+Keep = Literal["kept", "top_n"]
+Granularity = Literal["chunk", "sentence"]
+
+# What each refused status most likely means for a caller of this client.
+_ADVICE = {
+    400: "check the documents (each must fit the model's context) and the settings",
+    401: "pass the server's key as api_key",
+    403: "pass the server's key as api_key",
+    404: "check base_url (the server's /v1 address, e.g. http://127.0.0.1:8000/v1) and that "
+         "the server serves the model",
+}
+
+
+class RerankEndpointError(SieveragError):
+    """The rerank endpoint cannot be reached, refused the request, or sent a reply that is not
+    a rerank response."""
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """One document as the endpoint ranked it. `kept` is None from a reranker that gives no
+    verdicts; `key_sentences` is None at chunk granularity."""
+
+    index: int
+    relevance_score: float
+    kept: bool | None
+    key_sentences: tuple[str, ...] | None
+
+    def metadata(self) -> dict[str, Any]:
+        """What the adapters add to a document's metadata: `relevance_score`, `kept` (when
+        the endpoint gives it) and `key_sentences` (at sentence granularity)."""
+        added: dict[str, Any] = {"relevance_score": self.relevance_score}
+        if self.kept is not None:
+            added["kept"] = self.kept
+        if self.key_sentences is not None:
+            added["key_sentences"] = list(self.key_sentences)
+        return added
+
+    def text(self, original: str) -> str:
+        """The document's text to pass on: its key sentences joined by a space when the
+        sentence stage named some, else the original text."""
+        return " ".join(self.key_sentences) if self.key_sentences else original
+
+
+@dataclass(frozen=True)
+class RerankEndpoint:
+    """Where the filter is served and which of its results to keep."""
+
+    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={
+        "help": "the server's OpenAI-style base URL; requests go to {base_url}/rerank"})
+    model: str = field(default="filter", metadata={
+        "help": "the served filter adapter (or model) name, as `sieverag serve --adapters` "
+                "named it"})
+    keep: Keep = field(default="kept", metadata={
+        "help": "kept: the documents the server's bar keeps; top_n: the top_n best, kept or not"})
+    top_n: int | None = field(default=None, metadata={
+        "help": "at most this many documents, best first; None: no cap"})
+    granularity: Granularity = field(default="chunk", metadata={
+        "help": "sentence: also run the filter's sentence stage and pass on each kept "
+                "document's key sentences"})
+    timeout_s: float = field(default=120.0, metadata={"help": "seconds to wait for the reply"})
+    api_key: str | None = field(default=None, repr=False, metadata={
+        "help": "the server's API key (`sieverag serve --api-key-env`); None: send none"})
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got "
+                              f"{self.base_url!r}")
+        if not self.model:
+            raise ConfigError("model must name the served filter (e.g. 'filter'), got ''")
+        if self.keep not in get_args(Keep):
+            raise ConfigError(f"keep must be one of {get_args(Keep)}, got {self.keep!r}")
+        if self.granularity not in get_args(Granularity):
+            raise ConfigError(f"granularity must be one of {get_args(Granularity)}, got "
+                              f"{self.granularity!r}")
+        if self.top_n is not None and self.top_n < 1:
+            raise ConfigError(f"top_n must be >= 1 or None, got {self.top_n}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url.rstrip('/')}/rerank"
+
+    def select(self, query: str, texts: Sequence[str]) -> list[RerankResult]:
+        """The results to keep for `texts` (by their `index` there), best first; no request
+        for no texts."""
+        if not texts:
+            return []
+        try:
+            response = httpx.post(self.url, json=self._body(query, texts),
+                                  headers=self._headers(), timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        return self._selected(response, len(texts))
+
+    async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]:
+        """`select`, without blocking the event loop."""
+        if not texts:
+            return []
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                response = await client.post(self.url, json=self._body(query, texts),
+                                             headers=self._headers())
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        return self._selected(response, len(texts))
+
+    def _body(self, query: str, texts: Sequence[str]) -> dict[str, Any]:
+        # Every result comes back (no top_n): `kept` documents may rank below the top_n.
+        return {"model": self.model, "query": query, "documents": list(texts),
+                "return_documents": False, "granularity": self.granularity}
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _unreachable(self, exc: httpx.HTTPError) -> RerankEndpointError:
+        if isinstance(exc, httpx.TimeoutException):
+            failure = f"no reply within timeout_s={self.timeout_s}"
+        else:
+            failure = f"{type(exc).__name__}: {exc}"
+        return RerankEndpointError(
+            f"cannot reach the rerank endpoint {self.url} ({failure}); is the server running? "
+            "start it with `sieverag serve --engine local --adapters filter=smollm2-filter`, "
+            "or point base_url at a running one")
+
+    def _selected(self, response: httpx.Response, count: int) -> list[RerankResult]:
+        if response.status_code >= 400:
+            raise RerankEndpointError(
+                f"the rerank endpoint {self.url} refused the request with HTTP "
+                f"{response.status_code}: {_error_message(response)}; "
+                f"{_ADVICE.get(response.status_code, 'check the server log')}")
+        results = self._parse(response, count)
+        if self.keep == "kept":
+            if any(result.kept is None for result in results):
+                raise RerankEndpointError(
+                    f"the reranker at {self.url} gives no `kept` verdicts (it is not "
+                    "sieverag's rerank endpoint); use keep='top_n' to keep the best top_n")
+            results = [result for result in results if result.kept]
+        return results[:self.top_n]
+
+    def _parse(self, response: httpx.Response, count: int) -> list[RerankResult]:
+        """The reply's results in its order (best first), each checked."""
+        try:
+            results = [_result(entry) for entry in response.json()["results"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._malformed(f"it is not a rerank response ({type(exc).__name__}: "
+                                  f"{exc})") from None
+        indices = [result.index for result in results]
+        if sorted(indices) != list(range(count)):
+            raise self._malformed(f"its results hold the indices {indices} for {count} documents")
+        if self.granularity == "sentence" and any(r.key_sentences is None for r in results):
+            raise self._malformed("its results have no key_sentences at granularity 'sentence'")
+        return results
+
+    def _malformed(self, problem: str) -> RerankEndpointError:
+        return RerankEndpointError(f"the rerank endpoint {self.url} sent a reply sieverag cannot "
+                                   f"read: {problem}; point base_url at a sieverag server")
+
+
+def _result(entry: dict[str, Any]) -> RerankResult:
+    """One reply entry, its fields' types checked (TypeError, ValueError where wrong)."""
+    index, score, kept = entry["index"], float(entry["relevance_score"]), entry.get("kept")
+    keys = entry.get("key_sentences")
+    if type(index) is not int or not math.isfinite(score) or not isinstance(kept, bool | None):
+        raise ValueError(f"a result has index {index!r}, relevance_score {score}, kept {kept!r}")
+    if keys is not None and not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+        raise TypeError(f"key_sentences must be a list of strings, got {keys!r}")
+    return RerankResult(index, score, kept, None if keys is None else tuple(keys))
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's own message: an OpenAI-style `error.message`, or the start of the body."""
+    try:
+        error = response.json().get("error")
+        return str(error["message"] if isinstance(error, dict) else error or response.text[:300])
+    except (ValueError, AttributeError, KeyError):
+        return response.text[:300]

@@ -1,0 +1,67 @@
+"""The embedded server on the tiny model with a random filter adapter, behind an API key, as
+tests/test_serving_rerank.py starts it, for the rerank endpoint's clients (the framework
+adapters); a small corpus to retrieve from, and the endpoint's own answer to compare with.
+A test module's fixture wraps `serving_filter`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tiny_adapter import make_lora_adapter
+
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.local_server import LocalServer
+
+KEY_ENV = "SIEVERAG_RERANK_CLIENT_TEST_KEY"
+KEY = "sk-rerank-client-test"
+FILTER = "filter"
+QUERY = "Where was Liora Tamsin born?"
+# id → text: a relevant document, a supporting one, two same-kind distractors, an off-topic one.
+CORPUS = {
+    "tamsin": "Liora Tamsin was born in Quorrin in 1848. She later worked as a cartographer. "
+              "Her maps are kept in Ostmere.",
+    "quorrin": "Quorrin is a port town. Liora Tamsin grew up there.",
+    "bridge": "The Calder Bridge opened in 1901. It crosses a gorge. Its engineer was Wren Ivers.",
+    "ivers": "Wren Ivers was born in Haldane. He designed three bridges.",
+    "penguins": "Penguins huddle together in winter.",
+}
+
+
+@contextmanager
+def serving_filter(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[str]:
+    """The base URL (…/v1) of a server that serves a random LoRA adapter, saved into
+    `adapter_dir`, as `filter` and requires the key KEY."""
+    adapter = make_lora_adapter(tiny_model_dir, adapter_dir)
+    os.environ[KEY_ENV] = KEY
+    config = LocalServerConfig(model=str(tiny_model_dir), adapters=(f"{FILTER}={adapter}",),
+                               port=0, access_log=False, api_key_env=KEY_ENV)
+    try:
+        with LocalServer(config) as running:
+            yield running.base_url
+    finally:
+        del os.environ[KEY_ENV]
+
+
+def rerank_directly(base_url: str, query: str, texts: list[str],
+                    granularity: str = "chunk") -> list[dict[str, Any]]:
+    """The endpoint's results for `texts`, best first, asked over plain HTTP."""
+    reply = httpx.post(f"{base_url}/rerank", timeout=120,
+                       headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": FILTER, "query": query, "documents": texts,
+                             "granularity": granularity})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["results"]
+
+
+def nothing_listening() -> str:
+    """A base URL on a local port nobody listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
