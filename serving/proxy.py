@@ -87,9 +87,9 @@ class ChatProxy:
         info, forwarded = await self._filtered(marked)
         extra = {INFO_HEADER: json.dumps(info, separators=(",", ":"))}
         content = self._encode(forwarded)
-        if forwarded.get("stream") is True:
-            return await self.upstream.stream(content, headers, extra)
         try:
+            if forwarded.get("stream") is True:
+                return await self.upstream.stream(content, headers, extra)
             status, answer_headers, answer = await self.upstream.post(content, headers)
         except UpstreamError as error:
             return error.response(extra)
@@ -109,9 +109,9 @@ class ChatProxy:
 
     async def _forward(self, content: bytes, headers: dict[str, str], *,
                        streaming: bool) -> Response:
-        if streaming:
-            return await self.upstream.stream(content, headers, {})
         try:
+            if streaming:
+                return await self.upstream.stream(content, headers, {})
             status, answer_headers, answer = await self.upstream.post(content, headers)
         except UpstreamError as error:
             return error.response()
