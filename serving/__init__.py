@@ -19,6 +19,6 @@ inference side's `openai` backend:
   `build_vllm_command`), for GPUs.
 
 `config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`) and the
-proxy's (`ProxyOptions`); `adapters`
-parses `--adapter NAME=PATH` arguments for both (content-hashed default names).
+proxy's (`ProxyOptions`); `adapters` parses `--adapter NAME=PATH` arguments for both
+(content-hashed default names).
 """
