@@ -74,11 +74,8 @@ class ChatProxy:
 
     async def handle(self, request: Request) -> Response:
         raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError:  # not ours to judge: the upstream refuses it in its own words
-            body = None
-        marked = find_marked(body)
+        # Parsed off the event loop, as the server's other endpoints parse and tokenise.
+        body, marked = await asyncio.to_thread(_parse, raw)
         headers = dict(request.headers)
         if marked is None:
             return await self._forward(self._passed_through(raw, body), headers,
@@ -135,19 +132,15 @@ class ChatProxy:
         if marked.granularity is not None:
             rules = dataclasses.replace(rules, sentence_stage=marked.granularity == "sentence")
         documents = [p.document for p in marked.passages]
-        if documents:
+        if documents:  # none (an empty list or block) is no work, not an error
             self.limits.check_documents([d.text for d in documents])
         backend = EngineBackend(self.engine, self.filter_model)
 
         def run() -> tuple[dict[str, Any], dict[str, Any]]:
-            if documents:
-                check_prompts_fit(backend, self.limits, rules, marked.question, documents)
-                result = MultiGranularFilter(backend, rules).select(marked.question, documents)
-            else:
-                result = FilterResult(kept=(), scored=(), threshold=None)
+            check_prompts_fit(backend, self.limits, rules, marked.question, documents)
+            result = MultiGranularFilter(backend, rules).select(marked.question, documents)
             kept = kept_passages(marked.passages, result)
-            saved = (self._block_tokens(marked.passages) - self._block_tokens(kept)
-                     if documents else 0)
+            saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
             kept_indices = [int(p.document.id) for p in kept]
             info = {"kept": kept_indices,
                     "dropped": sorted(set(range(len(documents))) - set(kept_indices)),
@@ -165,6 +158,16 @@ class ChatProxy:
     def _block_tokens(self, passages: Sequence[Passage]) -> int:
         block = documents_block(passages)
         return len(self.engine.served.tokenizer(block, add_special_tokens=False)["input_ids"])
+
+
+def _parse(raw: bytes) -> tuple[Any, MarkedRequest | None]:
+    """The body as JSON (None when it is not: the upstream refuses it in its own words) and
+    its marked documents."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None, None
+    return body, find_marked(body)
 
 
 def kept_passages(passages: Sequence[Passage], result: FilterResult) -> list[Passage]:

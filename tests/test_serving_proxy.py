@@ -197,6 +197,16 @@ def test_marked_stream_carries_the_verdict_in_a_header(http: httpx.Client,
     assert sent["messages"][-1]["content"].startswith("<documents>\n[")
 
 
+def test_no_documents_is_no_work(http: httpx.Client, upstream: FakeOpenAIServer) -> None:
+    reply = http.post("/chat/completions", json=chat(documents=[]))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["sieverag"] == {"kept": [], "dropped": [], "documents_in": 0,
+                                        "documents_kept": 0, "granularity": "chunk",
+                                        "prompt_tokens_saved": 0}
+    sent = last_received(upstream)["messages"][-1]["content"]
+    assert sent == f"<documents>\n</documents>\n\n{QUESTION}"
+
+
 # ----- passed through -----
 
 def test_unmarked_request_is_forwarded_byte_for_byte(http: httpx.Client,
