@@ -15,12 +15,14 @@ from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 from sieverag.inference.types import Device, DType
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+PROXY_TIMEOUT_S = 120.0
 
 
 @settings
@@ -103,12 +105,12 @@ class ProxyOptions:
                 "application\")"})
     proxy_model: str | None = field(default=None, metadata={
         "help": "the `model` every forwarded request names; unset: the client's"})
-    proxy_timeout: float = field(default=120.0, metadata={
+    proxy_timeout: float = field(default=PROXY_TIMEOUT_S, metadata={
         "help": "seconds the upstream gets to answer (a stream: to start, then between "
                 "chunks); past them the proxy answers 504"})
     proxy_filter: str | None = field(default=None, metadata={
         "help": "the served adapter (a NAME of --adapters) that filters; unset: the only one "
-                "given, or, when none is, the shipped filter, served as smollm2-filter"})
+                f"given, or, when none is, the shipped filter, served as {DEFAULT_FILTER_NAME}"})
     proxy_api_key_env: str | None = field(default=None, metadata={
         "help": "send the upstream `Authorization: Bearer <key>`, the key read from this "
                 "environment variable; unset: a client's Authorization header is forwarded "
@@ -118,6 +120,7 @@ class ProxyOptions:
         if self.proxy_to is None:
             given = [name for name in ("proxy_model", "proxy_filter", "proxy_api_key_env")
                      if getattr(self, name) is not None]
+            given += ["proxy_timeout"] if self.proxy_timeout != PROXY_TIMEOUT_S else []
             if given:
                 flag = given[0].replace("_", "-")
                 raise ConfigError(f"--{flag} needs --proxy-to (the generator to forward to)")

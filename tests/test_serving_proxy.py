@@ -368,6 +368,8 @@ def test_malformed_marks_are_refused_before_anything_is_forwarded(
 def test_proxy_settings_are_checked(tiny_model_dir: Path, adapter_dir: Path) -> None:
     with pytest.raises(ConfigError, match="--proxy-model needs --proxy-to"):
         LocalServerConfig(model=str(tiny_model_dir), proxy_model="m")
+    with pytest.raises(ConfigError, match="--proxy-timeout needs --proxy-to"):
+        LocalServerConfig(model=str(tiny_model_dir), proxy_timeout=5.0)
     with pytest.raises(ConfigError, match="http:// or https://"):
         LocalServerConfig(model=str(tiny_model_dir), proxy_to="127.0.0.1:8001/v1")
     # Checked before the model loads: the filter must be a served adapter.
