@@ -1,7 +1,8 @@
 """The filter anywhere: the rerank endpoint's throughput, and the filtering proxy in front of a
 generator, both on the shipped filter over the embedded model.
 
-Two servers, each `sieverag serve --engine local` on a free port in a process of its own:
+Two servers, each `sieverag serve --engine local` on a free port in a process of its own,
+started side by side:
 the upstream generator (the embedded SmolLM2-135M-Instruct, no adapter) and, in front of it,
 the filter server (the same base model with the shipped filter, served as smollm2-filter,
 `--proxy-to` the upstream). Questions are HotpotQA distractor validation questions, each with
@@ -24,6 +25,9 @@ its 10 passages.
     python tests/benchmarks/bench_filter_anywhere.py [--quick] [--data FILE]
         [--question-ids FILE] [--limit 50] [--rerank-requests 20]
 
+`--quick` (a smoke run, about a minute): 2 rerank requests whose passages are cut to their
+title and first sentence (8 for the 8 clients), and 1 question through the proxy.
+
 Prints a table, then one line of JSON with the figures.
 """
 
@@ -36,6 +40,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -78,46 +83,72 @@ ASK = load_template("answer_direct")
 
 @dataclass
 class Server:
+    command: list[str]
     process: subprocess.Popen[str]
-    base_url: str
+    lines: queue.SimpleQueue[str]
     output: deque[str]
+    base_url: str = ""
 
 
-@contextmanager
-def serving(*flags: str) -> Iterator[Server]:
-    """`sieverag serve --engine local FLAGS` on a free port, stopped (SIGINT) at the end."""
-    command = [sys.executable, "-m", "sieverag", "serve", "--engine", "local", "--port", "0",
-               "--no-local.access-log", *flags]
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port: int, *flags: str) -> Server:
+    """`sieverag serve --engine local --port PORT FLAGS` starting (0: a free port)."""
+    command = [sys.executable, "-m", "sieverag", "serve", "--engine", "local", "--port",
+               str(port), "--no-local.access-log", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-    output: deque[str] = deque(maxlen=200)
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    server = Server(command, process, queue.SimpleQueue(), deque(maxlen=200))
 
     def read() -> None:
         for line in process.stdout:
-            output.append(line)
-            lines.put(line)
+            server.output.append(line)
+            server.lines.put(line)
 
     threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"`{' '.join(command)}` did not start:\n" + "".join(output))
-            try:
-                found = ANNOUNCED.search(lines.get(timeout=0.5))
-            except queue.Empty:
-                continue
-            if found:
-                break
-        yield Server(process, found["url"], output)
-    finally:
-        process.send_signal(signal.SIGINT)
+    return server
+
+
+def wait_ready(server: Server, timeout_s: float = 300) -> None:
+    """Until the server announces its URL; exits with its output if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while not server.base_url:
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"`{' '.join(server.command)}` did not start:\n" + "".join(server.output))
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
+            found = ANNOUNCED.search(server.lines.get(timeout=0.5))
+        except queue.Empty:
+            continue
+        if found:
+            server.base_url = found["url"]
+
+
+@contextmanager
+def serving_pair() -> Iterator[tuple[Server, Server]]:
+    """The upstream generator and the filter server proxying to it, started side by side
+    (the upstream on a port picked beforehand), stopped (SIGINT) at the end."""
+    port = free_port()
+    upstream_url = f"http://127.0.0.1:{port}/v1"
+    servers = [start_server(port, "--model", DEFAULT_MODEL),
+               start_server(0, "--model", DEFAULT_MODEL, "--proxy-to", upstream_url,
+                            "--proxy-model", DEFAULT_MODEL)]
+    try:
+        for server in servers:
+            wait_ready(server)
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.process.send_signal(signal.SIGINT)
+        for server in servers:
+            try:
+                server.process.wait(30)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                server.process.wait(30)
 
 
 def pick_questions(data: Path, ids_file: Path, limit: int) -> list[Example]:
@@ -135,9 +166,14 @@ def pick_questions(data: Path, ids_file: Path, limit: int) -> list[Example]:
 
 # ----- rerank -----
 
-def rerank_body(example: Example) -> dict:
+def rerank_body(example: Example, first_sentence: bool) -> dict:
+    """A rerank request of the question's 10 passages (`first_sentence`: each cut to its title
+    and first sentence, for --quick)."""
+    documents = [d.as_context() if not first_sentence
+                 else f"{d.title}\n{(d.sentences or (d.text,))[0].strip()}"
+                 for d in example.documents]
     return {"model": DEFAULT_FILTER_NAME, "query": example.question, "return_documents": False,
-            "documents": [d.as_context() for d in example.documents]}
+            "documents": documents}
 
 
 def post_ok(client: httpx.Client, url: str, body: dict) -> dict:
@@ -165,9 +201,10 @@ async def concurrent_rerank(url: str, bodies: Sequence[dict], clients: int) -> f
         return time.perf_counter() - start
 
 
-def measure_rerank(server: Server, examples: Sequence[Example]) -> dict[str, float]:
+def measure_rerank(server: Server, examples: Sequence[Example], first_sentence: bool
+                   ) -> dict[str, float]:
     url = f"{server.base_url}/rerank"
-    bodies = [rerank_body(e) for e in examples]
+    bodies = [rerank_body(e, first_sentence) for e in examples]
     documents = sum(len(b["documents"]) for b in bodies)
     filter_dir = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
     backend = HFBackend(HFBackendConfig(model=DEFAULT_MODEL, adapter=str(filter_dir)))
@@ -264,7 +301,8 @@ def _answer(reply: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="4 rerank requests and 3 questions: under a minute")
+                        help="2 rerank requests of one-sentence passages (8 for the 8 clients) "
+                             "and 1 question: about a minute")
     parser.add_argument("--data", type=Path, default=DATA_DIR / "hotpotqa_distractor.jsonl",
                         help="HotpotQA distractor jsonl (default: the shared data folder's)")
     parser.add_argument("--question-ids", type=Path, default=QUESTION_IDS,
@@ -273,19 +311,18 @@ def main() -> int:
     parser.add_argument("--rerank-requests", type=int, default=20,
                         help="10-passage rerank requests (one per question)")
     args = parser.parse_args()
-    questions, rerank_requests = (3, 4) if args.quick else (args.limit, args.rerank_requests)
+    questions, rerank_requests = (1, 2) if args.quick else (args.limit, args.rerank_requests)
     examples = pick_questions(args.data, args.question_ids, max(questions, rerank_requests))
 
-    with serving("--model", DEFAULT_MODEL) as upstream, \
-            serving("--model", DEFAULT_MODEL, "--proxy-to", upstream.base_url,
-                    "--proxy-model", DEFAULT_MODEL) as proxy:
+    with serving_pair() as (upstream, proxy):
         print(f"rerank: {rerank_requests} requests of 10 passages ...", file=sys.stderr)
-        rerank = measure_rerank(proxy, examples[:rerank_requests])
+        rerank = measure_rerank(proxy, examples[:rerank_requests], first_sentence=args.quick)
         print(f"proxy: {questions} questions ...", file=sys.stderr)
         proxied = measure_proxy(upstream, proxy, examples[:questions])
 
+    passages = "one-sentence passages" if args.quick else "passages"
     print(f"\nrerank endpoint, shipped filter on {DEFAULT_MODEL}, "
-          f"{rerank['rerank_requests']} requests of 10 passages")
+          f"{rerank['rerank_requests']} requests of 10 {passages}")
     print(f"{'':28}{'documents/s':>12}")
     print(f"{'endpoint, 1 client':28}{rerank['rerank_docs_per_s_1']:>12.1f}")
     print(f"{'endpoint, 8 clients':28}{rerank['rerank_docs_per_s_8']:>12.1f}"
