@@ -11,10 +11,14 @@ inference side's `openai` backend:
   requests continuously batched on one worker thread (`engine`, `decode_batch`); optional
   bearer key (`auth`); request limits checked before the work they bound (`body_limit`:
   body size, `limits`: prompt sizes and counts); a request whose client disconnects is
-  cancelled, its sequences leaving the batch (`disconnect`).
+  cancelled, its sequences leaving the batch (`disconnect`). With `--proxy-to`, its
+  `/v1/chat/completions` is a filtering proxy instead (`proxy`): the documents a request
+  marks (`marked_documents`) filtered by MCF on the engine, the prompt rewritten and
+  forwarded to another OpenAI-compatible server (`upstream`).
 * `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, the pure
   `build_vllm_command`), for GPUs.
 
-`config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`); `adapters`
-parses `--adapter NAME=PATH` arguments for both (content-hashed default names).
+`config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`) and the
+proxy's (`ProxyOptions`); `adapters` parses `--adapter NAME=PATH` arguments for both
+(content-hashed default names).
 """

@@ -2,7 +2,9 @@
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, and POST
 /v1/rerank (also /rerank, as on vLLM): the filter as a reranker (`rerank`). A request picks
-the base model or an adapter by its `model` name. Every refusal is an OpenAI-style error
+the base model or an adapter by its `model` name. Served with a `ProxyTarget`
+(`--proxy-to`), /v1/chat/completions is the filtering proxy instead (`proxy`): it forwards to
+another server, and generates nothing here. Every refusal is an OpenAI-style error
 body with a 4xx status; the server keeps serving.
 
 Sizes are checked before the work they bound: the body by `body_limit`, prompts by `limits`.
@@ -14,10 +16,11 @@ A request whose client disconnects is cancelled (`disconnect`), its sequences wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -47,21 +50,24 @@ from sieverag.serving.protocol import (
     RerankRequest,
     error_body,
 )
+from sieverag.serving.proxy import ChatProxy, ProxyTarget
 from sieverag.serving.rerank import (
     RankedDocument,
+    as_documents,
     check_prompts_fit,
     rank_documents,
     rerank_body,
 )
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
+from sieverag.serving.upstream import UpstreamClient
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None
-               ) -> FastAPI:
+def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None,
+               proxy: ProxyTarget | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (which the caller starts and closes), within the
-    request limits of `options`."""
+    request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy."""
     served = engine.served
     tokenizer = served.tokenizer
     limits = PromptLimits(
@@ -71,8 +77,21 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         default_chat_max_tokens=options.default_chat_max_tokens,
         max_rerank_documents=options.max_rerank_documents)
     created = int(time.time())
+    upstream = UpstreamClient(proxy.upstream) if proxy is not None else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if upstream is None:
+            yield
+            return
+        upstream.open()  # the proxy's connection pool lives on the server's event loop
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+
     app = FastAPI(title="sieverag embedded server", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, lifespan=lifespan)
     app.add_middleware(CancelOnDisconnect)  # innermost: it watches once the body is read
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
     if api_key is not None:  # added last, so it runs first: a client without the key gets 401
@@ -158,7 +177,6 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             body.model, prompts, results, echo=body.echo, logprobs=body.logprobs,
             tokenizer=tokenizer))
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
         check_model(body.model)
         prompt, max_tokens = await asyncio.to_thread(encode_chat, body)
@@ -172,6 +190,12 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         return await respond(lambda: chat_body(body.model, prompt, result,
                                                logprobs=body.logprobs, tokenizer=tokenizer))
 
+    if proxy is None:
+        app.post("/v1/chat/completions")(chat_completions)
+    else:
+        chat_proxy = ChatProxy(engine, proxy.filter_model, options.rerank, limits, upstream)
+        app.post("/v1/chat/completions")(chat_proxy.handle)
+
     @app.post("/v1/rerank")
     @app.post("/rerank")
     async def rerank(body: RerankRequest) -> JSONResponse:
@@ -182,9 +206,10 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
                           else options.rerank.sentence_stage)
         config = dataclasses.replace(options.rerank, sentence_stage=sentence_stage)
         backend = EngineBackend(engine, body.model)
+        documents = as_documents(texts)
 
         def rank() -> list[RankedDocument]:
-            check_prompts_fit(backend, limits, config, body.query, texts)
+            check_prompts_fit(backend, limits, config, body.query, documents)
             return rank_documents(backend, config, body.query, texts)
 
         try:

@@ -17,14 +17,15 @@ from sieverag.serving.protocol import error_body
 PROTECTED_PREFIXES = ("/v1", "/rerank")
 
 
-def read_api_key(env_var: str | None) -> str | None:
-    """The key held by `env_var`, or None without one; an unset or empty variable is an error."""
+def read_api_key(env_var: str | None, flag: str = "--api-key-env") -> str | None:
+    """The key held by `env_var` (named by `flag`), or None without one; an unset or empty
+    variable is an error."""
     if env_var is None:
         return None
     key = os.environ.get(env_var, "")
     if not key:
-        raise ConfigError(f"environment variable {env_var} (--api-key-env) is not set or empty: "
-                          f"export the API key in {env_var}, or drop --api-key-env")
+        raise ConfigError(f"environment variable {env_var} ({flag}) is not set or empty: "
+                          f"export the API key in {env_var}, or drop {flag}")
     return key
 
 

@@ -17,6 +17,7 @@ from sieverag.inference.settings import narrow, settings
 from sieverag.serving.config import (
     LocalOptions,
     LocalServerConfig,
+    ProxyOptions,
     ServedModelConfig,
     VLLMLaunchConfig,
     VLLMOptions,
@@ -32,10 +33,11 @@ ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
 
 
 @settings
-class ServeCommand(ServedModelConfig):
+class ServeCommand(ProxyOptions, ServedModelConfig):
     """Serve a base model and LoRA adapters (each selected by its name in the request's
     `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
-    CPU or GPU) or vLLM as a managed subprocess (GPU)."""
+    CPU or GPU) or vLLM as a managed subprocess (GPU). With --proxy-to, the embedded server's
+    chat endpoint forwards to another server, filtering the documents a request marks."""
 
     engine: Engine = field(default="local", metadata={
         "help": "local: the embedded server; vllm: run `vllm serve`"})
@@ -43,6 +45,10 @@ class ServeCommand(ServedModelConfig):
         "help": "options of --engine local (unset: their defaults)"})
     vllm: VLLMOptions | None = field(default=None, metadata={
         "help": "options of --engine vllm (unset: their defaults)"})
+
+    def __post_init__(self) -> None:
+        ServedModelConfig.__post_init__(self)
+        ProxyOptions.__post_init__(self)
 
 
 def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig:
@@ -54,8 +60,14 @@ def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig
                               f"is --engine {command.engine})")
     options_cls, config_cls = ENGINE_CONFIGS[command.engine]
     options = getattr(command, command.engine) or options_cls()
-    return config_cls(**dataclasses.asdict(narrow(command, ServedModelConfig)),
-                      **dataclasses.asdict(options))
+    served = dataclasses.asdict(narrow(command, ServedModelConfig))
+    if command.engine == "local":
+        return config_cls(**served, **dataclasses.asdict(options),
+                          **dataclasses.asdict(narrow(command, ProxyOptions)))
+    if command.proxy_to is not None:
+        raise ConfigError("--proxy-to needs --engine local: the proxy filters on the embedded "
+                          "server (point it at vLLM as the upstream instead)")
+    return config_cls(**served, **dataclasses.asdict(options))
 
 
 def run_serve(command: ServeCommand) -> int:

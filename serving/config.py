@@ -1,9 +1,10 @@
 """The settings of both serving engines, as validated dataclasses.
 
 Each option is defined once: `ServedModelConfig` holds what both engines share, `LocalOptions` and
-`VLLMOptions` what only one uses. An engine's config is the shared part plus its own
-(`LocalServerConfig`, `VLLMLaunchConfig`); `sieverag serve` (`serving.cli`) takes the shared
-part and both option sections as flags. Kept apart from the engines so `sieverag --help`
+`VLLMOptions` what only one uses, `ProxyOptions` the embedded server's filtering proxy. An
+engine's config is the shared part plus its own (`LocalServerConfig`, `VLLMLaunchConfig`);
+`sieverag serve` (`serving.cli`) takes the shared part, the proxy's and both option sections as
+flags. Kept apart from the engines so `sieverag --help`
 imports nothing heavy (parsing `serve`'s flags imports MCF's config, the rerank endpoint's bar,
 and with it torch, as every inference command's parsing does).
 """
@@ -14,12 +15,14 @@ from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 from sieverag.inference.types import Device, DType
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+PROXY_TIMEOUT_S = 120.0
 
 
 @settings
@@ -91,6 +94,47 @@ class LocalOptions:
 
 
 @settings
+class ProxyOptions:
+    """The filtering proxy (`--proxy-to`): the embedded server's /v1/chat/completions forwards
+    to another OpenAI-compatible server, the documents a request marks filtered on the way."""
+
+    proxy_to: str | None = field(default=None, metadata={
+        "help": "the OpenAI base URL of the generator to forward /v1/chat/completions to (e.g. "
+                "http://127.0.0.1:8001/v1); set, the chat endpoint is a proxy that filters the "
+                "documents a request marks (README \"Use the filter in an existing "
+                "application\")"})
+    proxy_model: str | None = field(default=None, metadata={
+        "help": "the `model` every forwarded request names; unset: the client's"})
+    proxy_timeout: float = field(default=PROXY_TIMEOUT_S, metadata={
+        "help": "seconds the upstream gets to answer (a stream: to start, then between "
+                "chunks); past them the proxy answers 504"})
+    proxy_filter: str | None = field(default=None, metadata={
+        "help": "the served adapter (a NAME of --adapters) that filters; unset: the only one "
+                f"given, or, when none is, the shipped filter, served as {DEFAULT_FILTER_NAME}"})
+    proxy_api_key_env: str | None = field(default=None, metadata={
+        "help": "send the upstream `Authorization: Bearer <key>`, the key read from this "
+                "environment variable; unset: a client's Authorization header is forwarded "
+                "when the proxy takes none itself (no --api-key-env)"})
+
+    def __post_init__(self) -> None:
+        if self.proxy_to is None:
+            given = [name for name in ("proxy_model", "proxy_filter", "proxy_api_key_env")
+                     if getattr(self, name) is not None]
+            given += ["proxy_timeout"] if self.proxy_timeout != PROXY_TIMEOUT_S else []
+            if given:
+                flag = given[0].replace("_", "-")
+                raise ConfigError(f"--{flag} needs --proxy-to (the generator to forward to)")
+        elif not self.proxy_to.startswith(("http://", "https://")):
+            raise ConfigError(f"proxy_to must be an http:// or https:// URL, got "
+                              f"{self.proxy_to!r}")
+        if not self.proxy_timeout > 0:
+            raise ConfigError(f"proxy_timeout must be > 0 seconds, got {self.proxy_timeout}")
+        for name in ("proxy_model", "proxy_filter", "proxy_api_key_env"):
+            if getattr(self, name) == "":
+                raise ConfigError(f"{name} must not be empty")
+
+
+@settings
 class VLLMOptions:
     """How `vllm serve` (`--engine vllm`) runs."""
 
@@ -125,12 +169,13 @@ class VLLMOptions:
 
 
 @settings
-class LocalServerConfig(LocalOptions, ServedModelConfig):
+class LocalServerConfig(ProxyOptions, LocalOptions, ServedModelConfig):
     """What the embedded server serves and how; validated on construction."""
 
     def __post_init__(self) -> None:
         ServedModelConfig.__post_init__(self)
         LocalOptions.__post_init__(self)
+        ProxyOptions.__post_init__(self)
 
 
 @settings

@@ -4,7 +4,9 @@
         ...  # an OpenAI client pointed at server.base_url
 
 `run()` serves in the foreground until SIGINT/SIGTERM; `start()`/`stop()` (or a `with` block)
-serve from a background thread, for tests and notebooks.
+serve from a background thread, for tests and notebooks. With `proxy_to`, the chat endpoint
+is the filtering proxy (`proxy`), filtering with the adapter `proxy_filter` names (default:
+the only adapter given, or the shipped filter when none is).
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ import time
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.models import resolve_model
-from sieverag.serving.adapters import resolve_adapters
+from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.app import create_app
 from sieverag.serving.auth import read_api_key
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import BatchingEngine
 from sieverag.serving.errors import ServerStartError
+from sieverag.serving.proxy import ProxyTarget
 from sieverag.serving.served_model import load_served_model
+from sieverag.serving.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +45,39 @@ class LocalServer:
     def __init__(self, config: LocalServerConfig) -> None:
         self.config = config
         self._api_key = read_api_key(config.api_key_env)
-        adapters = resolve_adapters(config.adapters, base_name=config.model,
+        specs = config.adapters
+        if config.proxy_to is not None and not specs:  # the proxy's default filter
+            specs = (f"{DEFAULT_FILTER_NAME}={DEFAULT_FILTER_NAME}",)
+        adapters = resolve_adapters(specs, base_name=config.model,
                                     base_model_dir=resolve_model(config.model))
+        self.proxy = self._proxy_target(adapters)
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
                                      batch_window_s=config.batch_window_ms / 1000)
         self.port = config.port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+
+    def _proxy_target(self, adapters: tuple[Adapter, ...]) -> ProxyTarget | None:
+        """Where --proxy-to forwards and the served adapter that filters; None without it."""
+        config = self.config
+        if config.proxy_to is None:
+            return None
+        names = [adapter.name for adapter in adapters]
+        if config.proxy_filter is not None:
+            if config.proxy_filter not in (config.model, *names):
+                raise ConfigError(f"--proxy-filter {config.proxy_filter!r} is not served: name "
+                                  f"one of {', '.join(names) or 'no adapter'} (--adapters)")
+            filter_model = config.proxy_filter
+        elif len(names) == 1:
+            filter_model = names[0]
+        else:
+            raise ConfigError(f"--proxy-to with {len(names)} adapters: name the one that "
+                              f"filters with --proxy-filter (one of {', '.join(names)})")
+        upstream_key = read_api_key(config.proxy_api_key_env, "--proxy-api-key-env")
+        upstream = Upstream(config.proxy_to, config.proxy_model, config.proxy_timeout,
+                            api_key=upstream_key, forward_client_key=self._api_key is None)
+        return ProxyTarget(upstream, filter_model)
 
     @property
     def base_url(self) -> str:
@@ -108,7 +139,7 @@ class LocalServer:
     def _prepare(self, log_config: dict | None) -> tuple[uvicorn.Server, socket.socket]:
         sock = _bind(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
-        app = create_app(self.engine, self.config, api_key=self._api_key)
+        app = create_app(self.engine, self.config, api_key=self._api_key, proxy=self.proxy)
         config = uvicorn.Config(app, log_level=self.config.log_level,
                                 access_log=self.config.access_log, log_config=log_config,
                                 timeout_graceful_shutdown=30)
@@ -118,6 +149,9 @@ class LocalServer:
         names = ", ".join(self.engine.served.names)
         auth = f"bearer key from ${self.config.api_key_env}" if self._api_key else "no API key"
         logger.info("serving %s at %s (%s)", names, self.base_url, auth)
+        if self.proxy is not None:
+            logger.info("proxying /v1/chat/completions to %s, filtering marked documents with "
+                        "%s", self.proxy.upstream.chat_url, self.proxy.filter_model)
         if self.config.host not in _LOOPBACK and not self._api_key:
             logger.warning("listening on %s without an API key: anyone who can reach it can use "
                            "the model; set --api-key-env", self.config.host)

@@ -48,16 +48,16 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 
 
 def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFConfig,
-                      query: str, texts: Sequence[str]) -> None:
-    """Refuse (400, naming the document) a document whose chunk prompt, or under the sentence
-    stage its sentence prompt, leaves no room for its answer in the context."""
-    for document in as_documents(texts):
-        index = int(document.id)
-        _, ids = backend.encode(chunk_prompt(query, document.text))
+                      query: str, documents: Sequence[Document]) -> None:
+    """Refuse (400, naming the document by its position) a document whose chunk prompt, or
+    under the sentence stage its sentence prompt, leaves no room for its answer in the
+    context."""
+    for index, document in enumerate(documents):
+        _, ids = backend.encode(chunk_prompt(query, document.text, document.title))
         limits.check_document_prompt(index, len(ids), 1, "chunk")
         sentences = document_sentences(document)
         if config.sentence_stage and len(sentences) > 1:  # one sentence: MCF asks nothing
-            _, ids = backend.encode(sentence_prompt(query, sentences))
+            _, ids = backend.encode(sentence_prompt(query, sentences, document.title))
             limits.check_document_prompt(index, len(ids), config.sentence_max_new_tokens,
                                          "sentence")
 

@@ -5,7 +5,9 @@ POST from a script: queued `Reply` objects are used first, in order, then the `r
 function (by default a chat reply that echoes the last user message). A reply can carry any
 status, headers and body (a dict is sent as JSON, a str or bytes verbatim, so broken JSON is
 easy) and a delay, so rate limits, server errors, timeouts and malformed bodies can all be
-staged. Every request is recorded with its path, headers and parsed JSON body.
+staged; or it can be a stream of chunks (server-sent events), optionally held after the first
+chunk until the test releases it. Every request is recorded with its path, headers, raw body
+bytes and parsed JSON body.
 
     with FakeOpenAIServer() as server:
         server.script(Reply(status=429, headers={"Retry-After": "0.1"}),
@@ -28,21 +30,30 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted HTTP response; `delay_s` is waited before anything is sent."""
+    """One scripted HTTP response; `delay_s` is waited before anything is sent.
+
+    With `chunks`, the body is those chunks (`body` unused), sent one by one as
+    `text/event-stream` and ended by closing the connection; with `gate` too, the chunks after
+    the first wait until the gate is set (at most `gate_timeout_s`)."""
 
     status: int = 200
     body: dict[str, Any] | str | bytes = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    chunks: tuple[bytes, ...] = ()
+    gate: threading.Event | None = None
+    gate_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """What the server received: header names lower-cased; `json` None if the body was not JSON."""
+    """What the server received: header names lower-cased; `json` None if the body was not JSON;
+    `raw` the body's bytes."""
 
     path: str
     headers: dict[str, str]
     json: Any
+    raw: bytes = b""
 
 
 Responder = Callable[[RecordedRequest], Reply]
@@ -171,11 +182,14 @@ class FakeOpenAIServer:
                 except ValueError:
                     payload = None
                 headers = {name.lower(): value for name, value in self.headers.items()}
-                request = RecordedRequest(self.path, headers, payload)
+                request = RecordedRequest(self.path, headers, payload, raw)
                 reply = server._next_reply(request)
                 counted = True
                 try:
                     time.sleep(reply.delay_s)
+                    if reply.chunks:
+                        self._stream(reply)
+                        return
                     body = reply.body
                     data = (json.dumps(body).encode() if isinstance(body, dict)
                             else body.encode() if isinstance(body, str) else body)
@@ -195,6 +209,19 @@ class FakeOpenAIServer:
                 finally:
                     if counted:
                         server._finished()
+
+            def _stream(self, reply: Reply) -> None:
+                """The chunks, each sent as it comes; the closed connection ends the body."""
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "text/event-stream")
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                for index, chunk in enumerate(reply.chunks):
+                    if index == 1 and reply.gate is not None:
+                        reply.gate.wait(reply.gate_timeout_s)
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
 
             def log_message(self, format: str, *args: Any) -> None:
                 """Stay quiet: pytest output is for failures."""

@@ -1,0 +1,177 @@
+"""POST /v1/chat/completions as a filtering proxy (`sieverag serve --proxy-to URL`).
+
+A request that marks documents (`marked_documents`) has them filtered by MCF's own code on
+the served filter adapter (`EngineBackend`, as /v1/rerank runs it, under the same rules,
+`--local.rerank.*`, and the same limits), its prompt rewritten to hold only the kept passages
+(or, at sentence granularity, their key sentences), and is forwarded upstream (`upstream`).
+The upstream's answer comes back with a `sieverag` field (and the same object, as compact
+JSON, in the `x-sieverag` header; a stream's body is the upstream's own, so there only the
+header carries it):
+
+* `kept`: the kept passages' indices (from 0, in request order), best first, the order they
+  are forwarded in; `dropped`: the others, ascending.
+* `documents_in`, `documents_kept`: how many passages came, and went on.
+* `granularity`: "chunk" (whole passages) or "sentence" (key sentences).
+* `prompt_tokens_saved`: the forwarded block's tokens less those of a block holding every
+  passage, counted with the filter's tokenizer (an estimate of the upstream's saving: its
+  tokenizer may count otherwise).
+
+A request that marks no documents goes upstream untouched, its body's bytes as sent (only
+`model` replaced, the body written anew, under `--proxy-model`); a body that is not JSON too,
+for the upstream to refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.serving.engine import BatchingEngine
+from sieverag.serving.engine_backend import EngineBackend
+from sieverag.serving.limits import PromptLimits
+from sieverag.serving.marked_documents import (
+    MarkedRequest,
+    Passage,
+    documents_block,
+    find_marked,
+)
+from sieverag.serving.rerank import check_prompts_fit
+from sieverag.serving.upstream import Upstream, UpstreamClient, UpstreamError
+
+INFO_FIELD = "sieverag"
+INFO_HEADER = "x-sieverag"
+
+
+@dataclass(frozen=True)
+class ProxyTarget:
+    """What the proxy forwards to, and the served model (adapter) it filters with."""
+
+    upstream: Upstream
+    filter_model: str
+
+
+class ChatProxy:
+    """The proxy's chat endpoint: filter the marked documents on `engine`'s `filter_model`
+    under `rules`, then forward through `upstream`."""
+
+    def __init__(self, engine: BatchingEngine, filter_model: str, rules: MCFConfig,
+                 limits: PromptLimits, upstream: UpstreamClient) -> None:
+        self.engine = engine
+        self.filter_model = filter_model
+        self.rules = rules
+        self.limits = limits
+        self.upstream = upstream
+        self.upstream_model = upstream.upstream.model
+
+    async def handle(self, request: Request) -> Response:
+        raw = await request.body()
+        # Parsed off the event loop, as the server's other endpoints parse and tokenise.
+        body, marked = await asyncio.to_thread(_parse, raw)
+        headers = dict(request.headers)
+        if marked is None:
+            return await self._forward(self._passed_through(raw, body), headers,
+                                       streaming=isinstance(body, dict)
+                                       and body.get("stream") is True)
+        info, forwarded = await self._filtered(marked)
+        extra = {INFO_HEADER: json.dumps(info, separators=(",", ":"))}
+        content = self._encode(forwarded)
+        try:
+            if forwarded.get("stream") is True:
+                return await self.upstream.stream(content, headers, extra)
+            status, answer_headers, answer = await self.upstream.post(content, headers)
+        except UpstreamError as error:
+            return error.response(extra)
+        answer_headers.update(extra)
+        if status >= 400:
+            return Response(answer, status_code=status, headers=answer_headers)
+        try:
+            reply = json.loads(answer)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            return UpstreamError(502, f"the upstream {self.upstream.upstream.chat_url} answered "
+                                 f"{status} with a body that is not a JSON object: "
+                                 f"{answer[:200]!r}", "upstream_bad_response").response(extra)
+        reply[INFO_FIELD] = info
+        return JSONResponse(reply, status_code=status, headers=answer_headers)
+
+    async def _forward(self, content: bytes, headers: dict[str, str], *,
+                       streaming: bool) -> Response:
+        try:
+            if streaming:
+                return await self.upstream.stream(content, headers, {})
+            status, answer_headers, answer = await self.upstream.post(content, headers)
+        except UpstreamError as error:
+            return error.response()
+        return Response(answer, status_code=status, headers=answer_headers)
+
+    def _passed_through(self, raw: bytes, body: Any) -> bytes:
+        """An unmarked request's bytes: as sent, unless --proxy-model names the model."""
+        if self.upstream_model is None or not isinstance(body, dict):
+            return raw
+        return self._encode(body)
+
+    def _encode(self, body: dict[str, Any]) -> bytes:
+        """The body to forward, naming --proxy-model's model where given."""
+        if self.upstream_model is not None:
+            body = {**body, "model": self.upstream_model}
+        return json.dumps(body, ensure_ascii=False).encode()
+
+    async def _filtered(self, marked: MarkedRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+        """MCF's verdict on the marked passages (`sieverag` info) and the body to forward."""
+        rules = self.rules
+        if marked.granularity is not None:
+            rules = dataclasses.replace(rules, sentence_stage=marked.granularity == "sentence")
+        documents = [p.document for p in marked.passages]
+        if documents:  # none (an empty list or block) is no work, not an error
+            self.limits.check_documents([d.text for d in documents])
+        backend = EngineBackend(self.engine, self.filter_model)
+
+        def run() -> tuple[dict[str, Any], dict[str, Any]]:
+            check_prompts_fit(backend, self.limits, rules, marked.question, documents)
+            result = MultiGranularFilter(backend, rules).select(marked.question, documents)
+            kept = kept_passages(marked.passages, result)
+            saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
+            kept_indices = [int(p.document.id) for p in kept]
+            info = {"kept": kept_indices,
+                    "dropped": sorted(set(range(len(documents))) - set(kept_indices)),
+                    "documents_in": len(documents), "documents_kept": len(kept),
+                    "granularity": "sentence" if rules.sentence_stage else "chunk",
+                    "prompt_tokens_saved": saved}
+            return info, marked.forwarded_body(kept)
+
+        try:
+            return await asyncio.to_thread(run)
+        except asyncio.CancelledError:  # the client went away: so do its sequences
+            backend.cancel()
+            raise
+
+    def _block_tokens(self, passages: Sequence[Passage]) -> int:
+        block = documents_block(passages)
+        return len(self.engine.served.tokenizer(block, add_special_tokens=False)["input_ids"])
+
+
+def _parse(raw: bytes) -> tuple[Any, MarkedRequest | None]:
+    """The body as JSON (None when it is not: the upstream refuses it in its own words) and
+    its marked documents."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None, None
+    return body, find_marked(body)
+
+
+def kept_passages(passages: Sequence[Passage], result: FilterResult) -> list[Passage]:
+    """The passages MCF kept, best first, each holding the text MCF kept of it (its key
+    sentences at sentence granularity) under its own number."""
+    return [dataclasses.replace(passages[int(s.document.id)], document=s.document)
+            for s in result.kept]
