@@ -23,7 +23,7 @@ preset removes, and stops at k kept. `HygieneLog` gathers a run's removals per q
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar, get_args
 
@@ -150,11 +150,15 @@ def removal_reason(text: str, preset: HygienePreset) -> str | None:
     return None
 
 
-def apply_hygiene(items: Sequence[T], preset: HygienePreset = "off") -> HygieneReport[T]:
-    """Split `items` (anything with `.text`) into kept and removed-with-reason."""
+def apply_hygiene(items: Iterable[T], preset: HygienePreset = "off",
+                  limit: int | None = None) -> HygieneReport[T]:
+    """Split `items` (anything with `.text`) into kept and removed-with-reason, in order;
+    with `limit`, stop once that many are kept (what follows is neither)."""
     kept: list[T] = []
     removed: list[Removed[T]] = []
     for item in items:
+        if limit is not None and len(kept) == limit:
+            break
         reason = removal_reason(item.text, preset)
         if reason is None:
             kept.append(item)
@@ -170,17 +174,7 @@ def search_with_hygiene(index: Index, query: str, k: int, mode: SearchMode,
     is given), and the hits it removed on the way down to the k-th kept one (all of them
     when fewer than k were kept). With hygiene on, `HYGIENE_FETCH_FACTOR`·k hits are fetched."""
     fetch = k if preset == "off" else k * HYGIENE_FETCH_FACTOR
-    kept: list[RetrievedDocument] = []
-    removed: list[Removed[RetrievedDocument]] = []
-    for hit in index.search(query, fetch, mode, reranker):
-        if len(kept) == k:
-            break
-        reason = removal_reason(hit.text, preset)
-        if reason is None:
-            kept.append(hit)
-        else:
-            removed.append(Removed(hit, reason))
-    return HygieneReport(kept, removed)
+    return apply_hygiene(index.search(query, fetch, mode, reranker), preset, limit=k)
 
 
 class HygieneLog:
