@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter, labels_as_replies
 from sieverag.inference.llm.hf import reply_token_ids
 from sieverag.inference.types import Conversation
 from sieverag.serving.engine import BatchingEngine, SequenceRequest, SequenceResult
@@ -89,11 +89,7 @@ class EngineBackend:
         label_ids = [[reply_token_ids(self.tokenizer, text, ids, label) for label in labels]
                      for text, ids in encoded]
         if any(len(ids) != 1 for row in label_ids for ids in row):
-            flat_prompts = [p for p in prompts for _ in labels]
-            scores = self.continuation_logprob(flat_prompts, list(labels) * len(prompts),
-                                               agent=agent)
-            return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
-                    for i in range(len(prompts))]
+            return labels_as_replies(self, prompts, labels, agent=agent)
         results = self._run([SequenceRequest(
             model=self.model, prompt_ids=ids, max_tokens=0,
             label_token_ids=tuple(label[0] for label in row))

@@ -118,3 +118,13 @@ class LLMBackend(Protocol):
     ) -> list[float]:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
         ...
+
+
+def labels_as_replies(backend: LLMBackend, prompts: Sequence[Conversation],
+                      labels: Sequence[str], *, agent: str) -> list[dict[str, float]]:
+    """`label_logprobs` for labels of more than one token: each label scored as a whole
+    reply (`continuation_logprob`), since one next-token step cannot read it."""
+    scores = backend.continuation_logprob([p for p in prompts for _ in labels],
+                                          list(labels) * len(prompts), agent=agent)
+    return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
+            for i in range(len(prompts))]

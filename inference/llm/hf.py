@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter, labels_as_replies
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
@@ -365,12 +365,7 @@ class HFBackend:
         label_ids = [[self.reply_ids(t, ids, label) for label in labels]
                      for t, ids in zip(texts, encoded, strict=True)]
         if any(len(ids) != 1 for row in label_ids for ids in row):
-            # A multi-token label is scored as a whole reply, not from one next-token step.
-            flat_prompts = [p for p in prompts for _ in labels]
-            scores = self.continuation_logprob(flat_prompts, list(labels) * len(prompts),
-                                               agent=agent)
-            return [dict(zip(labels, scores[i * len(labels):(i + 1) * len(labels)], strict=True))
-                    for i in range(len(prompts))]
+            return labels_as_replies(self, prompts, labels, agent=agent)
         results: list[dict[str, float]] = [{} for _ in prompts]
         extending = self.prompt_cache.lookup(encoded)
         fresh = [i for i in range(len(encoded)) if i not in extending]
