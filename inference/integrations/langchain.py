@@ -23,39 +23,26 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever, RetrieverLike
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, PrivateAttr
 
 from sieverag.inference.integrations.rerank_client import (
-    Granularity,
-    Keep,
     RerankEndpoint,
     RerankResult,
+    RerankSettings,
 )
 
-_DEFAULTS = RerankEndpoint()
 
-
-class SieveragCompressor(BaseDocumentCompressor):
+class SieveragCompressor(RerankSettings, BaseDocumentCompressor):
     """The documents the served filter keeps, best first (see `RerankEndpoint` for the
     settings; `api_key` is the server's key, held out of the fields so it is never shown)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
-    model: str = Field(_DEFAULTS.model, description="the served filter's name")
-    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
-                                                   "top_n best, kept or not")
-    top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many documents")
-    granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
-                                     "the kept documents' key sentences")
-    timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
     _endpoint: RerankEndpoint = PrivateAttr()
 
     def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
         super().__init__(**settings)
-        self._endpoint = RerankEndpoint(
-            base_url=self.base_url, model=self.model, keep=self.keep, top_n=self.top_n,
-            granularity=self.granularity, timeout_s=self.timeout_s, api_key=api_key)
+        self._endpoint = self.endpoint(api_key)
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:

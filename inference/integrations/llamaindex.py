@@ -20,39 +20,26 @@ from typing import Any
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, PrivateAttr
 
 from sieverag.inference.integrations.rerank_client import (
-    Granularity,
-    Keep,
     RerankEndpoint,
     RerankResult,
+    RerankSettings,
 )
 
-_DEFAULTS = RerankEndpoint()
 
-
-class SieveragPostprocessor(BaseNodePostprocessor):
+class SieveragPostprocessor(RerankSettings, BaseNodePostprocessor):
     """The nodes the served filter keeps, best first (see `RerankEndpoint` for the settings;
     `api_key` is the server's key, held out of the fields so it is never shown or saved)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
-    model: str = Field(_DEFAULTS.model, description="the served filter's name")
-    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
-                                                   "top_n best, kept or not")
-    top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many nodes")
-    granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
-                                     "the kept nodes' key sentences")
-    timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
     _endpoint: RerankEndpoint = PrivateAttr()
 
     def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
         super().__init__(**settings)
-        self._endpoint = RerankEndpoint(
-            base_url=self.base_url, model=self.model, keep=self.keep, top_n=self.top_n,
-            granularity=self.granularity, timeout_s=self.timeout_s, api_key=api_key)
+        self._endpoint = self.endpoint(api_key)
 
     @classmethod
     def class_name(cls) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import httpx
+from pydantic import BaseModel, Field
 
 from sieverag.inference.errors import ConfigError, SieveragError
 
@@ -200,3 +201,26 @@ def _error_message(response: httpx.Response) -> str:
         return str(error["message"] if isinstance(error, dict) else error or response.text[:300])
     except (ValueError, AttributeError, KeyError):
         return response.text[:300]
+
+
+_DEFAULTS = RerankEndpoint()
+
+
+class RerankSettings(BaseModel):
+    """The framework adapters' settings, one set for both (pydantic fields, as LangChain's
+    and LlamaIndex's components are pydantic models); `endpoint` builds the client. The
+    server's key is not a field, so it is never shown or saved."""
+
+    base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
+    model: str = Field(_DEFAULTS.model, description="the served filter's name")
+    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
+                                                   "top_n best, kept or not")
+    top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many passages")
+    granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
+                                     "the kept passages' key sentences")
+    timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
+
+    def endpoint(self, api_key: str | None) -> RerankEndpoint:
+        return RerankEndpoint(base_url=self.base_url, model=self.model, keep=self.keep,
+                              top_n=self.top_n, granularity=self.granularity,
+                              timeout_s=self.timeout_s, api_key=api_key)
