@@ -3,7 +3,7 @@ metrics on the nutrition question set, and the retrieval-mode × evidence-filter
 
 Run directly (never collected by pytest):
 
-    python tests/benchmarks/bench_auto_rag.py                 # the study's tables, ~1 hour
+    python tests/benchmarks/bench_auto_rag.py                 # the study's tables, ~80 min
     python tests/benchmarks/bench_auto_rag.py --quick         # 9 questions, BM25 only
 
 Questions: tests/benchmarks/data/nutrition_questions.jsonl (105: factual, conceptual and
