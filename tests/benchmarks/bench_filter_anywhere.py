@@ -11,9 +11,12 @@ its 10 passages.
   rerank   /v1/rerank requests of one question's 10 passages on the filter server: documents/s
            with 1 client, then with 8 concurrent clients (the ratio: what batching gains; the
            requests repeated up to a multiple of 8, so every client is busy to the end), and
-           the same requests scored in this process by MCF's own code on an HF backend of the
-           shipped filter (`rank_documents`, alternated request by request with the 1-client
-           endpoint): the endpoint's overhead = in-process documents/s ÷ endpoint's (1 client).
+           the same requests scored in this process by the same code (`rank_documents`, MCF)
+           on the same engine the server runs (`EngineBackend` on a `BatchingEngine` with the
+           server's defaults): the endpoint's overhead = in-process documents/s ÷ endpoint's
+           (1 client), HTTP and the server's checks. For reference, MCF in process on the
+           `hf` backend (what `sieverag eval` runs): plain transformers forward passes. The
+           three are alternated request by request, so a busier moment hits them alike.
   proxy    each question asked twice, alternately, greedy: straight to the upstream with all 10
            passages in a <documents> block, and through the proxy with the passages as a
            `documents` field (the proxy keeps MCF's default, 2 of 10): the generator's mean
@@ -25,8 +28,9 @@ its 10 passages.
     python tests/benchmarks/bench_filter_anywhere.py [--quick] [--data FILE]
         [--question-ids FILE] [--limit 50] [--rerank-requests 20]
 
-`--quick` (a smoke run, about a minute): 2 rerank requests whose passages are cut to their
-title and first sentence (8 for the 8 clients), and 1 question through the proxy.
+`--quick` (a smoke run, under a minute): every question cut to its first 3 passages, each cut
+to its title and first sentence; 1 rerank request (8 for the 8 clients), 1 question through the
+proxy.
 
 Prints a table, then one line of JSON with the figures.
 """
@@ -49,7 +53,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,8 +71,13 @@ from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
+from sieverag.serving.adapters import parse_adapter  # noqa: E402
+from sieverag.serving.config import LocalServerConfig  # noqa: E402
+from sieverag.serving.engine import BatchingEngine  # noqa: E402
+from sieverag.serving.engine_backend import EngineBackend  # noqa: E402
 from sieverag.serving.marked_documents import Passage, documents_block  # noqa: E402
 from sieverag.serving.rerank import rank_documents  # noqa: E402
+from sieverag.serving.served_model import load_served_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")
@@ -166,12 +175,18 @@ def pick_questions(data: Path, ids_file: Path, limit: int) -> list[Example]:
 
 # ----- rerank -----
 
-def rerank_body(example: Example, first_sentence: bool) -> dict:
-    """A rerank request of the question's 10 passages (`first_sentence`: each cut to its title
-    and first sentence, for --quick)."""
-    documents = [d.as_context() if not first_sentence
-                 else f"{d.title}\n{(d.sentences or (d.text,))[0].strip()}"
-                 for d in example.documents]
+def smoke_sized(example: Example) -> Example:
+    """`example` with its first 3 passages, each cut to its first sentence (--quick)."""
+    documents = tuple(replace(d, text=(d.sentences or (d.text,))[0].strip(),
+                              sentences=(d.sentences or (d.text,))[:1],
+                              supporting_sentences=None)
+                      for d in example.documents[:3])
+    return replace(example, documents=documents)
+
+
+def rerank_body(example: Example) -> dict:
+    """A rerank request of the question's passages, each as the filter reads one."""
+    documents = [d.as_context() for d in example.documents]
     return {"model": DEFAULT_FILTER_NAME, "query": example.question, "return_documents": False,
             "documents": documents}
 
@@ -201,36 +216,55 @@ async def concurrent_rerank(url: str, bodies: Sequence[dict], clients: int) -> f
         return time.perf_counter() - start
 
 
-def measure_rerank(server: Server, examples: Sequence[Example], first_sentence: bool
-                   ) -> dict[str, float]:
+@contextmanager
+def in_process_engine(filter_dir: Path) -> Iterator[EngineBackend]:
+    """The server's engine in this process: the base model with the shipped filter served
+    as DEFAULT_FILTER_NAME, batched with the server's default settings."""
+    defaults = LocalServerConfig()
+    adapter = parse_adapter(f"{DEFAULT_FILTER_NAME}={filter_dir}")
+    served = load_served_model(DEFAULT_MODEL, [adapter], defaults.dtype, defaults.device)
+    engine = BatchingEngine(served, max_batch_size=defaults.max_batch_size,
+                            batch_window_s=defaults.batch_window_ms / 1000)
+    engine.start()
+    try:
+        yield EngineBackend(engine, DEFAULT_FILTER_NAME)
+    finally:
+        engine.close()
+
+
+def measure_rerank(server: Server, examples: Sequence[Example]) -> dict[str, float]:
     url = f"{server.base_url}/rerank"
-    bodies = [rerank_body(e, first_sentence) for e in examples]
+    bodies = [rerank_body(e) for e in examples]
     documents = sum(len(b["documents"]) for b in bodies)
     filter_dir = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
-    backend = HFBackend(HFBackendConfig(model=DEFAULT_MODEL, adapter=str(filter_dir)))
+    hf = HFBackend(HFBackendConfig(model=DEFAULT_MODEL, adapter=str(filter_dir)))
     config = MCFConfig()  # the server's default rules (--local.rerank.*)
-    with httpx.Client(timeout=600) as client:
-        post_ok(client, url, bodies[0])  # warm both sides up
-        rank_documents(backend, config, bodies[0]["query"], bodies[0]["documents"])
-        endpoint_s = in_process_s = 0.0
-        for body in bodies:  # alternated: a busier moment hits both alike
-            start = time.perf_counter()
-            post_ok(client, url, body)
-            endpoint_s += time.perf_counter() - start
-            start = time.perf_counter()
-            rank_documents(backend, config, body["query"], body["documents"])
-            in_process_s += time.perf_counter() - start
+    seconds = {"endpoint": 0.0, "engine": 0.0, "hf": 0.0}
+    with httpx.Client(timeout=600) as client, in_process_engine(filter_dir) as engine:
+        ways = {"endpoint": lambda body: post_ok(client, url, body),
+                "engine": lambda body: rank_documents(engine, config, body["query"],
+                                                      body["documents"]),
+                "hf": lambda body: rank_documents(hf, config, body["query"], body["documents"])}
+        for way in ways.values():  # warm every way up
+            way(bodies[0])
+        for body in bodies:  # alternated: a busier moment hits every way alike
+            for name, way in ways.items():
+                start = time.perf_counter()
+                way(body)
+                seconds[name] += time.perf_counter() - start
     # Every client busy to the end: the requests repeated up to a multiple of the clients.
     rounds = -(-len(bodies) // CONCURRENT_CLIENTS)
     concurrent = [bodies[i % len(bodies)] for i in range(rounds * CONCURRENT_CLIENTS)]
     concurrent_s = asyncio.run(concurrent_rerank(url, concurrent, CONCURRENT_CLIENTS))
-    one = documents / endpoint_s
+    one = documents / seconds["endpoint"]
     many = sum(len(b["documents"]) for b in concurrent) / concurrent_s
-    in_process = documents / in_process_s
+    in_process = documents / seconds["engine"]
     return {"rerank_requests": len(bodies), "rerank_docs_per_s_1": one,
             "rerank_docs_per_s_8": many, "concurrency_ratio": many / one,
             "in_process_docs_per_s": in_process, "endpoint_overhead": in_process / one,
-            "endpoint_overhead_ms_per_request": 1000 * (endpoint_s - in_process_s) / len(bodies)}
+            "endpoint_overhead_ms_per_request":
+                1000 * (seconds["endpoint"] - seconds["engine"]) / len(bodies),
+            "hf_in_process_docs_per_s": documents / seconds["hf"]}
 
 
 # ----- proxy -----
@@ -311,35 +345,39 @@ def main() -> int:
     parser.add_argument("--rerank-requests", type=int, default=20,
                         help="10-passage rerank requests (one per question)")
     args = parser.parse_args()
-    questions, rerank_requests = (1, 2) if args.quick else (args.limit, args.rerank_requests)
+    questions, rerank_requests = (1, 1) if args.quick else (args.limit, args.rerank_requests)
     examples = pick_questions(args.data, args.question_ids, max(questions, rerank_requests))
+    if args.quick:
+        examples = [smoke_sized(e) for e in examples]
+    passages = len(examples[0].documents)
 
     with serving_pair() as (upstream, proxy):
-        print(f"rerank: {rerank_requests} requests of 10 passages ...", file=sys.stderr)
-        rerank = measure_rerank(proxy, examples[:rerank_requests], first_sentence=args.quick)
+        print(f"rerank: {rerank_requests} requests of {passages} passages ...", file=sys.stderr)
+        rerank = measure_rerank(proxy, examples[:rerank_requests])
         print(f"proxy: {questions} questions ...", file=sys.stderr)
         proxied = measure_proxy(upstream, proxy, examples[:questions])
 
-    passages = "one-sentence passages" if args.quick else "passages"
+    shape = f"{passages} one-sentence passages" if args.quick else f"{passages} passages"
     print(f"\nrerank endpoint, shipped filter on {DEFAULT_MODEL}, "
-          f"{rerank['rerank_requests']} requests of 10 {passages}")
+          f"{rerank['rerank_requests']} requests of {shape}")
     print(f"{'':28}{'documents/s':>12}")
     print(f"{'endpoint, 1 client':28}{rerank['rerank_docs_per_s_1']:>12.1f}")
     print(f"{'endpoint, 8 clients':28}{rerank['rerank_docs_per_s_8']:>12.1f}"
           f"   x{rerank['concurrency_ratio']:.2f}")
-    print(f"{'in-process MCF (HF)':28}{rerank['in_process_docs_per_s']:>12.1f}"
+    print(f"{'in process, same engine':28}{rerank['in_process_docs_per_s']:>12.1f}"
           f"   endpoint overhead x{rerank['endpoint_overhead']:.2f} "
           f"({rerank['endpoint_overhead_ms_per_request']:+.0f} ms/request)")
+    print(f"{'in process, hf backend':28}{rerank['hf_in_process_docs_per_s']:>12.1f}")
     print(f"\nproxy on HotpotQA validation, {proxied['questions']} questions, generator "
           f"{DEFAULT_MODEL} (greedy, {MAX_ANSWER_TOKENS} tokens)")
     print(f"{'':28}{'prompt tokens':>14}{'accuracy':>10}{'s/question':>12}")
-    print(f"{'straight, 10 passages':28}{proxied['direct_prompt_tokens']:>14.1f}"
+    print(f"{f'straight, {passages} passages':28}{proxied['direct_prompt_tokens']:>14.1f}"
           f"{proxied['direct_accuracy']:>10.3f}{proxied['direct_s_per_question']:>12.2f}")
     print(f"{'through the proxy':28}{proxied['proxy_prompt_tokens']:>14.1f}"
           f"{proxied['proxy_accuracy']:>10.3f}{proxied['proxy_s_per_question']:>12.2f}")
     print(f"tokens ratio {proxied['token_ratio']:.3f}; saved {proxied['upstream_tokens_saved']:.1f}"
           f" (upstream) vs {proxied['estimated_tokens_saved']:.1f} (proxy's estimate); passages "
-          f"kept {proxied['passages_kept']:.1f} of 10, gold kept "
+          f"kept {proxied['passages_kept']:.1f} of {passages}, gold kept "
           f"{proxied['gold_passages_kept']:.2f}")
     print(json.dumps({key: round(value, 4) if isinstance(value, float) else value
                       for key, value in {**rerank, **proxied}.items()}))
