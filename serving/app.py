@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
+from sieverag.inference.filters.ranking import RankedDocument, as_documents, rank_documents
 from sieverag.serving.auth import BearerAuth
 from sieverag.serving.body_limit import BodySizeLimit, RequestTooLarge
 from sieverag.serving.config import LocalOptions
@@ -51,13 +52,7 @@ from sieverag.serving.protocol import (
     error_body,
 )
 from sieverag.serving.proxy import ChatProxy, ProxyTarget
-from sieverag.serving.rerank import (
-    RankedDocument,
-    as_documents,
-    check_prompts_fit,
-    rank_documents,
-    rerank_body,
-)
+from sieverag.serving.rerank import check_prompts_fit, rerank_body
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 from sieverag.serving.upstream import UpstreamClient
 

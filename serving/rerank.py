@@ -1,11 +1,11 @@
 """POST /v1/rerank: the trained filter as a reranker, in the Cohere/Jina schema vLLM serves.
 
-The request's documents are one round of MCF (inference/filters/mcf.py), run by MCF's own
-code on the served model or adapter the request names (`EngineBackend`), so every number is
-MCF's by construction:
+The request's documents are ranked by `rank_documents` (inference/filters/ranking.py: one
+round of MCF, by MCF's own code) on the served model or adapter the request names
+(`EngineBackend`), so every number is MCF's by construction:
 
-* `relevance_score` — P("Yes") of the filter's chunk question, normalised over Yes/No (the
-  `p_yes` of `MultiGranularFilter.chunk_scores`); results are sorted by it, best first.
+* `relevance_score` — the filter's P("Yes"), normalised over Yes/No; results are sorted by
+  it, best first.
 * `kept` — MCF's verdict under the server's rules (`--local.rerank.*`, an `MCFConfig`). The
   default is MCF's default bar, the round's 2 best documents by the filter's score fused with
   BM25, so a kept document need not be among the highest `relevance_score`s;
@@ -21,30 +21,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sieverag.inference.filters.filter_format import chunk_prompt, sentence_prompt
-from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.filters.mcf import MCFConfig, document_sentences
+from sieverag.inference.filters.ranking import RankedDocument, best_first
 from sieverag.inference.types import Document
 from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.limits import PromptLimits
-
-
-@dataclass(frozen=True)
-class RankedDocument:
-    """One request document as MCF judged it; `key_sentences` is None at chunk granularity."""
-
-    index: int
-    relevance_score: float
-    kept: bool
-    key_sentences: tuple[str, ...] | None
-
-
-def as_documents(texts: Sequence[str]) -> list[Document]:
-    """The request's documents as MCF reads them: no title, the request index as id."""
-    return [Document(id=str(index), text=text) for index, text in enumerate(texts)]
 
 
 def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFConfig,
@@ -62,34 +46,13 @@ def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFC
                                          "sentence")
 
 
-def rank_documents(backend: LLMBackend, config: MCFConfig, query: str,
-                   texts: Sequence[str]) -> list[RankedDocument]:
-    """Every document in request order, scored and judged by MCF under `config` (and narrowed
-    to its key sentences when `config.sentence_stage`)."""
-    documents = as_documents(texts)
-    mcf = MultiGranularFilter(backend, config)
-    scores = mcf.chunk_scores(query, documents)
-    result = mcf.chunk_verdicts(query, documents, scores)
-    if config.sentence_stage:
-        result = mcf.narrow(query, result)
-    ranked = []
-    for document, score, judged in zip(documents, scores, result.scored, strict=True):
-        keys = None
-        if config.sentence_stage:
-            sentences = document_sentences(document)
-            keys = (tuple(sentences[i].strip() for i in judged.details["key_sentences"])
-                    if judged.kept else ())
-        ranked.append(RankedDocument(int(document.id), score["p_yes"], judged.kept, keys))
-    return ranked
-
-
 def rerank_body(model: str, ranked: Sequence[RankedDocument], texts: Sequence[str], *,
                 top_n: int | None, return_documents: bool, total_tokens: int
                 ) -> dict[str, Any]:
-    """The response body: results best first (ties in request order), cut to `top_n`."""
-    best_first = sorted(ranked, key=lambda r: -r.relevance_score)[:top_n or None]
+    """The response body: results best first (ties in request order), cut to `top_n` (0 or
+    None: all)."""
     results = []
-    for entry in best_first:
+    for entry in best_first(ranked)[:top_n or None]:
         result: dict[str, Any] = {"index": entry.index, "relevance_score": entry.relevance_score}
         if return_documents:
             result["document"] = {"text": texts[entry.index]}

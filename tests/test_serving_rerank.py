@@ -16,12 +16,12 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 
 from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
+from sieverag.inference.filters.ranking import as_documents, rank_documents
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.rerank import as_documents, rank_documents
 from sieverag.serving.tokens import max_token_chars
 
 KEY_ENV = "SIEVERAG_RERANK_TEST_KEY"

@@ -66,6 +66,7 @@ from sieverag.inference.eval.metrics import answer_accuracy  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
+from sieverag.inference.filters.ranking import rank_documents  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
@@ -76,7 +77,6 @@ from sieverag.serving.config import LocalServerConfig  # noqa: E402
 from sieverag.serving.engine import BatchingEngine  # noqa: E402
 from sieverag.serving.engine_backend import EngineBackend  # noqa: E402
 from sieverag.serving.marked_documents import Passage, documents_block  # noqa: E402
-from sieverag.serving.rerank import rank_documents  # noqa: E402
 from sieverag.serving.served_model import load_served_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
