@@ -25,9 +25,14 @@ from sieverag.inference.integrations.rerank_client import RerankEndpointError
 
 
 @pytest.fixture(scope="module")
-def filter_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[str]:
-    with serving_filter(tiny_model_dir, tmp_path_factory.mktemp("lora")) as url:
+def lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where `filter_url`'s server saves its filter adapter (which the in-process tests load)."""
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def filter_url(tiny_model_dir: Path, lora_dir: Path) -> Iterator[str]:
+    with serving_filter(tiny_model_dir, lora_dir) as url:
         yield url
 
 
@@ -133,3 +138,25 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
             retriever.invoke(QUERY), QUERY)
     # No documents, no request.
     assert SieveragCompressor(base_url=down).compress_documents([], QUERY) == []
+
+
+def test_in_process_the_chain_returns_what_the_endpoint_keeps(
+        filter_url: str, lora_dir: Path, tiny_model_dir: Path, retriever: BaseRetriever) -> None:
+    """With `filter` set the compressor runs the same adapter in this process (no server
+    needed): the same documents as the endpoint keeps, its scores to 1e-4 (hf vs the server's
+    engine), sentence granularity alike."""
+    compressor = SieveragCompressor(filter=str(lora_dir), base_model=str(tiny_model_dir),
+                                    base_url=nothing_listening())
+    documents = ContextualCompressionRetriever(base_compressor=compressor,
+                                               base_retriever=retriever).invoke(QUERY)
+    wanted = expected(filter_url, retriever.invoke(QUERY))
+    kept = [(document, result) for document, result in wanted if result["kept"]]
+    assert [d.id for d in documents] == [d.id for d, _ in kept]
+    assert [d.metadata["relevance_score"] for d in documents] == pytest.approx(
+        [result["relevance_score"] for _, result in kept], abs=1e-4)
+    narrowed = SieveragCompressor(filter=str(lora_dir), base_model=str(tiny_model_dir),
+                                  granularity="sentence").wrap(retriever)
+    sentence = [(d, r) for d, r in expected(filter_url, retriever.invoke(QUERY), "sentence")
+                if r["kept"]]
+    assert [(d.id, d.metadata["key_sentences"]) for d in asyncio.run(narrowed.ainvoke(QUERY))
+            ] == [(d.id, result["key_sentences"]) for d, result in sentence]

@@ -23,9 +23,14 @@ from sieverag.inference.integrations.rerank_client import RerankEndpointError
 
 
 @pytest.fixture(scope="module")
-def filter_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[str]:
-    with serving_filter(tiny_model_dir, tmp_path_factory.mktemp("lora")) as url:
+def lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where `filter_url`'s server saves its filter adapter (which the in-process tests load)."""
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def filter_url(tiny_model_dir: Path, lora_dir: Path) -> Iterator[str]:
+    with serving_filter(tiny_model_dir, lora_dir) as url:
         yield url
 
 
@@ -127,3 +132,27 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
     with pytest.raises(ValueError, match="query"):
         SieveragPostprocessor(base_url=filter_url, api_key=KEY).postprocess_nodes(
             retrieved(index))
+
+
+def test_in_process_the_query_engine_reads_what_the_endpoint_keeps(
+        filter_url: str, lora_dir: Path, tiny_model_dir: Path, index: VectorStoreIndex) -> None:
+    """With `filter` set the post-processor runs the same adapter in this process (no server
+    needed): the same nodes as the endpoint keeps, its scores to 1e-4 (hf vs the server's
+    engine), sentence granularity alike."""
+    postprocessor = SieveragPostprocessor(filter=str(lora_dir), base_model=str(tiny_model_dir),
+                                          base_url=nothing_listening())
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=len(CORPUS),
+                                   node_postprocessors=[postprocessor])
+    sources = engine.query(QUERY).source_nodes
+    kept = [(node, result) for node, result in expected(filter_url, retrieved(index))
+            if result["kept"]]
+    assert [n.node.node_id for n in sources] == [n.node.node_id for n, _ in kept]
+    assert [n.score for n in sources] == pytest.approx(
+        [result["relevance_score"] for _, result in kept], abs=1e-4)
+    nodes = retrieved(index)
+    narrowed = SieveragPostprocessor(filter=str(lora_dir), base_model=str(tiny_model_dir),
+                                     granularity="sentence")
+    ranked = asyncio.run(narrowed.apostprocess_nodes(nodes, query_str=QUERY))
+    wanted = [(n, r) for n, r in expected(filter_url, nodes, "sentence") if r["kept"]]
+    assert [(n.node.node_id, n.node.metadata["key_sentences"]) for n in ranked] == [
+        (n.node.node_id, result["key_sentences"]) for n, result in wanted]

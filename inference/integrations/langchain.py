@@ -1,7 +1,8 @@
 """LangChain: the trained filter as a document compressor (`pip install "sieverag[langchain]"`).
 
 `SieveragCompressor` sends the retrieved documents' `page_content` to the rerank endpoint
-(`rerank_client`) and returns the documents it keeps, best first, each a copy with
+(`rerank_client`), or with `filter` set runs the filter in this process (`in_process`), and
+returns the documents it keeps, best first, each a copy with
 `relevance_score`, `kept` and (at sentence granularity) `key_sentences` added to its
 metadata. At sentence granularity a kept document's `page_content` becomes its key sentences
 joined by a space (the compressor compresses); the rest of its metadata and its id stay.
@@ -26,36 +27,36 @@ from langchain_core.retrievers import BaseRetriever, RetrieverLike
 from pydantic import ConfigDict, PrivateAttr
 
 from sieverag.inference.integrations.rerank_client import (
-    RerankEndpoint,
+    Ranker,
     RerankResult,
     RerankSettings,
 )
 
 
 class SieveragCompressor(RerankSettings, BaseDocumentCompressor):
-    """The documents the served filter keeps, best first (see `RerankEndpoint` for the
-    settings; `api_key` is the server's key, held out of the fields so it is never shown)."""
+    """The documents the filter keeps, best first (see `RerankSettings` for the settings;
+    `api_key` is the server's key, held out of the fields so it is never shown)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    _endpoint: RerankEndpoint = PrivateAttr()
+    _ranker: Ranker = PrivateAttr()
 
     def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
         super().__init__(**settings)
-        self._endpoint = self.endpoint(api_key)
+        self._ranker = self.ranker(api_key)
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
         """The documents the filter keeps for `query`, best first, annotated."""
         documents = list(documents)
-        selected = self._endpoint.select(query, [d.page_content for d in documents])
+        selected = self._ranker.select(query, [d.page_content for d in documents])
         return [_annotated(documents[result.index], result) for result in selected]
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         """`compress_documents`, without blocking the event loop."""
         documents = list(documents)
-        selected = await self._endpoint.aselect(query, [d.page_content for d in documents])
+        selected = await self._ranker.aselect(query, [d.page_content for d in documents])
         return [_annotated(documents[result.index], result) for result in selected]
 
     def wrap(self, retriever: RetrieverLike) -> FilteredRetriever:

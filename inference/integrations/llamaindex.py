@@ -2,12 +2,12 @@
 "sieverag[llamaindex]"`).
 
 `SieveragPostprocessor` sends the retrieved nodes' text (`MetadataMode.NONE`: the text
-alone, no metadata) to the rerank endpoint (`rerank_client`) and returns the nodes it keeps,
-best first. Each is a copy whose score is the filter's `relevance_score` and whose metadata
-gains `relevance_score`, `kept` and (at sentence granularity) `key_sentences`, hidden from
-the LLM and the embedding model (`excluded_*_metadata_keys`). At sentence granularity a kept
-node's text becomes its key sentences joined by a space; the index's own nodes are never
-changed.
+alone, no metadata) to the rerank endpoint (`rerank_client`), or with `filter` set runs the
+filter in this process (`in_process`), and returns the nodes it keeps, best first. Each is a
+copy whose score is the filter's `relevance_score` and whose metadata gains
+`relevance_score`, `kept` and (at sentence granularity) `key_sentences`, hidden from the LLM
+and the embedding model (`excluded_*_metadata_keys`). At sentence granularity a kept node's
+text becomes its key sentences joined by a space; the index's own nodes are never changed.
 
 Add it where LlamaIndex takes post-processors:
 `index.as_query_engine(node_postprocessors=[SieveragPostprocessor(...)])`.
@@ -23,23 +23,23 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import ConfigDict, PrivateAttr
 
 from sieverag.inference.integrations.rerank_client import (
-    RerankEndpoint,
+    Ranker,
     RerankResult,
     RerankSettings,
 )
 
 
 class SieveragPostprocessor(RerankSettings, BaseNodePostprocessor):
-    """The nodes the served filter keeps, best first (see `RerankEndpoint` for the settings;
+    """The nodes the filter keeps, best first (see `RerankSettings` for the settings;
     `api_key` is the server's key, held out of the fields so it is never shown or saved)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    _endpoint: RerankEndpoint = PrivateAttr()
+    _ranker: Ranker = PrivateAttr()
 
     def __init__(self, *, api_key: str | None = None, **settings: Any) -> None:
         super().__init__(**settings)
-        self._endpoint = self.endpoint(api_key)
+        self._ranker = self.ranker(api_key)
 
     @classmethod
     def class_name(cls) -> str:
@@ -50,7 +50,7 @@ class SieveragPostprocessor(RerankSettings, BaseNodePostprocessor):
         query = _query(query_bundle)
         with self.callback_manager.event(CBEventType.RERANKING,
                                          payload=self._event(nodes, query)) as event:
-            selected = self._endpoint.select(query, [_text(node) for node in nodes])
+            selected = self._ranker.select(query, [_text(node) for node in nodes])
             kept = [_annotated(nodes[result.index], result) for result in selected]
             event.on_end(payload={EventPayload.NODES: kept})
         return kept
@@ -61,7 +61,7 @@ class SieveragPostprocessor(RerankSettings, BaseNodePostprocessor):
         query = _query(query_bundle)
         with self.callback_manager.event(CBEventType.RERANKING,
                                          payload=self._event(nodes, query)) as event:
-            selected = await self._endpoint.aselect(query, [_text(node) for node in nodes])
+            selected = await self._ranker.aselect(query, [_text(node) for node in nodes])
             kept = [_annotated(nodes[result.index], result) for result in selected]
             event.on_end(payload={EventPayload.NODES: kept})
         return kept

@@ -1,6 +1,7 @@
 """A client of the rerank endpoint (`POST {base_url}/rerank`, the embedded server's
-`/v1/rerank`) that returns the documents to keep, best first: what the framework adapters
-(`langchain`, `llamaindex`) share.
+`/v1/rerank`) that returns the documents to keep, best first, and the settings the framework
+adapters (`langchain`, `llamaindex`) share; with `filter` set they run the filter in process
+instead (`in_process.InProcessFilter`), with the same selection.
 
 The server runs the trained filter (MCF) on the documents and answers in the Cohere/Jina
 schema with sieverag's `kept` verdicts (README, "Reranking with the filter"). `keep` says
@@ -16,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import httpx
 from pydantic import BaseModel, Field
 
 from sieverag.inference.errors import ConfigError, SieveragError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.llm.models import DEFAULT_MODEL
 
 Keep = Literal["kept", "top_n"]
 Granularity = Literal["chunk", "sentence"]
@@ -67,6 +70,34 @@ class RerankResult:
         return " ".join(self.key_sentences) if self.key_sentences else original
 
 
+class Ranker(Protocol):
+    """What the adapters call: the results to keep for `texts` (by their `index` there), best
+    first. `RerankEndpoint` (over HTTP) and `in_process.InProcessFilter` are rankers."""
+
+    def select(self, query: str, texts: Sequence[str]) -> list[RerankResult]: ...
+
+    async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]: ...
+
+
+def check_selection(keep: str, top_n: int | None, granularity: str) -> None:
+    """Refuse (ConfigError) a `keep`, `top_n` or `granularity` a ranker cannot use."""
+    if keep not in get_args(Keep):
+        raise ConfigError(f"keep must be one of {get_args(Keep)}, got {keep!r}")
+    if granularity not in get_args(Granularity):
+        raise ConfigError(f"granularity must be one of {get_args(Granularity)}, got "
+                          f"{granularity!r}")
+    if top_n is not None and top_n < 1:
+        raise ConfigError(f"top_n must be >= 1 or None, got {top_n}")
+
+
+def choose(best_first: Sequence[RerankResult], keep: Keep, top_n: int | None
+           ) -> list[RerankResult]:
+    """What a caller gets of results ordered best first: the kept ones (`keep="kept"`) or
+    all, then at most `top_n`."""
+    chosen = [r for r in best_first if r.kept] if keep == "kept" else list(best_first)
+    return chosen[:top_n]
+
+
 @dataclass(frozen=True)
 class RerankEndpoint:
     """Where the filter is served and which of its results to keep."""
@@ -93,13 +124,7 @@ class RerankEndpoint:
                               f"{self.base_url!r}")
         if not self.model:
             raise ConfigError("model must name the served filter (e.g. 'filter'), got ''")
-        if self.keep not in get_args(Keep):
-            raise ConfigError(f"keep must be one of {get_args(Keep)}, got {self.keep!r}")
-        if self.granularity not in get_args(Granularity):
-            raise ConfigError(f"granularity must be one of {get_args(Granularity)}, got "
-                              f"{self.granularity!r}")
-        if self.top_n is not None and self.top_n < 1:
-            raise ConfigError(f"top_n must be >= 1 or None, got {self.top_n}")
+        check_selection(self.keep, self.top_n, self.granularity)
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
 
@@ -156,13 +181,11 @@ class RerankEndpoint:
                 f"{response.status_code}: {_error_message(response)}; "
                 f"{_ADVICE.get(response.status_code, 'check the server log')}")
         results = self._parse(response, count)
-        if self.keep == "kept":
-            if any(result.kept is None for result in results):
-                raise RerankEndpointError(
-                    f"the reranker at {self.url} gives no `kept` verdicts (it is not "
-                    "sieverag's rerank endpoint); use keep='top_n' to keep the best top_n")
-            results = [result for result in results if result.kept]
-        return results[:self.top_n]
+        if self.keep == "kept" and any(result.kept is None for result in results):
+            raise RerankEndpointError(
+                f"the reranker at {self.url} gives no `kept` verdicts (it is not "
+                "sieverag's rerank endpoint); use keep='top_n' to keep the best top_n")
+        return choose(results, self.keep, self.top_n)
 
     def _parse(self, response: httpx.Response, count: int) -> list[RerankResult]:
         """The reply's results in its order (best first), each checked."""
@@ -208,19 +231,31 @@ _DEFAULTS = RerankEndpoint()
 
 class RerankSettings(BaseModel):
     """The framework adapters' settings, one set for both (pydantic fields, as LangChain's
-    and LlamaIndex's components are pydantic models); `endpoint` builds the client. The
+    and LlamaIndex's components are pydantic models); `ranker` builds what they call. The
     server's key is not a field, so it is never shown or saved."""
 
     base_url: str = Field(_DEFAULTS.base_url, description="the server's base URL (…/v1)")
     model: str = Field(_DEFAULTS.model, description="the served filter's name")
-    keep: Keep = Field(_DEFAULTS.keep, description="kept: the server's verdicts; top_n: the "
+    keep: Keep = Field(_DEFAULTS.keep, description="kept: the filter's verdicts; top_n: the "
                                                    "top_n best, kept or not")
     top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many passages")
     granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
                                      "the kept passages' key sentences")
     timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
+    filter: str | None = Field(None, description=(
+        f"run the filter in this process instead of calling base_url: a filter name (e.g. "
+        f"{DEFAULT_FILTER_NAME}) or adapter folder; None: call the endpoint"))
+    base_model: str = Field(DEFAULT_MODEL, description="in process: the model the filter "
+                                                       "was trained on (name or folder)")
 
-    def endpoint(self, api_key: str | None) -> RerankEndpoint:
-        return RerankEndpoint(base_url=self.base_url, model=self.model, keep=self.keep,
-                              top_n=self.top_n, granularity=self.granularity,
-                              timeout_s=self.timeout_s, api_key=api_key)
+    def ranker(self, api_key: str | None) -> Ranker:
+        """The endpoint client, or with `filter` the filter loaded in this process."""
+        if self.filter is None:
+            return RerankEndpoint(base_url=self.base_url, model=self.model, keep=self.keep,
+                                  top_n=self.top_n, granularity=self.granularity,
+                                  timeout_s=self.timeout_s, api_key=api_key)
+        # Imported here: it loads torch and transformers, which the endpoint client never needs.
+        from sieverag.inference.integrations.in_process import InProcessFilter
+
+        return InProcessFilter(self.filter, base_model=self.base_model, keep=self.keep,
+                               top_n=self.top_n, granularity=self.granularity)

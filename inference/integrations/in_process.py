@@ -1,0 +1,62 @@
+"""The trained filter run in this process, for the framework adapters when no server runs:
+the same selection as `RerankEndpoint` (`keep`, `top_n`, `granularity`), computed by the same
+code the server's `/v1/rerank` runs (`rank_documents`, MCF) on an `hf` backend of the filter
+instead of over HTTP.
+
+`InProcessFilter("smollm2-filter")` loads the embedded model with the shipped filter when it
+is built (a few seconds; errors about the filter or the model come then, not at the first
+query). Calls are serialised: one model, one forward pass at a time; `aselect` runs the
+filter on a worker thread so the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.filters.ranking import best_first, rank_documents
+from sieverag.inference.integrations.rerank_client import (
+    Granularity,
+    Keep,
+    RerankResult,
+    check_selection,
+    choose,
+)
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.types import Device
+
+
+class InProcessFilter:
+    """The documents the filter keeps (MCF's verdicts under `mcf`, the server's default bar
+    unless given), best first; see `RerankEndpoint` for `keep`, `top_n` and `granularity`."""
+
+    def __init__(self, filter: str = DEFAULT_FILTER_NAME, *, base_model: str = DEFAULT_MODEL,
+                 keep: Keep = "kept", top_n: int | None = None,
+                 granularity: Granularity = "chunk", mcf: MCFConfig | None = None,
+                 device: Device = "auto") -> None:
+        check_selection(keep, top_n, granularity)
+        self.keep = keep
+        self.top_n = top_n
+        self.config = replace(mcf or MCFConfig(), sentence_stage=granularity == "sentence")
+        folder = resolve_filter(filter, base_model)
+        self.backend = HFBackend(HFBackendConfig(model=base_model, adapter=str(folder),
+                                                 device=device))
+        self._lock = threading.Lock()
+
+    def select(self, query: str, texts: Sequence[str]) -> list[RerankResult]:
+        """The results to keep for `texts` (by their `index` there), best first."""
+        if not texts:
+            return []
+        with self._lock:
+            ranked = rank_documents(self.backend, self.config, query, list(texts))
+        return choose([RerankResult(r.index, r.relevance_score, r.kept, r.key_sentences)
+                       for r in best_first(ranked)], self.keep, self.top_n)
+
+    async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]:
+        """`select` on a worker thread."""
+        return await asyncio.to_thread(self.select, query, list(texts))
