@@ -11,6 +11,7 @@ and with it torch, as every inference command's parsing does).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import field
 from typing import Literal
 
@@ -134,6 +135,38 @@ class ProxyOptions:
                 raise ConfigError(f"{name} must not be empty")
 
 
+# `vllm serve` flags the launcher sets itself, each with the option that sets it.
+_LAUNCHER_FLAGS = {
+    "--host": "--host", "--port": "--port", "--served-model-name": "--model",
+    "--enable-lora": "--adapters", "--lora-modules": "--adapters",
+    "--max-lora-rank": "--adapters (the adapters' largest rank)",
+    "--max-loras": "--adapters (their count)",
+    "--tensor-parallel-size": "--vllm.tensor-parallel-size",
+    "--gpu-memory-utilization": "--vllm.gpu-memory-utilization",
+    "--max-model-len": "--vllm.max-model-len", "--max-logprobs": "--vllm.max-logprobs",
+    "--enable-prefix-caching": "--vllm.prefix-caching",
+    "--no-enable-prefix-caching": "--no-vllm.prefix-caching",
+    "--api-key": "--api-key-env",
+}
+
+
+def vllm_extra_args(extra_args: str) -> list[str]:
+    """`--vllm.extra-args` split as a shell splits it; a flag the launcher sets itself (in any
+    spelling vLLM reads: `--max_model_len`, `--max-model-len=4096`) is refused, naming the
+    option that sets it."""
+    try:
+        argv = shlex.split(extra_args)
+    except ValueError as exc:
+        raise ConfigError(f"--vllm.extra-args {extra_args!r} cannot be split ({exc}); quote "
+                          "it as a shell would") from None
+    for arg in argv:
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        if flag in _LAUNCHER_FLAGS:
+            raise ConfigError(f"--vllm.extra-args sets {flag}, which the launcher sets from "
+                              f"{_LAUNCHER_FLAGS[flag]}: use that instead")
+    return argv
+
+
 @settings
 class VLLMOptions:
     """How `vllm serve` (`--engine vllm`) runs."""
@@ -145,6 +178,13 @@ class VLLMOptions:
         "help": "context length cap; unset: the model's"})
     max_logprobs: int = field(default=20, metadata={
         "help": "most log-probs per token a request may ask for"})
+    prefix_caching: bool = field(default=True, metadata={
+        "help": "vLLM's automatic prefix caching (--enable-prefix-caching): the filter's and "
+                "the judge's prompts share long instructions, computed once"})
+    extra_args: str = field(default="", metadata={
+        "help": "more `vllm serve` arguments, one string split as a shell splits it, e.g. "
+                "'--enforce-eager --max-num-seqs 64'; a flag the launcher sets from another "
+                "option is refused with that option's name"})
     vllm_bin: str | None = field(default=None, metadata={
         "help": "the vllm executable; unset: `vllm` on PATH"})
     startup_timeout_s: float = field(default=900.0, metadata={
@@ -166,6 +206,12 @@ class VLLMOptions:
         if not self.startup_timeout_s > 0 or not self.stop_timeout_s > 0:
             raise ConfigError(f"startup_timeout_s and stop_timeout_s must be > 0, got "
                               f"{self.startup_timeout_s} and {self.stop_timeout_s}")
+        vllm_extra_args(self.extra_args)  # refused now, not when vLLM starts
+
+    @property
+    def extra_argv(self) -> list[str]:
+        """`extra_args` as vLLM's argv entries."""
+        return vllm_extra_args(self.extra_args)
 
 
 @settings

@@ -2,7 +2,8 @@
 
 vLLM lives in its own environment (it pins its own torch and transformers), so it is run as
 an executable, found on PATH or given as `vllm_bin`. The launcher builds the command line
-(`build_vllm_command`, a pure function), starts it, waits until `/v1/models` answers,
+(`build_vllm_command`, a pure function: sieverag's options, prefix caching on unless turned
+off, then the user's `extra_args` verbatim), starts it, waits until `/v1/models` answers,
 forwards SIGINT/SIGTERM to it and stops it cleanly (SIGTERM, then SIGKILL for its whole
 process group after `stop_timeout_s`). An API key is passed in the child's environment
 (VLLM_API_KEY), never on its command line, where other users could read it.
@@ -31,7 +32,10 @@ logger = logging.getLogger(__name__)
 
 # The LoRA ranks vLLM accepts for --max-lora-rank.
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-INSTALL_HINT = "install vLLM in its own environment: pip install 'sieverag[vllm]'"
+# vLLM needs nothing of sieverag (the launcher runs its executable), and sieverag's pins
+# (transformers>=5) may clash with a vLLM release's own: its environment holds vLLM alone.
+INSTALL_HINT = ("install vLLM in its own environment: python -m venv ~/.venvs/vllm && "
+                "~/.venvs/vllm/bin/pip install vllm")
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -56,13 +60,16 @@ def build_vllm_command(
         command += ["--served-model-name", served_model_name]
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
+    # Explicit either way: vLLM's default has changed between versions.
+    command.append("--enable-prefix-caching" if config.prefix_caching
+                   else "--no-enable-prefix-caching")
     if adapters:
         command += ["--enable-lora", "--lora-modules",
                     *(f"{adapter.name}={adapter.path}" for adapter in adapters),
                     "--max-lora-rank", str(vllm_lora_rank(max(a.rank for a in adapters))),
                     # Requests for different adapters may then share one batch.
                     "--max-loras", str(len(adapters))]
-    return command
+    return command + config.extra_argv
 
 
 def find_vllm(vllm_bin: str | None) -> str:
@@ -71,12 +78,12 @@ def find_vllm(vllm_bin: str | None) -> str:
         path = Path(vllm_bin).expanduser()
         if path.is_file() and os.access(path, os.X_OK):
             return str(path.resolve())
-        raise ServerStartError(f"--vllm-bin {vllm_bin} is not an executable file; {INSTALL_HINT}"
-                               ", then give its bin/vllm")
+        raise ServerStartError(f"--vllm.vllm-bin {vllm_bin} is not an executable file; "
+                               f"{INSTALL_HINT}, then give its bin/vllm")
     found = shutil.which("vllm")
     if found is None:
         raise ServerStartError(f"no `vllm` executable on PATH; {INSTALL_HINT}, then put its "
-                               "bin folder on PATH or give --vllm-bin")
+                               "bin folder on PATH or give --vllm.vllm-bin")
     return found
 
 

@@ -18,8 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.settings import parse_settings
 from sieverag.serving import vllm_launcher
-from sieverag.serving.adapters import Adapter
+from sieverag.serving.adapters import Adapter, resolve_adapters
+from sieverag.serving.cli import ServeCommand, engine_config
 from sieverag.serving.config import VLLMLaunchConfig
 from sieverag.serving.errors import AdapterError, ServerStartError
 from sieverag.serving.vllm_launcher import (
@@ -144,12 +149,62 @@ def test_build_vllm_command() -> None:
     assert command == [
         "/env/bin/vllm", "serve", "/models/base", "--host", "127.0.0.1", "--port", "8123",
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--max-logprobs", "5",
-        "--served-model-name", "org/base", "--max-model-len", "4096",
+        "--served-model-name", "org/base", "--max-model-len", "4096", "--enable-prefix-caching",
         "--enable-lora", "--lora-modules", "chunk=/a/chunk", "sent=/a/sent",
         "--max-lora-rank", "16", "--max-loras", "2",
     ]
     bare = build_vllm_command(VLLMLaunchConfig(model="m"), [], executable="vllm", model="m")
     assert "--enable-lora" not in bare and "--served-model-name" not in bare
+
+
+def test_extra_args_pass_through_and_prefix_caching_can_be_turned_off() -> None:
+    config = VLLMLaunchConfig(model="m", prefix_caching=False, extra_args=(
+        "--enforce-eager --max-num-seqs 64 --override-generation-config "
+        "'{\"temperature\": 0, \"top_p\": 1}'"))
+    command = build_vllm_command(config, [], executable="vllm", model="m")
+    assert "--enable-prefix-caching" not in command
+    assert command[-6:] == ["--no-enable-prefix-caching", "--enforce-eager", "--max-num-seqs",
+                            "64", "--override-generation-config",
+                            '{"temperature": 0, "top_p": 1}']
+
+
+@pytest.mark.parametrize(("extra", "option"), [
+    ("--port 9000", "--port"), ("--max_model_len=4096", "--vllm.max-model-len"),
+    ("--enforce-eager --lora-modules x=/a", "--adapters"),
+    ("--no-enable-prefix-caching", "--no-vllm.prefix-caching"),
+    ("--api-key sk-1", "--api-key-env")])
+def test_extra_args_the_launcher_sets_are_refused_naming_the_option(extra: str,
+                                                                     option: str) -> None:
+    with pytest.raises(ConfigError, match=f"which the launcher sets from {option}"):
+        VLLMLaunchConfig(model="m", extra_args=extra)
+
+
+def test_extra_args_that_cannot_be_split_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--vllm.extra-args .* cannot be split"):
+        VLLMLaunchConfig(model="m", extra_args="--chat-template '{{ unclosed")
+
+
+def test_serve_reads_extra_args_from_its_flags() -> None:
+    """`--vllm.extra-args` on `sieverag serve`'s command line, the value itself flags."""
+    command = parse_settings(ServeCommand, [
+        "--engine", "vllm", "--model", "m", "--vllm.extra-args=--enforce-eager",
+        "--no-vllm.prefix-caching"], "sieverag serve")
+    config = engine_config(command)
+    assert config.extra_argv == ["--enforce-eager"] and not config.prefix_caching
+
+
+def test_the_readme_shows_the_command_the_launcher_builds_for_the_shipped_filter() -> None:
+    """README "vLLM (GPU)" quotes the `vllm serve` line for its example: it must stay the one
+    the launcher builds (folders shown as placeholders)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    shown = readme.split("The launcher runs this command", 1)[1].split("```")[1].split()
+    config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=(f"filter={DEFAULT_FILTER_NAME}",),
+                              port=8000, max_model_len=4096)
+    adapters = resolve_adapters(config.adapters, base_name=config.model)
+    built = build_vllm_command(config, adapters, executable="vllm", model="<model folder>",
+                               served_model_name=config.model)
+    package = str(Path(vllm_launcher.__file__).resolve().parents[1])
+    assert shown == " ".join(built).replace(package, "<sieverag>").split()
 
 
 def test_embedded_model_is_served_from_its_folder_under_its_name(
