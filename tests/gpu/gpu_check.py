@@ -262,7 +262,7 @@ def measure_scores(model: str, adapter: str, device: str,
     }
 
 
-def _rounded(values: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+def _rounded(values: Scores) -> dict[str, list[float]]:
     return {key: [round(v, 6) for v in row] for key, row in values.items()}
 
 
