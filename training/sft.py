@@ -37,6 +37,8 @@ RECORDED_TRAINING_FIELDS = (
     "seed", "bf16", "fp16", "activation_checkpointing", "optim", "eval_strategy", "eval_steps",
     "train_sampling_strategy", "completion_only_loss",
 )
+# The packages whose versions an adapter's metadata records.
+TRAINING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed")
 
 
 def resume_checkpoint(recipe: Recipe) -> str | None:
@@ -166,7 +168,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
         "metrics": {**metrics, "global_step": trainer.state.global_step,
                     "wall_seconds": round(time.time() - started, 1)},
         "adapter": dataclasses.asdict(check),
-        "versions": _versions(),
+        "versions": package_versions(),
     }
     write_adapter_metadata(output_dir, metadata)
     print(f"adapter {name}: {output_dir} ({check.tensors} LoRA tensors, "
@@ -176,11 +178,12 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     return output_dir
 
 
-def _versions() -> dict[str, str]:
+def package_versions(packages: Sequence[str] = TRAINING_PACKAGES) -> dict[str, str]:
+    """The installed version of each of `packages` (those not installed left out)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for package in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed"):
+    for package in packages:
         try:
             found[package] = version(package)
         except PackageNotFoundError:
