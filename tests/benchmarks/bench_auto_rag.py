@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
 
 from sieverag.inference.config import (  # noqa: E402
     ModelRoles,
@@ -58,13 +59,10 @@ from sieverag.inference.io_utils import JsonlLog, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.inference.pipelines.router import RouterConfig  # noqa: E402
-from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.evaluation import spread_subset  # noqa: E402
 from sieverag.inference.retrieval.index import ensure_index  # noqa: E402
 
-DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")
-QUESTIONS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_questions.jsonl"
 TUNING_IDS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_tuning_ids.txt"
 PAGES = "human_nutrition_2020_pages.jsonl"
 KINDS = ("factual", "conceptual", "textbook-specific")
@@ -135,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
 
     out = args.out / ("quick" if args.quick else "default")
-    examples = load_examples(QUESTIONS)
+    examples = load_examples(NUTRITION_QUESTIONS)
     tuning = set(TUNING_IDS.read_text(encoding="utf-8").split())
     by_kind = {kind: [e.id for e in examples if e.metadata.get("kind") == kind]
                for kind in KINDS}
@@ -154,7 +152,7 @@ def main() -> None:
           f"{index.size} chunks; {mode}, k={args.k}", flush=True)
 
     base = RunConfig(
-        dataset=str(QUESTIONS), question_ids=str(main_ids),
+        dataset=str(NUTRITION_QUESTIONS), question_ids=str(main_ids),
         models=ModelRoles(generator=BackendSpec(model=args.model)),
         retrieval=RetrievalConfig(index=str(index_dir), mode=mode, k=args.k),
         trust=TrustConfig(llm_judge=args.judge))

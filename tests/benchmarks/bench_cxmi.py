@@ -34,6 +34,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_data import HOTPOT  # noqa: E402
 
 from sieverag.data_gen.cxmi import SharedPrefixCXMI, naive_cxmi  # noqa: E402
 from sieverag.data_gen.labelling import chunk_sentences  # noqa: E402
@@ -43,7 +44,7 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa_distractor.jsonl"
+DATA = HOTPOT
 THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 

@@ -60,6 +60,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx  # noqa: E402
+from bench_data import HOTPOT  # noqa: E402
 
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.metrics import answer_accuracy  # noqa: E402
@@ -70,7 +71,6 @@ from sieverag.inference.filters.ranking import rank_documents  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
-from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.adapters import parse_adapter  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
@@ -80,7 +80,6 @@ from sieverag.serving.marked_documents import Passage, documents_block  # noqa: 
 from sieverag.serving.served_model import load_served_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")
 QUESTION_IDS = ROOT / "runs" / "dataset-hotpot" / "validation_ids.txt"
 ANNOUNCED = re.compile(r"serving .+ at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)")
 CONCURRENT_CLIENTS = 8
@@ -337,7 +336,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2 rerank requests of one-sentence passages (8 for the 8 clients) "
                              "and 1 question: about a minute")
-    parser.add_argument("--data", type=Path, default=DATA_DIR / "hotpotqa_distractor.jsonl",
+    parser.add_argument("--data", type=Path, default=HOTPOT,
                         help="HotpotQA distractor jsonl (default: the shared data folder's)")
     parser.add_argument("--question-ids", type=Path, default=QUESTION_IDS,
                         help="the validation questions' ids, one a line")

@@ -27,6 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_data import HOTPOT  # noqa: E402
+
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.data.demo import write_demo_dataset  # noqa: E402
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
@@ -34,8 +36,6 @@ from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-HOTPOT = SHARED / "hotpotqa_distractor.jsonl"
 # The naive judge asks for its verdict with evidence in place of the one-word reply.
 ONE_WORD = "One word: Yes or No."
 VERDICT_REQUEST = ('Answer in this form: "Yes, because <evidence from the document>" or '

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import resource
 import sys
 import tempfile
@@ -43,11 +42,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench_data import DATA_DIR  # noqa: E402
+
 from sieverag.inference.io_utils import cache_root  # noqa: E402
 from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
 from sieverag.inference.retrieval.cli import (  # noqa: E402
-    DATA_DIR_ENV,
     default_eval_index_dir,
 )
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
@@ -227,8 +227,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=None,
                         help="embeddings per shard for (c) (default 2000; quick 100)")
     args = parser.parse_args()
-    data_dir = args.data_dir or Path(os.environ.get(DATA_DIR_ENV)
-                                     or ROOT.parent / "shared" / "data")
+    data_dir = args.data_dir or DATA_DIR
     if not (data_dir / "squad_dev_v1.1.json.zip").is_file():
         print(f"shared data not found in {data_dir}; pass --data-dir", file=sys.stderr)
         return 1

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from dataclasses import replace
@@ -41,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
 
 from sieverag.inference.config import (  # noqa: E402
     ModelRoles,
@@ -53,16 +54,12 @@ from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.io_utils import cache_root, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
-from sieverag.inference.retrieval.cli import DATA_DIR_ENV  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
 from sieverag.inference.retrieval.evaluation import spread_subset  # noqa: E402
 from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
 from sieverag.inference.types import Document, Example  # noqa: E402
 
-# The checkout's shared data folder, as the other benchmarks read it.
-DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")
-NUTRITION_QUESTIONS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_questions.jsonl"
 SOURCES = ("hotpotqa", "popqa", "nutrition")
 # the name a row shows → the pipeline it runs
 RUNS = {"auto": "auto", "always": "vanilla", "never": "direct"}

@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import yaml  # noqa: E402
+from bench_data import HOTPOT  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from sieverag.inference.data import load_examples  # noqa: E402
@@ -39,7 +40,6 @@ from sieverag.training.sft import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "training" / "recipes" / "smollm2_filter_cpu.yaml"
-HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_distractor.jsonl"
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
 
 
