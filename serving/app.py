@@ -30,6 +30,7 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from sieverag.inference.filters.ranking import RankedDocument, as_documents, rank_documents
+from sieverag.inference.llm.base import chat_prompt_text
 from sieverag.serving.auth import BearerAuth
 from sieverag.serving.body_limit import BodySizeLimit, RequestTooLarge
 from sieverag.serving.config import LocalOptions
@@ -112,8 +113,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     def encode_chat(body: ChatCompletionRequest) -> tuple[EncodedPrompt, int]:
         messages = [message.as_template_message() for message in body.messages]
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=False)
+            text = chat_prompt_text(tokenizer, messages)
         except (TemplateError, ValueError) as exc:
             raise APIError(400, f"the model's chat template refused the messages: {exc}",
                            param="messages") from exc

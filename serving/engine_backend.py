@@ -20,7 +20,12 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter, labels_as_replies
+from sieverag.inference.llm.base import (
+    GenerationSettings,
+    UsageMeter,
+    chat_prompt_text,
+    labels_as_replies,
+)
 from sieverag.inference.llm.hf import reply_token_ids
 from sieverag.inference.types import Conversation
 from sieverag.serving.engine import BatchingEngine, SequenceRequest, SequenceResult
@@ -49,8 +54,7 @@ class EngineBackend:
 
     def render(self, conversation: Conversation) -> str:
         """The chat-templated prompt text, ending with the assistant prefix."""
-        return self.tokenizer.apply_chat_template(list(conversation),
-                                                  add_generation_prompt=True, tokenize=False)
+        return chat_prompt_text(self.tokenizer, conversation)
 
     def encode(self, conversation: Conversation) -> tuple[str, tuple[int, ...]]:
         """The prompt's text and token ids (the template holds its own special tokens);

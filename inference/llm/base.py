@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from sieverag.inference.types import Conversation
 
@@ -118,6 +118,13 @@ class LLMBackend(Protocol):
     ) -> list[float]:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
         ...
+
+
+def chat_prompt_text(tokenizer: Any, conversation: Conversation) -> str:
+    """The prompt a chat model reads for `conversation`: its chat template rendered as text,
+    ending with the assistant prefix (every backend and the server render prompts so)."""
+    return tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True,
+                                         tokenize=False)
 
 
 def labels_as_replies(backend: LLMBackend, prompts: Sequence[Conversation],

@@ -20,7 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter, labels_as_replies
+from sieverag.inference.llm.base import (
+    GenerationSettings,
+    UsageMeter,
+    chat_prompt_text,
+    labels_as_replies,
+)
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
@@ -195,9 +200,7 @@ class HFBackend:
 
     def render(self, conversation: Conversation) -> str:
         """The chat-templated prompt text, ending with the assistant prefix."""
-        return self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
-        )
+        return chat_prompt_text(self.tokenizer, conversation)
 
     def prompt_ids(self, conversation: Conversation) -> list[int]:
         return self.tokenizer(self.render(conversation), add_special_tokens=False)["input_ids"]

@@ -48,7 +48,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.base import GenerationSettings, UsageMeter, chat_prompt_text
 from sieverag.inference.llm.context import ContextGuard, check_context_settings
 from sieverag.inference.types import ContextOverflow, Conversation
 
@@ -395,8 +395,7 @@ class OpenAIBackend:
 
     def _chat_text(self, conversation: Conversation) -> str:
         """The chat-templated prompt as the model reads it, generation prompt included."""
-        return self._load_tokenizer().apply_chat_template(list(conversation), tokenize=False,
-                                                          add_generation_prompt=True)
+        return chat_prompt_text(self._load_tokenizer(), conversation)
 
     def _render(self, conversation: Conversation) -> str:
         """The prompt text to send to /completions."""
