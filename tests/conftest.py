@@ -72,3 +72,20 @@ def embedded_model_dir() -> Path:
     from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where `filter_url`'s server saves its random filter adapter (which a module's
+    in-process tests load too)."""
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def filter_url(tiny_model_dir: Path, lora_dir: Path) -> Iterator[str]:
+    """The base URL of the rerank endpoint's clients' server (tests/rerank_server.py), one
+    per test module that asks for it."""
+    from rerank_server import serving_filter
+
+    with serving_filter(tiny_model_dir, lora_dir) as url:
+        yield url

@@ -1,7 +1,7 @@
 """The embedded server on the tiny model with a random filter adapter, behind an API key, as
 tests/test_serving_rerank.py starts it, for the rerank endpoint's clients (the framework
 adapters); a small corpus to retrieve from, and the endpoint's own answer to compare with.
-A test module's fixture wraps `serving_filter`."""
+tests/conftest.py's `filter_url` fixture wraps `serving_filter`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ exactly those the endpoint keeps, best first, with its scores in their metadata.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +16,11 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
-from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly, serving_filter
+from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.langchain import FilteredRetriever, SieveragCompressor
 from sieverag.inference.integrations.rerank_client import RerankEndpointError
-
-
-@pytest.fixture(scope="module")
-def lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where `filter_url`'s server saves its filter adapter (which the in-process tests load)."""
-    return tmp_path_factory.mktemp("lora")
-
-
-@pytest.fixture(scope="module")
-def filter_url(tiny_model_dir: Path, lora_dir: Path) -> Iterator[str]:
-    with serving_filter(tiny_model_dir, lora_dir) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

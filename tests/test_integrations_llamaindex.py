@@ -6,7 +6,6 @@ out are exactly those the endpoint keeps, best first, with its scores."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +14,11 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
-from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly, serving_filter
+from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.llamaindex import SieveragPostprocessor
 from sieverag.inference.integrations.rerank_client import RerankEndpointError
-
-
-@pytest.fixture(scope="module")
-def lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where `filter_url`'s server saves its filter adapter (which the in-process tests load)."""
-    return tmp_path_factory.mktemp("lora")
-
-
-@pytest.fixture(scope="module")
-def filter_url(tiny_model_dir: Path, lora_dir: Path) -> Iterator[str]:
-    with serving_filter(tiny_model_dir, lora_dir) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
