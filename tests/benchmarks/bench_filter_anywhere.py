@@ -12,11 +12,12 @@ its 10 passages.
            with 1 client, then with 8 concurrent clients (the ratio: what batching gains; the
            requests repeated up to a multiple of 8, so every client is busy to the end), and
            the same requests scored in this process by the same code (`rank_documents`, MCF)
-           on the same engine the server runs (`EngineBackend` on a `BatchingEngine` with the
-           server's defaults): the endpoint's overhead = in-process documents/s ÷ endpoint's
-           (1 client), HTTP and the server's checks. For reference, MCF in process on the
-           `hf` backend (what `sieverag eval` runs): plain transformers forward passes. The
-           three are alternated request by request, so a busier moment hits them alike.
+           on the same engine the server runs (built as `sieverag serve` builds it, run here
+           without HTTP): the endpoint's overhead = in-process documents/s ÷ endpoint's
+           (1 client), HTTP and the server's checks. For reference, the framework adapters'
+           in-process mode (`InProcessFilter`: MCF on the `hf` backend, plain transformers
+           forward passes). The three are alternated request by request, so a busier moment
+           hits them alike.
   proxy    each question asked twice, alternately, greedy: straight to the upstream with all 10
            passages in a <documents> block, and through the proxy with the passages as a
            `documents` field (the proxy keeps MCF's default, 2 of 10): the generator's mean
@@ -28,7 +29,7 @@ its 10 passages.
     python tests/benchmarks/bench_filter_anywhere.py [--quick] [--data FILE]
         [--question-ids FILE] [--limit 50] [--rerank-requests 20]
 
-`--quick` (a smoke run, under a minute): every question cut to its first 3 passages, each cut
+`--quick` (a smoke run, about a minute): every question cut to its first 3 passages, each cut
 to its title and first sentence; 1 rerank request (8 for the 8 clients), 1 question through the
 proxy.
 
@@ -65,19 +66,17 @@ from bench_data import HOTPOT  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.metrics import answer_accuracy  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter  # noqa: E402
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.filters.ranking import rank_documents  # noqa: E402
-from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
+from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
-from sieverag.serving.adapters import parse_adapter  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
-from sieverag.serving.engine import BatchingEngine  # noqa: E402
 from sieverag.serving.engine_backend import EngineBackend  # noqa: E402
+from sieverag.serving.local_server import LocalServer  # noqa: E402
 from sieverag.serving.marked_documents import Passage, documents_block  # noqa: E402
-from sieverag.serving.served_model import load_served_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION_IDS = ROOT / "runs" / "dataset-hotpot" / "validation_ids.txt"
@@ -216,34 +215,30 @@ async def concurrent_rerank(url: str, bodies: Sequence[dict], clients: int) -> f
 
 
 @contextmanager
-def in_process_engine(filter_dir: Path) -> Iterator[EngineBackend]:
-    """The server's engine in this process: the base model with the shipped filter served
-    as DEFAULT_FILTER_NAME, batched with the server's default settings."""
-    defaults = LocalServerConfig()
-    adapter = parse_adapter(f"{DEFAULT_FILTER_NAME}={filter_dir}")
-    served = load_served_model(DEFAULT_MODEL, [adapter], defaults.dtype, defaults.device)
-    engine = BatchingEngine(served, max_batch_size=defaults.max_batch_size,
-                            batch_window_s=defaults.batch_window_ms / 1000)
-    engine.start()
+def in_process_engine() -> Iterator[EngineBackend]:
+    """The filter server's engine, built as `sieverag serve` builds it (the shipped filter
+    served as DEFAULT_FILTER_NAME, the default batching), run in this process without HTTP."""
+    server = LocalServer(LocalServerConfig(
+        model=DEFAULT_MODEL, adapters=(f"{DEFAULT_FILTER_NAME}={DEFAULT_FILTER_NAME}",)))
+    server.engine.start()
     try:
-        yield EngineBackend(engine, DEFAULT_FILTER_NAME)
+        yield EngineBackend(server.engine, DEFAULT_FILTER_NAME)
     finally:
-        engine.close()
+        server.engine.close()
 
 
 def measure_rerank(server: Server, examples: Sequence[Example]) -> dict[str, float]:
     url = f"{server.base_url}/rerank"
     bodies = [rerank_body(e) for e in examples]
     documents = sum(len(b["documents"]) for b in bodies)
-    filter_dir = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
-    hf = HFBackend(HFBackendConfig(model=DEFAULT_MODEL, adapter=str(filter_dir)))
+    hf = InProcessFilter(DEFAULT_FILTER_NAME, keep="top_n")  # the adapters' in-process mode
     config = MCFConfig()  # the server's default rules (--local.rerank.*)
     seconds = {"endpoint": 0.0, "engine": 0.0, "hf": 0.0}
-    with httpx.Client(timeout=600) as client, in_process_engine(filter_dir) as engine:
+    with httpx.Client(timeout=600) as client, in_process_engine() as engine:
         ways = {"endpoint": lambda body: post_ok(client, url, body),
                 "engine": lambda body: rank_documents(engine, config, body["query"],
                                                       body["documents"]),
-                "hf": lambda body: rank_documents(hf, config, body["query"], body["documents"])}
+                "hf": lambda body: hf.select(body["query"], body["documents"])}
         for way in ways.values():  # warm every way up
             way(bodies[0])
         for body in bodies:  # alternated: a busier moment hits every way alike
@@ -334,8 +329,8 @@ def _answer(reply: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="2 rerank requests of one-sentence passages (8 for the 8 clients) "
-                             "and 1 question: about a minute")
+                        help="3 one-sentence passages a question, 1 rerank request (8 for the "
+                             "8 clients) and 1 question: about a minute")
     parser.add_argument("--data", type=Path, default=HOTPOT,
                         help="HotpotQA distractor jsonl (default: the shared data folder's)")
     parser.add_argument("--question-ids", type=Path, default=QUESTION_IDS,
@@ -366,7 +361,7 @@ def main() -> int:
     print(f"{'in process, same engine':28}{rerank['in_process_docs_per_s']:>12.1f}"
           f"   endpoint overhead x{rerank['endpoint_overhead']:.2f} "
           f"({rerank['endpoint_overhead_ms_per_request']:+.0f} ms/request)")
-    print(f"{'in process, hf backend':28}{rerank['hf_in_process_docs_per_s']:>12.1f}")
+    print(f"{'in process, InProcessFilter':28}{rerank['hf_in_process_docs_per_s']:>12.1f}")
     print(f"\nproxy on HotpotQA validation, {proxied['questions']} questions, generator "
           f"{DEFAULT_MODEL} (greedy, {MAX_ANSWER_TOKENS} tokens)")
     print(f"{'':28}{'prompt tokens':>14}{'accuracy':>10}{'s/question':>12}")
