@@ -27,6 +27,7 @@ from sieverag.inference.errors import (
 )
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.types import Conversation
 
@@ -153,8 +154,8 @@ def test_label_logprobs_reads_top_k_and_floors_missing_labels(
 ) -> None:
     top = [("Yes", -0.5), ("ĠYes", -1.5), ("▁No", -2.0), ("Maybe", -4.0)]
     server.script(Reply(body=chat_reply("Yes", top_logprobs=top)))
-    scores = make_backend(top_logprobs=5).label_logprobs([ask("relevant?")],
-                                                         ["Yes", "No", "Unsure"])
+    backend = make_backend(top_logprobs=5, missing_label_logprob="topk_min")
+    scores = backend.label_logprobs([ask("relevant?")], ["Yes", "No", "Unsure"])
     assert scores[0]["Yes"] == pytest.approx(math.log(math.exp(-0.5) + math.exp(-1.5)))
     assert scores[0]["No"] == -2.0
     assert scores[0]["Unsure"] == -4.0  # smallest returned top-k log-prob
@@ -169,6 +170,81 @@ def test_label_logprobs_fixed_floor(server: FakeOpenAIServer, make_backend: Back
     backend = make_backend(missing_label_logprob=-30.0)
     assert backend.label_logprobs([ask("q")], ["Yes", "Absent"]) == [
         {"Yes": -2.5, "Absent": -30.0}]
+
+
+def test_a_label_missing_from_the_top_k_is_scored_exactly_as_the_whole_reply(
+    server: FakeOpenAIServer, make_backend: BackendFactory, tokenizer_dir: Path
+) -> None:
+    tops = {"first": [("Yes", -0.3), ("No", -1.4)], "second": [("No", -0.2)]}
+    replies = {"Yes": -2.0, "No": -3.0, "Maybe": -6.0}  # log-prob of each label as the reply
+
+    def route(request: RecordedRequest) -> Reply:
+        if request.path.endswith("/chat/completions"):
+            top = tops[request.json["messages"][-1]["content"]]
+            return Reply(body=chat_reply(top[0][0], top_logprobs=top))
+        prompt = request.json["prompt"]
+        label = next(label for label in replies if prompt.endswith(label))
+        shift = -0.5 if "second" in prompt else 0.0  # a different value for each prompt
+        tokens = [prompt[:-len(label)], label, "<gen>"]
+        return Reply(body=echo_reply(tokens, [None, replies[label] + shift, -9.0]))
+
+    server.responder = route
+    backend = make_backend(chat_template_model=str(tokenizer_dir))
+    prompts = [ask("first"), ask("second")]
+    scores = backend.label_logprobs(prompts, ["Yes", "No", "Maybe"])
+    # Only the three (prompt, label) pairs missing from their top-k cost a /completions request.
+    assert server.paths().count("/v1/chat/completions") == 2
+    sent = sorted((r.json["prompt"].split("<|im_start|>user\n")[1].split("<|im_end|>")[0],
+                   r.json["prompt"].rsplit("\n", 1)[1])
+                  for r in server.requests if r.path == "/v1/completions")
+    assert sent == [("first", "Maybe"), ("second", "Maybe"), ("second", "Yes")]
+    assert scores == [{"Yes": -0.3, "No": -1.4, "Maybe": -6.0},
+                      {"Yes": -2.5, "No": -0.2, "Maybe": -6.5}]
+    # Exactly what continuation_logprob gives for the label as the reply.
+    assert backend.continuation_logprob([prompts[0], prompts[1], prompts[1]],
+                                        ["Maybe", "Yes", "Maybe"]) == [
+        scores[0]["Maybe"], scores[1]["Yes"], scores[1]["Maybe"]]
+    assert backend.meter.snapshot()["scorer"].calls == 2 + 3 + 3
+
+
+def test_a_label_missing_from_the_top_k_without_a_tokenizer_is_a_config_error(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(Reply(body=chat_reply("Yes", top_logprobs=[("Yes", -0.1), ("No", -2.5)])))
+    with pytest.raises(ConfigError) as error:
+        make_backend(top_logprobs=2).label_logprobs([ask("q")], ["Yes", "No", "Maybe"])
+    message = str(error.value)
+    for named in ("'Maybe'", "'fake-model'", "top 2 ", "chat_template_model",
+                  "missing_label_logprob", "'topk_min'", "a number"):
+        assert named in message, named
+    assert "'No'" not in message
+    assert server.paths() == ["/v1/chat/completions"]
+
+
+def test_labels_all_in_the_top_k_need_no_tokenizer_and_no_extra_request(
+    server: FakeOpenAIServer, make_backend: BackendFactory
+) -> None:
+    server.script(*[Reply(body=chat_reply("No", top_logprobs=[("No", -0.1), ("ĠYes", -2.5)]))
+                    for _ in range(2)])
+    backend = make_backend()
+    assert backend.config.missing_label_logprob == "exact"
+    assert backend.label_logprobs([ask("a"), ask("b")], ["Yes", "No"]) == [
+        {"Yes": -2.5, "No": -0.1}] * 2
+    assert server.paths() == ["/v1/chat/completions"] * 2
+
+
+def test_backend_spec_passes_missing_label_logprob_to_a_served_model_only(
+    server: FakeOpenAIServer,
+) -> None:
+    spec = BackendSpec(endpoint=server.base_url, model="fake-model",
+                       missing_label_logprob="topk_min")
+    backend = build_backend(spec)
+    assert isinstance(backend, OpenAIBackend)
+    assert backend.config.missing_label_logprob == "topk_min"
+    backend.close()
+    with pytest.raises(ConfigError, match="missing_label_logprob 'topk_min' applies to a served"):
+        BackendSpec(missing_label_logprob="topk_min")
+    assert BackendSpec().missing_label_logprob == "exact"
 
 
 def test_label_logprobs_names_the_missing_field_when_the_server_sends_no_logprobs(
@@ -320,7 +396,8 @@ def test_unset_api_key_variable_is_a_config_error(
 def test_usage_is_recorded_by_agent(server: FakeOpenAIServer, make_backend: BackendFactory) -> None:
     backend = make_backend()
     backend.generate([ask("a"), ask("b"), ask("c")], agent="predictor")
-    server.script(*[Reply(body=chat_reply("Yes", top_logprobs=[("Yes", -0.1)], prompt_tokens=40))
+    server.script(*[Reply(body=chat_reply("Yes", top_logprobs=[("Yes", -0.1), ("No", -2.4)],
+                                          prompt_tokens=40))
                     for _ in range(2)])
     backend.label_logprobs([ask("a"), ask("b")], ["Yes", "No"], agent="judge")
     usage = backend.meter.snapshot()

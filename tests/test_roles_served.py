@@ -5,10 +5,9 @@ in-process or through one `LocalServer` serving the base model and the filter's 
 by name. The generator stays in-process in both runs.
 
 The model is the tiny random one with its "Yes" and "No" made the two likeliest first tokens
-of a reply (`yes_no_model`). On the plain random model they rank in the thousands, outside the
-top-20 log-probs a served backend reads labels from: both then get the same floor, every
-served score is 0 while the in-process scores are exact, and the kept documents differ.
-Real judges and trained filters put "Yes" and "No" in the top 20; so does this model.
+of a reply (`yes_no_model`), so the served backend reads both labels from the top-20 log-probs
+it asks for, as with real judges and trained filters (a label outside them is scored exactly by
+a second request, tested in test_openai_backend.py).
 """
 
 from __future__ import annotations

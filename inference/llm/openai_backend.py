@@ -7,9 +7,11 @@ How each operation of the `LLMBackend` protocol maps onto the server:
   Each label is read from the top-k list of the first generated token: a top-k token matches
   a label when it equals it after stripping whitespace and the SentencePiece '▁' / BPE 'Ġ'
   word markers, and several matches ("Yes", " Yes") are combined with logsumexp. A label
-  absent from the top-k gets an explicit floor, `missing_label_logprob`: by default the
-  smallest returned top-k log-prob, an upper bound on its true value. A label the model
-  emits as more than one token cannot be read from one token's top-k: when
+  absent from the top-k is, by default (`missing_label_logprob="exact"`), scored exactly as the
+  whole reply with `continuation_logprob`, one extra request per missing (prompt, label) pair;
+  that needs `chat_template_model`, and without it such a label is a `ConfigError`. "topk_min"
+  (the smallest returned top-k log-prob, an upper bound) or a fixed number sets a floor instead.
+  A label the model emits as more than one token cannot be read from one token's top-k: when
   `chat_template_model` names a tokenizer, such labels are scored with `continuation_logprob`
   instead (the /completions endpoint with echo); without one, every label counts as one token.
 * `continuation_logprob` — the conversation is rendered to text with the local chat template
@@ -72,12 +74,14 @@ class OpenAIBackendConfig:
         "help": "First retry delay; doubles on each retry, with jitter. Retry-After wins."})
     top_logprobs: int = field(default=20, metadata={
         "help": "Top-k log-probs asked for when reading labels (OpenAI allows at most 20)."})
-    missing_label_logprob: float | Literal["topk_min"] = field(default="topk_min", metadata={
-        "help": "Log-prob of a label absent from the top-k: 'topk_min' (the smallest "
-                "returned log-prob, an upper bound) or a fixed value <= 0."})
+    missing_label_logprob: float | Literal["exact", "topk_min"] = field(default="exact", metadata={
+        "help": "Log-prob of a label absent from the top-k: 'exact' (scored as the whole "
+                "reply with continuation_logprob; needs chat_template_model), 'topk_min' (the "
+                "smallest returned log-prob, an upper bound) or a fixed value <= 0."})
     chat_template_model: str | None = field(default=None, metadata={
         "help": "Local tokenizer folder whose chat template renders prompts for "
-                "/completions (needed by continuation_logprob and multi-token labels)."})
+                "/completions (needed by continuation_logprob, multi-token labels and "
+                "labels scored exactly)."})
     context_length: int | None = field(default=None, metadata={
         "help": "The served model's context in tokens: prompts are fitted to it before they "
                 "are sent (needs chat_template_model to count tokens). Unset: not checked "
@@ -104,10 +108,10 @@ class OpenAIBackendConfig:
         if not self.backoff_s >= 0:
             raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
         floor = self.missing_label_logprob
-        if floor != "topk_min" and (isinstance(floor, (bool, str)) or not floor <= 0
-                                    or math.isinf(floor)):
-            raise ValueError("missing_label_logprob must be 'topk_min' or a finite number <= 0, "
-                             f"got {floor!r}")
+        if floor not in ("exact", "topk_min") and (isinstance(floor, (bool, str))
+                                                   or not floor <= 0 or math.isinf(floor)):
+            raise ValueError("missing_label_logprob must be 'exact', 'topk_min' or a finite "
+                             f"number <= 0, got {floor!r}")
         if self.chat_template_model is not None and not self.chat_template_model:
             raise ValueError("chat_template_model must be a folder path or None, got ''")
         check_context_settings(self.context_length, self.context_overflow,
@@ -168,9 +172,11 @@ class OpenAIBackend:
     ) -> list[dict[str, float]]:
         """For each conversation, {label: log P(label as the assistant's next output)}.
 
-        Single-token labels come from the first token's top-k (a floor where absent);
-        multi-token labels, detectable only with `chat_template_model`, from
-        `continuation_logprob`.
+        Single-token labels come from the first token's top-k; one absent from it is scored
+        as `missing_label_logprob` says (exactly, by `continuation_logprob`, or a floor).
+        Multi-token labels, detectable only with `chat_template_model`, come from
+        `continuation_logprob` too. Raises `ConfigError` when a label must be scored exactly
+        and `chat_template_model` is unset.
         """
         if not labels or any(not label.strip() for label in labels):
             raise ValueError(f"labels must be non-blank strings, at least one, got {labels!r}")
@@ -185,10 +191,17 @@ class OpenAIBackend:
             bodies = self._post_all("chat/completions", payloads, agent, dropped)
             for score, body in zip(scores, bodies, strict=True):
                 score.update(self._read_labels(body, single_token))
-        for label in multi_token:
-            values = self.continuation_logprob(prompts, [label] * len(prompts), agent=agent)
-            for score, value in zip(scores, values, strict=True):
-                score[label] = value
+        # Left unscored: every multi-token label, and under "exact" each top-k miss; only
+        # these (prompt, label) pairs are sent again, as whole replies.
+        unscored = [(index, label) for index, score in enumerate(scores)
+                    for label in labels if label not in score]
+        if unscored:
+            if self.config.chat_template_model is None:
+                raise self._exact_needs_tokenizer(unscored, len(prompts))
+            values = self.continuation_logprob([prompts[index] for index, _ in unscored],
+                                               [label for _, label in unscored], agent=agent)
+            for (index, label), value in zip(unscored, values, strict=True):
+                scores[index][label] = value
         return [{label: score[label] for label in labels} for score in scores]
 
     def continuation_logprob(
@@ -370,20 +383,38 @@ class OpenAIBackend:
         return node
 
     def _read_labels(self, body: Any, labels: Sequence[str]) -> dict[str, float]:
-        """Label log-probs from the first generated token's top-k list."""
+        """Label log-probs from the first generated token's top-k list; a label absent from it
+        gets the floor, or is left out under "exact" (to be scored as a whole reply)."""
         first = self._dig(body, "choices", 0, "logprobs", "content", 0)
         top = [(entry["token"], entry["logprob"]) for entry in self._dig(first, "top_logprobs")]
         chosen = (self._dig(first, "token"), self._dig(first, "logprob"))
         if chosen not in top:
             top.append(chosen)
         floor = self.config.missing_label_logprob
-        floor_value = min(lp for _, lp in top) if floor == "topk_min" else float(floor)
         scores = {}
         for label in labels:
             matches = [logprob for token, logprob in top
                        if token.strip().lstrip(_WORD_MARKERS).strip() == label.strip()]
-            scores[label] = _logsumexp(matches) if matches else floor_value
+            if matches:
+                scores[label] = _logsumexp(matches)
+            elif floor == "topk_min":
+                scores[label] = min(lp for _, lp in top)
+            elif floor != "exact":
+                scores[label] = float(floor)
         return scores
+
+    def _exact_needs_tokenizer(self, unscored: Sequence[tuple[int, str]],
+                               n_prompts: int) -> ConfigError:
+        """The error for labels absent from the top-k when no tokenizer can score them exactly."""
+        missing = list(dict.fromkeys(label for _, label in unscored))
+        n_missing = len({index for index, _ in unscored})
+        return ConfigError(
+            f"label(s) {', '.join(map(repr, missing))} are not among the top "
+            f"{self.config.top_logprobs} log-probs model {self.config.model!r} returned for the "
+            f"first reply token ({n_missing} of {n_prompts} prompt(s)), and scoring them exactly "
+            "(missing_label_logprob='exact') needs a tokenizer: set chat_template_model to the "
+            "served model's local tokenizer folder to score them exactly, or set "
+            "missing_label_logprob to 'topk_min' or a number <= 0 to accept a floor")
 
     def _sum_span(self, body: Any, start: int, end: int) -> float:
         """Sum of the echoed token log-probs whose text offset lies in [start, end)."""

@@ -37,6 +37,10 @@ class BackendSpec:
     chat_template_model: str | None = field(default=None, metadata={
         "help": "served: local tokenizer folder or embedded name rendering chat prompts for "
                 "scoring"})
+    missing_label_logprob: Literal["exact", "topk_min"] = field(default="exact", metadata={
+        "help": "served: a label absent from the server's top-k log-probs: exact (scored as "
+                "the whole reply; needs chat_template_model) or topk_min (the smallest top-k "
+                "log-prob, an upper bound)"})
     dtype: DType = field(default="auto", metadata={
         "help": "in-process weights dtype (auto: bf16 on GPU, fp32 on CPU)"})
     device: Device = field(default="auto", metadata={"help": "in-process device"})
@@ -60,6 +64,11 @@ class BackendSpec:
             raise ConfigError(
                 f"adapter {self.adapter!r} is for an in-process model; a served adapter is "
                 "named by `model` (the name the server gives it)")
+        if self.endpoint is None and self.missing_label_logprob != "exact":
+            raise ConfigError(
+                f"missing_label_logprob {self.missing_label_logprob!r} applies to a served model "
+                "(one with `endpoint`); an in-process model scores every label exactly, so "
+                "leave it unset")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ConfigError("batch_size and max_concurrency must be >= 1")
         check_context_settings(
@@ -90,6 +99,7 @@ def _build_openai(spec: BackendSpec) -> LLMBackend:
         base_url=spec.endpoint or "", model=spec.model, api_key_env=spec.api_key_env,
         max_concurrency=spec.max_concurrency, chat_template_model=template_model,
         context_length=spec.context_length, context_overflow=spec.context_overflow,
+        missing_label_logprob=spec.missing_label_logprob,
     ))
 
 
