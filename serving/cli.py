@@ -36,11 +36,11 @@ ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
 class ServeCommand(ProxyOptions, ServedModelConfig):
     """Serve a base model and LoRA adapters (each selected by its name in the request's
     `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
-    CPU or GPU) or vLLM as a managed subprocess (GPU). With --proxy-to, the embedded server's
+    CPU or GPU) or vLLM as a managed subprocess (its CPU or GPU build). With --proxy-to, the embedded server's
     chat endpoint forwards to another server, filtering the documents a request marks."""
 
     engine: Engine = field(default="local", metadata={
-        "help": "local: the embedded server; vllm: run `vllm serve`"})
+        "help": "local: the embedded server; vllm: vLLM (`make vllm` installs it)"})
     local: LocalOptions | None = field(default=None, metadata={
         "help": "options of --engine local (unset: their defaults)"})
     vllm: VLLMOptions | None = field(default=None, metadata={

@@ -11,6 +11,7 @@ and with it torch, as every inference command's parsing does).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import field
 from typing import Literal
@@ -23,6 +24,11 @@ from sieverag.inference.settings import settings
 from sieverag.inference.types import Device, DType
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+VLLMDType = Literal["auto", "float32", "bfloat16", "float16"]
+# Where `make vllm` puts vLLM's own environment, and the variable that can point elsewhere.
+VLLM_VENV = ".venv-vllm"
+VLLM_PYTHON_ENV = "SIEVERAG_VLLM_PYTHON"
+_CORE_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 PROXY_TIMEOUT_S = 120.0
 
 
@@ -146,7 +152,7 @@ _LAUNCHER_FLAGS = {
     "--max-model-len": "--vllm.max-model-len", "--max-logprobs": "--vllm.max-logprobs",
     "--enable-prefix-caching": "--vllm.prefix-caching",
     "--no-enable-prefix-caching": "--no-vllm.prefix-caching",
-    "--api-key": "--api-key-env",
+    "--api-key": "--api-key-env", "--model": "--model", "--dtype": "--vllm.dtype",
 }
 
 
@@ -185,8 +191,20 @@ class VLLMOptions:
         "help": "more `vllm serve` arguments, one string split as a shell splits it, e.g. "
                 "'--enforce-eager --max-num-seqs 64'; a flag the launcher sets from another "
                 "option is refused with that option's name"})
-    vllm_bin: str | None = field(default=None, metadata={
-        "help": "the vllm executable; unset: `vllm` on PATH"})
+    dtype: VLLMDType = field(default="auto", metadata={
+        "help": "weights and activations dtype (vLLM's --dtype); auto: the model's own on "
+                "GPU, bfloat16 on CPU where the processor has it"})
+    python: str | None = field(default=None, metadata={
+        "help": "the Python of vLLM's environment (its bin/python); unset: "
+                f"${VLLM_PYTHON_ENV}, then {VLLM_VENV}/ in the working folder or beside "
+                "sieverag's checkout (`make vllm` makes it), then the Python of `vllm` on PATH"})
+    cpu_kvcache_gib: int = field(default=2, metadata={
+        "help": "CPU build: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE)"})
+    cpu_cores: str = field(default="auto", metadata={
+        "help": "CPU build: the cores vLLM's threads run on (VLLM_CPU_OMP_THREADS_BIND): auto "
+                "(vLLM's choice: one thread per physical core, one core kept for its "
+                "scheduler), all (every core this process may use), or a list such as 0-7 or "
+                "0,2,4"})
     startup_timeout_s: float = field(default=900.0, metadata={
         "help": "seconds to wait for /v1/models to answer"})
     stop_timeout_s: float = field(default=30.0, metadata={
@@ -206,6 +224,13 @@ class VLLMOptions:
         if not self.startup_timeout_s > 0 or not self.stop_timeout_s > 0:
             raise ConfigError(f"startup_timeout_s and stop_timeout_s must be > 0, got "
                               f"{self.startup_timeout_s} and {self.stop_timeout_s}")
+        if self.cpu_kvcache_gib < 1:
+            raise ConfigError(f"cpu_kvcache_gib must be >= 1, got {self.cpu_kvcache_gib}")
+        if self.cpu_cores not in ("auto", "all") and not _CORE_LIST.fullmatch(self.cpu_cores):
+            raise ConfigError(f"cpu_cores must be auto, all or a list of cores such as 0-7 or "
+                              f"0,2,4, got {self.cpu_cores!r}")
+        if self.python is not None and not self.python:
+            raise ConfigError("python must be the path of vLLM's environment's Python, got ''")
         vllm_extra_args(self.extra_args)  # refused now, not when vLLM starts
 
     @property

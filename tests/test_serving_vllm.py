@@ -1,21 +1,13 @@
-"""The vLLM launcher without a GPU: the command line it builds, and start → ready → stop
-against a stand-in `vllm` executable that records its argv and serves /v1/models."""
+"""The vLLM launcher's pure parts: the command line it builds, where it finds vLLM's
+environment, the CPU settings it passes, and the adapters it refuses before vLLM starts.
+Starting, serving and stopping the real vLLM: tests/test_vllm_real.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sieverag.inference.errors import ConfigError
@@ -25,98 +17,37 @@ from sieverag.inference.settings import parse_settings
 from sieverag.serving import vllm_launcher
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.cli import ServeCommand, engine_config
-from sieverag.serving.config import VLLMLaunchConfig
+from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig
 from sieverag.serving.errors import AdapterError, ServerStartError
 from sieverag.serving.vllm_launcher import (
     INSTALL_HINT,
+    VLLM_SERVER_MODULE,
     VLLMServer,
     build_vllm_command,
+    find_vllm_python,
+    vllm_environment,
     vllm_lora_rank,
 )
 
-STAND_IN = """#!{python}
-import json, os, signal, socket, sys, time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
-record = os.environ["FAKE_VLLM_RECORD"]
-with open(record, "w") as f:
-    json.dump({{"argv": sys.argv[1:], "api_key": os.environ.get("VLLM_API_KEY")}}, f)
-mode = os.environ.get("FAKE_VLLM_MODE", "ready")
-if mode == "exit":
-    sys.exit(3)
-
-def on_signal(signum, frame):
-    with open(record + ".signals", "a") as f:
-        f.write(f"{{signum}}\\n")
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, on_signal)
-signal.signal(signal.SIGINT, on_signal)
-if mode == "never":
-    while True:
-        time.sleep(0.1)
-
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self):
-        key = os.environ.get("VLLM_API_KEY")
-        if key and self.headers.get("Authorization") != f"Bearer {{key}}":
-            self.send_response(401)
-            self.end_headers()
-            return
-        body = json.dumps({{"object": "list", "data": [{{"id": sys.argv[2]}}]}}).encode()
-        self.send_response(200 if self.path == "/v1/models" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-class SharedPortServer(HTTPServer):
-    # The test holds the port bound (not listening) with SO_REUSEPORT; only this shares it.
-    def server_bind(self):
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        super().server_bind()
-
-port = int(sys.argv[sys.argv.index("--port") + 1])
-SharedPortServer(("127.0.0.1", port), Handler).serve_forever()
-"""
-
-
-def write_adapter(folder: Path, r: int) -> Path:
+def write_adapter(folder: Path, r: int, **settings: object) -> Path:
     folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r}))
+    config = {"peft_type": "LORA", "r": r, **settings}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
     (folder / "adapter_model.safetensors").write_bytes(b"weights of " + folder.name.encode())
     return folder
 
 
 @pytest.fixture()
-def port() -> Iterator[int]:
-    """A port no other program can take during the test, for the stand-in to serve on.
-
-    vLLM binds the port it is given (it cannot bind 0 and report one), so the launcher needs a
-    port number. Instead of picking a free one and hoping it stays free, the test holds it
-    bound, not listening, with SO_REUSEPORT: only the stand-in (same user, same option) can
-    bind it too, and connections go to the one socket that listens.
-    """
-    with socket.socket() as held:
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        held.bind(("127.0.0.1", 0))
-        yield held.getsockname()[1]
-
-
-@pytest.fixture()
-def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake `vllm` first on PATH; returns the file where it records its argv."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    executable = bin_dir / "vllm"
-    executable.write_text(STAND_IN.format(python=sys.executable))
-    executable.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    record = tmp_path / "argv.json"
-    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
-    return record
+def vllm_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An executable standing for vLLM's Python, given by $SIEVERAG_VLLM_PYTHON (the launcher
+    only checks that it exists here: nothing is started)."""
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(python))
+    return python
 
 
 @pytest.fixture()
@@ -142,18 +73,20 @@ def test_rank_above_vllm_limit_is_refused() -> None:
 
 def test_build_vllm_command() -> None:
     config = VLLMLaunchConfig(model="org/base", port=8123, tensor_parallel_size=2,
-                              gpu_memory_utilization=0.5, max_model_len=4096, max_logprobs=5)
+                              gpu_memory_utilization=0.5, max_model_len=4096, max_logprobs=5,
+                              dtype="float32")
     adapters = [Adapter("chunk", Path("/a/chunk"), 12), Adapter("sent", Path("/a/sent"), 4)]
-    command = build_vllm_command(config, adapters, executable="/env/bin/vllm",
+    command = build_vllm_command(config, adapters, python="/env/bin/python",
                                  model="/models/base", served_model_name="org/base")
     assert command == [
-        "/env/bin/vllm", "serve", "/models/base", "--host", "127.0.0.1", "--port", "8123",
+        "/env/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+        "/models/base", "--host", "127.0.0.1", "--port", "8123", "--dtype", "float32",
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--max-logprobs", "5",
         "--served-model-name", "org/base", "--max-model-len", "4096", "--enable-prefix-caching",
         "--enable-lora", "--lora-modules", "chunk=/a/chunk", "sent=/a/sent",
         "--max-lora-rank", "16", "--max-loras", "2",
     ]
-    bare = build_vllm_command(VLLMLaunchConfig(model="m"), [], executable="vllm", model="m")
+    bare = build_vllm_command(VLLMLaunchConfig(model="m"), [], python="python", model="m")
     assert "--enable-lora" not in bare and "--served-model-name" not in bare
 
 
@@ -161,7 +94,7 @@ def test_extra_args_pass_through_and_prefix_caching_can_be_turned_off() -> None:
     config = VLLMLaunchConfig(model="m", prefix_caching=False, extra_args=(
         "--enforce-eager --max-num-seqs 64 --override-generation-config "
         "'{\"temperature\": 0, \"top_p\": 1}'"))
-    command = build_vllm_command(config, [], executable="vllm", model="m")
+    command = build_vllm_command(config, [], python="python", model="m")
     assert "--enable-prefix-caching" not in command
     assert command[-6:] == ["--no-enable-prefix-caching", "--enforce-eager", "--max-num-seqs",
                             "64", "--override-generation-config",
@@ -194,142 +127,133 @@ def test_serve_reads_extra_args_from_its_flags() -> None:
 
 
 def test_the_readme_shows_the_command_the_launcher_builds_for_the_shipped_filter() -> None:
-    """README "vLLM (GPU)" quotes the `vllm serve` line for its example: it must stay the one
-    the launcher builds (folders shown as placeholders)."""
+    """README "vLLM" quotes the command line for its example: it must stay the one the
+    launcher builds (folders shown as placeholders)."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     shown = readme.split("The launcher runs this command", 1)[1].split("```")[1].split()
     config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=(f"filter={DEFAULT_FILTER_NAME}",),
                               port=8000, max_model_len=4096)
     adapters = resolve_adapters(config.adapters, base_name=config.model)
-    built = build_vllm_command(config, adapters, executable="vllm", model="<model folder>",
-                               served_model_name=config.model)
+    built = build_vllm_command(config, adapters, python="<vllm env>/bin/python",
+                               model="<model folder>", served_model_name=config.model)
     package = str(Path(vllm_launcher.__file__).resolve().parents[1])
     assert shown == " ".join(built).replace(package, "<sieverag>").split()
 
 
 def test_embedded_model_is_served_from_its_folder_under_its_name(
-    stand_in: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_python: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vllm_launcher, "resolve_model", lambda name: Path("/cache/models") / name)
     server = VLLMServer(VLLMLaunchConfig(model="smollm2-135m-instruct"))
-    assert server.command[1:3] == ["serve", "/cache/models/smollm2-135m-instruct"]
+    assert server.command[:5] == [str(vllm_python), "-m", VLLM_SERVER_MODULE, "--model",
+                                  "/cache/models/smollm2-135m-instruct"]
     served = server.command.index("--served-model-name")
     assert server.command[served + 1] == "smollm2-135m-instruct"
 
 
-def test_missing_vllm_names_the_install_command(
+# ----- finding vLLM's environment -----
+
+def test_vllm_python_comes_from_the_option_then_the_variable(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    assert find_vllm_python(None) == str(vllm_python)
+    other = tmp_path / "other-python"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    assert find_vllm_python(str(other)) == str(other)
+    with pytest.raises(ServerStartError, match="--vllm.python .*nope is not an executable file"):
+        find_vllm_python(str(tmp_path / "nope"))
+
+
+def test_vllm_python_is_found_in_the_working_folder_venv_then_from_vllm_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    # Not beside this checkout: the test must not depend on whether `make vllm` ran here.
+    monkeypatch.setattr(vllm_launcher, "__file__", str(tmp_path / "pkg" / "serving" / "x.py"))
+    work = tmp_path / "work"
+    venv_python = work / VLLM_VENV / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("")
+    venv_python.chmod(0o755)
+    monkeypatch.chdir(work)
+    assert find_vllm_python(None) == str(venv_python)
+    # No venv in the working folder: the interpreter on the first line of `vllm` on PATH.
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f"#!{venv_python}\nfrom vllm.entrypoints.cli.main import main\n")
+    (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert find_vllm_python(None) == str(venv_python)
+
+
+def test_no_vllm_environment_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(vllm_launcher, "__file__", str(tmp_path / "pkg" / "serving" / "x.py"))
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ServerStartError, match="no `vllm` executable on PATH") as error:
+    with pytest.raises(ServerStartError, match="no vLLM environment found") as error:
         VLLMServer(VLLMLaunchConfig(model="m"))
-    assert INSTALL_HINT in str(error.value)
-    with pytest.raises(ServerStartError, match="not an executable file"):
-        VLLMServer(VLLMLaunchConfig(model="m", vllm_bin=str(tmp_path / "nope")))
+    assert INSTALL_HINT in str(error.value) and "make vllm" in str(error.value)
 
 
-# ----- the subprocess, against the stand-in -----
+# ----- vLLM's CPU settings -----
 
-def test_start_ready_stop(stand_in: Path, tmp_path: Path, model_dir: Path, port: int,
-                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SIEVERAG_TEST_VLLM_KEY", "sk-vllm-secret")
-    named = write_adapter(tmp_path / "chunk-filter", r=24)
-    bare = write_adapter(tmp_path / "sentence-filter", r=8)
-    config = VLLMLaunchConfig(model=str(model_dir), adapters=(f"chunk={named}", str(bare)),
-                              port=port, api_key_env="SIEVERAG_TEST_VLLM_KEY",
-                              startup_timeout_s=30)
-    server = VLLMServer(config)
-    bare_name = server.adapters[1].name
-    assert bare_name.startswith("sentence-filter-") and len(bare_name) == 16 + 8
-    with server:
-        answer = httpx.get(f"http://127.0.0.1:{port}/v1/models",
-                           headers={"Authorization": "Bearer sk-vllm-secret"})
-        assert answer.status_code == 200
-    recorded = json.loads(stand_in.read_text())
-    argv = recorded["argv"]
-    assert argv[:2] == ["serve", str(model_dir.resolve())]
-    assert argv[argv.index("--port") + 1] == str(port)
-    assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    lora = argv.index("--lora-modules")
-    assert argv[lora + 1:lora + 3] == [f"chunk={named.resolve()}", f"{bare_name}={bare.resolve()}"]
-    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "32"
-    # The key travels in the environment, never on the command line.
-    assert recorded["api_key"] == "sk-vllm-secret" and "sk-vllm-secret" not in " ".join(argv)
-    assert Path(f"{stand_in}.signals").read_text().split() == [str(int(signal.SIGTERM))]
-    assert server._process is not None and server._process.poll() is not None
+def test_cpu_settings_reach_vllm_in_its_environment() -> None:
+    env = vllm_environment(VLLMLaunchConfig(model="m", cpu_kvcache_gib=3), {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "VLLM_CPU_KVCACHE_SPACE": "3",
+                   "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    listed = vllm_environment(VLLMLaunchConfig(model="m", cpu_cores="0-3,6"), {})
+    assert listed["VLLM_CPU_OMP_THREADS_BIND"] == "0-3,6"
+    assert listed["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    every = vllm_environment(VLLMLaunchConfig(model="m", cpu_cores="all"), {})
+    assert every["VLLM_CPU_OMP_THREADS_BIND"].split(",") == [
+        str(core) for core in sorted(os.sched_getaffinity(0))]
 
 
-class FakeClock:
-    """`time` for the launcher: `sleep` advances `monotonic` at once, so a timeout is a count
-    of polls, not seconds of waiting."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("cpu_cores", "first two", "cpu_cores must be auto, all or a list"),
+    ("cpu_cores", "0-", "cpu_cores must be auto, all or a list"),
+    ("cpu_kvcache_gib", 0, "cpu_kvcache_gib must be >= 1"),
+    ("python", "", "python must be the path")])
+def test_bad_cpu_settings_are_refused_naming_the_field(field: str, value: object,
+                                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        VLLMLaunchConfig(model="m", **{field: value})
 
 
-def test_not_ready_in_time_is_an_error_and_stops_vllm(
-    stand_in: Path, model_dir: Path, port: int, monkeypatch: pytest.MonkeyPatch
+# ----- adapters vLLM would refuse, refused first -----
+
+@pytest.mark.parametrize(("settings", "reason"), [
+    ({"use_dora": True}, "use_dora=True: vLLM does not support DoRA"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save=\\['lm_head'\\]: vLLM loads no"),
+    ({"init_lora_weights": "pissa"}, "init_lora_weights='pissa'"),
+    ({"bias": "all"}, "bias='all': vLLM does not support adapter bias")])
+def test_an_adapter_vllm_refuses_is_named_with_the_reason_before_vllm_starts(
+    vllm_python: Path, tmp_path: Path, model_dir: Path, settings: dict, reason: str
 ) -> None:
-    monkeypatch.setenv("FAKE_VLLM_MODE", "never")
-    clock = FakeClock()
-    monkeypatch.setattr(vllm_launcher, "time", clock)
-    server = VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=port, startup_timeout_s=1.0))
-    with pytest.raises(ServerStartError, match=r"did not answer .* within 1 s"):
-        with server:
-            pass
-    # It gave up at the first poll past the timeout (polls every 0.25 s), and stopped vLLM.
-    assert 1.0 < clock.now <= 1.25
-    assert server._process is not None and server._process.poll() is not None
+    adapter = write_adapter(tmp_path / "odd-adapter", r=8, **settings)
+    with pytest.raises(AdapterError, match=f"adapter odd .*odd-adapter.* cannot be served by "
+                                           f"vLLM: {reason}"):
+        VLLMServer(VLLMLaunchConfig(model=str(model_dir), adapters=(f"odd={adapter}",)))
 
 
-def test_vllm_exiting_during_startup_is_an_error(
-    stand_in: Path, model_dir: Path, port: int, monkeypatch: pytest.MonkeyPatch
+def test_an_adapter_above_vllms_largest_rank_is_named(
+    vllm_python: Path, tmp_path: Path, model_dir: Path
 ) -> None:
-    monkeypatch.setenv("FAKE_VLLM_MODE", "exit")
-    with pytest.raises(ServerStartError, match="exited with code 3 before it was ready"):
-        with VLLMServer(VLLMLaunchConfig(model=str(model_dir), port=port)):
-            pass
+    adapter = write_adapter(tmp_path / "wide", r=8, rank_pattern={"q_proj": 1024})
+    with pytest.raises(AdapterError, match="adapter wide .*LoRA rank 1024 is above the largest"):
+        VLLMServer(VLLMLaunchConfig(model=str(model_dir), adapters=(f"wide={adapter}",)))
 
 
-@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
-def test_cli_forwards_signals_and_exits_cleanly(
-    stand_in: Path, tmp_path: Path, model_dir: Path, port: int, sent: signal.Signals
+def test_a_plain_lora_adapter_passes_and_is_served_with_a_rank_vllm_accepts(
+    vllm_python: Path, tmp_path: Path, model_dir: Path
 ) -> None:
-    adapter = write_adapter(tmp_path / "filter", r=16)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sieverag", "serve", "--engine", "vllm", "--model",
-         str(model_dir), "--adapters", f"filter={adapter}", "--port", str(port),
-         "--vllm.startup-timeout-s", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],
-                              daemon=True)
-    reader.start()
-    seen: list[str] = []
-    try:
-        deadline = time.monotonic() + 60
-        while not any("vLLM serves" in line for line in seen):
-            assert process.poll() is None and time.monotonic() < deadline, "".join(seen)
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                pass
-        process.send_signal(sent)
-        process.wait(timeout=30)
-    finally:
-        process.kill()
-    reader.join(timeout=10)
-    while not lines.empty():
-        seen.append(lines.get())
-    output = "".join(seen)
-    assert process.returncode == 0, output
-    assert f"vLLM serves {model_dir}, filter at http://127.0.0.1:{port}/v1" in output
-    assert Path(f"{stand_in}.signals").read_text().split() == [str(int(sent))]
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+    adapter = write_adapter(tmp_path / "plain", r=24, use_dora=False, bias="none",
+                            modules_to_save=None, init_lora_weights=True)
+    server = VLLMServer(VLLMLaunchConfig(model=str(model_dir), adapters=(f"plain={adapter}",)))
+    assert server.command[server.command.index("--max-lora-rank") + 1] == "32"
+    assert f"plain={adapter.resolve()}" in server.command
