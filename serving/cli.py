@@ -36,8 +36,9 @@ ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
 class ServeCommand(ProxyOptions, ServedModelConfig):
     """Serve a base model and LoRA adapters (each selected by its name in the request's
     `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
-    CPU or GPU) or vLLM as a managed subprocess (its CPU or GPU build). With --proxy-to, the embedded server's
-    chat endpoint forwards to another server, filtering the documents a request marks."""
+    CPU or GPU) or vLLM as a managed subprocess (its CPU or GPU build). With --proxy-to, the
+    embedded server's chat endpoint forwards to another server, filtering the documents a
+    request marks."""
 
     engine: Engine = field(default="local", metadata={
         "help": "local: the embedded server; vllm: vLLM (`make vllm` installs it)"})
