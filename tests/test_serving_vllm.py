@@ -22,6 +22,7 @@ from sieverag.serving.errors import AdapterError, ServerStartError
 from sieverag.serving.vllm_launcher import (
     INSTALL_HINT,
     VLLM_SERVER_MODULE,
+    VLLM_SITE,
     VLLMServer,
     build_vllm_command,
     find_vllm_python,
@@ -203,9 +204,12 @@ def test_no_vllm_environment_names_the_install_command(
 # ----- vLLM's CPU settings -----
 
 def test_cpu_settings_reach_vllm_in_its_environment() -> None:
-    env = vllm_environment(VLLMLaunchConfig(model="m", cpu_kvcache_gib=3), {"PATH": "/bin"})
+    env = vllm_environment(VLLMLaunchConfig(model="m", cpu_kvcache_gib=3),
+                           {"PATH": "/bin", "PYTHONPATH": "/mine"})
     assert env == {"PATH": "/bin", "VLLM_CPU_KVCACHE_SPACE": "3",
-                   "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+                   "VLLM_CPU_OMP_THREADS_BIND": "auto",
+                   "PYTHONPATH": f"{VLLM_SITE}{os.pathsep}/mine"}
+    assert (VLLM_SITE / "sitecustomize.py").is_file()
     listed = vllm_environment(VLLMLaunchConfig(model="m", cpu_cores="0-3,6"), {})
     assert listed["VLLM_CPU_OMP_THREADS_BIND"] == "0-3,6"
     assert listed["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"

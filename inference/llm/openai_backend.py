@@ -366,6 +366,10 @@ class OpenAIBackend:
         hint = {401: "check the key in api_key_env", 403: "check the key in api_key_env",
                 404: f"check base_url and that the server serves model {self.config.model!r}"}
         advice = hint.get(response.status_code, "check the request settings")
+        if response.status_code == 400 and "logprob" in str(message).lower():
+            advice = ("the server does not return the log-probs asked for: ask for fewer "
+                      "(top_logprobs) or serve the model with more (vLLM's --max-logprobs; "
+                      "`sieverag serve --engine vllm --vllm.max-logprobs N`)")
         return (f"the LLM server at {url} rejected the request with HTTP "
                 f"{response.status_code}: {message}; {advice}")
 
