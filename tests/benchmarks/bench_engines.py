@@ -60,8 +60,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,7 +74,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402
-from bench_filter_anywhere import Server, free_port, start_server, wait_ready  # noqa: E402
+from bench_filter_anywhere import free_port, start_server, wait_ready  # noqa: E402
+from bench_server_abuse import stop_server  # noqa: E402
 
 from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
 from sieverag.inference.data import example_source, load_examples  # noqa: E402
@@ -223,16 +222,7 @@ def embedded_engine() -> Iterator[str]:
         wait_ready(server)
         yield server.base_url
     finally:
-        stop(server)
-
-
-def stop(server: Server) -> None:
-    server.process.send_signal(signal.SIGINT)
-    try:
-        server.process.wait(30)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait(30)
+        stop_server(server)
 
 
 @contextmanager
