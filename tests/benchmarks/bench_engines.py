@@ -5,8 +5,9 @@ Both engines serve the embedded SmolLM2-135M-Instruct with the shipped filter's 
 (smollm2-filter, served as `filter`), each in a process of its own, the clients in this one:
 the embedded server as `sieverag serve --engine local` (float32, its default on a CPU; its
 default batching, on every core) and vLLM through sieverag's launcher (`VLLMServer`: the
-CPU build in .venv-vllm, float32 by default, `--enforce-eager`, max_model_len 4096, its
-threads bound to every core, prefix caching on as the launcher sets it, its access log off
+CPU build in .venv-vllm, float32 by default (`--vllm-dtype`), `--enforce-eager` unless
+`--vllm-compile` (vLLM's own default, torch.compile), max_model_len 4096, its threads bound to
+every core, prefix caching on as the launcher sets it, its access log off
 like the embedded server's). They run one after the other (vLLM first), never at once, each
 started once and used for everything below. Every request is new to the engine that gets it
 (no two measurements share a prompt), so vLLM's prefix cache only reuses what real traffic
@@ -41,7 +42,7 @@ s = log P(Yes) − log P(No) of every 1-client document, the generated replies, 
 eval-filter and amber-mcf figures.
 
     python tests/benchmarks/bench_engines.py [--quick] [--vllm-dtype float32] [--questions 30]
-        [--amber-questions 5] [--judge] [--skip-eval] [--data FILE]
+        [--amber-questions 5] [--vllm-compile] [--judge] [--skip-eval] [--data FILE]
 
 The default (filter requests of 4 and of 8 questions' passages, 8 and 32 generations,
 eval-filter on 30 questions without its judge row, amber-mcf on 5) takes about 20 minutes on
@@ -112,7 +113,9 @@ ENGINES = ("embedded", "vllm")
 FILTER = "filter"  # the adapter's served name on both engines
 ADAPTERS = (f"{FILTER}={DEFAULT_FILTER_NAME}",)
 EMBEDDED_DTYPE = "float32"
-VLLM_EXTRA_ARGS = "--enforce-eager --disable-uvicorn-access-log"
+VLLM_ACCESS_LOG_OFF = "--disable-uvicorn-access-log"
+# torch.compile costs minutes at each start on 2 cores; --vllm-compile measures it anyway.
+VLLM_EAGER = "--enforce-eager"
 VLLM_MAX_MODEL_LEN = 4096
 FILTER_CLIENTS = (1, 8)
 GENERATION_CLIENTS = (1, 16)
@@ -226,11 +229,12 @@ def embedded_engine() -> Iterator[str]:
 
 
 @contextmanager
-def vllm_engine(dtype: str) -> Iterator[str]:
+def vllm_engine(dtype: str, compiled: bool) -> Iterator[str]:
     """vLLM through sieverag's launcher on a free port, on every core; yields its base URL."""
+    extra = VLLM_ACCESS_LOG_OFF if compiled else f"{VLLM_EAGER} {VLLM_ACCESS_LOG_OFF}"
     config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=ADAPTERS, port=free_port(),
                               dtype=dtype, max_model_len=VLLM_MAX_MODEL_LEN,
-                              extra_args=VLLM_EXTRA_ARGS, cpu_cores="all")
+                              extra_args=extra, cpu_cores="all")
     with VLLMServer(config) as server:
         yield server.base_url
 
@@ -415,7 +419,7 @@ def print_table(results: dict[str, dict[str, Any]], agreement: dict[str, Any],
           f"{FILTER!r}), {setup['cpu_cores']} CPU core(s) ({cpu_features()})")
     print(f"embedded: `sieverag serve --engine local`, {EMBEDDED_DTYPE}, every core | vLLM "
           f"{setup['vllm_version']} (CPU build): {setup['vllm_dtype']}, every core, "
-          f"{VLLM_EXTRA_ARGS.split()[0]}, prefix caching on")
+          f"{'torch.compile' if setup['vllm_compiled'] else VLLM_EAGER}, prefix caching on")
     labels = {"start_seconds": "start",
               "filter_docs_per_s_1": f"filter, 1 client ({setup['filter_docs_1']} docs)",
               "filter_docs_per_s_8": f"filter, 8 clients ({setup['filter_docs_8']} docs)",
@@ -463,6 +467,9 @@ def main() -> int:
                         help="eval-filter's held-out questions (default 30; --quick 3)")
     parser.add_argument("--amber-questions", type=int, default=None,
                         help="amber-mcf's held-out questions (default 5; --quick 1)")
+    parser.add_argument("--vllm-compile", action="store_true",
+                        help="let vLLM compile its model (torch.compile, its default) instead "
+                             "of --enforce-eager: minutes more at start")
     parser.add_argument("--judge", action="store_true",
                         help="run eval-filter's MAIN-RAG judge row too (its slowest; off by "
                              "default: the filter's own rows are what the engine serves)")
@@ -497,7 +504,8 @@ def main() -> int:
             log(f"{engine}: starting ...")
             start = time.perf_counter()
             try:
-                serving = vllm_engine(args.vllm_dtype) if engine == "vllm" else embedded_engine()
+                serving = (vllm_engine(args.vllm_dtype, args.vllm_compile) if engine == "vllm"
+                           else embedded_engine())
                 with serving as base_url:
                     started_s = time.perf_counter() - start
                     log(f"{engine}: ready at {base_url} after {started_s:.1f} s")
@@ -518,6 +526,7 @@ def main() -> int:
     agreement["generation_identical"] = sum(
         a == b for a, b in zip(replies["vllm"], replies["embedded"], strict=True))
     setup = {"vllm_version": version, "vllm_dtype": args.vllm_dtype,
+             "vllm_compiled": args.vllm_compile,
              "embedded_dtype": EMBEDDED_DTYPE, "cpu_cores": len(os.sched_getaffinity(0)),
              "quick": args.quick,
              "filter_docs_1": sum(len(e.documents) for e in workload.filter_sets[1]),
