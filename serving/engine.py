@@ -28,6 +28,7 @@ from typing import Literal
 import torch
 
 from sieverag.inference.llm import kv
+from sieverag.inference.llm.base import first_stop
 from sieverag.serving.decode_batch import RunningBatch
 from sieverag.serving.sampling import Sampling, choose_tokens
 from sieverag.serving.served_model import ServedModel
@@ -452,9 +453,9 @@ class BatchingEngine:
             return
         if request.stop:
             text = self._decode(sequence.tokens)
-            cuts = [text.find(s) for s in request.stop if s in text]
-            if cuts:
-                sequence.finish_reason, sequence.text = "stop", text[:min(cuts)]
+            at = first_stop(text, request.stop)
+            if at is not None:
+                sequence.finish_reason, sequence.text = "stop", text[:at]
                 return
         if len(sequence.tokens) >= request.max_tokens:
             sequence.finish_reason = "length"

@@ -25,7 +25,12 @@ from sieverag.inference.errors import (
     ContextError,
     SieveragError,
 )
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.base import (
+    GenerationSettings,
+    LLMBackend,
+    cut_at_stop,
+    first_stop,
+)
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.prompt_templates import load_template
@@ -138,6 +143,17 @@ def test_generate_cuts_stop_strings_the_server_left_in(
     server.script(Reply(body=chat_reply("Paris.\nQuestion: next")))
     reply = make_backend().generate([ask("capital?")], GenerationSettings(stop=("\nQuestion:",)))
     assert reply == ["Paris."]
+
+
+def test_an_empty_stop_string_stops_nothing(server: FakeOpenAIServer,
+                                            make_backend: BackendFactory) -> None:
+    """Every backend and the server cut replies by one rule (`cut_at_stop`): "" is in every
+    text, and once wiped every reply."""
+    server.script(Reply(body=chat_reply("Paris.\nQuestion: next")))
+    reply = make_backend().generate([ask("capital?")], GenerationSettings(stop=("", "\n")))
+    assert reply == ["Paris."]
+    assert cut_at_stop("Paris", ("",)) == "Paris" and first_stop("Paris", ("",)) is None
+    assert first_stop("a.b!c", ("!", ".")) == 1 and cut_at_stop("a.b!c", ("!", ".")) == "a"
 
 
 def test_generate_works_inside_a_running_event_loop(make_backend: BackendFactory) -> None:

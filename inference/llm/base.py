@@ -127,6 +127,19 @@ def chat_prompt_text(tokenizer: Any, conversation: Conversation) -> str:
                                          tokenize=False)
 
 
+def first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Where the earliest of the `stop` strings starts in `text`, None when none occurs; an
+    empty stop string stops nothing (every backend and the server cut replies by this)."""
+    starts = [text.find(s) for s in stop if s and s in text]
+    return min(starts) if starts else None
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """`text` up to its first stop string (servers differ on whether they include it)."""
+    at = first_stop(text, stop)
+    return text if at is None else text[:at]
+
+
 def labels_as_replies(backend: LLMBackend, prompts: Sequence[Conversation],
                       labels: Sequence[str], *, agent: str) -> list[dict[str, float]]:
     """`label_logprobs` for labels of more than one token: each label scored as a whole

@@ -24,6 +24,7 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    cut_at_stop,
     labels_as_replies,
 )
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
@@ -287,7 +288,7 @@ class HFBackend:
             for tokens, index in zip(new_tokens, batch, strict=True):
                 completion_tokens += len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                replies[index] = _cut_at_stop(text, settings.stop)
+                replies[index] = cut_at_stop(text, settings.stop)
         self.record_usage(agent, fitted, sum(map(len, encoded)), completion_tokens)
         return replies
 
@@ -458,7 +459,3 @@ class HFBackend:
     def _stop_token_ids(self) -> list[int]:
         return kv.eos_token_ids(self.model, self.tokenizer)
 
-
-def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    cut = min((text.find(s) for s in stop if s and s in text), default=len(text))
-    return text[:cut]

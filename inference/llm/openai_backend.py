@@ -50,7 +50,12 @@ from typing import Any, Literal, TypeVar
 import httpx
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter, chat_prompt_text
+from sieverag.inference.llm.base import (
+    GenerationSettings,
+    UsageMeter,
+    chat_prompt_text,
+    cut_at_stop,
+)
 from sieverag.inference.llm.context import ContextGuard, check_context_settings
 from sieverag.inference.types import ContextOverflow, Conversation
 
@@ -164,7 +169,7 @@ class OpenAIBackend:
                                        temperature=settings.temperature, stop=settings.stop)
                     for prompt in prompts]
         bodies = self._post_all("chat/completions", payloads, agent, dropped)
-        return [_cut_at_stop(self._dig(body, "choices", 0, "message", "content") or "",
+        return [cut_at_stop(self._dig(body, "choices", 0, "message", "content") or "",
                              settings.stop) for body in bodies]
 
     def label_logprobs(
@@ -494,8 +499,3 @@ def _logsumexp(values: Sequence[float]) -> float:
         return peak
     return peak + math.log(sum(math.exp(v - peak) for v in values))
 
-
-def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """Text up to the first stop string: servers differ on whether they include it."""
-    cuts = [text.find(s) for s in stop if s in text]
-    return text[:min(cuts)] if cuts else text
