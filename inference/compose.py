@@ -26,8 +26,7 @@ from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
-from sieverag.inference.pipelines.amber import amber_filter
-from sieverag.inference.pipelines.base import DocumentSource, QuerySearch
+from sieverag.inference.pipelines.base import DocumentSource, QuerySearch, pipeline_entry
 from sieverag.inference.pipelines.router import Router
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 from sieverag.inference.types import Document, Example
@@ -66,27 +65,27 @@ def eval_judge(config: RunConfig, roles: Roles) -> LLMBackend:
     return build_backend(spec)
 
 
-def needs_trained_filter(config: RunConfig) -> bool:
-    """Whether some pipeline of the run filters with MCF (`mcf` or `stack`)."""
+def run_pipelines(config: RunConfig) -> frozenset[str]:
+    """The pipelines a run runs: those it names, and for `auto` the pipeline it routes to."""
     pipelines = set(config.pipelines)
     if "auto" in pipelines:
         pipelines.add(config.routed_pipeline)
-    return any(amber_filter(p, config.amber) in NEEDS_TRAINED_FILTER for p in pipelines)
+    return frozenset(pipelines)
 
 
-# Pipelines that answer without any document (the rest read the given or retrieved ones).
-_READS_NO_DOCUMENTS = frozenset({"direct"})
+def needs_trained_filter(config: RunConfig) -> bool:
+    """Whether some pipeline of the run filters with a filter that needs the trained one (MCF:
+    `mcf` or `stack`), as each pipeline declares its filter stage."""
+    return any(pipeline_entry(p).filter_stage(config.amber) in NEEDS_TRAINED_FILTER
+               for p in run_pipelines(config))
 
 
 def needs_given_documents(config: RunConfig) -> bool:
     """Whether the run reads the dataset's own documents: it retrieves none from an index
-    and some pipeline (for `auto`, also its routed one) reads documents."""
+    and some pipeline it runs declares that it reads documents."""
     if config.retrieval is not None:
         return False
-    pipelines = set(config.pipelines)
-    if "auto" in pipelines:
-        pipelines.add(config.routed_pipeline)
-    return bool(pipelines - _READS_NO_DOCUMENTS - {"auto"})
+    return any(pipeline_entry(p).reads_documents for p in run_pipelines(config))
 
 
 def resolve_filter_role(spec: BackendSpec) -> BackendSpec:

@@ -78,11 +78,9 @@ ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amb
                     "evidence": "answer_with_documents"}
 
 
-def amber_filter(pipeline: str, config: AmberConfig) -> str | None:
-    """The filter an amber pipeline runs (None for a pipeline that is not amber)."""
-    if pipeline not in AMBER_PIPELINES:
-        return None
-    return AMBER_PIPELINES[pipeline] or config.filter
+def _configured_filter(amber: AmberConfig) -> str:
+    """The filter stage of `amber` and its ablations: the run's `amber.filter`."""
+    return amber.filter
 
 
 class RoundDocuments:
@@ -166,7 +164,7 @@ def _combined(results: Sequence[FilterResult]) -> FilterResult:
                         threshold=bars.pop() if len(bars) == 1 else None)
 
 
-@register_pipeline("amber")
+@register_pipeline("amber", filter_stage=_configured_filter)
 class AmberPipeline:
     """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
 
@@ -289,6 +287,8 @@ class AmberPipeline:
 
 for _name, _filter in AMBER_PIPELINES.items():
     if _filter is not None:
-        register_pipeline(_name)(functools.partial(AmberPipeline, filter_name=_filter))
+        register_pipeline(_name, filter_stage=lambda amber, fixed=_filter: fixed)(
+            functools.partial(AmberPipeline, filter_name=_filter))
 for _name in AMBER_ABLATIONS:
-    register_pipeline(_name)(functools.partial(AmberPipeline, name=_name))
+    register_pipeline(_name, filter_stage=_configured_filter)(
+        functools.partial(AmberPipeline, name=_name))

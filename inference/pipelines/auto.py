@@ -24,7 +24,8 @@ from sieverag.inference.pipelines.simple import DirectPipeline
 from sieverag.inference.types import Example
 
 
-@register_pipeline("auto")
+# Its documents are its routed pipeline's, which the run counts among its pipelines.
+@register_pipeline("auto", reads_documents=False)
 class AutoPipeline:
     """Route each question to retrieval (the routed pipeline) or to a direct answer."""
 

@@ -68,24 +68,49 @@ class Pipeline(Protocol):
 
 
 PipelineFactory = Callable[[PipelineContext], Pipeline]
-PIPELINES: dict[str, PipelineFactory] = {}
+# The filter a pipeline runs (a name of `filters.registry`), given the run's amber settings.
+FilterStage = Callable[[AmberConfig], "str | None"]
 
 
-def register_pipeline(name: str) -> Callable[[PipelineFactory], PipelineFactory]:
-    """Class decorator adding a pipeline to the registry under `name`."""
+def _no_filter(amber: AmberConfig) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class PipelineEntry:
+    """A registered pipeline: how it is built, and what it declares it needs (composition
+    reads these; nothing else keeps facts about a pipeline by its name)."""
+
+    build: PipelineFactory
+    reads_documents: bool  # False: it answers without any (given or retrieved) document
+    filter_stage: FilterStage  # its filter; one that needs training loads the trained filter
+
+
+PIPELINES: dict[str, PipelineEntry] = {}
+
+
+def register_pipeline(name: str, *, reads_documents: bool = True,
+                      filter_stage: FilterStage = _no_filter,
+                      ) -> Callable[[PipelineFactory], PipelineFactory]:
+    """Class decorator adding a pipeline to the registry under `name`, with what it needs."""
 
     def add(factory: PipelineFactory) -> PipelineFactory:
-        PIPELINES[name] = factory
+        PIPELINES[name] = PipelineEntry(factory, reads_documents, filter_stage)
         return factory
 
     return add
 
 
-def build_pipeline(name: str, context: PipelineContext) -> Pipeline:
-    """Instantiate the pipeline registered as `name`."""
+def pipeline_entry(name: str) -> PipelineEntry:
+    """The pipeline registered as `name`; a ConfigError listing the known ones if none is."""
     if name not in PIPELINES:
         raise ConfigError(f"unknown pipeline {name!r} (known: {', '.join(sorted(PIPELINES))})")
-    return PIPELINES[name](context)
+    return PIPELINES[name]
+
+
+def build_pipeline(name: str, context: PipelineContext) -> Pipeline:
+    """Instantiate the pipeline registered as `name`."""
+    return pipeline_entry(name).build(context)
 
 
 def question_text(example: Example) -> str:

@@ -22,7 +22,7 @@ from sieverag.inference.pipelines.base import (
 from sieverag.inference.types import Example
 
 
-@register_pipeline("main-rag")
+@register_pipeline("main-rag", filter_stage=lambda amber: "judge")
 class MainRagPipeline:
     """Predictor + Judge (inference/filters/judge.py) → Final-Predictor on kept documents."""
 

@@ -11,7 +11,7 @@ from sieverag.inference.pipelines.base import (
 from sieverag.inference.types import Example
 
 
-@register_pipeline("direct")
+@register_pipeline("direct", reads_documents=False)
 class DirectPipeline:
     """Answer from the model's own knowledge; no retrieval, no documents."""
 
