@@ -54,15 +54,10 @@ class Roles:
         return backends
 
 
-def eval_judge(config: RunConfig, roles: Roles) -> LLMBackend:
-    """The trust metrics' LLM judge (`config.eval_judge_spec`): the backend of a role with the
-    same spec (one loaded model), else one of its own."""
-    spec = eval_judge_spec(config)
-    if spec == config.models.generator:
-        return roles.generator
-    if spec == config.models.judge_spec:
-        return roles.judge
-    return build_backend(spec)
+def eval_judge(config: RunConfig) -> LLMBackend:
+    """The trust metrics' LLM judge (`config.eval_judge_spec`): a role's backend when its spec
+    equals that role's (`build_backend` shares one backend per spec), else one of its own."""
+    return build_backend(eval_judge_spec(config))
 
 
 def run_pipelines(config: RunConfig) -> frozenset[str]:

@@ -156,7 +156,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
         from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
-    llm_judge = eval_judge(config, roles) if config.trust.llm_judge else None
+    llm_judge = eval_judge(config) if config.trust.llm_judge else None
     all_records: dict[str, list[EvalRecord]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
