@@ -18,7 +18,16 @@ from pathlib import Path
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.compose import build_context, resolve_roles
-from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, TrustConfig
+from sieverag.inference.config import (
+    ModelRoles,
+    RetrievalConfig,
+    RunConfig,
+    TrustConfig,
+    amber_field,
+    judge_field,
+    mcf_field,
+    models_field,
+)
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.judge import DocumentOrder, JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
@@ -51,11 +60,9 @@ class DemoCommand:
         "help": "questions per kind of fact (6 kinds; 2: 12 questions, about 2.5 minutes on "
                 "2 CPU cores)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
-    models: ModelRoles = field(default_factory=ModelRoles, metadata={
-        "help": "who runs each role: generator, judge, filter"})
-    mcf: MCFConfig = field(default_factory=MCFConfig,
-                           metadata={"help": "the trained filter's rules"})
-    amber: AmberConfig = field(default_factory=AmberConfig, metadata={"help": "the `amber` loop"})
+    models: ModelRoles = models_field()
+    mcf: MCFConfig = mcf_field()
+    amber: AmberConfig = amber_field()
 
 
 @settings
@@ -70,13 +77,10 @@ class AskCommand:
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
     k: int = field(default=5, metadata={"help": "documents retrieved for the question"})
     trace: bool = field(default=False, metadata={"help": "also show amber's rounds"})
-    models: ModelRoles = field(default_factory=ModelRoles, metadata={
-        "help": "who runs each role: generator, judge, filter"})
-    judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={
-        "help": "the MAIN-RAG judge's rules"})
-    mcf: MCFConfig = field(default_factory=MCFConfig,
-                           metadata={"help": "the trained filter's rules"})
-    amber: AmberConfig = field(default_factory=AmberConfig, metadata={"help": "the `amber` loop"})
+    models: ModelRoles = models_field()
+    judge: JudgeConfig = judge_field()
+    mcf: MCFConfig = mcf_field()
+    amber: AmberConfig = amber_field()
 
 
 @settings

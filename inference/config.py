@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, field, replace
 from pathlib import Path
+from typing import Any
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
@@ -147,6 +148,30 @@ def eval_judge_spec(config: RunConfig) -> BackendSpec:
     return config.trust.judge_model or config.models.judge_spec
 
 
+# The blocks every command that runs pipelines declares (eval's RunConfig, demo, ask): each
+# declared here once, so its flag and its help read the same everywhere.
+def models_field() -> Any:
+    """`models`: who runs each role."""
+    return field(default_factory=ModelRoles, metadata={
+        "help": "who runs each role: generator, judge, filter"})
+
+
+def judge_field() -> Any:
+    """`judge`: the MAIN-RAG judge's rules."""
+    return field(default_factory=JudgeConfig, metadata={"help": "the MAIN-RAG judge's rules"})
+
+
+def mcf_field() -> Any:
+    """`mcf`: the trained filter's rules."""
+    return field(default_factory=MCFConfig, metadata={
+        "help": "the trained filter's (MCF's) rules"})
+
+
+def amber_field() -> Any:
+    """`amber`: the amber loop."""
+    return field(default_factory=AmberConfig, metadata={"help": "the `amber` loop"})
+
+
 @settings
 class RunConfig:
     """Everything that determines a run's results; `provenance` only records where it ran."""
@@ -162,14 +187,11 @@ class RunConfig:
                 "keeps the first N of them in dataset order"})
     max_documents: int | None = field(default=None,
                                       metadata={"help": "read at most N documents per example"})
-    models: ModelRoles = field(default_factory=ModelRoles, metadata={
-        "help": "who runs each role: generator, judge, filter"})
+    models: ModelRoles = models_field()
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    mcf: MCFConfig = field(default_factory=MCFConfig,
-                           metadata={"help": "the trained filter (MCF) and its adapter"})
-    amber: AmberConfig = field(default_factory=AmberConfig,
-                               metadata={"help": "the `amber` loop"})
+    judge: JudgeConfig = judge_field()
+    mcf: MCFConfig = mcf_field()
+    amber: AmberConfig = amber_field()
     iter_retgen: IterRetGenConfig = field(default_factory=IterRetGenConfig,
                                           metadata={"help": "the `iter-retgen` baseline"})
     answer_extraction: AnswerExtraction = field(
