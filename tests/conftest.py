@@ -1,8 +1,10 @@
 """Shared fixtures: a tiny random model with the real SmolLM2 tokenizer, and the embedded model.
 
 Tests never read or write the user's cache: before any test module is imported, SIEVERAG_CACHE
-points at a temporary folder for the session (removed when it ends). The embedded model is
-converted into it once per session, and a second conversion fails the test that caused it.
+points at a temporary folder for the session (removed when it ends), and so do the cache and
+config folders of the vLLM the tests start (which also sends no usage statistics). The
+embedded model is converted into it once per session, and a second conversion fails the test
+that caused it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="sieverag-test-cache-"))
 os.environ["SIEVERAG_CACHE"] = str(SESSION_CACHE)
+os.environ["VLLM_CACHE_ROOT"] = str(SESSION_CACHE / "vllm-cache")
+os.environ["VLLM_CONFIG_ROOT"] = str(SESSION_CACHE / "vllm-config")
+os.environ["VLLM_NO_USAGE_STATS"] = "1"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
