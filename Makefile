@@ -60,7 +60,7 @@ demo: $(STAMP)
 # the real vLLM from $(VLLM_VENV)).
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	SIEVERAG_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
