@@ -17,21 +17,21 @@ from pathlib import Path
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.compose import build_context, resolve_roles
+from sieverag.inference.compose import build_context, plan_run
 from sieverag.inference.config import (
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
-    amber_field,
-    judge_field,
-    mcf_field,
     models_field,
 )
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.judge import DocumentOrder, JudgeConfig
-from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.filters.judge import DocumentOrder
+from sieverag.inference.pipelines.base import (
+    PIPELINES,
+    section_values,
+    with_pipeline_sections,
+)
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.settings import narrow, settings
@@ -50,6 +50,7 @@ class EvalCommand(RunConfig):
 
 
 @settings
+@with_pipeline_sections
 class DemoCommand:
     """Write the demo set (invented facts: only its documents can answer), compare direct,
     vanilla, main-rag and amber with the trained filter on it, show one amber trace."""
@@ -61,11 +62,10 @@ class DemoCommand:
                 "2 CPU cores)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
     models: ModelRoles = models_field()
-    mcf: MCFConfig = mcf_field()
-    amber: AmberConfig = amber_field()
 
 
 @settings
+@with_pipeline_sections
 class AskCommand:
     """Answer one question from an index (`sieverag index build`) and print the answer with
     the evidence it read."""
@@ -73,14 +73,11 @@ class AskCommand:
     question: CliPositionalArg[str] = field(metadata={"help": "the question"})
     index: str = field(metadata={"help": "index folder"})
     pipeline: str = field(default="amber", metadata={
-        "help": "amber, amber-<filter>, vanilla, main-rag, main-rag-naive or direct"})
+        "help": "the pipeline: " + ", ".join(sorted(PIPELINES))})
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
     k: int = field(default=5, metadata={"help": "documents retrieved for the question"})
     trace: bool = field(default=False, metadata={"help": "also show amber's rounds"})
     models: ModelRoles = models_field()
-    judge: JudgeConfig = judge_field()
-    mcf: MCFConfig = mcf_field()
-    amber: AmberConfig = amber_field()
 
 
 @settings
@@ -160,10 +157,10 @@ def run_demo(command: DemoCommand) -> int:
     # The demo shows the pipelines running: a fresh run each time, not a resumed one.
     shutil.rmtree(out / "run", ignore_errors=True)
     dataset = write_demo_dataset(out / "demo.jsonl", per_template=command.per_template)
-    config = resolve_roles(RunConfig(
-        dataset=str(dataset), pipelines=DEMO_PIPELINES, limit=command.limit,
-        models=command.models, mcf=command.mcf, amber=command.amber))
-    trained = config.models.filter
+    plan = plan_run(RunConfig(dataset=str(dataset), pipelines=DEMO_PIPELINES,
+                              limit=command.limit, models=command.models,
+                              **section_values(command)))
+    config, trained = plan.config, plan.trained_filter
     print(f"demo: {dataset} (invented facts: only the documents can answer them); amber "
           f"filters with the trained filter {trained.adapter or trained.model}")
     summaries = run_evaluation(config, out / "run", progress=not command.quiet)
@@ -200,11 +197,11 @@ def _bridge_demo(command: DemoCommand, out: Path) -> str:
     build_index(corpus, index, IndexConfig(dense=None), overwrite=True, show_progress=False)
     collector = replace(command.amber.collector, query_source="bridge",
                         sufficiency_threshold=BRIDGE_DEMO_SUFFICIENCY)
-    config = resolve_roles(RunConfig(
-        dataset=str(dataset), pipelines=("amber-mcf",), limit=1,
-        retrieval=RetrievalConfig(index=str(index), mode="bm25", k=2),
-        models=command.models, mcf=command.mcf, trust=TrustConfig(enabled=False),
-        amber=replace(command.amber, k=2, max_iterations=2, collector=collector)))
+    sections = {**section_values(command), "amber": replace(
+        command.amber, k=2, max_iterations=2, collector=collector)}
+    config = RunConfig(dataset=str(dataset), pipelines=("amber-mcf",), limit=1,
+                       retrieval=RetrievalConfig(index=str(index), mode="bm25", k=2),
+                       models=command.models, trust=TrustConfig(enabled=False), **sections)
     shutil.rmtree(out / "bridge-run", ignore_errors=True)
     run_evaluation(config, out / "bridge-run", progress=False)
     return (f"a two-hop question over an index ({corpus}, BM25): amber-mcf reads 2 documents "
@@ -281,11 +278,11 @@ def run_ask(command: AskCommand) -> int:
         raise ConfigError(f"index folder {command.index} not found; build one with "
                           "`sieverag index build`")
     # A one-question run: the same config and context as `sieverag eval`, without a dataset.
-    config = resolve_roles(RunConfig(
+    plan = plan_run(RunConfig(
         dataset="", pipelines=(command.pipeline,),
         retrieval=RetrievalConfig(index=command.index, mode=command.mode, k=command.k),
-        models=command.models, judge=command.judge, mcf=command.mcf, amber=command.amber))
-    context, _ = build_context(config)
+        models=command.models, **section_values(command)))
+    context, _ = build_context(plan)
     output = build_pipeline(command.pipeline, context).run(
         Example(id="ask", question=command.question, answers=()))
     print(f"Answer: {output.answer}")

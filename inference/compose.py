@@ -1,15 +1,17 @@
 """Composition: a run config's model roles and sources → the objects pipelines use.
 
-One place decides who runs what, for every command (`eval`, `ask`, `demo`, `eval-filter`):
-* `resolve_roles(config)` — the trained filter's adapter found by path or name (installed,
-  else shipped) and checked against its base model and prompts, so the run's config.yaml
-  names the adapter folder it used;
-* `build_roles(models)` — one backend per role (`generator`, `judge`, `filter`); roles with
-  equal specs share one backend and one loaded model;
-* `build_context(config)` — the pipelines' shared context: backends, the document source
-  (the dataset's own documents or an index: fused, reranked and hygiene-filtered as
-  `retrieval` says, one search rule for the question and for later queries), and for a run
-  with `auto` its router (with the knowledge rule's sentence encoder).
+One place decides who runs what, for every command (`eval`, `ask`, `demo`, `judge-sweep`),
+in two steps:
+* `plan_run(config)` reads the config once, with what each pipeline declares
+  (`pipelines.base.register_pipeline`): the pipelines the run runs (and `auto`'s routed one),
+  the model roles they call, whether they read the dataset's own documents, and the trained
+  filter's adapter found by path or name (installed, else shipped) and checked against its
+  base model and prompts — so the run's config.yaml names the adapter folder it used;
+* `build_context(plan)` builds what the plan says: one backend per role the run calls (roles
+  with equal specs share one backend and one loaded model, `llm.registry.build_backend`), the
+  document source (the dataset's own documents or an index: fused, reranked and
+  hygiene-filtered as `retrieval` says, one search rule for the question and for later
+  queries), and for a run with `auto` its router (with the knowledge rule's sentence encoder).
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, ev
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
-from sieverag.inference.filters.registry import NEEDS_TRAINED_FILTER
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
-from sieverag.inference.pipelines.base import DocumentSource, QuerySearch, pipeline_entry
-from sieverag.inference.pipelines.router import Router
+from sieverag.inference.pipelines.base import (
+    DocumentSource,
+    PipelineSettings,
+    QuerySearch,
+    pipeline_entry,
+    pipeline_settings,
+)
+from sieverag.inference.pipelines.router import Router, RouterConfig
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 from sieverag.inference.types import Document, Example
 
@@ -38,49 +45,54 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class RunPlan:
+    """What a run needs, decided once from its config (`plan_run`)."""
+
+    config: RunConfig  # the filter role's adapter resolved where the run calls the filter
+    pipelines: frozenset[str]  # those it names, and for `auto` the pipeline it routes to
+    settings: PipelineSettings  # the pipelines' settings sections
+    roles: frozenset[str]  # the model roles its pipelines call
+    reads_given_documents: bool  # no index, and some pipeline reads documents
+
+    @property
+    def trained_filter(self) -> BackendSpec | None:
+        """The filter role's spec where the run calls the trained filter."""
+        return self.config.models.filter if "filter" in self.roles else None
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """The plan of a run: what its pipelines declare they need, for this config."""
+    names = set(config.pipelines)
+    if "auto" in names:
+        names.add(config.routed_pipeline)
+    entries = [pipeline_entry(name) for name in sorted(names)]
+    settings = pipeline_settings(config)
+    roles = frozenset().union(*(entry.roles_in(settings) for entry in entries))
+    if "filter" in roles:
+        models = replace(config.models, filter=resolve_filter_role(config.models.filter))
+        config = replace(config, models=models)
+    return RunPlan(config=config, pipelines=frozenset(names), settings=settings, roles=roles,
+                   reads_given_documents=(config.retrieval is None
+                                          and any(e.reads_documents for e in entries)))
+
+
+@dataclass(frozen=True)
 class Roles:
-    """The backends of the three roles (`filter` is None when no pipeline uses it)."""
+    """The backends of the roles a run calls (None: a role no pipeline of the run calls), and
+    the trust metrics' LLM grader where the run grades answers."""
 
     generator: LLMBackend
-    judge: LLMBackend
-    filter: LLMBackend | None
+    judge: LLMBackend | None = None
+    filter: LLMBackend | None = None
+    grader: LLMBackend | None = None
 
     def distinct(self) -> list[LLMBackend]:
-        """Each backend once (roles may share one), for usage accounting."""
+        """Each pipeline role's backend once (roles may share one), for usage accounting."""
         backends: list[LLMBackend] = []
         for backend in (self.generator, self.judge, self.filter):
             if backend is not None and all(backend is not b for b in backends):
                 backends.append(backend)
         return backends
-
-
-def eval_judge(config: RunConfig) -> LLMBackend:
-    """The trust metrics' LLM judge (`config.eval_judge_spec`): a role's backend when its spec
-    equals that role's (`build_backend` shares one backend per spec), else one of its own."""
-    return build_backend(eval_judge_spec(config))
-
-
-def run_pipelines(config: RunConfig) -> frozenset[str]:
-    """The pipelines a run runs: those it names, and for `auto` the pipeline it routes to."""
-    pipelines = set(config.pipelines)
-    if "auto" in pipelines:
-        pipelines.add(config.routed_pipeline)
-    return frozenset(pipelines)
-
-
-def needs_trained_filter(config: RunConfig) -> bool:
-    """Whether some pipeline of the run filters with a filter that needs the trained one (MCF:
-    `mcf` or `stack`), as each pipeline declares its filter stage."""
-    return any(pipeline_entry(p).filter_stage(config.amber) in NEEDS_TRAINED_FILTER
-               for p in run_pipelines(config))
-
-
-def needs_given_documents(config: RunConfig) -> bool:
-    """Whether the run reads the dataset's own documents: it retrieves none from an index
-    and some pipeline it runs declares that it reads documents."""
-    if config.retrieval is not None:
-        return False
-    return any(pipeline_entry(p).reads_documents for p in run_pipelines(config))
 
 
 def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
@@ -92,19 +104,12 @@ def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
     return replace(spec, adapter=str(folder))
 
 
-def resolve_roles(config: RunConfig) -> RunConfig:
-    """`config` with the filter role's adapter resolved when a pipeline uses the filter."""
-    if not needs_trained_filter(config):
-        return config
-    models = replace(config.models, filter=resolve_filter_role(config.models.filter))
-    return replace(config, models=models)
-
-
-def build_roles(models: ModelRoles, *, with_filter: bool = True) -> Roles:
-    """One backend per role; the filter's adapter must be resolved (`resolve_filter_role`)."""
+def build_roles(models: ModelRoles, roles: frozenset[str]) -> Roles:
+    """One backend per role in `roles` (the generator always); the filter's adapter must be
+    resolved (`resolve_filter_role`)."""
     return Roles(generator=build_backend(models.generator),
-                 judge=build_backend(models.judge_spec),
-                 filter=build_backend(models.filter) if with_filter else None)
+                 judge=build_backend(models.judge_spec) if "judge" in roles else None,
+                 filter=build_backend(models.filter) if "filter" in roles else None)
 
 
 def _capped_documents(limit: int | None) -> DocumentSource:
@@ -151,26 +156,27 @@ def _reranker(config: RetrievalConfig) -> Reranker | None:
                           "sentence-transformers cross-encoder)") from None
 
 
-def _router_encoder(config: RunConfig) -> Encoder | None:
+def _router_encoder(config: RouterConfig) -> Encoder | None:
     """The sentence encoder of the knowledge rule, for a run with `auto` under that rule.
     The model loads once per process per name, so the trust metrics' encoder of the same
     model (the runner's) shares it."""
-    if "auto" not in config.pipelines or config.router.rule != "knowledge":
+    if config.rule != "knowledge":
         return None
     from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
     try:
-        return make_encoder(DenseConfig(model=config.router.embedding_model))
+        return make_encoder(DenseConfig(model=config.embedding_model))
     except ModelNotFoundError as error:
         raise ConfigError(f"router.embedding_model: {error} (or choose router.rule "
                           "`corpus-match`, which needs no encoder)") from None
 
 
-def build_context(config: RunConfig, *, removed: HygieneLog | None = None
+def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
                   ) -> tuple[PipelineContext, Roles]:
-    """The pipelines' shared context for `config` (roles resolved by `resolve_roles`), and
-    the role backends (for usage). Over an index, what evidence hygiene removes from each
-    search is added to `removed` (a run takes it per question)."""
+    """The pipelines' shared context for a run's plan, and the role backends (for usage; with
+    the LLM grader where `trust.llm_judge` asks for one). Over an index, what evidence hygiene
+    removes from each search is added to `removed` (a run takes it per question)."""
+    config = plan.config
     index = None
     documents = _capped_documents(config.max_documents)
     search = None
@@ -180,23 +186,25 @@ def build_context(config: RunConfig, *, removed: HygieneLog | None = None
         index = Index.load(config.retrieval.index, search_config=config.retrieval.search)
         search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)
         documents = _retrieved_documents(search, config.retrieval.k)
-    router_encoder = _router_encoder(config)  # also before the models: a bad name fails at once
-    roles = build_roles(config.models, with_filter=needs_trained_filter(config))
+    routed = "auto" in plan.pipelines
+    router_config = plan.settings(RouterConfig)
+    router_encoder = _router_encoder(router_config) if routed else None  # before the models
+    roles = build_roles(config.models, plan.roles)
+    if config.trust.enabled and config.trust.llm_judge:
+        # A role's backend when its spec equals that role's (one backend per spec).
+        roles = replace(roles, grader=build_backend(eval_judge_spec(config)))
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,
         generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
-        judge=config.judge,
         answer_extraction=config.answer_extraction,
         documents=documents,
         routed_pipeline=config.routed_pipeline,
-        router=(Router(config.router, index=index, embed=router_encoder,
-                       backend=roles.generator if config.router.self_check else None)
-                if "auto" in config.pipelines else None),
+        router=(Router(router_config, index=index, embed=router_encoder,
+                       backend=roles.generator if router_config.self_check else None)
+                if routed else None),
         mcf_backend=roles.filter,
-        mcf=config.mcf,
-        amber=config.amber,
-        iter_retgen=config.iter_retgen,
+        settings=plan.settings,
         search=search,
     )
     return context, roles

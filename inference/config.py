@@ -9,12 +9,8 @@ from typing import Any
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
-from sieverag.inference.filters.judge import JudgeConfig
-from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.pipelines.amber_config import AmberConfig
-from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
-from sieverag.inference.pipelines.router import RouterConfig
+from sieverag.inference.pipelines.base import PIPELINES, with_pipeline_sections
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
@@ -148,37 +144,26 @@ def eval_judge_spec(config: RunConfig) -> BackendSpec:
     return config.trust.judge_model or config.models.judge_spec
 
 
-# The blocks every command that runs pipelines declares (eval's RunConfig, demo, ask): each
-# declared here once, so its flag and its help read the same everywhere.
+# Every command that runs pipelines (eval's RunConfig, demo, ask) declares `models` with this
+# field, and takes the pipelines' settings sections with `@with_pipeline_sections`, so each
+# flag and its help read the same everywhere.
 def models_field() -> Any:
     """`models`: who runs each role."""
     return field(default_factory=ModelRoles, metadata={
         "help": "who runs each role: generator, judge, filter"})
 
 
-def judge_field() -> Any:
-    """`judge`: the MAIN-RAG judge's rules."""
-    return field(default_factory=JudgeConfig, metadata={"help": "the MAIN-RAG judge's rules"})
-
-
-def mcf_field() -> Any:
-    """`mcf`: the trained filter's rules."""
-    return field(default_factory=MCFConfig, metadata={
-        "help": "the trained filter's (MCF's) rules"})
-
-
-def amber_field() -> Any:
-    """`amber`: the amber loop."""
-    return field(default_factory=AmberConfig, metadata={"help": "the `amber` loop"})
-
-
 @settings
+@with_pipeline_sections
 class RunConfig:
-    """Everything that determines a run's results; `provenance` only records where it ran."""
+    """Everything that determines a run's results; `provenance` only records where it ran.
+    After its own fields come the settings sections the pipelines declare (`amber`, `judge`,
+    `mcf`, `iter_retgen`, `router`, ...: see `sieverag.inference.pipelines.base`)."""
 
     dataset: str = field(metadata={"help": "dataset: a file, a save_to_disk FOLDER[:SPLIT] or "
                                          "hf:NAME[:CONFIG]:SPLIT (see README: Data formats)"})
-    pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={"help": "pipeline names"})
+    pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={
+        "help": "pipeline names: " + ", ".join(sorted(PIPELINES))})
     dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
     limit: int | None = field(default=None, metadata={"help": "first N examples only"})
     question_ids: str | None = field(default=None, metadata={
@@ -189,17 +174,10 @@ class RunConfig:
                                       metadata={"help": "read at most N documents per example"})
     models: ModelRoles = models_field()
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    judge: JudgeConfig = judge_field()
-    mcf: MCFConfig = mcf_field()
-    amber: AmberConfig = amber_field()
-    iter_retgen: IterRetGenConfig = field(default_factory=IterRetGenConfig,
-                                          metadata={"help": "the `iter-retgen` baseline"})
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
     retrieval: RetrievalConfig | None = field(
         default=None, metadata={"help": "retrieve from an index; default: given documents"})
-    router: RouterConfig = field(default_factory=RouterConfig,
-                                 metadata={"help": "the `auto` pipeline's retrieve-or-not rule"})
     routed_pipeline: str = field(default="vanilla",
                                  metadata={"help": "what `auto` runs when it retrieves"})
     trust: TrustConfig = field(default_factory=TrustConfig)

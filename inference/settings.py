@@ -65,6 +65,31 @@ def settings(cls: type[T]) -> type[T]:
     return made
 
 
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A settings class nested under a command's config by `key` (`amber:` in a YAML file,
+    `--amber.k` as a flag); a pipeline declares the sections it reads."""
+
+    key: str
+    cls: type
+    help: str
+
+
+def with_sections(cls: type[T], sections: Sequence[Section]) -> type[T]:
+    """`cls` (not yet a `@settings` class) with one field per section, after its own fields,
+    each defaulting to its class's defaults."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    for section in sections:
+        if section.key in annotations:
+            raise ConfigError(f"{cls.__name__} already has a field {section.key!r}; a section "
+                              "cannot take its name")
+        annotations[section.key] = section.cls
+        setattr(cls, section.key, dataclasses.field(default_factory=section.cls,
+                                                    metadata={"help": section.help}))
+    cls.__annotations__ = annotations
+    return cls
+
+
 def _described(err: ValidationError, where: str, positional: Sequence[str] = ()) -> str:
     return (f"invalid settings in {where}: "
             + validation_problems(err, "unknown setting", "required, not given", positional))

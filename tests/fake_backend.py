@@ -45,3 +45,12 @@ class ScriptedBackend:
                              *, agent: str = "scorer") -> list[float]:
         self.meter.record(agent, len(prompts), 10 * len(prompts), 0)
         return [-float(len(c)) for c in continuations]
+
+
+def serve_every_role(monkeypatch, backend: object) -> None:
+    """Composition builds `backend` for every role a run calls (no model loads)."""
+    from sieverag.inference import compose
+
+    monkeypatch.setattr(compose, "build_roles", lambda models, roles: compose.Roles(
+        generator=backend, judge=backend if "judge" in roles else None,
+        filter=backend if "filter" in roles else None))

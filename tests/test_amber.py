@@ -12,7 +12,7 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.pipelines.collector import CollectorConfig, normalise_query
 from sieverag.inference.types import Document, Example
@@ -68,9 +68,10 @@ def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amb
     # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps; both
     # MCF stages and the memory in the answer, so every agent of the loop runs.
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
-                              mcf=MCFConfig(bar="fixed", sentence_stage=True),
-                              amber=replace(AmberConfig(k=3, answer_from="memory_and_evidence"),
-                                            **amber), search=search)
+                              settings=PipelineSettings([
+                                  MCFConfig(bar="fixed", sentence_stage=True),
+                                  replace(AmberConfig(k=3, answer_from="memory_and_evidence"),
+                                          **amber)]), search=search)
     return build_pipeline(pipeline, context).run(EXAMPLE), backend
 
 

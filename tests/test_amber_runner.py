@@ -93,9 +93,10 @@ def test_mcf_without_a_usable_trained_filter_is_a_clear_error(tmp_path, tiny_mod
             replace(config, models=tiny_roles(tiny_model_dir, adapter=str(tmp_path))),
             tmp_path / "run", progress=False)
     # The judge needs no training; `auto` routed to amber needs it.
-    assert not compose.needs_trained_filter(RunConfig(dataset="d", pipelines=("amber-judge",)))
-    assert compose.needs_trained_filter(RunConfig(dataset="d", pipelines=("auto",),
-                                                 routed_pipeline="amber-stack"))
+    assert compose.plan_run(RunConfig(dataset="d", pipelines=("amber-judge",))
+                            ).trained_filter is None
+    with pytest.raises(AdapterError, match="'smollm2-filter' is neither"):
+        compose.plan_run(replace(config, pipelines=("auto",), routed_pipeline="amber-stack"))
 
 
 def test_ask_answers_over_an_index_and_shows_evidence_and_rounds(

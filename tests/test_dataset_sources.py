@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sieverag.cli import main
-from sieverag.inference.compose import needs_given_documents
+from sieverag.inference.compose import plan_run
 from sieverag.inference.config import RetrievalConfig, RunConfig
 from sieverag.inference.data import dataset_fingerprint, detect_format, load_examples
 from sieverag.inference.errors import DatasetError
@@ -333,17 +333,18 @@ def test_documents_are_needed_only_where_given_ones_are_read(pipelines, routed, 
                                                              needed):
     config = RunConfig(dataset="d.jsonl", pipelines=pipelines, routed_pipeline=routed,
                        retrieval=RetrievalConfig(index="idx") if retrieves else None)
-    assert needs_given_documents(config) is needed
+    assert plan_run(config).reads_given_documents is needed
 
 
 def test_a_run_over_an_index_reads_a_question_only_dataset(tmp_path):
     path = write_jsonl(tmp_path / "flashrag_nq.jsonl", [FLASHRAG])
     config = RunConfig(dataset=str(path), pipelines=("vanilla",))
     with pytest.raises(DatasetError, match="record has no documents.*retrieval.index"):
-        selected_examples(config)
+        selected_examples(plan_run(config))
     retrieving = replace(config, retrieval=RetrievalConfig(index=str(tmp_path / "index")))
-    assert [e.id for e in selected_examples(retrieving)] == ["test_0"]
-    assert [e.id for e in selected_examples(replace(config, pipelines=("direct",)))] == ["test_0"]
+    assert [e.id for e in selected_examples(plan_run(retrieving))] == ["test_0"]
+    direct = replace(config, pipelines=("direct",))
+    assert [e.id for e in selected_examples(plan_run(direct))] == ["test_0"]
 
 
 # ---- bad input -------------------------------------------------------------------------------

@@ -11,11 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, serve_every_role
 from test_retrieval import FAKE_DENSE, fake_encoder
 
 from sieverag.cli import main
-from sieverag.inference import compose
 from sieverag.inference.cli import EvalCommand
 from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
 from sieverag.inference.errors import ConfigError
@@ -53,8 +52,7 @@ def write_jsonl(path: Path, rows: Sequence[dict]) -> Path:
 def backend(monkeypatch: pytest.MonkeyPatch) -> ScriptedBackend:
     """Every role of a run is one scripted backend answering "the mayor"."""
     scripted = ScriptedBackend(reply=lambda text: "the mayor")
-    monkeypatch.setattr(compose, "build_roles", lambda models, with_filter=True: compose.Roles(
-        generator=scripted, judge=scripted, filter=None))
+    serve_every_role(monkeypatch, scripted)
     return scripted
 
 

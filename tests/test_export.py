@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
-from sieverag.inference import compose
 from sieverag.inference.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
@@ -27,8 +26,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     backend = ScriptedBackend(reply=lambda text: "Mara Quill")
     tmp = tmp_path_factory.mktemp("export")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compose, "build_roles", lambda models, with_filter=True: compose.Roles(
-            generator=backend, judge=backend, filter=None))
+        serve_every_role(patch, backend)
         dataset = write_demo_dataset(tmp / "demo.jsonl")
         runner.run_evaluation(RunConfig(dataset=str(dataset), pipelines=("direct", "vanilla"),
                                         limit=3, trust=TrustConfig(enabled=False)),

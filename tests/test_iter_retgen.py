@@ -8,9 +8,8 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.records import EvalRecord, build_record
-from sieverag.inference.pipelines import PipelineContext, build_pipeline
-from sieverag.inference.pipelines.iter_retgen import next_query
-from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
+from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
+from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig, next_query
 from sieverag.inference.types import Document, Example
 
 POOL = (
@@ -32,7 +31,7 @@ def reply(text: str) -> str:
 def test_each_iteration_queries_with_the_last_answer_and_the_last_answer_wins():
     backend = ScriptedBackend(reply=reply)
     context = PipelineContext(generator=backend, judge_backend=backend,
-                              iter_retgen=IterRetGenConfig(k=2, iterations=2))
+                              settings=PipelineSettings([IterRetGenConfig(k=2, iterations=2)]))
     output = build_pipeline("iter-retgen", context).run(EXAMPLE)
     iterations = output.trace["iterations"]
     assert [i["query"] for i in iterations] == [
@@ -57,7 +56,7 @@ def test_an_index_search_is_used_and_documents_are_not_deduplicated():
 
     backend = ScriptedBackend(reply=lambda text: "Quorrin.")
     context = PipelineContext(generator=backend, judge_backend=backend, search=search,
-                              iter_retgen=IterRetGenConfig(k=3, iterations=3))
+                              settings=PipelineSettings([IterRetGenConfig(k=3, iterations=3)]))
     output = build_pipeline("iter-retgen", context).run(EXAMPLE)
     assert searched == [(EXAMPLE.question, 3)] + [(f"{EXAMPLE.question} Quorrin", 3)] * 2
     assert [i["retrieved"] for i in output.trace["iterations"]] == [["c#0"]] * 3

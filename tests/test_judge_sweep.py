@@ -9,10 +9,9 @@ import math
 import zlib
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
-from sieverag.inference import compose
 from sieverag.inference.cli import JudgeSweepCommand
 from sieverag.inference.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
@@ -32,8 +31,7 @@ def scripted() -> ScriptedBackend:
 def backend(monkeypatch) -> ScriptedBackend:
     """Every role of a run or a sweep is one scripted backend (no model loads)."""
     scripted_backend = scripted()
-    monkeypatch.setattr(compose, "build_roles", lambda models, with_filter=True: compose.Roles(
-        generator=scripted_backend, judge=scripted_backend, filter=None))
+    serve_every_role(monkeypatch, scripted_backend)
     return scripted_backend
 
 

@@ -8,15 +8,14 @@ import json
 import zlib
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
-from sieverag.inference import compose
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.records import trust_metrics
 from sieverag.inference.filters.judge import JudgeConfig
-from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.types import Document, Example
 
@@ -58,7 +57,7 @@ def test_every_agent_reads_the_options_of_a_multiple_choice_question(pipeline):
 def test_amber_filters_read_the_options_and_its_query_stays_the_plain_question(pipeline, agents):
     backend = scripted()
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
-                              amber=AmberConfig(k=3, max_iterations=1))
+                              settings=PipelineSettings([AmberConfig(k=3, max_iterations=1)]))
     output = build_pipeline(pipeline, context).run(ARC)
     for agent in agents:
         prompts = prompts_of(backend, agent)
@@ -80,7 +79,8 @@ def test_the_llm_judge_of_the_trust_metrics_reads_the_options_too():
 def test_the_generator_reads_the_kept_documents_in_the_judge_order(order):
     backend = scripted()
     context = PipelineContext(generator=backend, judge_backend=backend,
-                              judge=JudgeConfig(bar_n=2, order=order))  # keeps all three
+                              settings=PipelineSettings([JudgeConfig(bar_n=2, order=order)])
+                              )  # keeps all three
     output = build_pipeline("main-rag", context).run(ARC)
     scores = {s.document.id: s.score for s in output.filter_result.scored}
     read = [d.id for d in output.documents_read]
@@ -100,8 +100,7 @@ def test_the_generator_reads_the_kept_documents_in_the_judge_order(order):
 
 def fake_roles(monkeypatch, backend: ScriptedBackend) -> None:
     """Every role of a run is `backend` (no model loads)."""
-    monkeypatch.setattr(compose, "build_roles", lambda models, with_filter=True: compose.Roles(
-        generator=backend, judge=backend, filter=None))
+    serve_every_role(monkeypatch, backend)
 
 
 def test_main_rag_naive_runs_through_sieverag_eval_with_its_verdicts_recorded(

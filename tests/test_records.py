@@ -19,7 +19,7 @@ from sieverag.inference.eval.trace import find_record, render_loop
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.base import Usage
-from sieverag.inference.pipelines import PipelineContext, build_pipeline
+from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.inference.pipelines.amber_trace import AmberTrace
 from sieverag.inference.pipelines.router import Router, RouterConfig
@@ -36,7 +36,8 @@ def records(pipeline: str, *, retrieve: bool = True) -> list[EvalRecord]:
     router = Router(RouterConfig(rule="corpus-match", long_query_tokens=1 if retrieve else 1000,
                                  min_entity_words=0))
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
-                              mcf=MCFConfig(sentence_stage=True), amber=AmberConfig(k=4),
+                              settings=PipelineSettings([MCFConfig(sentence_stage=True),
+                                                         AmberConfig(k=4)]),
                               router=router, routed_pipeline="amber-stack")
     output = build_pipeline(pipeline, context).run(EXAMPLE)
     record = build_record(EXAMPLE, output, {"generator": Usage(1, 30, 4)}, 0.123456)

@@ -17,7 +17,7 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference import compose
 from sieverag.inference.cli import EvalCommand
-from sieverag.inference.compose import build_context
+from sieverag.inference.compose import build_context, plan_run
 from sieverag.inference.config import (
     ModelRoles,
     RetrievalConfig,
@@ -295,15 +295,14 @@ def test_the_encoder_loads_only_for_auto_under_the_knowledge_rule(
     loaded: list[dense.DenseConfig] = []
     monkeypatch.setattr(dense, "make_encoder", lambda config: loaded.append(config) or "enc")
     auto = RunConfig(dataset="d.jsonl", pipelines=("vanilla", "auto"))
-    assert compose._router_encoder(auto) == "enc"
+    assert compose._router_encoder(auto.router) == "enc"
     assert loaded == [dense.DenseConfig(model="all-minilm-l6-v2")]  # the trust metrics' default
-    assert compose._router_encoder(replace(auto, pipelines=("vanilla",))) is None
-    assert compose._router_encoder(replace(auto, router=CORPUS_MATCH)) is None
+    assert compose._router_encoder(CORPUS_MATCH) is None
     assert len(loaded) == 1
     monkeypatch.undo()
     missing = replace(auto, router=RouterConfig(embedding_model=str(tmp_path / "none")))
     with pytest.raises(ConfigError, match="router.embedding_model"):
-        build_context(missing)  # before any model loads
+        build_context(plan_run(missing))  # before any model loads
 
 
 def scripted_auto(router: Router, reply: Callable[[str], str]) -> tuple[AutoPipeline,

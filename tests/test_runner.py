@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from sieverag.cli import main
+from sieverag.inference.compose import plan_run
 from sieverag.inference.config import GenerationConfig, ModelRoles, RunConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.errors import ConfigError, DatasetError
@@ -188,7 +189,7 @@ def test_question_ids_select_examples_in_dataset_order_before_the_limit(tmp_path
     ids = tmp_path / "held_out.txt"
     ids.write_text("demo-5-0\n\ndemo-2-0\ndemo-3-1\n", encoding="utf-8")
     config = tiny_config(demo_file, tiny_model_dir, question_ids=str(ids), limit=2)
-    assert [e.id for e in runner.selected_examples(config)] == ["demo-2-0", "demo-3-1"]
+    assert [e.id for e in runner.selected_examples(plan_run(config))] == ["demo-2-0", "demo-3-1"]
     out = tmp_path / "run"
     runner.run_evaluation(replace(config, pipelines=("direct",)), out, progress=False)
     records = [json.loads(line) for line in (out / "results" / "direct.jsonl").open()]
@@ -198,9 +199,10 @@ def test_question_ids_select_examples_in_dataset_order_before_the_limit(tmp_path
 
     ids.write_text("demo-2-0\nnot-a-question\n", encoding="utf-8")
     with pytest.raises(DatasetError, match="not-a-question"):
-        runner.selected_examples(config)
+        runner.selected_examples(plan_run(config))
     with pytest.raises(DatasetError, match="not found"):
-        runner.selected_examples(replace(config, question_ids=str(tmp_path / "gone.txt")))
+        runner.selected_examples(plan_run(replace(config,
+                                                  question_ids=str(tmp_path / "gone.txt"))))
 
 
 def test_unknown_config_keys_and_flags_are_refused_by_name(tmp_path, demo_file, capsys):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.compose import build_context
+from sieverag.inference.compose import build_context, plan_run
 from sieverag.inference.config import RunConfig, load_run_config
 from sieverag.inference.data import dataset_fingerprint
 from sieverag.inference.errors import ConfigError, DatasetError
@@ -191,8 +191,9 @@ def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "m
     _check_unchanged_dataset(config, run_dir)
     # Only the generator is needed: the judge's role shares its backend, so no judge loads.
     config = replace(config, pipelines=(pipeline,), models=replace(config.models, judge=None))
-    examples = selected_examples(config)
-    context, roles = build_context(config)
+    plan = plan_run(config)
+    examples = selected_examples(plan)
+    context, roles = build_context(plan)
     reader = Reader(context)
     questions = judged_questions(config, records, examples, context.documents,
                                  run_dir / "results" / f"{pipeline}.jsonl")

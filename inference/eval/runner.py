@@ -17,13 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.compose import (
-    build_context,
-    eval_judge,
-    needs_given_documents,
-    needs_trained_filter,
-    resolve_roles,
-)
+from sieverag.inference.compose import RunPlan, build_context, plan_run
 from sieverag.inference.config import RunConfig, eval_judge_spec, load_run_config
 from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
@@ -61,10 +55,10 @@ def read_question_ids(path: str | Path) -> list[str]:
     return ids
 
 
-def selected_examples(config: RunConfig) -> list[Example]:
+def selected_examples(plan: RunPlan) -> list[Example]:
     """The run's examples: the dataset (or the listed ids of it, in dataset order), first N.
     Their documents may be absent where the run retrieves, or reads none."""
-    require_documents = needs_given_documents(config)
+    config, require_documents = plan.config, plan.reads_given_documents
     if config.question_ids is None:
         return load_examples(config.dataset, config.dataset_format, config.limit,
                              require_documents=require_documents)
@@ -79,15 +73,16 @@ def selected_examples(config: RunConfig) -> list[Example]:
     return examples[:config.limit]
 
 
-def provenance(config: RunConfig) -> dict:
+def provenance(plan: RunPlan) -> dict:
     """Where and with what a run was made: prompt hashes, data fingerprint, versions."""
+    config = plan.config
     versions = {}
     for package in ("sieverag", "torch", "transformers"):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    adapter = config.models.filter.adapter if needs_trained_filter(config) else None
+    adapter = plan.trained_filter.adapter if plan.trained_filter is not None else None
     adapter_card = Path(adapter) / CARD_FILE if adapter else None
     return {
         "dataset_sha256": dataset_fingerprint(config.dataset),
@@ -128,8 +123,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir)
-    config = resolve_roles(config)
-    examples = selected_examples(config)
+    plan = plan_run(config)
+    config = plan.config
+    examples = selected_examples(plan)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)
@@ -140,7 +136,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     wanted = set(ids)
     finished = {name: [r for r in log.read_records(EvalRecord) if r.id in wanted]
                 for name, log in logs.items()}
-    config = replace(config, provenance=provenance(config))
+    config = replace(config, provenance=provenance(plan))
     write_atomic(out_dir / "config.yaml", config.to_yaml())
 
     random.seed(config.seed)
@@ -149,14 +145,13 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     torch.manual_seed(config.seed)
     hygiene = (HygieneLog() if config.retrieval is not None
                and config.retrieval.hygiene != "off" else None)
-    context, roles = build_context(config, removed=hygiene)
+    context, roles = build_context(plan, removed=hygiene)
     backends = roles.distinct()
     embed = None
     if config.trust.enabled:
         from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
         embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
-    llm_judge = eval_judge(config) if config.trust.llm_judge else None
     all_records: dict[str, list[EvalRecord]] = {}
     for name in config.pipelines:
         pipeline = build_pipeline(name, context)
@@ -176,7 +171,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                 record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)
                                           for chunk_id, reason in hygiene.take()]
             if config.trust.enabled:
-                record.trust = trust_metrics(example, output, embed, config.trust, llm_judge)
+                record.trust = trust_metrics(example, output, embed, config.trust, roles.grader)
             log.append(record.to_json())
             records.append(record)
         order = {example_id: i for i, example_id in enumerate(ids)}

@@ -31,7 +31,7 @@ from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.filter_format import relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import settings
+from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
@@ -92,6 +92,9 @@ def judge_selection(question: str, documents: Sequence[Document], scores: Sequen
                    for d, r, x in zip(documents, scores, details, strict=True))
     kept = reading_order([s for s in scored if s.kept], config.order, question, config.seed)
     return FilterResult(kept=kept, scored=scored, threshold=bar)
+
+
+JUDGE_SECTION = Section("judge", JudgeConfig, "the MAIN-RAG judge's rules")
 
 
 class MainRagJudge:

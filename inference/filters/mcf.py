@@ -44,7 +44,7 @@ from sieverag.inference.filters.filter_format import (
 from sieverag.inference.filters.judge import judge_bar
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import settings
+from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Document
 
 ChunkBar = Literal["fixed", "adaptive", "top_k"]
@@ -133,6 +133,9 @@ def narrowed(document: Document, sentences: Sequence[str], keep: Sequence[int]) 
         gold = tuple(pos for pos, i in enumerate(keep)
                      if positions[i] in document.supporting_sentences)
     return replace(document, text=" ".join(kept), sentences=kept, supporting_sentences=gold)
+
+
+MCF_SECTION = Section("mcf", MCFConfig, "the trained filter's (MCF's) rules")
 
 
 class MultiGranularFilter:

@@ -16,15 +16,18 @@ from sieverag.inference.llm.base import LLMBackend
 
 FilterName = Literal["mcf", "judge", "stack", "none"]
 FILTER_NAMES: tuple[str, ...] = get_args(FilterName)
-# Filters that need the trained filter (an adapter in-process, or a served one).
-NEEDS_TRAINED_FILTER = frozenset({"mcf", "stack"})
+# The model roles each filter calls: `judge` (the MAIN-RAG judge's model) and `filter` (the
+# trained filter: an adapter in-process, or a served one).
+FILTER_ROLES: dict[str, frozenset[str]] = {
+    "none": frozenset(), "judge": frozenset({"judge"}), "mcf": frozenset({"filter"}),
+    "stack": frozenset({"judge", "filter"})}
 
 
 @dataclass(frozen=True)
 class FilterSetup:
     """What filters are built from: the judge's backend, the trained filter's, and settings."""
 
-    judge_backend: LLMBackend
+    judge_backend: LLMBackend | None = None
     mcf_backend: LLMBackend | None = None
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     mcf: MCFConfig = field(default_factory=MCFConfig)
@@ -39,6 +42,16 @@ class FilterSetup:
                 "training")
         return self.mcf_backend
 
+    def judge_model(self, name: str) -> LLMBackend:
+        if self.judge_backend is None:
+            raise ConfigError(f"filter {name!r} needs the judge role's model, and no pipeline "
+                              "of the run declared the judge role")
+        return self.judge_backend
+
+
+def _judge(setup: FilterSetup) -> DocumentFilter:
+    return MainRagJudge(setup.judge_model("judge"), setup.judge)
+
 
 def _mcf(setup: FilterSetup) -> DocumentFilter:
     return MultiGranularFilter(setup.trained_filter("mcf"), setup.mcf)
@@ -46,12 +59,12 @@ def _mcf(setup: FilterSetup) -> DocumentFilter:
 
 def _stack(setup: FilterSetup) -> DocumentFilter:
     return StackedFilter(MultiGranularFilter(setup.trained_filter("stack"), setup.mcf),
-                         MainRagJudge(setup.judge_backend, setup.judge), setup.stack)
+                         MainRagJudge(setup.judge_model("stack"), setup.judge), setup.stack)
 
 
 FILTERS: dict[str, Callable[[FilterSetup], DocumentFilter]] = {
     "none": lambda setup: KeepAll(),
-    "judge": lambda setup: MainRagJudge(setup.judge_backend, setup.judge),
+    "judge": _judge,
     "mcf": _mcf,
     "stack": _stack,
 }

@@ -45,8 +45,10 @@ from dataclasses import dataclass, field, replace
 from sieverag.inference.answers import extract_answer
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
+from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig
+from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
 from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
-from sieverag.inference.pipelines.amber_config import AmberConfig
+from sieverag.inference.pipelines.amber_config import AMBER_SECTION, AmberConfig
 from sieverag.inference.pipelines.amber_trace import (
     AmberRound,
     AmberTrace,
@@ -56,6 +58,7 @@ from sieverag.inference.pipelines.amber_trace import (
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
+    PipelineSettings,
     format_documents,
     question_text,
     register_pipeline,
@@ -78,9 +81,13 @@ ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amb
                     "evidence": "answer_with_documents"}
 
 
-def _configured_filter(amber: AmberConfig) -> str:
+def _configured_filter(settings: PipelineSettings) -> str:
     """The filter stage of `amber` and its ablations: the run's `amber.filter`."""
-    return amber.filter
+    return settings(AmberConfig).filter
+
+
+# Every amber pipeline reads the loop's settings and its filters' rules.
+SECTIONS = [AMBER_SECTION, MCF_SECTION, JUDGE_SECTION]
 
 
 class RoundDocuments:
@@ -164,21 +171,22 @@ def _combined(results: Sequence[FilterResult]) -> FilterResult:
                         threshold=bars.pop() if len(bars) == 1 else None)
 
 
-@register_pipeline("amber", filter_stage=_configured_filter)
+@register_pipeline("amber", filter_stage=_configured_filter, sections=SECTIONS)
 class AmberPipeline:
     """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
 
     def __init__(self, context: PipelineContext, filter_name: str | None = None,
                  name: str = "amber") -> None:
         self.context = context
-        self.config = context.amber
+        self.config = context.settings(AmberConfig)
         if name in AMBER_ABLATIONS:
             self.config = replace(self.config, **{AMBER_ABLATIONS[name]: False})
         self.filter_name = filter_name or self.config.filter
         self.name = name if filter_name is None else f"amber-{filter_name}"
         self.filter = build_filter(self.filter_name, FilterSetup(
             judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
-            judge=context.judge, mcf=context.mcf, stack=self.config.stack))
+            judge=context.settings(JudgeConfig), mcf=context.settings(MCFConfig),
+            stack=self.config.stack))
         self.memory_updater = MemoryUpdater(context.generator, self.config.memory)
         self.collector = InformationCollector(context.generator, self.config.collector)
         self.answer_prompt = load_template(ANSWER_TEMPLATES[self.config.answer_from])
@@ -287,8 +295,9 @@ class AmberPipeline:
 
 for _name, _filter in AMBER_PIPELINES.items():
     if _filter is not None:
-        register_pipeline(_name, filter_stage=lambda amber, fixed=_filter: fixed)(
+        register_pipeline(_name, filter_stage=lambda settings, fixed=_filter: fixed,
+                          sections=SECTIONS)(
             functools.partial(AmberPipeline, filter_name=_filter))
 for _name in AMBER_ABLATIONS:
-    register_pipeline(_name, filter_stage=_configured_filter)(
+    register_pipeline(_name, filter_stage=_configured_filter, sections=SECTIONS)(
         functools.partial(AmberPipeline, name=_name))

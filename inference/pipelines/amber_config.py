@@ -10,7 +10,7 @@ from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
 from sieverag.inference.pipelines.collector import CollectorConfig
 from sieverag.inference.pipelines.memory import MemoryConfig
-from sieverag.inference.settings import settings
+from sieverag.inference.settings import Section, settings
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
 
@@ -53,3 +53,6 @@ class AmberConfig:
         if self.k < 1 or self.max_iterations < 1:
             raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
                               f"{self.k} and {self.max_iterations}")
+
+
+AMBER_SECTION = Section("amber", AmberConfig, "the `amber` loop")

@@ -20,12 +20,13 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
     register_pipeline,
 )
+from sieverag.inference.pipelines.router import ROUTER_SECTION
 from sieverag.inference.pipelines.simple import DirectPipeline
 from sieverag.inference.types import Example
 
 
 # Its documents are its routed pipeline's, which the run counts among its pipelines.
-@register_pipeline("auto", reads_documents=False)
+@register_pipeline("auto", reads_documents=False, sections=[ROUTER_SECTION])
 class AutoPipeline:
     """Route each question to retrieval (the routed pipeline) or to a direct answer."""
 

@@ -1,23 +1,31 @@
-"""What every pipeline shares: its output record, its context, the registry and the reader."""
+"""What every pipeline shares: its output record, its context, the registry and the reader.
+
+A pipeline is one module of this package: its class, registered with `register_pipeline`,
+which declares what it needs — whether it reads documents, its filter stage, the model roles
+it calls and the settings sections it reads (each nested under the run config by its key).
+Composition and the commands read these declarations; importing the package imports every
+module in it, so a new pipeline module needs no other file changed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol, TypeVar
 
 from sieverag.inference.answers import AnswerExtraction, extract_answer
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult
-from sieverag.inference.filters.judge import JudgeConfig
-from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.filters.registry import FILTER_ROLES
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.pipelines.amber_config import AmberConfig
-from sieverag.inference.pipelines.iter_retgen_config import IterRetGenConfig
 from sieverag.inference.pipelines.router import Router
 from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.settings import Section, with_sections
 from sieverag.inference.types import Document, Example
 
+T = TypeVar("T")
+Role = Literal["generator", "judge", "filter"]
+ROLES: tuple[Role, ...] = ("generator", "judge", "filter")
 
 @dataclass(frozen=True)
 class PipelineOutput:
@@ -42,22 +50,31 @@ def given_documents(example: Example) -> Sequence[Document]:
     return example.documents
 
 
+class PipelineSettings:
+    """A run's settings sections by class: `settings(AmberConfig)` is the run's `amber`
+    section, or the class's defaults where the run gives none."""
+
+    def __init__(self, sections: Iterable[object] = ()) -> None:
+        self._by_class = {type(section): section for section in sections}
+
+    def __call__(self, cls: type[T]) -> T:
+        found = self._by_class.get(cls)
+        return found if found is not None else cls()
+
+
 @dataclass(frozen=True)
 class PipelineContext:
     """Everything a pipeline may use; built once per run and shared by its pipelines."""
 
     generator: LLMBackend
-    judge_backend: LLMBackend  # the MAIN-RAG judge's model
+    judge_backend: LLMBackend | None = None  # the MAIN-RAG judge's model, where a pipeline uses it
     generation: GenerationSettings = GenerationSettings(max_new_tokens=32)
-    judge: JudgeConfig = JudgeConfig()
     answer_extraction: AnswerExtraction = "first_sentence"
     documents: DocumentSource = given_documents
     router: Router | None = None
     routed_pipeline: str = "vanilla"
     mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up
-    mcf: MCFConfig = MCFConfig()
-    amber: AmberConfig = AmberConfig()
-    iter_retgen: IterRetGenConfig = IterRetGenConfig()
+    settings: PipelineSettings = field(default_factory=PipelineSettings)
     search: QuerySearch | None = None  # query-based search where an index is used
 
 
@@ -68,34 +85,57 @@ class Pipeline(Protocol):
 
 
 PipelineFactory = Callable[[PipelineContext], Pipeline]
-# The filter a pipeline runs (a name of `filters.registry`), given the run's amber settings.
-FilterStage = Callable[[AmberConfig], "str | None"]
+# The filter a pipeline runs (a name of `filters.registry`, or None), given the run's settings.
+FilterStage = Callable[[PipelineSettings], "str | None"]
 
 
-def _no_filter(amber: AmberConfig) -> str | None:
+def _no_filter(settings: PipelineSettings) -> str | None:
     return None
 
 
 @dataclass(frozen=True)
 class PipelineEntry:
     """A registered pipeline: how it is built, and what it declares it needs (composition
-    reads these; nothing else keeps facts about a pipeline by its name)."""
+    and the commands read these; nothing else keeps facts about a pipeline by its name)."""
 
     build: PipelineFactory
     reads_documents: bool  # False: it answers without any (given or retrieved) document
     filter_stage: FilterStage  # its filter; one that needs training loads the trained filter
+    roles: frozenset[Role]  # the model roles it calls itself, besides its filter's
+    sections: tuple[Section, ...]  # the settings sections it reads
+
+    def roles_in(self, settings: PipelineSettings) -> frozenset[str]:
+        """The model roles it calls in a run with these settings: its own and its filter's."""
+        stage = self.filter_stage(settings)
+        return self.roles | (FILTER_ROLES[stage] if stage is not None else frozenset())
 
 
 PIPELINES: dict[str, PipelineEntry] = {}
+# Every declared section by key; pipelines sharing a section (amber's variants) declare the
+# same one.
+SECTIONS: dict[str, Section] = {}
 
 
 def register_pipeline(name: str, *, reads_documents: bool = True,
                       filter_stage: FilterStage = _no_filter,
+                      roles: Iterable[Role] = ("generator",),
+                      sections: Sequence[Section] = (),
                       ) -> Callable[[PipelineFactory], PipelineFactory]:
     """Class decorator adding a pipeline to the registry under `name`, with what it needs."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ConfigError(f"pipeline {name!r} declares unknown role(s) {sorted(unknown)} "
+                          f"(roles: {', '.join(ROLES)})")
+    for section in sections:
+        known = SECTIONS.setdefault(section.key, section)
+        if known.cls is not section.cls:
+            raise ConfigError(f"pipeline {name!r} declares section {section.key!r} as "
+                              f"{section.cls.__name__}, already declared as "
+                              f"{known.cls.__name__}")
 
     def add(factory: PipelineFactory) -> PipelineFactory:
-        PIPELINES[name] = PipelineEntry(factory, reads_documents, filter_stage)
+        PIPELINES[name] = PipelineEntry(factory, reads_documents, filter_stage,
+                                        frozenset(roles), tuple(sections))
         return factory
 
     return add
@@ -106,6 +146,24 @@ def pipeline_entry(name: str) -> PipelineEntry:
     if name not in PIPELINES:
         raise ConfigError(f"unknown pipeline {name!r} (known: {', '.join(sorted(PIPELINES))})")
     return PIPELINES[name]
+
+
+def with_pipeline_sections(cls: type[T]) -> type[T]:
+    """Class decorator (under `@settings`) giving a command one field per declared section:
+    the run config, `ask`, `demo`. The registry must be complete: import
+    `sieverag.inference.pipelines` (the package) first."""
+    return with_sections(cls, [SECTIONS[key] for key in sorted(SECTIONS)])
+
+
+def section_values(config: object) -> dict[str, object]:
+    """The sections of a config made by `with_pipeline_sections`, by key (to pass them on to
+    another such config: `RunConfig(..., **section_values(command))`)."""
+    return {key: getattr(config, key) for key in SECTIONS}
+
+
+def pipeline_settings(config: object) -> PipelineSettings:
+    """The sections of a config made by `with_pipeline_sections`, for the context."""
+    return PipelineSettings(section_values(config).values())
 
 
 def build_pipeline(name: str, context: PipelineContext) -> Pipeline:

@@ -13,6 +13,9 @@ in the order first read. The trace holds each iteration's query, documents and r
 
 from __future__ import annotations
 
+from dataclasses import field
+
+from sieverag.inference.errors import ConfigError
 from sieverag.inference.pipelines.amber import RoundDocuments
 from sieverag.inference.pipelines.base import (
     PipelineContext,
@@ -20,7 +23,24 @@ from sieverag.inference.pipelines.base import (
     Reader,
     register_pipeline,
 )
+from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Document, Example
+
+
+@settings
+class IterRetGenConfig:
+    """Documents per iteration and iterations (reading budget = k x iterations)."""
+
+    k: int = field(default=3, metadata={"help": "documents retrieved per iteration"})
+    iterations: int = field(default=2, metadata={"help": "retrieve-generate iterations"})
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.iterations < 1:
+            raise ConfigError(f"iter_retgen.k and iter_retgen.iterations must be >= 1, got "
+                              f"{self.k} and {self.iterations}")
+
+
+ITER_RETGEN_SECTION = Section("iter_retgen", IterRetGenConfig, "the `iter-retgen` baseline")
 
 
 def next_query(question: str, answer: str) -> str:
@@ -28,7 +48,7 @@ def next_query(question: str, answer: str) -> str:
     return f"{question} {answer}".strip()
 
 
-@register_pipeline("iter-retgen")
+@register_pipeline("iter-retgen", sections=[ITER_RETGEN_SECTION])
 class IterRetGenPipeline:
     """Retrieve with question + last answer, generate, repeat; answer with the last one."""
 
@@ -36,7 +56,7 @@ class IterRetGenPipeline:
 
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
-        self.config = context.iter_retgen
+        self.config = context.settings(IterRetGenConfig)
         self.reader = Reader(context)
 
     def run(self, example: Example) -> PipelineOutput:

@@ -9,9 +9,11 @@ document source gives for the plain question.
 
 from __future__ import annotations
 
+from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import DocumentFilter
-from sieverag.inference.filters.judge import MainRagJudge
+from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig, MainRagJudge
 from sieverag.inference.filters.naive_judge import NaiveJudge
+from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
@@ -22,7 +24,14 @@ from sieverag.inference.pipelines.base import (
 from sieverag.inference.types import Example
 
 
-@register_pipeline("main-rag", filter_stage=lambda amber: "judge")
+def judge_model(context: PipelineContext) -> LLMBackend:
+    """The judge role's backend, which composition builds for a run that declares the role."""
+    if context.judge_backend is None:
+        raise ConfigError("main-rag needs the judge role's model (context.judge_backend)")
+    return context.judge_backend
+
+
+@register_pipeline("main-rag", filter_stage=lambda settings: "judge", sections=[JUDGE_SECTION])
 class MainRagPipeline:
     """Predictor + Judge (inference/filters/judge.py) → Final-Predictor on kept documents."""
 
@@ -35,7 +44,7 @@ class MainRagPipeline:
 
     @staticmethod
     def build_judge(context: PipelineContext) -> DocumentFilter:
-        return MainRagJudge(context.judge_backend, context.judge)
+        return MainRagJudge(judge_model(context), context.settings(JudgeConfig))
 
     def run(self, example: Example) -> PipelineOutput:
         result = self.judge.select(question_text(example), self.context.documents(example))
@@ -45,7 +54,7 @@ class MainRagPipeline:
                               filter_result=result)
 
 
-@register_pipeline("main-rag-naive")
+@register_pipeline("main-rag-naive", roles=("generator", "judge"), sections=[JUDGE_SECTION])
 class NaiveMainRagPipeline(MainRagPipeline):
     """Predictor + a generated Yes/No verdict → Final-Predictor on the Yes documents."""
 
@@ -53,4 +62,4 @@ class NaiveMainRagPipeline(MainRagPipeline):
 
     @staticmethod
     def build_judge(context: PipelineContext) -> DocumentFilter:
-        return NaiveJudge(context.judge_backend, context.judge)
+        return NaiveJudge(judge_model(context), context.settings(JudgeConfig))

@@ -86,7 +86,7 @@ from sieverag.inference.filters.filter_format import p_relevant, relevance_log_o
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import settings
+from sieverag.inference.settings import Section, settings
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.dense import Encoder
@@ -146,6 +146,9 @@ class RouterConfig:
                               f"{list(self.intent_words)!r}")
         if not self.embedding_model.strip():
             raise ConfigError("router.embedding_model must name a sentence encoder")
+
+
+ROUTER_SECTION = Section("router", RouterConfig, "the `auto` pipeline's retrieve-or-not rule")
 
 
 class RouteDecision(JsonlRecord):

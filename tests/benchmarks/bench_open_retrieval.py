@@ -31,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sieverag.inference.cli import EvalCommand  # noqa: E402
+from sieverag.inference.compose import plan_run  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     config = narrow(parse_settings(EvalCommand, flags, "bench_open_retrieval"), RunConfig)
     summaries = runner.run_evaluation(config, args.out, progress=True)
 
-    examples = {e.id: e for e in runner.selected_examples(config)}
+    examples = {e.id: e for e in runner.selected_examples(plan_run(config))}
     chunks = {c.id: c.to_document() for c in Index.load(args.index).chunks}
     rounds = max(config.amber.max_iterations, config.iter_retgen.iterations)
     table = {}
