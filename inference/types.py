@@ -1,9 +1,13 @@
-"""The records every part of sieverag passes around: documents, examples, chat messages."""
+"""The records every part of sieverag passes around: documents, examples, chat messages,
+rerank results."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
+
+from pydantic import FiniteFloat, StrictBool, StrictInt, StrictStr, TypeAdapter
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 
 class ChatMessage(TypedDict):
@@ -58,3 +62,49 @@ class Example:
     @property
     def has_gold_documents(self) -> bool:
         return any(d.is_gold is not None for d in self.documents)
+
+
+@pydantic_dataclass(frozen=True)
+class RerankResult:
+    """One document of a rerank request (query + documents → results, best first) as it was
+    ranked: the one shape of a `/v1/rerank` result, which the embedded server writes, its
+    clients read and the in-process filter returns. Validated on construction.
+
+    * `index` — the document's position in the request;
+    * `relevance_score` — the reranker's score, results sorted by it, best first (sieverag's
+      filter: its P("Yes") normalised over Yes/No);
+    * `kept` — the filter's verdict; None from a reranker that gives none;
+    * `key_sentences` — at sentence granularity, the kept document's key sentences ([] for
+      one not kept); None at chunk granularity;
+    * `document` — `{"text": ...}` where the request asked for the texts back.
+    """
+
+    index: StrictInt
+    relevance_score: FiniteFloat
+    kept: StrictBool | None = None
+    key_sentences: tuple[StrictStr, ...] | None = None
+    document: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> RerankResult:
+        """A result of a rerank reply (its other keys ignored); pydantic's ValidationError
+        where a field is missing or of the wrong type."""
+        return _RERANK_RESULT.validate_python(data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as a rerank reply holds it: the fields that are not None."""
+        return _RERANK_RESULT.dump_python(self, mode="json", exclude_none=True)
+
+    def metadata(self) -> dict[str, Any]:
+        """What the framework adapters add to a document's metadata: `relevance_score`,
+        `kept` (where given) and `key_sentences` (at sentence granularity)."""
+        return {key: value for key, value in self.to_json().items()
+                if key in ("relevance_score", "kept", "key_sentences")}
+
+    def text(self, original: str) -> str:
+        """The document's text to pass on: its key sentences joined by a space when the
+        sentence stage named some, else the original text."""
+        return " ".join(self.key_sentences) if self.key_sentences else original
+
+
+_RERANK_RESULT = TypeAdapter(RerankResult)

@@ -1,8 +1,8 @@
 """The embedded server's HTTP API: an OpenAI-compatible subset on top of `BatchingEngine`.
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, and POST
-/v1/rerank (also /rerank, as on vLLM): the filter as a reranker (`rerank`). A request picks
-the base model or an adapter by its `model` name. Served with a `ProxyTarget`
+/v1/rerank (also /rerank, as on vLLM): the filter as a reranker (`rerank_endpoint`). A request
+picks the base model or an adapter by its `model` name. Served with a `ProxyTarget`
 (`--proxy-to`), /v1/chat/completions is the filtering proxy instead (`proxy`): it forwards to
 another server, and generates nothing here. Every refusal is an OpenAI-style error
 body with a 4xx status; the server keeps serving.
@@ -29,8 +29,9 @@ from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
-from sieverag.inference.filters.ranking import RankedDocument, as_documents, rank_documents
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.base import chat_prompt_text
+from sieverag.inference.types import RerankResult
 from sieverag.serving.auth import BearerAuth
 from sieverag.serving.body_limit import BodySizeLimit, RequestTooLarge
 from sieverag.serving.config import LocalOptions
@@ -53,7 +54,7 @@ from sieverag.serving.protocol import (
     error_body,
 )
 from sieverag.serving.proxy import ChatProxy, ProxyTarget
-from sieverag.serving.rerank import check_prompts_fit, rerank_body
+from sieverag.serving.rerank_endpoint import check_prompts_fit, rerank_response
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 from sieverag.serving.upstream import UpstreamClient
 
@@ -203,9 +204,9 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         backend = EngineBackend(engine, body.model)
         documents = as_documents(texts)
 
-        def rank() -> list[RankedDocument]:
+        def rank() -> list[RerankResult]:
             check_prompts_fit(backend, limits, config, body.query, documents)
-            return rank_documents(backend, config, body.query, texts)
+            return rank_by_filter(backend, config, body.query, texts)
 
         try:
             ranked = await asyncio.to_thread(rank)
@@ -214,7 +215,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             raise
         usage = backend.meter.by_agent.values()
         total_tokens = sum(u.prompt_tokens + u.completion_tokens for u in usage)
-        return await respond(lambda: rerank_body(
+        return await respond(lambda: rerank_response(
             body.model, ranked, texts, top_n=body.top_n,
             return_documents=body.return_documents, total_tokens=total_tokens))
 

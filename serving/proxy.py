@@ -44,7 +44,7 @@ from sieverag.serving.marked_documents import (
     documents_block,
     find_marked,
 )
-from sieverag.serving.rerank import check_prompts_fit
+from sieverag.serving.rerank_endpoint import check_prompts_fit
 from sieverag.serving.upstream import Upstream, UpstreamClient, UpstreamError
 
 INFO_FIELD = "sieverag"

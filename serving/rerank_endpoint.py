@@ -1,8 +1,11 @@
-"""POST /v1/rerank: the trained filter as a reranker, in the Cohere/Jina schema vLLM serves.
+"""The rerank endpoint's work besides routing (POST /v1/rerank: the trained filter as a
+reranker, in the Cohere/Jina schema vLLM serves): the filter prompts' size check, shared with
+the filtering proxy, and the response body.
 
-The request's documents are ranked by `rank_documents` (inference/filters/ranking.py: one
+The request's documents are ranked by `rank_by_filter` (inference/filters/ranking.py: one
 round of MCF, by MCF's own code) on the served model or adapter the request names
-(`EngineBackend`), so every number is MCF's by construction:
+(`EngineBackend`), so every number is MCF's by construction; each result is a
+`RerankResult` (inference/types.py), the shape the clients read:
 
 * `relevance_score` — the filter's P("Yes"), normalised over Yes/No; results are sorted by
   it, best first.
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sieverag.inference.filters.filter_format import chunk_prompt, sentence_prompt
 from sieverag.inference.filters.mcf import MCFConfig, document_sentences
-from sieverag.inference.filters.ranking import RankedDocument, best_first
-from sieverag.inference.types import Document
+from sieverag.inference.filters.ranking import best_first
+from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.limits import PromptLimits
 
@@ -46,19 +50,13 @@ def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFC
                                          "sentence")
 
 
-def rerank_body(model: str, ranked: Sequence[RankedDocument], texts: Sequence[str], *,
-                top_n: int | None, return_documents: bool, total_tokens: int
-                ) -> dict[str, Any]:
+def rerank_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[str], *,
+                    top_n: int | None, return_documents: bool, total_tokens: int
+                    ) -> dict[str, Any]:
     """The response body: results best first (ties in request order), cut to `top_n` (0 or
-    None: all)."""
-    results = []
-    for entry in best_first(ranked)[:top_n or None]:
-        result: dict[str, Any] = {"index": entry.index, "relevance_score": entry.relevance_score}
-        if return_documents:
-            result["document"] = {"text": texts[entry.index]}
-        result["kept"] = entry.kept
-        if entry.key_sentences is not None:
-            result["key_sentences"] = list(entry.key_sentences)
-        results.append(result)
+    None: all), each with its document's text when `return_documents`."""
+    results = [replace(result, document={"text": texts[result.index]}) if return_documents
+               else result for result in best_first(ranked)[:top_n or None]]
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": model,
-            "usage": {"total_tokens": total_tokens}, "results": results}
+            "usage": {"total_tokens": total_tokens},
+            "results": [result.to_json() for result in results]}

@@ -1,19 +1,19 @@
 """RerankEndpoint, the framework adapters' client, on scripted replies: what it keeps from a
-reply, a reranker without verdicts, and every reply it cannot read as one clear error."""
+reply, a reranker without verdicts, and every reply it cannot read as one clear error; the
+server's results and the client's are one model (`RerankResult`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.integrations.rerank_client import (
-    RerankEndpoint,
-    RerankEndpointError,
-    RerankResult,
-)
+from sieverag.inference.integrations.rerank_client import RerankEndpoint, RerankEndpointError
+from sieverag.inference.types import RerankResult
+from sieverag.serving.rerank_endpoint import rerank_response
 
 URL = "http://127.0.0.1:9/v1"
 TEXTS = ["a", "b", "c"]
@@ -72,6 +72,24 @@ def test_key_sentences_replace_the_text_when_there_are_some() -> None:
                                    "key_sentences": ["One.", "Three."]}
     assert RerankResult(1, 0.2, False, ()).text("Full text.") == "Full text."
     assert RerankResult(1, 0.2, False, None).text("Full text.") == "Full text."
+
+
+def test_the_servers_results_are_what_the_client_reads() -> None:
+    ranked = [RerankResult(0, 0.2, False, ()), RerankResult(1, 0.9, True, ("One.",))]
+    body = rerank_response("filter", ranked, ["Zero.", "One. Two."], top_n=None,
+                           return_documents=True, total_tokens=7)
+    assert body["results"] == [
+        {"index": 1, "relevance_score": 0.9, "kept": True, "key_sentences": ["One."],
+         "document": {"text": "One. Two."}},
+        {"index": 0, "relevance_score": 0.2, "kept": False, "key_sentences": [],
+         "document": {"text": "Zero."}}]
+    assert [RerankResult.from_json(r) for r in body["results"]] == [
+        replace(ranked[1], document={"text": "One. Two."}),
+        replace(ranked[0], document={"text": "Zero."})]
+    short = rerank_response("filter", ranked, ["Zero.", "One. Two."], top_n=1,
+                            return_documents=False, total_tokens=7)["results"]
+    assert short == [{"index": 1, "relevance_score": 0.9, "kept": True,
+                      "key_sentences": ["One."]}]
 
 
 @pytest.mark.parametrize(("reply", "problem"), [

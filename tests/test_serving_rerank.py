@@ -16,7 +16,7 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 
 from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
-from sieverag.inference.filters.ranking import as_documents, rank_documents
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.serving.config import LocalServerConfig
@@ -165,7 +165,7 @@ def test_key_sentences_follow_the_filters_sentence_reply() -> None:
         reply=lambda text: "none" if "Beta" in text else "2",
         labels=lambda text: {"Yes": -3.0 if "Gamma" in text else -0.1, "No": -1.0})
     config = MCFConfig(bar="fixed", sentence_stage=True, empty_sentence_answer="drop_chunk")
-    ranked = rank_documents(backend, config, "which?", texts)
+    ranked = rank_by_filter(backend, config, "which?", texts)
     assert [(r.index, r.kept, r.key_sentences) for r in ranked] == [
         (0, True, ("Alpha two.",)), (1, False, ()), (2, False, ())]
     assert ranked[0].relevance_score == pytest.approx(1 / (1 + math.exp(-0.9)))

@@ -1,34 +1,25 @@
-"""MCF as a reranker: every document of one request scored, judged and (optionally) narrowed
-to its key sentences, in request order. What the embedded server's `/v1/rerank` and the
-filtering proxy run on their engine, and what the framework adapters run in process
-(`inference/integrations/in_process.py`): one implementation, so every number is MCF's.
+"""Ranking a rerank request's documents by the trained filter's score: every document of one
+request scored, judged and (optionally) narrowed to its key sentences by MCF, in request
+order. What the embedded server's `/v1/rerank` and the filtering proxy run on their engine, and
+what the framework adapters run in process (`inference/integrations/in_process.py`): one
+implementation, so every number is MCF's.
 
 Documents are plain texts: MCF reads each with no title and its position in the request as
-its id. `relevance_score` is the filter's P("Yes") normalised over Yes/No (the `p_yes` of
-`MultiGranularFilter.chunk_scores`); `kept` is MCF's verdict under the given `MCFConfig`
-(its default bar: the round's 2 best documents by the filter's score fused with BM25);
-`key_sentences`, with `config.sentence_stage`, the kept documents' key sentences' text in
-document order ([] for a document not kept).
+its id. Each comes back as a `RerankResult` (inference/types.py): `relevance_score` is the
+filter's P("Yes") normalised over Yes/No (the `p_yes` of `MultiGranularFilter.chunk_scores`);
+`kept` is MCF's verdict under the given `MCFConfig` (its default bar: the round's 2 best
+documents by the filter's score fused with BM25); `key_sentences`, with
+`config.sentence_stage`, the kept documents' key sentences' text in document order ([] for a
+document not kept).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.types import Document
-
-
-@dataclass(frozen=True)
-class RankedDocument:
-    """One request document as MCF judged it; `key_sentences` is None at chunk granularity."""
-
-    index: int
-    relevance_score: float
-    kept: bool
-    key_sentences: tuple[str, ...] | None
+from sieverag.inference.types import Document, RerankResult
 
 
 def as_documents(texts: Sequence[str]) -> list[Document]:
@@ -36,8 +27,8 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
     return [Document(id=str(index), text=text) for index, text in enumerate(texts)]
 
 
-def rank_documents(backend: LLMBackend, config: MCFConfig, query: str,
-                   texts: Sequence[str]) -> list[RankedDocument]:
+def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
+                   texts: Sequence[str]) -> list[RerankResult]:
     """Every document in request order, scored and judged by MCF under `config` (and narrowed
     to its key sentences when `config.sentence_stage`)."""
     documents = as_documents(texts)
@@ -53,10 +44,10 @@ def rank_documents(backend: LLMBackend, config: MCFConfig, query: str,
             sentences = document_sentences(document)
             keys = (tuple(sentences[i].strip() for i in judged.details["key_sentences"])
                     if judged.kept else ())
-        ranked.append(RankedDocument(int(document.id), score["p_yes"], judged.kept, keys))
+        ranked.append(RerankResult(int(document.id), score["p_yes"], judged.kept, keys))
     return ranked
 
 
-def best_first(ranked: Sequence[RankedDocument]) -> list[RankedDocument]:
+def best_first(ranked: Sequence[RerankResult]) -> list[RerankResult]:
     """`ranked` by relevance_score, best first; ties stay in request order."""
     return sorted(ranked, key=lambda r: -r.relevance_score)

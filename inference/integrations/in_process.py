@@ -1,6 +1,6 @@
 """The trained filter run in this process, for the framework adapters when no server runs:
 the same selection as `RerankEndpoint` (`keep`, `top_n`, `granularity`), computed by the same
-code the server's `/v1/rerank` runs (`rank_documents`, MCF) on an `hf` backend of the filter
+code the server's `/v1/rerank` runs (`rank_by_filter`, MCF) on an `hf` backend of the filter
 instead of over HTTP.
 
 `InProcessFilter("smollm2-filter")` loads the embedded model with the shipped filter when it
@@ -18,17 +18,16 @@ from dataclasses import replace
 
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.filters.ranking import best_first, rank_documents
+from sieverag.inference.filters.ranking import best_first, rank_by_filter
 from sieverag.inference.integrations.rerank_client import (
     Granularity,
     Keep,
-    RerankResult,
     check_selection,
     choose,
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.types import Device
+from sieverag.inference.types import Device, RerankResult
 
 
 class InProcessFilter:
@@ -53,9 +52,8 @@ class InProcessFilter:
         if not texts:
             return []
         with self._lock:
-            ranked = rank_documents(self.backend, self.config, query, list(texts))
-        return choose([RerankResult(r.index, r.relevance_score, r.kept, r.key_sentences)
-                       for r in best_first(ranked)], self.keep, self.top_n)
+            ranked = rank_by_filter(self.backend, self.config, query, list(texts))
+        return choose(best_first(ranked), self.keep, self.top_n)
 
     async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]:
         """`select` on a worker thread."""

@@ -4,7 +4,8 @@ adapters (`langchain`, `llamaindex`) share; with `filter` set they run the filte
 instead (`in_process.InProcessFilter`), with the same selection.
 
 The server runs the trained filter (MCF) on the documents and answers in the Cohere/Jina
-schema with sieverag's `kept` verdicts (README, "Reranking with the filter"). `keep` says
+schema with sieverag's `kept` verdicts (README, "Reranking with the filter"); each result is
+read as a `RerankResult` (inference/types.py), the shape the server writes. `keep` says
 which results a caller gets:
 
 * `"kept"` — the documents the server's bar keeps, best first, at most `top_n`;
@@ -14,17 +15,17 @@ which results a caller gets:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from sieverag.inference.errors import ConfigError, SieveragError
+from sieverag.inference.errors import ConfigError, SieveragError, validation_problems
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.types import RerankResult
 
 Keep = Literal["kept", "top_n"]
 Granularity = Literal["chunk", "sentence"]
@@ -42,32 +43,6 @@ _ADVICE = {
 class RerankEndpointError(SieveragError):
     """The rerank endpoint cannot be reached, refused the request, or sent a reply that is not
     a rerank response."""
-
-
-@dataclass(frozen=True)
-class RerankResult:
-    """One document as the endpoint ranked it. `kept` is None from a reranker that gives no
-    verdicts; `key_sentences` is None at chunk granularity."""
-
-    index: int
-    relevance_score: float
-    kept: bool | None
-    key_sentences: tuple[str, ...] | None
-
-    def metadata(self) -> dict[str, Any]:
-        """What the adapters add to a document's metadata: `relevance_score`, `kept` (when
-        the endpoint gives it) and `key_sentences` (at sentence granularity)."""
-        added: dict[str, Any] = {"relevance_score": self.relevance_score}
-        if self.kept is not None:
-            added["kept"] = self.kept
-        if self.key_sentences is not None:
-            added["key_sentences"] = list(self.key_sentences)
-        return added
-
-    def text(self, original: str) -> str:
-        """The document's text to pass on: its key sentences joined by a space when the
-        sentence stage named some, else the original text."""
-        return " ".join(self.key_sentences) if self.key_sentences else original
 
 
 class Ranker(Protocol):
@@ -190,7 +165,10 @@ class RerankEndpoint:
     def _parse(self, response: httpx.Response, count: int) -> list[RerankResult]:
         """The reply's results in its order (best first), each checked."""
         try:
-            results = [_result(entry) for entry in response.json()["results"]]
+            results = [RerankResult.from_json(entry) for entry in response.json()["results"]]
+        except ValidationError as exc:
+            raise self._malformed(f"it is not a rerank response ({validation_problems(exc)})"
+                                  ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise self._malformed(f"it is not a rerank response ({type(exc).__name__}: "
                                   f"{exc})") from None
@@ -204,17 +182,6 @@ class RerankEndpoint:
     def _malformed(self, problem: str) -> RerankEndpointError:
         return RerankEndpointError(f"the rerank endpoint {self.url} sent a reply sieverag cannot "
                                    f"read: {problem}; point base_url at a sieverag server")
-
-
-def _result(entry: dict[str, Any]) -> RerankResult:
-    """One reply entry, its fields' types checked (TypeError, ValueError where wrong)."""
-    index, score, kept = entry["index"], float(entry["relevance_score"]), entry.get("kept")
-    keys = entry.get("key_sentences")
-    if type(index) is not int or not math.isfinite(score) or not isinstance(kept, bool | None):
-        raise ValueError(f"a result has index {index!r}, relevance_score {score}, kept {kept!r}")
-    if keys is not None and not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
-        raise TypeError(f"key_sentences must be a list of strings, got {keys!r}")
-    return RerankResult(index, score, kept, None if keys is None else tuple(keys))
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -11,7 +11,7 @@ its 10 passages.
   rerank   /v1/rerank requests of one question's 10 passages on the filter server: documents/s
            with 1 client, then with 8 concurrent clients (the ratio: what batching gains; the
            requests repeated up to a multiple of 8, so every client is busy to the end), and
-           the same requests scored in this process by the same code (`rank_documents`, MCF)
+           the same requests scored in this process by the same code (`rank_by_filter`, MCF)
            on the same engine the server runs (built as `sieverag serve` builds it, run here
            without HTTP): the endpoint's overhead = in-process documents/s ÷ endpoint's
            (1 client), HTTP and the server's checks. For reference, the framework adapters'
@@ -68,7 +68,7 @@ from sieverag.inference.eval.metrics import answer_accuracy  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
-from sieverag.inference.filters.ranking import rank_documents  # noqa: E402
+from sieverag.inference.filters.ranking import rank_by_filter  # noqa: E402
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
@@ -236,7 +236,7 @@ def measure_rerank(server: Server, examples: Sequence[Example]) -> dict[str, flo
     seconds = {"endpoint": 0.0, "engine": 0.0, "hf": 0.0}
     with httpx.Client(timeout=600) as client, in_process_engine() as engine:
         ways = {"endpoint": lambda body: post_ok(client, url, body),
-                "engine": lambda body: rank_documents(engine, config, body["query"],
+                "engine": lambda body: rank_by_filter(engine, config, body["query"],
                                                       body["documents"]),
                 "hf": lambda body: hf.select(body["query"], body["documents"])}
         for way in ways.values():  # warm every way up
