@@ -20,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, eval_judge_spec
+from sieverag.inference.config import RetrievalConfig, RunConfig, eval_judge_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
@@ -36,6 +35,7 @@ from sieverag.inference.pipelines.base import (
 )
 from sieverag.inference.pipelines.router import Router, RouterConfig
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
+from sieverag.inference.roles import ModelRoles, resolve_filter_role
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
@@ -93,15 +93,6 @@ class Roles:
             if backend is not None and all(backend is not b for b in backends):
                 backends.append(backend)
         return backends
-
-
-def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
-    """An in-process filter role with its adapter resolved to a checked folder (the given
-    path or name, else the default filter); a served filter as it is."""
-    if spec.endpoint is not None:
-        return spec
-    folder = resolve_filter(spec.adapter or DEFAULT_FILTER_NAME, spec.model)
-    return replace(spec, adapter=str(folder))
 
 
 def build_roles(models: ModelRoles, roles: frozenset[str]) -> Roles:

@@ -8,12 +8,12 @@ from typing import Any
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.base import PIPELINES, with_pipeline_sections
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.roles import ModelRoles
 from sieverag.inference.settings import load_settings, settings, settings_to_yaml
 
 
@@ -115,27 +115,6 @@ class TrustConfig:
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise ConfigError(f"trust.{name} is a cosine in [-1, 1], got {value}")
-
-
-@settings
-class ModelRoles:
-    """The three model roles, each in-process (model + optional adapter) or served (endpoint +
-    model name): the generator answers; the judge (MAIN-RAG, training-free) scores documents
-    on a base model; the filter (MCF) is the trained LoRA adapter."""
-
-    generator: BackendSpec = field(default_factory=BackendSpec,
-                                   metadata={"help": "the model that answers"})
-    judge: BackendSpec | None = field(default=None, metadata={
-        "help": "the MAIN-RAG judge's model (unset: the generator's; once any judge field is "
-                "set, its unset fields take their own defaults, not the generator's)"})
-    filter: BackendSpec = field(default_factory=BackendSpec, metadata={
-        "help": "the trained filter: in-process, its base `model` and `adapter` (a folder or "
-                f"a filter's name; default {DEFAULT_FILTER_NAME}: installed, else shipped); "
-                "served, `endpoint` and the served adapter's `model` name"})
-
-    @property
-    def judge_spec(self) -> BackendSpec:
-        return self.judge or self.generator
 
 
 def eval_judge_spec(config: RunConfig) -> BackendSpec:

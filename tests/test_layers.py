@@ -74,13 +74,21 @@ LAYERS = (
     Layer("data", 1, (f"{INFERENCE}.data",)),
     Layer("llm", 2, (f"{INFERENCE}.llm",)),
     Layer("retrieval", 2, (f"{INFERENCE}.retrieval",)),
-    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers")),
+    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles")),
+    # Every metric's definition (the runner, reports and trust metrics sit above, in
+    # evaluation): pure functions of answers, decisions and gold.
+    Layer("metrics", 3, (f"{INFERENCE}.eval.metrics", f"{INFERENCE}.eval.filter_metrics",
+                         f"{INFERENCE}.eval.retrieval")),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
     Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
     Layer("integrations", 5, (f"{INFERENCE}.integrations",)),
     Layer("evaluation", 6, (f"{INFERENCE}.eval",)),
 )
 COMMAND_LINE = Layer("command line", 7, ())
+# The shared core: the layers the parts built on `inference` (data_gen, training, serving) may
+# import. The layers above — pipelines, composition, integrations, evaluation, the command
+# line — are inference proper: answering and scoring questions.
+SHARED_CORE = frozenset({"shared base", "data", "llm", "retrieval", "agents", "metrics"})
 
 # Libraries that run a generator: the layers that must run without an LLM import none.
 GENERATOR_LIBRARIES = ("transformers", "peft", "trl", "vllm")
@@ -183,6 +191,11 @@ def violation(importer: str, target: str) -> str | None:
             return f"`inference` imports none of the parts built on it ({target_part})"
         return (f"{importer_part} does not import {target_part}: the parts share the filter's "
                 "contract through `inference` only")
+    if importer_part != INFERENCE and target_part == INFERENCE and importer_part != ROOT:
+        layer = layer_of(target)
+        if layer is not None and layer.name not in SHARED_CORE:
+            return (f"{importer_part} imports `inference`'s shared core only, not its "
+                    f"{layer.name} layer (inference proper)")
     if importer_part != INFERENCE:
         return None
     have, want = layer_of(importer), layer_of(target)
@@ -252,8 +265,14 @@ def test_no_import_runs_up_the_layers() -> None:
 # ----- the checker itself -----
 
 @pytest.mark.parametrize(("importer", "target", "reason"), [
-    ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.metrics",
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.runner",
      "retrieval imports evaluation, a layer above it"),
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.metrics",
+     "retrieval imports metrics, a layer above it"),
+    ("sieverag.training.filter_eval", "sieverag.inference.compose",
+     "sieverag.training imports `inference`'s shared core only, not its composition layer"),
+    ("sieverag.serving.app", "sieverag.inference.pipelines.amber",
+     "not its pipelines layer (inference proper)"),
     ("sieverag.inference.retrieval.index", "sieverag.inference.llm.hf",
      "retrieval imports no LLM code"),
     ("sieverag.inference.llm.hf", "sieverag.inference.retrieval.bm25",

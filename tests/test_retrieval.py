@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 
 from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.retrieval import (
+    ranked_sources,
+    recall_at_k,
+    reciprocal_rank,
+    spread_subset,
+)
 from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index
 from sieverag.inference.retrieval.chunking import (
     ChunkingConfig,
@@ -22,12 +28,6 @@ from sieverag.inference.retrieval.chunking import (
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import detect_corpus_format, load_corpus, load_squad
 from sieverag.inference.retrieval.dense import DenseConfig
-from sieverag.inference.retrieval.evaluation import (
-    ranked_sources,
-    recall_at_k,
-    reciprocal_rank,
-    spread_subset,
-)
 from sieverag.inference.retrieval.hybrid import (
     min_max_normalise,
     reciprocal_rank_fusion,

@@ -271,7 +271,7 @@ def test_a_bad_adapter_fails_before_any_work(adapter: str, message: str, tmp_pat
 def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
                                                             tiny_adapter: Path,
                                                             tiny_model_dir: Path) -> None:
-    from sieverag.inference.compose import resolve_filter_role
+    from sieverag.inference.roles import resolve_filter_role
     from sieverag.inference.filters import adapters
     from sieverag.training.filter_eval import FilterEvalConfig
 
@@ -313,19 +313,18 @@ def test_a_corrupt_cache_entry_is_a_miss_recomputed_and_overwritten(
 
 
 def test_chunk_quality_definitions() -> None:
-    from sieverag.training.filter_eval import chunk_quality
-    from sieverag.training.filter_methods import ChunkDecisions
+    from sieverag.inference.eval.filter_metrics import chunk_quality
 
     example = _example([True, True, False, False])
     scores = {"q/0": 0.9, "q/1": 0.2, "q/2": 0.8, "q/3": 0.1}
-    figures = chunk_quality([example], ChunkDecisions("m", {"q": ("q/0", "q/2")}, scores))
+    figures = chunk_quality([example], {"q": ("q/0", "q/2")}, scores)
     assert figures["precision"] == 0.5 and figures["recall"] == 0.5 and figures["f1"] == 0.5
     assert figures["kept_per_question"] == 2
     assert figures["auroc"] == pytest.approx(0.75)  # 3 of the 4 gold/non-gold pairs ordered
 
 
 def test_sentence_quality_definitions() -> None:
-    from sieverag.training.filter_eval import sentence_quality, supporting_facts
+    from sieverag.inference.eval.filter_metrics import sentence_quality, supporting_facts
 
     example = _example([True, False], supporting=[(0, 2), ()])
     assert supporting_facts(example) == {("q/0", 0), ("q/0", 2)}

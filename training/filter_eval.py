@@ -10,12 +10,12 @@ built from (read from the `sieverag build-dataset` output, default: the dataset 
 adapter's metadata), matched by (source, question id) — so a source left out of training is
 evaluated whole. Questions without a gold passage are left out (counted).
 
-Metrics (definitions beside the code that computes them):
+Metrics (defined in `inference.eval.filter_metrics`, with every other metric):
 
 * chunk level, against the gold passages (`is_gold`): per-question precision / recall / F1
-  of the kept passage ids (`inference.eval.metrics.filter_scores`), averaged over questions
-  (macro); the same pooled over all passages (micro); passages kept per question; AUROC and
-  average precision of the method's score over all passages (methods with a score).
+  of the kept passage ids, averaged over questions (macro); the same pooled over all
+  passages (micro); passages kept per question; AUROC and average precision of the method's
+  score over all passages (methods with a score).
 * sentence level, on the questions with supporting facts, against the set of
   (passage, sentence) supporting facts: every MCF row as amber reads it by default (whole
   passages) and with MCF's sentence stage on (`select` with `sentence_stage`), every baseline
@@ -33,17 +33,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.compose import resolve_filter_role
-from sieverag.inference.config import ModelRoles
 from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.metrics import filter_scores
+from sieverag.inference.eval.filter_metrics import (
+    chunk_quality,
+    has_supporting_facts,
+    sentence_quality,
+)
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import (
@@ -53,6 +54,7 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.roles import ModelRoles, resolve_filter_role
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
@@ -231,100 +233,6 @@ def _read_ids(path: Path) -> set[str]:
 # ----- metrics -----------------------------------------------------------------------------
 
 
-def chunk_quality(examples: Sequence[Example], decisions: methods.ChunkDecisions
-                  ) -> dict[str, float | None]:
-    """Chunk-level figures of one method against the gold passages.
-
-    precision / recall / f1: `filter_scores` per question, averaged over questions;
-    micro_*: the same counts pooled over every passage of every question;
-    kept_per_question: mean number of passages kept;
-    auroc: area under the ROC curve of the method's score over all passages (gold = positive),
-    average_precision: area under its precision–recall curve (None without a score).
-    """
-    per_question = []
-    hits = kept_total = gold_total = 0
-    for example in examples:
-        kept = set(decisions.kept[example.id])
-        gold = {d.id for d in example.documents if d.is_gold}
-        scores = filter_scores(kept, gold)
-        if scores is not None:
-            per_question.append(scores)
-        hits += len(kept & gold)
-        kept_total += len(kept)
-        gold_total += len(gold)
-    result = _averaged(per_question)
-    result.update(_micro(hits, kept_total, gold_total))
-    result["kept_per_question"] = statistics.fmean(len(decisions.kept[e.id]) for e in examples)
-    result.update(ranking_quality(examples, decisions.scores))
-    return result
-
-
-def ranking_quality(examples: Sequence[Example], scores: Mapping[str, float] | None
-                    ) -> dict[str, float | None]:
-    """AUROC and average precision of passage scores against gold (None when undefined)."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    if scores is None:
-        return {"auroc": None, "average_precision": None}
-    labels = [bool(d.is_gold) for e in examples for d in e.documents]
-    values = [scores[d.id] for e in examples for d in e.documents]
-    if all(labels) or not any(labels):
-        return {"auroc": None, "average_precision": None}
-    return {"auroc": float(roc_auc_score(labels, values)),
-            "average_precision": float(average_precision_score(labels, values))}
-
-
-def sentence_quality(examples: Sequence[Example],
-                     kept: Mapping[str, Iterable[tuple[str, int]]]) -> dict[str, float]:
-    """Sentence-level figures: kept (passage id, sentence index) pairs against supporting facts.
-
-    precision / recall / f1 per question (`filter_scores`), averaged over questions; micro_*
-    pooled; kept_per_question: mean sentences kept.
-    """
-    per_question = []
-    hits = kept_total = gold_total = 0
-    sizes = []
-    for example in examples:
-        chosen = set(kept[example.id])
-        gold = supporting_facts(example)
-        scores = filter_scores(chosen, gold)
-        if scores is not None:
-            per_question.append(scores)
-        hits += len(chosen & gold)
-        kept_total += len(chosen)
-        gold_total += len(gold)
-        sizes.append(len(chosen))
-    result = _averaged(per_question)
-    result.update(_micro(hits, kept_total, gold_total))
-    result["kept_per_question"] = statistics.fmean(sizes) if sizes else 0.0
-    return result
-
-
-def supporting_facts(example: Example) -> set[tuple[str, int]]:
-    """The question's gold (passage id, sentence index) pairs."""
-    return {(d.id, i) for d in example.documents for i in (d.supporting_sentences or ())}
-
-
-def has_supporting_facts(example: Example) -> bool:
-    """True when the row carries sentence-level gold and every passage has its sentences."""
-    return (any(d.supporting_sentences for d in example.documents)
-            and all(d.sentences for d in example.documents))
-
-
-def _averaged(per_question: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
-    if not per_question:
-        return {"precision": None, "recall": None, "f1": None}
-    return {key: statistics.fmean(s[key] for s in per_question)
-            for key in ("precision", "recall", "f1")}
-
-
-def _micro(hits: int, kept: int, gold: int) -> dict[str, float]:
-    precision = hits / kept if kept else 0.0
-    recall = hits / gold if gold else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if hits else 0.0
-    return {"micro_precision": precision, "micro_recall": recall, "micro_f1": f1}
-
-
 # ----- the run -----------------------------------------------------------------------------
 
 
@@ -462,7 +370,7 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
             methods.dense_scores(examples, config.embedding_model, device), config.top_k),
         methods.keep_all(examples),
     ]
-    chunk = {d.method: chunk_quality(examples, d) for d in decisions}
+    chunk = {d.method: chunk_quality(examples, d.kept, d.scores) for d in decisions}
 
     with_facts = [e for e in examples if has_supporting_facts(e)]
     sentence: dict[str, dict[str, float]] = {}

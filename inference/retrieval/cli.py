@@ -18,6 +18,7 @@ from typing import Literal, get_args
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.io_utils import cache_root, write_json_atomic
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
@@ -25,7 +26,6 @@ from sieverag.inference.retrieval.chunking import ChunkingConfig, ChunkStrategy
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat, load_squad
 from sieverag.inference.retrieval.dense import DenseConfig
-from sieverag.inference.retrieval.evaluation import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.retrieval.hygiene import HygienePreset, search_with_hygiene
 from sieverag.inference.retrieval.index import (
     SEARCH_MODES,
