@@ -6,6 +6,8 @@ from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import model_validator
+
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.registry import BackendSpec
@@ -75,14 +77,29 @@ class QualityWeights:
         _check_weights("trust.quality", asdict(self))
 
 
+# TAAS weights' keys before the trust metrics took the Auto-RAG study's names
+# (docs/compatibility.md): a config.yaml of an older run still reads.
+_OLD_TAAS_KEYS = {"faithfulness": "sentence_similarity", "grounding": "sentence_support"}
+
+
 @settings
 class TAASWeights:
-    """Weights of TAAS when the answer retrieved (r(q) = 1)."""
+    """Weights of TAAS when the answer retrieved (r(q) = 1); the old keys `faithfulness` and
+    `grounding` are read as `sentence_similarity` and `sentence_support`."""
 
     quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
-    faithfulness: float = field(default=0.25, metadata={"help": "weight of faithfulness"})
-    grounding: float = field(default=0.25, metadata={
-        "help": "weight of 1 − hallucination rate"})
+    sentence_similarity: float = field(default=0.25, metadata={
+        "help": "weight of sentence similarity (the answer sentences' mean best cosine to "
+                "the context)"})
+    sentence_support: float = field(default=0.25, metadata={
+        "help": "weight of the sentence support rate (1 − unsupported sentence rate)"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {_OLD_TAAS_KEYS.get(key, key): value for key, value in data.items()}
+        return data
 
     def __post_init__(self) -> None:
         _check_weights("trust.taas", asdict(self))

@@ -25,11 +25,12 @@ from sieverag.inference.eval.trust import (
     judge_answers,
     keyword_coverage,
     lexical_context_use,
-    lexical_faithfulness,
     parse_judge_reply,
+    sentence_similarity,
     sentence_support_rate,
     taas,
     trust_report,
+    unsupported_sentence_rate,
 )
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.prompt_templates import load_template
@@ -69,19 +70,27 @@ def test_content_tokens_drop_stop_words() -> None:
     assert content_tokens("The capital of France is Paris!") == {"capital", "france", "paris"}
 
 
-def test_faithfulness_is_the_mean_best_cosine_of_the_answer_sentences() -> None:
+def test_faithfulness_is_the_share_of_answer_tokens_found_in_the_context() -> None:
+    # answer content tokens: paris, capital, big → 2 of 3 found in the documents
+    assert faithfulness("Paris is the big capital", DOCS) == pytest.approx(2 / 3)
+    assert hallucination_rate("Paris is the big capital", DOCS) == pytest.approx(1 / 3)
+    assert faithfulness("Paris", []) is None and hallucination_rate("Paris", []) is None
+    assert faithfulness("It is what it is", DOCS) is None  # no content token
+
+
+def test_sentence_similarity_is_the_mean_best_cosine_of_the_answer_sentences() -> None:
     # sentence 1's best context sentence: 0.8 (d1); sentence 2's: 0.6 (d1) → mean 0.7
-    assert faithfulness(support()) == pytest.approx(0.7)
-    assert faithfulness(SupportMatrix.of(ANSWER, [], fake_embed)) is None
-    assert faithfulness(SupportMatrix.of("", DOCS, fake_embed)) is None
+    assert sentence_similarity(support()) == pytest.approx(0.7)
+    assert sentence_similarity(SupportMatrix.of(ANSWER, [], fake_embed)) is None
+    assert sentence_similarity(SupportMatrix.of("", DOCS, fake_embed)) is None
 
 
-def test_support_and_hallucination_share_one_threshold() -> None:
+def test_supported_and_unsupported_sentences_share_one_threshold() -> None:
     assert sentence_support_rate(support(), 0.5) == 1.0  # 0.8 and 0.6 both ≥ 0.5
-    assert hallucination_rate(support(), 0.5) == 0.0
+    assert unsupported_sentence_rate(support(), 0.5) == 0.0
     assert sentence_support_rate(support(), 0.7) == 0.5  # only 0.8 ≥ 0.7
-    assert hallucination_rate(support(), 0.7) == 0.5     # "It has the Louvre." unsupported
-    assert hallucination_rate(SupportMatrix.of(ANSWER, [], fake_embed)) is None
+    assert unsupported_sentence_rate(support(), 0.7) == 0.5  # "It has the Louvre." is not
+    assert unsupported_sentence_rate(SupportMatrix.of(ANSWER, [], fake_embed)) is None
 
 
 def test_context_precision_is_the_share_of_context_used() -> None:
@@ -98,10 +107,7 @@ def test_evidence_noise_is_the_share_of_context_off_the_question() -> None:
     assert evidence_noise(QUESTION, [], fake_embed) is None
 
 
-def test_lexical_proxies_say_what_they_compute() -> None:
-    # answer content tokens: paris, capital, big → 2 of 3 found in the documents
-    assert lexical_faithfulness("Paris is the big capital", DOCS) == pytest.approx(2 / 3)
-    assert lexical_faithfulness("Paris", []) is None
+def test_lexical_context_use_is_the_share_of_documents_sharing_a_content_token() -> None:
     assert lexical_context_use("Paris capital", DOCS) == pytest.approx(2 / 3)
     assert lexical_context_use("Paris", []) is None
 
@@ -136,14 +142,14 @@ def test_answer_quality_combines_similarity_and_keywords() -> None:
 
 def test_taas_switches_on_retrieval() -> None:
     # r(q) = 0: AQS alone, grounding not applicable
-    assert taas(0.6, retrieved=False, faithful=0.1, hallucination=0.9) == 0.6
-    # r(q) = 1: 0.5·0.6 + 0.25·0.7 + 0.25·(1 − 0) = 0.725
-    assert taas(0.6, True, 0.7, 0.0) == pytest.approx(0.725)
+    assert taas(0.6, retrieved=False, similarity=0.1, support=0.1) == 0.6
+    # r(q) = 1: 0.5·0.6 + 0.25·0.7 (sentence similarity) + 0.25·1 (sentence support) = 0.725
+    assert taas(0.6, True, 0.7, 1.0) == pytest.approx(0.725)
     # a term undefined (no answer sentence) is left out, the weights renormalised
     assert taas(0.6, True, 0.7, None) == pytest.approx((0.3 + 0.175) / 0.75)
-    assert taas(None, True, 0.7, 0.0) is None
-    assert taas(0.6, True, 0.7, 0.0, TAASWeights(quality=1, faithfulness=0, grounding=0)) == \
-        pytest.approx(0.6)
+    assert taas(None, True, 0.7, 1.0) is None
+    no_grounding = TAASWeights(quality=1, sentence_similarity=0, sentence_support=0)
+    assert taas(0.6, True, 0.7, 1.0, no_grounding) == pytest.approx(0.6)
     with pytest.raises(ConfigError, match="trust.taas weights"):
         TAASWeights(quality=-1)
     with pytest.raises(ConfigError, match="trust.quality weights"):
@@ -156,20 +162,29 @@ def test_trust_report_with_and_without_retrieval() -> None:
     assert report.retrieved is True
     # AQS: 0.6·0.48 + 0.4·(paris and louvre both said: 1.0) = 0.688
     assert report.answer_quality == pytest.approx(0.688)
-    assert report.faithfulness == pytest.approx(0.7)
-    assert report.sentence_support_rate == 1.0 and report.hallucination_rate == 0.0
+    # paris and capital are read, louvre is not
+    assert report.faithfulness == pytest.approx(2 / 3)
+    assert report.hallucination_rate == pytest.approx(1 / 3)
+    assert report.sentence_similarity == pytest.approx(0.7)
+    assert report.sentence_support_rate == 1.0 and report.unsupported_sentence_rate == 0.0
     assert report.context_precision == pytest.approx(1 / 3)
     assert report.evidence_noise == pytest.approx(2 / 3)
     assert report.taas == pytest.approx(0.5 * 0.688 + 0.25 * 0.7 + 0.25 * 1.0)
     alone = trust_report(QUESTION, "Paris", [], ["Paris, France"], fake_embed)
     assert alone.retrieved is False and alone.answer_quality == pytest.approx(0.56)
     assert alone.taas == alone.answer_quality
-    assert (alone.faithfulness, alone.hallucination_rate, alone.sentence_support_rate,
-            alone.context_precision, alone.evidence_noise, alone.lexical_faithfulness,
-            alone.lexical_context_use) == (None,) * 7
+    assert (alone.faithfulness, alone.hallucination_rate, alone.sentence_similarity,
+            alone.sentence_support_rate, alone.unsupported_sentence_rate,
+            alone.context_precision, alone.evidence_noise,
+            alone.lexical_context_use) == (None,) * 8
     no_encoder = trust_report(QUESTION, ANSWER, DOCS, ["Paris"], None)
-    assert no_encoder.answer_quality is None and no_encoder.faithfulness is None
-    assert no_encoder.lexical_faithfulness is not None
+    assert no_encoder.answer_quality is None and no_encoder.sentence_similarity is None
+    assert no_encoder.faithfulness == pytest.approx(2 / 3)  # tokens need no encoder
+
+
+def test_taas_weights_read_their_old_keys() -> None:
+    config = TrustConfig(taas={"quality": 0.6, "faithfulness": 0.3, "grounding": 0.1})
+    assert config.taas == TAASWeights(quality=0.6, sentence_similarity=0.3, sentence_support=0.1)
 
 
 def test_trust_config_checks_its_thresholds() -> None:

@@ -21,8 +21,9 @@ def trust(retrieved: bool, quality: float, taas: float, faithful: float | None =
     return TrustMetrics(
         retrieved=retrieved, answer_quality=quality, taas=taas, faithfulness=grounding,
         hallucination_rate=None if grounding is None else 1 - grounding,
-        sentence_support_rate=grounding, context_precision=grounding, evidence_noise=grounding,
-        lexical_faithfulness=grounding, lexical_context_use=grounding,
+        sentence_similarity=grounding, sentence_support_rate=grounding,
+        unsupported_sentence_rate=None if grounding is None else 1 - grounding,
+        context_precision=grounding, evidence_noise=grounding, lexical_context_use=grounding,
         context_precision_gold=None, llm_judge=judge)
 
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    Tag,
+    model_validator,
+)
 
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
@@ -18,6 +26,7 @@ from sieverag.inference.eval.metrics import (
     filter_scores,
     token_f1,
 )
+from sieverag.inference.eval.migration import migrate_trust
 from sieverag.inference.eval.trust import Embed, JudgeItem, judge_answers, trust_report
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
@@ -92,26 +101,37 @@ class LLMJudgeGrades(JsonlRecord):
 
 
 class TrustMetrics(JsonlRecord):
-    """Trust metrics of the answer (inference/eval/trust.py, where each is defined). The
-    grounding metrics are None when the answer was given without retrieval (`retrieved`
-    false: not applicable), the embedding ones None without an encoder."""
+    """Trust metrics of the answer (inference/eval/trust.py, where each is defined): the
+    Auto-RAG study's under its names, ours under names of their own. The grounding metrics
+    are None when the answer was given without retrieval (`retrieved` false: not
+    applicable), the embedding ones None without an encoder. A line written under the old
+    names is read under today's (`migration.migrate_trust`)."""
 
     retrieved: bool = Field(description="r(q): answered with retrieval (`auto`'s routing "
                                         "decision, else: retrieved context was read)")
     answer_quality: float | None = Field(description="AQS: similarity + keyword coverage")
-    faithfulness: float | None
-    hallucination_rate: float | None = Field(description="lower is better")
-    sentence_support_rate: float | None
+    faithfulness: float | None = Field(description="share of the answer's content tokens "
+                                                   "found in the context read")
+    hallucination_rate: float | None = Field(description="1 − faithfulness; lower is better")
+    sentence_similarity: float | None = Field(description="ours: the answer sentences' mean "
+                                                          "best cosine to the context")
+    sentence_support_rate: float | None = Field(description="share of the answer's sentences "
+                                                            "some context sentence supports")
+    unsupported_sentence_rate: float | None = Field(description="ours: 1 − sentence support "
+                                                                "rate; lower is better")
     context_precision: float | None = Field(description="share of the context read used")
     evidence_noise: float | None = Field(description="share of the context read off the "
                                                      "question; lower is better")
     taas: float | None = Field(description="trust-aware answer score (AQS when not retrieved)")
-    lexical_faithfulness: float | None = Field(description="token-overlap proxy")
-    lexical_context_use: float | None = Field(description="token-overlap proxy")
+    lexical_context_use: float | None = Field(description="ours: share of the documents read "
+                                                          "sharing a content token with the "
+                                                          "answer")
     context_precision_gold: float | None = Field(description="share of the documents read "
                                                              "that are gold")
     llm_judge: LLMJudgeGrades | None = Field(
         None, description="the LLM judge's grades (absent unless trust.llm_judge)")
+
+    _read_old_names = model_validator(mode="before")(migrate_trust)
 
 
 class PipelineTrace(JsonlRecord):

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.migration import migrate_summary
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.eval.trust import JUDGE_CRITERIA, LOWER_IS_BETTER
 from sieverag.inference.io_utils import parse_json, read_text, write_atomic
@@ -46,10 +47,10 @@ TRUST_COLUMNS = (
     ("taas", "TAAS"),
     ("faithfulness", "Faithfulness"),
     ("hallucination_rate", "Hallucination ↓"),
+    ("sentence_similarity", "Sentence similarity"),
     ("sentence_support_rate", "Sentence support"),
     ("context_precision", "Ctx precision (used)"),
     ("evidence_noise", "Evidence noise ↓"),
-    ("lexical_faithfulness", "Lexical faithfulness"),
     ("context_precision_gold", "Ctx P (gold)"),
 )
 JUDGE_COLUMNS = tuple((f"llm_judge_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER
@@ -126,9 +127,10 @@ def trust_counts_line(summaries: Mapping[str, Mapping]) -> str:
         counts = summary.get("trust_counts")
         if counts:
             parts.append(f"{name}: {counts.get('faithfulness', 0)} of {summary['examples']}")
-    return ("Grounding metrics (faithfulness, hallucination, support, context precision, "
-            "noise) are not applicable to answers given without retrieval; their means cover "
-            "the answers that retrieved — " + "; ".join(parts) + ".") if parts else ""
+    return ("Grounding metrics (faithfulness, hallucination, sentence similarity and "
+            "support, context precision, noise) are not applicable to answers given without "
+            "retrieval; their means cover the answers that retrieved — "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def kind_tables(summaries: Mapping[str, Mapping]) -> list[str]:
@@ -226,16 +228,19 @@ def dataset_label(dataset: str) -> str:
 
 
 def read_run_summary(run_dir: str | Path) -> tuple[str, dict[str, Mapping]]:
-    """(dataset, {pipeline: summary}) of an `eval` run folder, from its summary.json."""
+    """(dataset, {pipeline: summary}) of an `eval` run folder, from its summary.json (one
+    written under the trust metrics' old names read under today's: `migrate_summary`)."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         raise ConfigError(f"{path} not found: is {run_dir} a run folder written by "
                           "`sieverag eval` (and finished)?")
     data = parse_json(read_text(path, ConfigError), str(path), error=ConfigError)
     if (not isinstance(data, dict) or not isinstance(data.get("dataset"), str)
-            or not isinstance(data.get("pipelines"), dict)):
+            or not isinstance(data.get("pipelines"), dict)
+            or not all(isinstance(s, dict) for s in data["pipelines"].values())):
         raise ConfigError(f"{path}: not a run summary (expected {{dataset, pipelines}})")
-    return data["dataset"], data["pipelines"]
+    return data["dataset"], {name: migrate_summary(summary)
+                             for name, summary in data["pipelines"].items()}
 
 
 def collate_runs(run_dirs: Sequence[str | Path]) -> str:

@@ -12,8 +12,9 @@ ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit"
 # Trust metrics (inference/eval/trust.py), averaged over the answers where each is defined;
 # `trust_counts` says how many that is (grounding metrics: the answers that retrieved).
 TRUST_METRICS = ("answer_quality", "taas", "faithfulness", "hallucination_rate",
-                 "sentence_support_rate", "context_precision", "evidence_noise",
-                 "lexical_faithfulness", "lexical_context_use", "context_precision_gold")
+                 "sentence_similarity", "sentence_support_rate", "unsupported_sentence_rate",
+                 "context_precision", "evidence_noise", "lexical_context_use",
+                 "context_precision_gold")
 # The per-kind table (the study's Table 5): a question set's kinds (`kind` in its records).
 KIND_METRICS = ("accuracy", "answer_quality", "taas", "faithfulness", "hallucination_rate",
                 "context_precision", "retrieval_usage_rate")

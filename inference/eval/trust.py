@@ -1,4 +1,5 @@
-"""Trust-aware answer metrics as the Auto-RAG nutrition study defines them.
+"""Trust-aware answer metrics: the Auto-RAG nutrition study's, under its names, and our own
+sentence-level variants, under names of their own.
 
 Every metric is a pure function of the question, the answer, the retrieved context the
 generator read (documents; their sentences) and, where needed, a sentence encoder
@@ -13,13 +14,17 @@ are shared by several metrics:
   cos(embed(a), embed(c)) ≥ τ (`support_threshold`, 0.5 by default). Sentences are the
   data's own split where a Document has one, else `split_sentences`.
 
-Grounding metrics (faithfulness, hallucination rate, sentence support rate, context precision,
-evidence noise) are not applicable when r(q) = 0: they are None in the record and left out of
-the means, which say how many answers they cover. An answer with no sentence, a metric with no
-input (no reference, no context sentence) is None too, never a guess.
+The study's metrics: AQS (`answer_quality`), TAAS (`taas`), `faithfulness` (share of the
+answer's tokens found in the context), `hallucination_rate` (1 − faithfulness),
+`sentence_support_rate`, `context_precision`, `evidence_noise` and the six-criterion LLM judge.
+Ours, named for what they compute: `sentence_similarity` (mean best cosine of the answer's
+sentences to the context), `unsupported_sentence_rate` (1 − sentence support rate),
+`lexical_context_use` and `context_precision_gold`.
 
-`lexical_faithfulness` and `lexical_context_use` are token-overlap proxies kept for their
-cheapness; they are named for what they compute, not after RAGAS's model-based metrics.
+Grounding metrics (all but AQS, TAAS and the gold context precision) are not applicable when
+r(q) = 0: they are None in the record and left out of the means, which say how many answers
+they cover. An answer with no sentence (or no content token), a metric with no input (no
+reference, no context sentence) is None too, never a guess.
 """
 
 from __future__ import annotations
@@ -103,10 +108,10 @@ class SupportMatrix:
         return cls(claims, evidence, vectors[: len(claims)] @ vectors[len(claims):].T)
 
 
-def faithfulness(support: SupportMatrix) -> float | None:
-    """How closely the answer stays to the retrieved context.
+def sentence_similarity(support: SupportMatrix) -> float | None:
+    """Sentence similarity (ours): how closely the answer's sentences restate the context.
 
-    faithfulness = mean over answer sentences a of max over context sentences c of
+    sentence_similarity = mean over answer sentences a of max over context sentences c of
     max(0, cos(a, c)) — 1 when every sentence of the answer restates some sentence read.
     None when the answer has no sentence or nothing was read.
     """
@@ -124,11 +129,11 @@ def sentence_support_rate(support: SupportMatrix, threshold: float = SUPPORT_THR
     return float(np.mean(support.similarity.max(axis=1) >= threshold))
 
 
-def hallucination_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
-                       ) -> float | None:
-    """Share of answer sentences supported by no context sentence (max cos < `threshold`):
-    content the retrieved evidence does not back. Lower is better; 1 − sentence support rate
-    at the same threshold. None when the answer has no sentence or nothing was read."""
+def unsupported_sentence_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
+                              ) -> float | None:
+    """Unsupported sentence rate (ours): share of answer sentences supported by no context
+    sentence (max cos < `threshold`), 1 − sentence support rate at the same threshold. Lower
+    is better. None when the answer has no sentence or nothing was read."""
     rate = sentence_support_rate(support, threshold)
     return None if rate is None else 1.0 - rate
 
@@ -155,10 +160,10 @@ def evidence_noise(question: str, documents: Sequence[Evidence], embed: Embed,
     return float(np.mean(vectors[1:] @ vectors[0] < threshold))
 
 
-def lexical_faithfulness(answer: str, documents: Sequence[Evidence]) -> float | None:
-    """Token-overlap proxy: share of the answer's content tokens (lower-cased `\\w+`, stop words
-    dropped) that occur in the documents read. None when the answer has no content token or
-    nothing was read."""
+def faithfulness(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Faithfulness as the study defines it: the share of the answer's tokens found in the
+    context — its content tokens (lower-cased `\\w+`, stop words dropped) that occur in the
+    documents read. None when the answer has no content token or nothing was read."""
     claimed = content_tokens(answer)
     if not claimed or not documents:
         return None
@@ -168,9 +173,17 @@ def lexical_faithfulness(answer: str, documents: Sequence[Evidence]) -> float | 
     return len(claimed & read) / len(claimed)
 
 
+def hallucination_rate(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Hallucination rate as the study defines it: 1 − faithfulness, the share of the
+    answer's content tokens found nowhere in the documents read. Lower is better. None where
+    faithfulness is None."""
+    faithful = faithfulness(answer, documents)
+    return None if faithful is None else 1.0 - faithful
+
+
 def lexical_context_use(answer: str, documents: Sequence[Evidence]) -> float | None:
-    """Token-overlap proxy: share of the documents read that share at least one content token
-    with the answer. None when nothing was read."""
+    """Lexical context use (ours): share of the documents read that share at least one
+    content token with the answer. None when nothing was read."""
     if not documents:
         return None
     claimed = content_tokens(answer)
@@ -243,24 +256,25 @@ def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
 DEFAULT_TAAS = TAASWeights()
 
 
-def taas(quality: float | None, retrieved: bool, faithful: float | None = None,
-         hallucination: float | None = None,
-         weights: TAASWeights = DEFAULT_TAAS) -> float | None:
+def taas(quality: float | None, retrieved: bool, similarity: float | None = None,
+         support: float | None = None, weights: TAASWeights = DEFAULT_TAAS) -> float | None:
     """TAAS, the trust-aware answer score, with the study's r(q) switch.
 
     r(q) = 0 (answered without retrieval): TAAS = AQS — grounding is not applicable, so an
     answer the router rightly kept from retrieval is not penalised for reading nothing.
-    r(q) = 1: TAAS = (0.5·AQS + 0.25·faithfulness + 0.25·(1 − hallucination rate)) / Σ weights
-    of the terms defined (a None term is left out, the weights renormalised). Quality weighs
-    half: a grounded wrong answer is still wrong. None when AQS is None (no reference).
+    r(q) = 1: TAAS = (0.5·AQS + 0.25·sentence similarity + 0.25·sentence support rate) / Σ
+    weights of the terms defined (a None term is left out, the weights renormalised). Its
+    grounding terms are the sentence-level ones (sentence support rate = 1 − unsupported
+    sentence rate), not the study's token faithfulness and its complement, the hallucination
+    rate, which together would weigh one figure twice. Quality weighs half: a grounded wrong
+    answer is still wrong. None when AQS is None (no reference).
     """
     if quality is None:
         return None
     if not retrieved:
         return quality
-    grounding = None if hallucination is None else 1.0 - hallucination
-    return _weighted_mean({"quality": quality, "faithfulness": faithful,
-                           "grounding": grounding}, asdict(weights))
+    return _weighted_mean({"quality": quality, "sentence_similarity": similarity,
+                           "sentence_support": support}, asdict(weights))
 
 
 @dataclass(frozen=True)
@@ -271,11 +285,12 @@ class TrustReport:
     answer_quality: float | None
     faithfulness: float | None
     hallucination_rate: float | None
+    sentence_similarity: float | None
     sentence_support_rate: float | None
+    unsupported_sentence_rate: float | None
     context_precision: float | None
     evidence_noise: float | None
     taas: float | None
-    lexical_faithfulness: float | None
     lexical_context_use: float | None
     context_precision_gold: float | None
 
@@ -292,27 +307,28 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
                  taas_weights: TAASWeights = DEFAULT_TAAS) -> TrustReport:
     """Every trust metric of one answer. `retrieved` is r(q) (default: `documents`, what the
     generator read, is not empty); the grounding metrics are None when it is false, and when
-    nothing was read. Without `embed` the embedding metrics are None (the lexical ones
-    remain)."""
+    nothing was read. Without `embed` the embedding metrics are None (the token ones remain:
+    faithfulness, hallucination rate, lexical context use)."""
     retrieved = bool(documents) if retrieved is None else retrieved
-    quality = faithful = hallucinated = supported = precision = noise = None
+    quality = similarity = supported = unsupported = precision = noise = None
     if embed is not None:
         quality = answer_quality(answer, references, embed, keywords, quality_weights)
         if retrieved and documents:
             support = SupportMatrix.of(answer, documents, embed)
-            faithful = faithfulness(support)
+            similarity = sentence_similarity(support)
             supported = sentence_support_rate(support, support_threshold)
-            hallucinated = hallucination_rate(support, support_threshold)
+            unsupported = unsupported_sentence_rate(support, support_threshold)
             precision = context_precision(support, support_threshold)
             noise = evidence_noise(question, documents, embed, noise_threshold)
     return TrustReport(
-        retrieved=retrieved, answer_quality=quality, faithfulness=faithful,
-        hallucination_rate=hallucinated, sentence_support_rate=supported,
-        context_precision=precision, evidence_noise=noise,
-        taas=taas(quality, retrieved, faithful, hallucinated, taas_weights),
-        lexical_faithfulness=lexical_faithfulness(answer, documents) if retrieved else None,
+        retrieved=retrieved, answer_quality=quality,
+        # (the token metrics are None when nothing was read)
+        faithfulness=faithfulness(answer, documents) if retrieved else None,
+        hallucination_rate=hallucination_rate(answer, documents) if retrieved else None,
+        sentence_similarity=similarity, sentence_support_rate=supported,
+        unsupported_sentence_rate=unsupported, context_precision=precision,
+        evidence_noise=noise, taas=taas(quality, retrieved, similarity, supported, taas_weights),
         lexical_context_use=lexical_context_use(answer, documents) if retrieved else None,
-        # (both are None when nothing was read)
         context_precision_gold=context_precision_gold(documents),
     )
 
