@@ -1,0 +1,33 @@
+"""MkDocs hook: the Presets section of the configuration page, from the shipped preset files.
+
+`docs/configuration.md` holds the line `<!-- presets -->`; the build replaces it with each
+YAML file of `inference/presets/` (what `--preset NAME` reads), comments included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+MARKER = "<!-- presets -->"
+PAGE = "configuration.md"
+PRESETS = Path(__file__).resolve().parents[2] / "inference" / "presets"
+
+
+def presets_reference() -> str:
+    """A section per preset file: its name as `--preset` takes it, then the file."""
+    files = sorted(PRESETS.glob("*.yaml"))
+    if not files:
+        raise PluginError(f"no preset files in {PRESETS}")
+    return "\n".join(f"### {path.stem}\n\n`--preset {path.stem}` "
+                     f"(`inference/presets/{path.name}`):\n\n```yaml\n"
+                     f"{path.read_text(encoding='utf-8').rstrip()}\n```\n" for path in files)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri != PAGE:
+        return markdown
+    if MARKER not in markdown:
+        raise PluginError(f"{PAGE} lost its {MARKER} line: the presets have nowhere to go")
+    return markdown.replace(MARKER, presets_reference())
