@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.config import RetrievalConfig, RunConfig, eval_judge_spec
+from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
@@ -165,7 +165,7 @@ def _router_encoder(config: RouterConfig) -> Encoder | None:
 def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
                   ) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for a run's plan, and the role backends (for usage; with
-    the LLM grader where `trust.llm_judge` asks for one). Over an index, what evidence hygiene
+    the LLM grader where `trust.llm_grader` asks for one). Over an index, what evidence hygiene
     removes from each search is added to `removed` (a run takes it per question)."""
     config = plan.config
     index = None
@@ -181,9 +181,9 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
     router_config = plan.settings(RouterConfig)
     router_encoder = _router_encoder(router_config) if routed else None  # before the models
     roles = build_roles(config.models, plan.roles)
-    if config.trust.enabled and config.trust.llm_judge:
+    if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
-        roles = replace(roles, grader=build_backend(eval_judge_spec(config)))
+        roles = replace(roles, grader=build_backend(grader_spec(config)))
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,

@@ -6,8 +6,6 @@ from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import model_validator
-
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.registry import BackendSpec
@@ -16,7 +14,12 @@ from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
 from sieverag.inference.roles import ModelRoles
-from sieverag.inference.settings import load_settings, settings, settings_to_yaml
+from sieverag.inference.settings import (
+    load_settings,
+    reads_old_keys,
+    settings,
+    settings_to_yaml,
+)
 
 
 @settings
@@ -94,20 +97,21 @@ class TAASWeights:
     sentence_support: float = field(default=0.25, metadata={
         "help": "weight of the sentence support rate (1 − unsupported sentence rate)"})
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_old_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {_OLD_TAAS_KEYS.get(key, key): value for key, value in data.items()}
-        return data
+    _read_old_keys = reads_old_keys(_OLD_TAAS_KEYS)
 
     def __post_init__(self) -> None:
         _check_weights("trust.taas", asdict(self))
 
 
+# Trust keys before the answer-grading LLM was named the grader, "judge" being the MAIN-RAG
+# judge's name (docs/compatibility.md): a config.yaml of an older run still reads.
+_OLD_TRUST_KEYS = {"llm_judge": "llm_grader", "judge_model": "grader_model"}
+
+
 @settings
 class TrustConfig:
-    """Trust-aware metrics computed for every answer (inference/eval/trust.py)."""
+    """Trust-aware metrics computed for every answer (inference/eval/trust.py); the old keys
+    `llm_judge` and `judge_model` are read as `llm_grader` and `grader_model`."""
 
     enabled: bool = field(default=True, metadata={"help": "compute trust metrics"})
     embedding_model: str = field(default="all-minilm-l6-v2",
@@ -120,12 +124,14 @@ class TrustConfig:
                                     metadata={"help": "AQS weights"})
     taas: TAASWeights = field(default_factory=TAASWeights, metadata={
         "help": "TAAS weights when the answer retrieved"})
-    llm_judge: bool = field(default=False,
-                            metadata={"help": "also grade answers 1-5 with an LLM judge"})
-    judge_model: BackendSpec | None = field(default=None, metadata={
-        "help": "the LLM judge's model, in-process or served (unset: the models.judge role's, "
+    llm_grader: bool = field(default=False,
+                             metadata={"help": "also grade answers 1-5 with an LLM grader"})
+    grader_model: BackendSpec | None = field(default=None, metadata={
+        "help": "the LLM grader's model, in-process or served (unset: the models.judge role's, "
                 "which is the generator's unless set: the generator then grades itself, and "
                 "the summary says so)"})
+
+    _read_old_keys = reads_old_keys(_OLD_TRUST_KEYS)
 
     def __post_init__(self) -> None:
         for name in ("support_threshold", "noise_threshold"):
@@ -134,10 +140,10 @@ class TrustConfig:
                 raise ConfigError(f"trust.{name} is a cosine in [-1, 1], got {value}")
 
 
-def eval_judge_spec(config: RunConfig) -> BackendSpec:
-    """The LLM judge's model of the trust metrics: `trust.judge_model`, else the MAIN-RAG
-    judge role's (itself the generator's unless `models.judge` is set)."""
-    return config.trust.judge_model or config.models.judge_spec
+def grader_spec(config: RunConfig) -> BackendSpec:
+    """The trust metrics' LLM grader's model: `trust.grader_model`, else the MAIN-RAG judge
+    role's (itself the generator's unless `models.judge` is set)."""
+    return config.trust.grader_model or config.models.judge_spec
 
 
 # Every command that runs pipelines (eval's RunConfig, demo, ask) declares `models` with this

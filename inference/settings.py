@@ -8,6 +8,8 @@
   folder's config.yaml), then flags (`--limit 5`, nested fields as dotted flags:
   `--amber.collector.max-queries 3`). Later sources override earlier ones key by key.
 * `load_settings` / `settings_to_yaml` read and write a config as YAML, strictly.
+* `reads_old_keys(OLD_TO_NEW)` lets a config class read the keys it had before a rename
+  (a run folder's old config.yaml still loads).
 
 Flags come from pydantic-settings' command-line source, so every command spells them the
 same way: kebab-case names, `--flag/--no-flag` for booleans, comma-separated lists.
@@ -18,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from yaml.reader import ReaderError
 
@@ -63,6 +65,18 @@ def settings(cls: type[T]) -> type[T]:
 
     made.__init__ = __init__
     return made
+
+
+def reads_old_keys(old_to_new: Mapping[str, str]) -> Any:
+    """A before-validator for a config class's body (`_read_old_keys = reads_old_keys({...})`):
+    a mapping given to the class reads each old key of `old_to_new` as its new one."""
+
+    def read_old_keys(data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {old_to_new.get(key, key): value for key, value in data.items()}
+        return data
+
+    return model_validator(mode="before")(read_old_keys)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,12 +66,12 @@ def test_amber_filters_read_the_options_and_its_query_stays_the_plain_question(p
     assert output.trace["queries"] == [ARC.question]
 
 
-def test_the_llm_judge_of_the_trust_metrics_reads_the_options_too():
+def test_the_llm_grader_of_the_trust_metrics_reads_the_options_too():
     backend = scripted()
     context = PipelineContext(generator=backend, judge_backend=backend)
     output = build_pipeline("main-rag", context).run(ARC)
     trust_metrics(ARC, output, None, TrustConfig(), backend)
-    (graded,) = prompts_of(backend, "eval_judge")
+    (graded,) = prompts_of(backend, "grader")
     assert all(option in graded for option in OPTIONS.values())
 
 

@@ -1,7 +1,9 @@
 """A run folder written before the trust metrics took the Auto-RAG study's names (cosine
 `faithfulness`, `hallucination_rate` = 1 − sentence support, `lexical_faithfulness`, TAAS
-weights `faithfulness`/`grounding`) still loads, summarises, reports, collates and exports,
-under today's names (inference/eval/migration.py, docs/compatibility.md)."""
+weights `faithfulness`/`grounding`) and before their answer-grading LLM was named the grader
+(`trust.llm_judge`/`judge_model`, a record's `llm_judge` grades, a summary's `llm_judge_*`)
+still loads, summarises, reports, collates and exports, under today's names
+(inference/eval/migration.py, docs/compatibility.md)."""
 
 from __future__ import annotations
 
@@ -13,21 +15,32 @@ import pytest
 from sieverag.cli import main
 from sieverag.inference.config import RunConfig, TAASWeights, TrustConfig, load_run_config
 from sieverag.inference.eval.export import export_run
-from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.eval.report import TRUST_COLUMNS, comparison_table, read_run_summary
+from sieverag.inference.eval.records import EvalRecord, GraderGrades, TrustMetrics
+from sieverag.inference.eval.report import (
+    GRADER_COLUMNS,
+    TRUST_COLUMNS,
+    comparison_table,
+    read_run_summary,
+    write_report,
+)
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.io_utils import JsonlLog
+from sieverag.inference.llm.registry import BackendSpec
 
 OLD_CONFIG = """dataset: data/nutrition.jsonl
 pipelines: [vanilla]
 trust:
   taas: {quality: 0.5, faithfulness: 0.3, grounding: 0.2}
+  llm_judge: true
+  judge_model: {model: grader-model}
 """
+OLD_GRADES = {"correctness": 4, "relevance": 5, "completeness": 3, "evidence_grounding": 4,
+              "hallucination_risk": 2, "overall": 4, "error": None}
 OLD_TRUST = {"retrieved": True, "answer_quality": 0.6, "faithfulness": 0.7,
              "hallucination_rate": 0.5, "sentence_support_rate": 0.5,
              "context_precision": 0.25, "evidence_noise": 0.5, "taas": 0.6,
              "lexical_faithfulness": 0.75, "lexical_context_use": 1.0,
-             "context_precision_gold": None}
+             "context_precision_gold": None, "llm_judge": OLD_GRADES}
 OLD_RECORD = {"id": "q1", "question": "Where is Paris?", "answers": ["France"],
               "kind": "factual", "prediction": "Paris is in France.",
               "raw_prediction": "Paris is in France.",
@@ -51,7 +64,11 @@ OLD_SUMMARY = {"examples": 1, "accuracy": 1.0, "answer_quality": 0.6, "taas": 0.
                                        "retrieval_usage_rate": 1.0, "answer_quality": 0.6,
                                        "taas": 0.6, "faithfulness": 0.7,
                                        "hallucination_rate": 0.5, "context_precision": 0.25}},
-               "retrieval_usage_rate": 1.0}
+               "retrieval_usage_rate": 1.0,
+               "llm_judge_correctness": 4.0, "llm_judge_relevance": 5.0,
+               "llm_judge_completeness": 3.0, "llm_judge_evidence_grounding": 4.0,
+               "llm_judge_hallucination_risk": 2.0, "llm_judge_overall": 4.0,
+               "llm_judge_invalid": 0}
 
 
 @pytest.fixture()
@@ -61,17 +78,20 @@ def old_run(tmp_path: Path) -> Path:
     (run / "config.yaml").write_text(OLD_CONFIG, encoding="utf-8")
     (run / "results" / "vanilla.jsonl").write_text(json.dumps(OLD_RECORD) + "\n",
                                                    encoding="utf-8")
-    (run / "summary.json").write_text(json.dumps({"dataset": "data/nutrition.jsonl",
-                                                  "pipelines": {"vanilla": OLD_SUMMARY}}),
-                                      encoding="utf-8")
+    (run / "summary.json").write_text(json.dumps({
+        "dataset": "data/nutrition.jsonl",
+        "llm_judge": {"model": "grader-model", "self_graded": False},
+        "pipelines": {"vanilla": OLD_SUMMARY}}), encoding="utf-8")
     return run
 
 
-def test_old_config_reads_its_taas_weights_under_the_new_keys(old_run: Path) -> None:
+def test_old_config_reads_its_taas_weights_and_grader_under_the_new_keys(old_run: Path) -> None:
     weights = TAASWeights(quality=0.5, sentence_similarity=0.3, sentence_support=0.2)
+    trust = TrustConfig(taas=weights, llm_grader=True,
+                        grader_model=BackendSpec(model="grader-model"))
     # The same run as today's config of it: `eval` resumes the folder.
     assert load_run_config(old_run / "config.yaml") == RunConfig(
-        dataset="data/nutrition.jsonl", pipelines=("vanilla",), trust=TrustConfig(taas=weights))
+        dataset="data/nutrition.jsonl", pipelines=("vanilla",), trust=trust)
 
 
 def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> None:
@@ -83,15 +103,28 @@ def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> No
     assert trust.sentence_similarity == 0.7  # the old cosine "faithfulness"
     assert trust.unsupported_sentence_rate == 0.5  # the old "hallucination_rate"
     assert (trust.sentence_support_rate, trust.taas) == (0.5, 0.6)  # unchanged
-    assert "lexical_faithfulness" not in record.to_json()["trust"]
+    assert trust.llm_grader == GraderGrades(**OLD_GRADES)
+    assert {"lexical_faithfulness", "llm_judge"}.isdisjoint(record.to_json()["trust"])
     summary = summarize([record])
     assert (summary["faithfulness"], summary["hallucination_rate"]) == (0.75, 0.25)
     assert summary["sentence_similarity"] == 0.7
     assert summary["unsupported_sentence_rate"] == 0.5
+    assert (summary["grader_overall"], summary["grader_invalid"]) == (4.0, 0)
+
+
+def test_a_record_written_between_the_renames_reads_its_grades_only_renamed() -> None:
+    """Today's metric names, the old grader name: the metrics are left as they are."""
+    between = {**{key: value for key, value in OLD_TRUST.items()
+                  if key not in ("faithfulness", "hallucination_rate", "lexical_faithfulness")},
+               "faithfulness": 0.75, "hallucination_rate": 0.25, "sentence_similarity": 0.7,
+               "unsupported_sentence_rate": 0.5}
+    trust = TrustMetrics.model_validate(between)
+    assert (trust.faithfulness, trust.hallucination_rate) == (0.75, 0.25)
+    assert trust.llm_grader == GraderGrades(**OLD_GRADES)
 
 
 def test_an_old_summary_reports_and_collates_under_the_new_names(
-        old_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        old_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, summaries = read_run_summary(old_run)
     summary = summaries["vanilla"]
     assert summary["faithfulness"] == 0.6667
@@ -108,6 +141,15 @@ def test_an_old_summary_reports_and_collates_under_the_new_names(
     table = comparison_table(summaries, TRUST_COLUMNS)
     assert "| Faithfulness | Hallucination ↓ | Sentence similarity |" in table
     assert "| vanilla | 1 | 1.000 | 0.600 | 0.600 | 0.667 | 0.333 | 0.700 | 0.500 |" in table
+    assert summary["grader_hallucination_risk"] == 2.0 and summary["grader_invalid"] == 0
+    assert not any(key.startswith("llm_judge") for key in summary)
+    grades = comparison_table(summaries, GRADER_COLUMNS)
+    assert "| correctness | relevance | completeness | evidence grounding |" in grades
+    assert "| vanilla | 1 | 4.000 | 5.000 | 3.000 | 4.000 | 2.000 | 4.000 | 0 |" in grades
+    records = JsonlLog(old_run / "results" / "vanilla.jsonl").read_records(EvalRecord)
+    report = write_report(tmp_path / "report", "data/nutrition.jsonl", summaries,
+                          {"vanilla": records}).read_text(encoding="utf-8")
+    assert "LLM grader (1-5; ↓ lower is better)" in report and grades in report
     assert main(["report", "--runs", str(old_run)]) == 0
     assert "| vanilla | 1.000 |" in capsys.readouterr().out
 

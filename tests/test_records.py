@@ -29,7 +29,7 @@ GRADES = json.dumps({"correctness": 4, "relevance": 5, "completeness": 3,
 
 
 def records(pipeline: str, *, retrieve: bool = True) -> list[EvalRecord]:
-    """One record of `pipeline` on the scripted agents, with the trust metrics and judge."""
+    """One record of `pipeline` on the scripted agents, with the trust metrics and grader."""
     backend = ScriptedBackend(reply=lambda text: GRADES if "overall" in text else
                               Agents().reply(text), labels=Agents().labels)
     # The sentence stage and the stack write every filter detail; the router's bars decide.
@@ -61,9 +61,9 @@ def test_a_record_is_read_back_unchanged(tmp_path: Path, pipeline: str, retrieve
     line = json.loads(log.path.read_text(encoding="utf-8"))
     assert line == written and json.dumps(read.to_json()) == json.dumps(line)
     assert ("filter" in line) == (pipeline != "auto" or retrieve)
-    assert set(line["trust"]) >= {"faithfulness", "llm_judge"}
+    assert set(line["trust"]) >= {"faithfulness", "llm_grader"}
     assert line["trust"]["answer_quality"] is None  # no embedding model: null, not a guess
-    assert line["trust"]["llm_judge"]["overall"] == 4
+    assert line["trust"]["llm_grader"]["overall"] == 4
     if pipeline == "amber-stack":
         scored = line["trace"]["rounds"][0]["scored"][0]
         assert {"title", "p_yes", "filter_score", "bm25", "mcf_score", "judge_kept",

@@ -257,7 +257,7 @@ def test_a_preset_supplies_defaults_that_flags_override():
 
 def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
     """Annotated questions (reference, keywords, kind): grounding is null without retrieval,
-    TAAS is AQS there; the summary has the per-kind table and every judge criterion, and says
+    TAAS is AQS there; the summary has the per-kind table and every grader criterion, and says
     the generator graded itself."""
     dataset = tmp_path / "annotated.jsonl"
     rows = [{"id": f"q{i}", "question": f"Which vitamin prevents disease {i}?",
@@ -268,7 +268,7 @@ def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
     config = tiny_config(dataset, tiny_model_dir, pipelines=("direct", "vanilla"), limit=None)
-    config = replace(config, trust=replace(config.trust, llm_judge=True))
+    config = replace(config, trust=replace(config.trust, llm_grader=True))
     summaries = runner.run_evaluation(config, out, progress=False)
     direct = [json.loads(line) for line in (out / "results" / "direct.jsonl").open()]
     vanilla = [json.loads(line) for line in (out / "results" / "vanilla.jsonl").open()]
@@ -278,7 +278,7 @@ def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
         trust = record["trust"]
         assert trust["retrieved"] is False and trust["taas"] == trust["answer_quality"]
         assert trust["faithfulness"] is None and trust["hallucination_rate"] is None
-        assert trust["llm_judge"]["evidence_grounding"] is None
+        assert trust["llm_grader"]["evidence_grounding"] is None
     for record in vanilla:
         assert record["trust"]["retrieved"] is True
         assert 0.0 <= record["trust"]["faithfulness"] <= 1.0
@@ -289,10 +289,11 @@ def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
     assert summaries["direct"]["retrieval_usage_rate"] == 0.0
     assert set(summaries["vanilla"]["by_kind"]) == {"factual", "conceptual"}
     # the random tiny model writes no verdict: every reply counted invalid, none guessed
-    assert summaries["vanilla"]["llm_judge_invalid"] == 3
-    assert summaries["vanilla"]["llm_judge_overall"] is None
+    assert summaries["vanilla"]["grader_invalid"] == 3
+    assert summaries["vanilla"]["grader_overall"] is None
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["llm_judge"] == {"model": str(tiny_model_dir), "self_graded": True}
+    assert summary["grader"] == {"model": str(tiny_model_dir), "self_graded": True}
     report = (out / "report.md").read_text()
     assert "## By question kind" in report and "### conceptual" in report
     assert "direct: 0 of 3; vanilla: 3 of 3" in report
+    assert "LLM grader (1-5; ↓ lower is better)" in report and "LLM judge" not in report

@@ -10,10 +10,10 @@ import pytest
 from sieverag.inference.config import QualityWeights, TAASWeights, TrustConfig
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.trust import (
-    JUDGE_CRITERIA,
-    JUDGE_PROMPT,
-    JUDGE_PROMPT_NO_CONTEXT,
-    JudgeItem,
+    GRADER_CRITERIA,
+    GRADER_PROMPT,
+    GRADER_PROMPT_NO_CONTEXT,
+    GraderItem,
     SupportMatrix,
     answer_quality,
     content_tokens,
@@ -21,11 +21,11 @@ from sieverag.inference.eval.trust import (
     context_precision_gold,
     evidence_noise,
     faithfulness,
+    grade_answers,
     hallucination_rate,
-    judge_answers,
     keyword_coverage,
     lexical_context_use,
-    parse_judge_reply,
+    parse_grader_reply,
     sentence_similarity,
     sentence_support_rate,
     taas,
@@ -192,7 +192,7 @@ def test_trust_config_checks_its_thresholds() -> None:
         TrustConfig(noise_threshold=2.0)
 
 
-# --- LLM judge ------------------------------------------------------------------------------
+# --- LLM grader -----------------------------------------------------------------------------
 
 class FakeBackend:
     """Returns a canned reply and records the conversations it was sent."""
@@ -221,10 +221,10 @@ VALID = ('{"correctness": 5, "relevance": 4, "completeness": 3, "evidence_ground
          '"hallucination_risk": 4, "overall": 4}')
 
 
-def test_judge_builds_prompt_and_parses_scores() -> None:
+def test_grader_builds_prompt_and_parses_scores() -> None:
     backend = FakeBackend(f"Here you go:\n```json\n{VALID}\n```")
-    (verdict,) = judge_answers(backend, [JudgeItem("Capital of France?", "Paris", "Paris",
-                                                   DOCS[:1])])
+    (verdict,) = grade_answers(backend, [GraderItem("Capital of France?", "Paris", "Paris",
+                                                    DOCS[:1])])
     assert verdict.ok and verdict.scores() == {
         "correctness": 5, "relevance": 4, "completeness": 3, "evidence_grounding": 5,
         "hallucination_risk": 4, "overall": 4}
@@ -247,31 +247,32 @@ def test_judge_builds_prompt_and_parses_scores() -> None:
     (VALID.replace('"overall": 4', '"overall": true'), "not an integer 1-5: overall"),
     ("[1, 2]", "no JSON object"),
 ])
-def test_judge_invalid_replies_give_none_scores(reply: str, reason: str) -> None:
-    (verdict,) = judge_answers(FakeBackend(reply), [JudgeItem("q", "a", "r", DOCS[:1])])
+def test_grader_invalid_replies_give_none_scores(reply: str, reason: str) -> None:
+    (verdict,) = grade_answers(FakeBackend(reply), [GraderItem("q", "a", "r", DOCS[:1])])
     assert not verdict.ok and reason in (verdict.error or "")
-    assert all(verdict.scores()[name] is None for name in JUDGE_CRITERIA)
+    assert all(verdict.scores()[name] is None for name in GRADER_CRITERIA)
     assert verdict.raw == reply
 
 
 def test_parse_ignores_extra_keys_and_prompt_file_is_valid() -> None:
-    assert parse_judge_reply(VALID[:-1] + ', "why": "fine"}').overall == 4
-    template = load_template(JUDGE_PROMPT)
-    assert template.name == "llm_judge_eval"
+    assert parse_grader_reply(VALID[:-1] + ', "why": "fine"}').overall == 4
+    template = load_template(GRADER_PROMPT)
+    assert template.name == "answer_grader"
     assert template.inputs == ("question", "answer", "reference", "documents")
 
 
-def test_judge_without_retrieval_asks_no_grounding() -> None:
+def test_grader_without_retrieval_asks_no_grounding() -> None:
     reply = ('{"correctness": 2, "relevance": 4, "completeness": 3, "hallucination_risk": 1, '
              '"overall": 3}')
     backend = FakeBackend(reply)
-    (verdict,) = judge_answers(backend, [JudgeItem("Capital of France?", "Lyon", "Paris")])
+    (verdict,) = grade_answers(backend, [GraderItem("Capital of France?", "Lyon", "Paris")])
     assert verdict.ok and verdict.evidence_grounding is None and verdict.hallucination_risk == 1
     system, user = backend.prompts[0]
     assert "evidence_grounding" not in system["content"] + user["content"]
     assert "Documents" not in user["content"]
     # a grounding score given anyway is ignored; one missing with retrieval is an error
-    assert parse_judge_reply(VALID, retrieved=False).evidence_grounding is None
-    assert "missing score(s): evidence_grounding" in parse_judge_reply(reply).error
-    template = load_template(JUDGE_PROMPT_NO_CONTEXT)
+    assert parse_grader_reply(VALID, retrieved=False).evidence_grounding is None
+    assert "missing score(s): evidence_grounding" in parse_grader_reply(reply).error
+    template = load_template(GRADER_PROMPT_NO_CONTEXT)
+    assert template.name == "answer_grader_no_context"
     assert template.inputs == ("question", "answer", "reference")

@@ -1,5 +1,5 @@
 """Trust metrics across a run: not-applicable values left out of the means (and counted),
-the LLM judge's every criterion, the per-kind table and the per-question Δ(auto − direct)."""
+the LLM grader's every criterion, the per-kind table and the per-question Δ(auto − direct)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from sieverag.inference.eval.records import (
     AnswerMetrics,
     EvalRecord,
-    LLMJudgeGrades,
+    GraderGrades,
     TrustMetrics,
 )
 from sieverag.inference.eval.report import delta_table, kind_tables, trust_counts_line
@@ -16,7 +16,7 @@ from sieverag.inference.eval.summary import summarize
 
 
 def trust(retrieved: bool, quality: float, taas: float, faithful: float | None = None,
-          judge: LLMJudgeGrades | None = None) -> TrustMetrics:
+          graded: GraderGrades | None = None) -> TrustMetrics:
     grounding = faithful if retrieved else None
     return TrustMetrics(
         retrieved=retrieved, answer_quality=quality, taas=taas, faithfulness=grounding,
@@ -24,7 +24,7 @@ def trust(retrieved: bool, quality: float, taas: float, faithful: float | None =
         sentence_similarity=grounding, sentence_support_rate=grounding,
         unsupported_sentence_rate=None if grounding is None else 1 - grounding,
         context_precision=grounding, evidence_noise=grounding, lexical_context_use=grounding,
-        context_precision_gold=None, llm_judge=judge)
+        context_precision_gold=None, llm_grader=graded)
 
 
 def record(question_id: str, kind: str, trust_metrics: TrustMetrics,
@@ -38,20 +38,20 @@ def record(question_id: str, kind: str, trust_metrics: TrustMetrics,
         seconds=0.1, trust=trust_metrics)
 
 
-def grades(grounding: int | None, risk: int) -> LLMJudgeGrades:
-    return LLMJudgeGrades(correctness=4, relevance=5, completeness=3,
-                          evidence_grounding=grounding, hallucination_risk=risk, overall=4,
-                          error=None)
+def grades(grounding: int | None, risk: int) -> GraderGrades:
+    return GraderGrades(correctness=4, relevance=5, completeness=3,
+                        evidence_grounding=grounding, hallucination_risk=risk, overall=4,
+                        error=None)
 
 
-INVALID = LLMJudgeGrades(correctness=None, relevance=None, completeness=None,
-                         evidence_grounding=None, hallucination_risk=None, overall=None,
-                         error="no JSON object in the reply")
+INVALID = GraderGrades(correctness=None, relevance=None, completeness=None,
+                       evidence_grounding=None, hallucination_risk=None, overall=None,
+                       error="no JSON object in the reply")
 
 # auto: q1 retrieved, q2 and q3 answered alone; direct: nothing retrieved
 AUTO = [record("q1", "factual", trust(True, 0.8, 0.7, 0.6, grades(4, 1)), accuracy=1.0),
-        record("q2", "factual", trust(False, 0.5, 0.5, judge=grades(None, 2))),
-        record("q3", "conceptual", trust(False, 0.2, 0.2, judge=INVALID))]
+        record("q2", "factual", trust(False, 0.5, 0.5, graded=grades(None, 2))),
+        record("q3", "conceptual", trust(False, 0.2, 0.2, graded=INVALID))]
 DIRECT = [record("q1", "factual", trust(False, 0.4, 0.4)),
           record("q2", "factual", trust(False, 0.5, 0.5)),
           record("q3", "conceptual", trust(False, 0.3, 0.3))]
@@ -69,13 +69,13 @@ def test_grounding_means_leave_out_answers_without_retrieval_and_say_how_many() 
     assert "auto: 1 of 3" in trust_counts_line({"auto": summary})
 
 
-def test_every_judge_criterion_is_aggregated_with_its_invalid_replies() -> None:
+def test_every_grader_criterion_is_aggregated_with_its_invalid_replies() -> None:
     summary = summarize(AUTO)
-    assert summary["llm_judge_correctness"] == 4.0
-    assert summary["llm_judge_evidence_grounding"] == 4.0  # q1 only: N/A for q2
-    assert summary["llm_judge_hallucination_risk"] == 1.5  # lower is better
-    assert summary["llm_judge_overall"] == 4.0
-    assert summary["llm_judge_invalid"] == 1
+    assert summary["grader_correctness"] == 4.0
+    assert summary["grader_evidence_grounding"] == 4.0  # q1 only: N/A for q2
+    assert summary["grader_hallucination_risk"] == 1.5  # lower is better
+    assert summary["grader_overall"] == 4.0
+    assert summary["grader_invalid"] == 1
 
 
 def test_by_kind_is_the_studys_table_5() -> None:

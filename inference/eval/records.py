@@ -27,7 +27,7 @@ from sieverag.inference.eval.metrics import (
     token_f1,
 )
 from sieverag.inference.eval.migration import migrate_trust
-from sieverag.inference.eval.trust import Embed, JudgeItem, judge_answers, trust_report
+from sieverag.inference.eval.trust import Embed, GraderItem, grade_answers, trust_report
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
@@ -86,8 +86,8 @@ class FilterRecord(JsonlRecord):
     scores: list[ScoredDocumentRecord] = Field(description="every scored document, in order")
 
 
-class LLMJudgeGrades(JsonlRecord):
-    """The LLM judge's 1-5 grades (`trust.JudgeVerdict`): higher is better except
+class GraderGrades(JsonlRecord):
+    """The LLM grader's 1-5 grades (`trust.GraderVerdict`): higher is better except
     `hallucination_risk` (1 = nothing invented); `evidence_grounding` None without retrieval
     (not applicable); all None when its reply was invalid."""
 
@@ -128,8 +128,8 @@ class TrustMetrics(JsonlRecord):
                                                           "answer")
     context_precision_gold: float | None = Field(description="share of the documents read "
                                                              "that are gold")
-    llm_judge: LLMJudgeGrades | None = Field(
-        None, description="the LLM judge's grades (absent unless trust.llm_judge)")
+    llm_grader: GraderGrades | None = Field(
+        None, description="the LLM grader's grades (absent unless trust.llm_grader)")
 
     _read_old_names = model_validator(mode="before")(migrate_trust)
 
@@ -279,10 +279,10 @@ def answered_with_retrieval(route: RouteDecision | Mapping[str, Any] | None,
 
 
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
-                  config: TrustConfig, llm_judge: LLMBackend | None = None) -> TrustMetrics:
+                  config: TrustConfig, grader: LLMBackend | None = None) -> TrustMetrics:
     """Trust metrics of the answer against what the generator read (inference/eval/trust.py):
     against the example's reference answer where it has one (`metadata["reference"]`, with
-    its `keywords`), else its gold aliases; optionally the LLM judge's 1-5 grades."""
+    its `keywords`), else its gold aliases; optionally the LLM grader's 1-5 grades."""
     reference = example.metadata.get("reference")
     report = trust_report(
         question_text(example), output.answer, output.documents_read,
@@ -292,9 +292,9 @@ def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
         noise_threshold=config.noise_threshold, quality_weights=config.quality,
         taas_weights=config.taas)
     metrics = TrustMetrics(**report.to_dict())
-    if llm_judge is not None:
-        verdict = judge_answers(llm_judge, [JudgeItem(
+    if grader is not None:
+        verdict = grade_answers(grader, [GraderItem(
             question_text(example), output.answer, reference or example.answers[0],
             output.documents_read)])[0]
-        metrics.llm_judge = LLMJudgeGrades(**verdict.scores(), error=verdict.error)
+        metrics.llm_grader = GraderGrades(**verdict.scores(), error=verdict.error)
     return metrics

@@ -8,7 +8,7 @@ from pathlib import Path
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.migration import migrate_summary
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.eval.trust import JUDGE_CRITERIA, LOWER_IS_BETTER
+from sieverag.inference.eval.trust import GRADER_CRITERIA, LOWER_IS_BETTER
 from sieverag.inference.io_utils import parse_json, read_text, write_atomic
 
 TABLE_COLUMNS = (
@@ -53,9 +53,9 @@ TRUST_COLUMNS = (
     ("evidence_noise", "Evidence noise ↓"),
     ("context_precision_gold", "Ctx P (gold)"),
 )
-JUDGE_COLUMNS = tuple((f"llm_judge_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER
-                                                               else ""))
-                      for c in JUDGE_CRITERIA) + (("llm_judge_invalid", "invalid replies"),)
+GRADER_COLUMNS = tuple(
+    (f"grader_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER else ""))
+    for c in GRADER_CRITERIA) + (("grader_invalid", "invalid replies"),)
 # Per-question Δ(auto − LLM-only) of these (the study's comparison of routing with the model
 # alone), per kind where the records have kinds.
 DELTA_METRICS = (("taas", "TAAS"), ("answer_quality", "AQS"))
@@ -190,10 +190,10 @@ def write_report(
     parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), "",
              "Trust-aware metrics (inference/eval/trust.py; ↓ lower is better):\n",
              comparison_table(summaries, TRUST_COLUMNS), "", trust_counts_line(summaries), ""]
-    if any(s.get("llm_judge_overall") is not None or s.get("llm_judge_invalid")
+    if any(s.get("grader_overall") is not None or s.get("grader_invalid")
            for s in summaries.values()):
-        parts += ["LLM judge (1-5; ↓ lower is better):\n",
-                  comparison_table(summaries, JUDGE_COLUMNS), ""]
+        parts += ["LLM grader (1-5; ↓ lower is better):\n",
+                  comparison_table(summaries, GRADER_COLUMNS), ""]
     parts += kind_tables(summaries)
     auto = next((name for name in summaries if name.startswith("auto")), "auto")
     parts += delta_table(records, auto)

@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sieverag.inference.compose import RunPlan, build_context, plan_run
-from sieverag.inference.config import RunConfig, eval_judge_spec, load_run_config
+from sieverag.inference.config import RunConfig, grader_spec, load_run_config
 from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.records import (
@@ -177,9 +177,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
         order = {example_id: i for i, example_id in enumerate(ids)}
         all_records[name] = sorted(records, key=lambda r: order[r.id])
     summaries = {name: summarize(records) for name, records in all_records.items()}
-    graded = ({"llm_judge": {"model": eval_judge_spec(config).model,
-                             "self_graded": eval_judge_spec(config) == config.models.generator}}
-              if config.trust.enabled and config.trust.llm_judge else {})
+    graded = ({"grader": {"model": grader_spec(config).model,
+                          "self_graded": grader_spec(config) == config.models.generator}}
+              if config.trust.enabled and config.trust.llm_grader else {})
     write_atomic(
         out_dir / "summary.json",
         json.dumps({"dataset": config.dataset, **graded, "pipelines": summaries},

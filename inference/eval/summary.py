@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 from sieverag.inference.eval.records import EvalRecord, answered_with_retrieval
-from sieverag.inference.eval.trust import JUDGE_CRITERIA
+from sieverag.inference.eval.trust import GRADER_CRITERIA
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit")
 # Trust metrics (inference/eval/trust.py), averaged over the answers where each is defined;
@@ -32,7 +32,7 @@ def retrieval_usage(records: Sequence[EvalRecord]) -> float | None:
 
 def trust_summary(records: Sequence[EvalRecord]) -> dict:
     """Each trust metric's mean over the answers where it is defined, how many those are
-    (`trust_counts`), and the LLM judge's mean grade per criterion with its invalid replies."""
+    (`trust_counts`), and the LLM grader's mean grade per criterion with its invalid replies."""
     trusted = [r.trust for r in records if r.trust is not None]
     if not trusted:
         return {}
@@ -43,12 +43,12 @@ def trust_summary(records: Sequence[EvalRecord]) -> dict:
         summary[metric] = _mean(values)
         counts[metric] = len(values)
     summary["trust_counts"] = counts
-    grades = [t.llm_judge for t in trusted if t.llm_judge is not None]
+    grades = [t.llm_grader for t in trusted if t.llm_grader is not None]
     if grades:
-        for criterion in JUDGE_CRITERIA:
+        for criterion in GRADER_CRITERIA:
             values = [v for g in grades if (v := getattr(g, criterion)) is not None]
-            summary[f"llm_judge_{criterion}"] = _mean(values)
-        summary["llm_judge_invalid"] = sum(1 for g in grades if g.error is not None)
+            summary[f"grader_{criterion}"] = _mean(values)
+        summary["grader_invalid"] = sum(1 for g in grades if g.error is not None)
     return summary
 
 

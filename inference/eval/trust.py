@@ -16,7 +16,8 @@ are shared by several metrics:
 
 The study's metrics: AQS (`answer_quality`), TAAS (`taas`), `faithfulness` (share of the
 answer's tokens found in the context), `hallucination_rate` (1 − faithfulness),
-`sentence_support_rate`, `context_precision`, `evidence_noise` and the six-criterion LLM judge.
+`sentence_support_rate`, `context_precision`, `evidence_noise` and the six-criterion LLM grader
+(the study's LLM-as-a-judge; not the MAIN-RAG judge, which scores documents).
 Ours, named for what they compute: `sentence_similarity` (mean best cosine of the answer's
 sentences to the context), `unsupported_sentence_rate` (1 − sentence support rate),
 `lexical_context_use` and `context_precision_gold`.
@@ -333,22 +334,22 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
     )
 
 
-# --- LLM-as-a-judge -----------------------------------------------------------------------
+# --- LLM grader (the study's LLM-as-a-judge) ----------------------------------------------
 
-JUDGE_CRITERIA = ("correctness", "relevance", "completeness", "evidence_grounding",
+GRADER_CRITERIA = ("correctness", "relevance", "completeness", "evidence_grounding",
                   "hallucination_risk", "overall")
 # Scales of the study: every criterion 1 (worst) to 5 (best) except hallucination risk,
 # where 1 is the lowest risk — lower is better there.
 LOWER_IS_BETTER = frozenset({"hallucination_risk"})
 # Grounding in evidence is not applicable to an answer given without retrieval.
 GROUNDING_CRITERIA = frozenset({"evidence_grounding"})
-JUDGE_PROMPT = "llm_judge_eval"
-JUDGE_PROMPT_NO_CONTEXT = "llm_judge_eval_no_context"
+GRADER_PROMPT = "answer_grader"
+GRADER_PROMPT_NO_CONTEXT = "answer_grader_no_context"
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class JudgeVerdict:
+class GraderVerdict:
     """Six 1–5 scores as the study defines them: higher is better except for
     `hallucination_risk` (1 = no invented content, 5 = mostly invented); `evidence_grounding`
     is None for an answer given without retrieval (not applicable).
@@ -371,37 +372,37 @@ class JudgeVerdict:
         return self.error is None
 
     def scores(self) -> dict[str, int | None]:
-        return {name: getattr(self, name) for name in JUDGE_CRITERIA}
+        return {name: getattr(self, name) for name in GRADER_CRITERIA}
 
 
-def judge_criteria(retrieved: bool) -> tuple[str, ...]:
+def grader_criteria(retrieved: bool) -> tuple[str, ...]:
     """The criteria asked of an answer: all six with retrieval, no grounding without."""
-    return tuple(c for c in JUDGE_CRITERIA if retrieved or c not in GROUNDING_CRITERIA)
+    return tuple(c for c in GRADER_CRITERIA if retrieved or c not in GROUNDING_CRITERIA)
 
 
-def parse_judge_reply(reply: str, retrieved: bool = True) -> JudgeVerdict:
-    """Parse a judge reply strictly: one JSON object (surrounding text and code fences are
-    ignored) holding every criterion asked (`judge_criteria(retrieved)`) as an integer 1–5;
+def parse_grader_reply(reply: str, retrieved: bool = True) -> GraderVerdict:
+    """Parse a grader reply strictly: one JSON object (surrounding text and code fences are
+    ignored) holding every criterion asked (`grader_criteria(retrieved)`) as an integer 1–5;
     other keys are ignored (a grounding score given without retrieval too)."""
     match = _JSON_OBJECT.search(reply)
     if match is None:
-        return JudgeVerdict(error="no JSON object in the reply", raw=reply)
+        return GraderVerdict(error="no JSON object in the reply", raw=reply)
     try:  # any text json cannot read (syntax, huge numbers, deep nesting) is a bad reply
         payload: Any = parse_json(match.group(), "the reply")
     except DatasetError as error:
-        return JudgeVerdict(error=str(error), raw=reply)
+        return GraderVerdict(error=str(error), raw=reply)
     if not isinstance(payload, dict):
-        return JudgeVerdict(error="the JSON is not an object", raw=reply)
-    asked = judge_criteria(retrieved)
+        return GraderVerdict(error="the JSON is not an object", raw=reply)
+    asked = grader_criteria(retrieved)
     missing = [name for name in asked if name not in payload]
     if missing:
-        return JudgeVerdict(error=f"missing score(s): {', '.join(missing)}", raw=reply)
+        return GraderVerdict(error=f"missing score(s): {', '.join(missing)}", raw=reply)
     invalid = [name for name in asked
                if type(payload[name]) is not int or not 1 <= payload[name] <= 5]
     if invalid:
-        return JudgeVerdict(error=f"score(s) not an integer 1-5: {', '.join(invalid)}",
+        return GraderVerdict(error=f"score(s) not an integer 1-5: {', '.join(invalid)}",
                             raw=reply)
-    return JudgeVerdict(**{name: payload[name] for name in asked}, raw=reply)
+    return GraderVerdict(**{name: payload[name] for name in asked}, raw=reply)
 
 
 def _format_documents(documents: Sequence[Evidence]) -> str:
@@ -409,7 +410,7 @@ def _format_documents(documents: Sequence[Evidence]) -> str:
 
 
 @dataclass(frozen=True)
-class JudgeItem:
+class GraderItem:
     """One answer to grade: its question, the reference answer and what the generator read
     (empty: answered without retrieval)."""
 
@@ -419,21 +420,21 @@ class JudgeItem:
     documents: Sequence[Evidence] = ()
 
 
-def judge_answers(backend: LLMBackend, items: Sequence[JudgeItem],
-                  settings: GenerationSettings = GenerationSettings(max_new_tokens=128)
-                  ) -> list[JudgeVerdict]:
-    """Grade many answers in one batch (see `JudgeVerdict`). An answer given without
-    retrieval is asked the five criteria that apply (prompt `llm_judge_eval_no_context`).
+def grade_answers(backend: LLMBackend, items: Sequence[GraderItem],
+                 settings: GenerationSettings = GenerationSettings(max_new_tokens=128)
+                 ) -> list[GraderVerdict]:
+    """Grade many answers in one batch (see `GraderVerdict`). An answer given without
+    retrieval is asked the five criteria that apply (prompt `answer_grader_no_context`).
     An invalid reply yields None scores with the reason in `error`, never an exception;
     backend failures (a server that is down) propagate as the backend raises them."""
-    with_context = load_template(JUDGE_PROMPT)
-    without = load_template(JUDGE_PROMPT_NO_CONTEXT)
+    with_context = load_template(GRADER_PROMPT)
+    without = load_template(GRADER_PROMPT_NO_CONTEXT)
     prompts = [with_context.messages(question=i.question, answer=i.answer,
                                      reference=i.reference,
                                      documents=_format_documents(i.documents))
                if i.documents else
                without.messages(question=i.question, answer=i.answer, reference=i.reference)
                for i in items]
-    replies = backend.generate(prompts, settings, agent="eval_judge") if prompts else []
-    return [parse_judge_reply(reply, bool(item.documents))
+    replies = backend.generate(prompts, settings, agent="grader") if prompts else []
+    return [parse_grader_reply(reply, bool(item.documents))
             for reply, item in zip(replies, items, strict=True)]

@@ -128,8 +128,8 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=5, help="chunks retrieved per question")
     parser.add_argument("--ablation-questions", type=int, default=30,
                         help="questions of the ablation runs, spread over the kinds")
-    parser.add_argument("--judge", action="store_true",
-                        help="also grade every answer with the LLM judge (the generator)")
+    parser.add_argument("--llm-grader", action="store_true",
+                        help="also grade every answer with the LLM grader (the generator)")
     args = parser.parse_args()
 
     out = args.out / ("quick" if args.quick else "default")
@@ -155,7 +155,7 @@ def main() -> None:
         dataset=str(NUTRITION_QUESTIONS), question_ids=str(main_ids),
         models=ModelRoles(generator=BackendSpec(model=args.model)),
         retrieval=RetrievalConfig(index=str(index_dir), mode=mode, k=args.k),
-        trust=TrustConfig(llm_judge=args.judge))
+        trust=TrustConfig(llm_grader=args.llm_grader))
     default_rule = RouterConfig()
     runs: dict[str, list[EvalRecord]] = {}
 
