@@ -37,13 +37,13 @@ class GenerationConfig:
 class RetrievalConfig:
     """Retrieve each question's documents from an index instead of the dataset's own; every
     search (the question's, and the later queries of iterative pipelines) is fused by
-    `search`, reranked by `reranker` when set, then filtered by `hygiene`, keeping k."""
+    `search`, reranked by `reranker` when set, then cleaned by `hygiene`, keeping k."""
 
     index: str = field(metadata={"help": "index folder built by `sieverag index build`"})
     mode: SearchMode = field(default="hybrid", metadata={"help": "bm25, dense, hybrid or rrf"})
     k: int = field(default=5, metadata={"help": "documents retrieved per query"})
     hygiene: HygienePreset = field(default="off", metadata={
-        "help": "evidence filtering: off, loose or strict (drops non-informative chunks; each "
+        "help": "evidence hygiene: off, loose or strict (drops non-informative chunks; each "
                 "record lists what it removed, in hygiene_removed)"})
     search: SearchConfig = field(default_factory=SearchConfig, metadata={
         "help": "how searches fuse (alpha: the dense weight of hybrid) and rerank"})

@@ -1,7 +1,8 @@
 """Evidence hygiene: drop retrieved chunks that carry no usable evidence, and say why.
 
-Presets: `off` (default: keep everything), `loose`, `strict`. The Auto-RAG paper found strict
-filtering can remove useful evidence, so every call returns what it removed with the reason,
+Presets: `off` (default: keep everything), `loose`, `strict`. (Rules on the text alone, not a
+filter: in sieverag a filter is a model that reads the question.) The Auto-RAG paper found
+strict cleaning can remove useful evidence, so every call returns what it removed with the reason,
 for reports to show. Rules, checked in this order (the first that fires is the reason):
 
 * `too short` — fewer than `min_words` words;
@@ -15,7 +16,7 @@ for reports to show. Rules, checked in this order (the first that fires is the r
   `reference_share` of its lines (sentences, for one-line text) look like citations
   (a year in brackets, "et al.", a DOI or a URL).
 
-`search_with_hygiene` is the one search every command filters through (`index search`, and
+`search_with_hygiene` is the one search every command goes through (`index search`, and
 `eval`'s retrieval): it fetches more than k hits, walks down the ranking skipping what the
 preset removes, and stops at k kept. `HygieneLog` gathers a run's removals per question.
 """
