@@ -1,11 +1,13 @@
 """The embedded server's HTTP API: an OpenAI-compatible subset on top of `BatchingEngine`.
 
-GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, and POST
-/v1/rerank (also /rerank, as on vLLM): the filter as a reranker (`rerank_endpoint`). A request
-picks the base model or an adapter by its `model` name. Served with a `ProxyTarget`
-(`--proxy-to`), /v1/chat/completions is the filtering proxy instead (`proxy`): it forwards to
-another server, and generates nothing here. Every refusal is an OpenAI-style error
-body with a 4xx status; the server keeps serving.
+GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/rerank
+(also /rerank, as on vLLM) and POST /v2/rerank (Cohere's v2 schema): the filter as a reranker
+(`rerank_endpoint`). A request picks the base model or an adapter by its `model` name; its
+fields are treated by the field policy (`field_policy`: a field no model declares is named in
+the `x-sieverag-ignored` header), and every body sent is a typed model (`responses`).
+Served with a `ProxyTarget` (`--proxy-to`), /v1/chat/completions is the filtering proxy
+instead (`proxy`): it forwards to another server, and generates nothing here. Every refusal
+is an OpenAI-style error body with a 4xx status; the server keeps serving.
 
 Sizes are checked before the work they bound: the body by `body_limit`, prompts by `limits`.
 Tokenising, rendering chat templates and building responses run in worker threads, so the
@@ -25,8 +27,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from jinja2 import TemplateError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
@@ -43,6 +46,7 @@ from sieverag.serving.engine import (
     SequenceResult,
 )
 from sieverag.serving.engine_backend import EngineBackend
+from sieverag.serving.field_policy import CANNOT_HONOUR, ignored_header, unknown_fields
 from sieverag.serving.limits import PromptLimits
 from sieverag.serving.openai_format import chat_body, completion_body
 from sieverag.serving.protocol import (
@@ -50,11 +54,20 @@ from sieverag.serving.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    RerankBody,
     RerankRequest,
+    RerankV2Request,
     error_body,
+    is_branch_tag,
 )
 from sieverag.serving.proxy import ChatProxy, ProxyTarget
-from sieverag.serving.rerank_endpoint import check_prompts_fit, rerank_response
+from sieverag.serving.rerank_endpoint import (
+    check_prompts_fit,
+    cut_to_tokens,
+    rerank_response,
+    rerank_v2_response,
+)
+from sieverag.serving.responses import ModelCard, ModelList, to_json
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 from sieverag.serving.upstream import UpstreamClient
 
@@ -136,9 +149,12 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             engine.cancel(futures)
             raise
 
-    async def respond(build: Callable[[], dict[str, Any]]) -> JSONResponse:
-        """The response, its body built and serialised off the event loop."""
-        return await asyncio.to_thread(lambda: JSONResponse(build()))
+    async def respond(body: BaseModel, build: Callable[[], BaseModel]) -> Response:
+        """The response to request `body`, built and serialised off the event loop, with the
+        header naming the fields of `body` that were ignored."""
+        content = await asyncio.to_thread(lambda: to_json(build()))
+        return Response(content, media_type="application/json",
+                        headers=ignored_header(unknown_fields(body)))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -147,15 +163,15 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "sieverag",
-                 "root": served.name, "parent": None if name == served.name else served.name,
-                 "max_model_len": served.max_model_len}
-                for name in served.names]
-        return JSONResponse({"object": "list", "data": data})
+    async def models() -> Response:
+        cards = [ModelCard(id=name, created=created, root=served.name,
+                           parent=None if name == served.name else served.name,
+                           max_model_len=served.max_model_len)
+                 for name in served.names]
+        return Response(to_json(ModelList(data=cards)), media_type="application/json")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> JSONResponse:
+    async def completions(body: CompletionRequest) -> Response:
         check_model(body.model)
         texts_or_ids = body.prompts()
         limits.check_count(texts_or_ids)
@@ -169,11 +185,11 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             prompt_logprobs=body.echo and body.logprobs is not None, stop=body.stop_strings(),
         ) for prompt in prompts]
         results = await run_all(requests)
-        return await respond(lambda: completion_body(
+        return await respond(body, lambda: completion_body(
             body.model, prompts, results, echo=body.echo, logprobs=body.logprobs,
             tokenizer=tokenizer))
 
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
         prompt, max_tokens = await asyncio.to_thread(encode_chat, body)
         request = SequenceRequest(
@@ -183,8 +199,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             stop=body.stop_strings(),
         )
         (result,) = await run_all([request])
-        return await respond(lambda: chat_body(body.model, prompt, result,
-                                               logprobs=body.logprobs, tokenizer=tokenizer))
+        return await respond(body, lambda: chat_body(
+            body.model, prompt, result, logprobs=body.logprobs, tokenizer=tokenizer))
 
     if proxy is None:
         app.post("/v1/chat/completions")(chat_completions)
@@ -192,32 +208,49 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         chat_proxy = ChatProxy(engine, proxy.filter_model, options.rerank, limits, upstream)
         app.post("/v1/chat/completions")(chat_proxy.handle)
 
-    @app.post("/v1/rerank")
-    @app.post("/rerank")
-    async def rerank(body: RerankRequest) -> JSONResponse:
+    async def rank(body: RerankBody) -> tuple[list[RerankResult], list[str], int, int]:
+        """The filter's ranking of the documents of `body`, their texts (as the request sent
+        them) and the prompt and completion tokens the filter used."""
         check_model(body.model)
         texts = body.texts()
-        limits.check_documents(texts)
+        judged = texts
+        if body.max_tokens_per_doc is not None and texts:
+            judged = await asyncio.to_thread(cut_to_tokens, tokenizer, texts,
+                                             body.max_tokens_per_doc)
+        limits.check_documents(judged)
         sentence_stage = (body.granularity == "sentence" if body.granularity is not None
                           else options.rerank.sentence_stage)
         config = dataclasses.replace(options.rerank, sentence_stage=sentence_stage)
         backend = EngineBackend(engine, body.model)
-        documents = as_documents(texts)
+        documents = as_documents(judged)
 
-        def rank() -> list[RerankResult]:
+        def run() -> list[RerankResult]:
             check_prompts_fit(backend, limits, config, body.query, documents)
-            return rank_by_filter(backend, config, body.query, texts)
+            return rank_by_filter(backend, config, body.query, judged)
 
         try:
-            ranked = await asyncio.to_thread(rank)
+            ranked = await asyncio.to_thread(run)
         except asyncio.CancelledError:  # the client went away: so do its sequences
             backend.cancel()
             raise
         usage = backend.meter.by_agent.values()
-        total_tokens = sum(u.prompt_tokens + u.completion_tokens for u in usage)
-        return await respond(lambda: rerank_response(
-            body.model, ranked, texts, top_n=body.top_n,
-            return_documents=body.return_documents, total_tokens=total_tokens))
+        return (ranked, texts, sum(u.prompt_tokens for u in usage),
+                sum(u.completion_tokens for u in usage))
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    async def rerank(body: RerankRequest) -> Response:
+        ranked, texts, prompt_tokens, completion_tokens = await rank(body)
+        return await respond(body, lambda: rerank_response(
+            body.model, ranked, texts, top_n=body.top_n, return_documents=body.return_documents,
+            total_tokens=prompt_tokens + completion_tokens))
+
+    @app.post("/v2/rerank")
+    async def rerank_v2(body: RerankV2Request) -> Response:
+        ranked, _, prompt_tokens, completion_tokens = await rank(body)
+        return await respond(body, lambda: rerank_v2_response(
+            ranked, top_n=body.top_n, input_tokens=prompt_tokens,
+            output_tokens=completion_tokens))
 
     return app
 
@@ -229,7 +262,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc.errors(), request.url.path)
+        message, param = _validation_message(exc.errors())
         return JSONResponse(error_body(message, "invalid_request_error", param),
                             status_code=400)
 
@@ -263,19 +296,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 _UNENCODABLE = (UNENCODABLE_TEXT, "string_unicode")
 
 
-# The parameters each kind of request takes, named when it sends another one.
-_PARAMETERS = ("model, prompt/messages, max_tokens, temperature, top_p, seed, stop, logprobs, "
-               "top_logprobs, echo, user, n=1, stream=false and zero penalties")
-_RERANK_PARAMETERS = "model, query, documents, top_n, return_documents and granularity"
-
-
-def _validation_message(errors: Any, url_path: str) -> tuple[str, str | None]:
-    """One clear message (and the offending parameter) from pydantic's error list for a
-    request to `url_path`."""
-    # A union reports every branch's error; text UTF-8 cannot encode is the one to name.
-    error = next((e for e in errors if e["type"] in _UNENCODABLE), errors[0])
-    path = [str(part) for part in error["loc"] if part != "body"]
-    param = path[0] if path else None
+def _validation_message(errors: Any) -> tuple[str, str | None]:
+    """One clear message (and the offending parameter) from pydantic's error list."""
+    # A union reports every branch's error; text UTF-8 cannot encode, then a value that
+    # cannot be honoured, are the ones to name.
+    error = next((e for e in errors if e["type"] in _UNENCODABLE),
+                 next((e for e in errors if e["type"] == CANNOT_HONOUR), errors[0]))
+    path = _field_path(error["loc"])
+    param = path.split(".")[0].split("[")[0] or None
+    if error["type"] == CANNOT_HONOUR:
+        return f"{path} cannot be honoured here: {error['msg']}", param
     if error["type"] in _UNENCODABLE:
         return (f"{param or 'the request body'} holds text that UTF-8 cannot encode (a lone "
                 "surrogate such as \\ud800): send valid Unicode text"), param
@@ -284,14 +314,26 @@ def _validation_message(errors: Any, url_path: str) -> tuple[str, str | None]:
         return f"the request body is not valid JSON ({detail}): send a JSON object", None
     if error["type"] in ("missing", "model_attributes_type", "dict_type") and not path:
         return "the request body must be a JSON object", None
-    if param == "documents" and len(path) > 1:
+    if param == "documents" and "[" in path:
         return "documents must be a list of strings or of objects {\"text\": ...}", param
-    if error["type"] == "extra_forbidden":
-        supported = _RERANK_PARAMETERS if url_path.endswith("/rerank") else _PARAMETERS
-        return (f"unsupported parameter {'.'.join(path)!r}: this server implements "
-                f"{supported}"), param
-    if param == "prompt" and len(path) > 1:
+    if param == "messages" and path.endswith(".content"):
+        return (f"{path} must be a string or a list of parts {{\"type\": \"text\", "
+                "\"text\": ...}"), param
+    if param == "prompt" and "[" in path:
         return ("prompt must be a string, a list of strings, a list of token ids or a list of "
                 "token-id lists"), param
     message = str(error["msg"]).removeprefix("Value error, ")
-    return (f"{'.'.join(path)}: {message}" if path else message), param
+    return (f"{path}: {message}" if path else message), param
+
+
+def _field_path(location: Any) -> str:
+    """A field's place in the body as a client spells it: `messages[0].content[1].type`."""
+    path = ""
+    for part in location:
+        if part == "body" and not path:
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not is_branch_tag(part):
+            path += f".{part}" if path else part
+    return path

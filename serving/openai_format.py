@@ -1,5 +1,5 @@
-"""Engine results as OpenAI response bodies: text completions (legacy log-prob format) and chat
-completions (the `content[{token, logprob, bytes, top_logprobs}]` format).
+"""Engine results as OpenAI response bodies (`responses`): text completions (legacy log-prob
+format) and chat completions (the `content[{token, logprob, bytes, top_logprobs}]` format).
 
 Legacy `top_logprobs` dicts hold the requested alternatives plus the chosen token (as vLLM's
 do), so `logprobs=0` still reports the chosen token's log-prob.
@@ -10,84 +10,109 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from sieverag.serving.engine import SequenceResult, TokenLogprob
+from sieverag.serving.responses import (
+    ChatChoice,
+    ChatCompletion,
+    ChatLogprobs,
+    ChatMessage,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    TopLogprob,
+    Usage,
+)
 from sieverag.serving.tokens import EncodedPrompt, prefix_offsets, token_text
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def chat_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
 
 
 def completion_body(
     model: str, prompts: Sequence[EncodedPrompt], results: Sequence[SequenceResult], *,
     echo: bool, logprobs: int | None, tokenizer: PreTrainedTokenizerBase,
-) -> dict[str, Any]:
+) -> Completion:
     """The body of a /v1/completions response, one choice per prompt."""
-    choices = []
-    for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
-        choice: dict[str, Any] = {
-            "index": index,
-            "text": (prompt.text if echo else "") + result.text,
-            "logprobs": None,
-            "finish_reason": result.finish_reason,
-        }
-        if logprobs is not None:
-            choice["logprobs"] = _legacy_logprobs(prompt, result, echo, tokenizer)
-        choices.append(choice)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": model, "choices": choices,
-            "usage": _usage(prompts, results)}
+    choices = [
+        CompletionChoice(
+            index=index, text=(prompt.text if echo else "") + result.text,
+            logprobs=None if logprobs is None else legacy_logprobs(
+                tokenizer, prompt if echo else None, result.prompt_logprobs, result.logprobs,
+                _generated_offsets(tokenizer, result, len(prompt.text) if echo else 0)),
+            finish_reason=result.finish_reason)
+        for index, (prompt, result) in enumerate(zip(prompts, results, strict=True))]
+    return Completion(id=completion_id(), created=int(time.time()), model=model,
+                      choices=choices, usage=usage(prompts, results))
 
 
 def chat_body(
     model: str, prompt: EncodedPrompt, result: SequenceResult, *, logprobs: bool,
     tokenizer: PreTrainedTokenizerBase,
-) -> dict[str, Any]:
+) -> ChatCompletion:
     """The body of a /v1/chat/completions response."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": result.text},
-        "logprobs": None,
-        "finish_reason": result.finish_reason,
-    }
-    if logprobs:
-        choice["logprobs"] = {"content": [
-            {**_chat_token(tokenizer, entry.token_id, entry.logprob),
-             "top_logprobs": [_chat_token(tokenizer, token, value) for token, value in entry.top]}
-            for entry in result.logprobs
-        ]}
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": _usage([prompt], [result])}
+    choice = ChatChoice(index=0, message=ChatMessage(content=result.text),
+                        logprobs=chat_logprobs(tokenizer, result.logprobs) if logprobs else None,
+                        finish_reason=result.finish_reason)
+    return ChatCompletion(id=chat_id(), created=int(time.time()), model=model,
+                          choices=[choice], usage=usage([prompt], [result]))
 
 
-def _legacy_logprobs(prompt: EncodedPrompt, result: SequenceResult, echo: bool,
-                     tokenizer: PreTrainedTokenizerBase) -> dict[str, list[Any]]:
-    tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top_logprobs: list[dict[str, float] | None] = []
-    text_offset: list[int] = []
-    if echo:
-        assert result.prompt_logprobs is not None, "echo with logprobs scores the prompt"
-        for token, entry, offset in zip(prompt.ids, result.prompt_logprobs, prompt.offsets,
+def chat_logprobs(tokenizer: PreTrainedTokenizerBase,
+                  entries: Sequence[TokenLogprob]) -> ChatLogprobs:
+    """The chat format's log-probs of generated tokens."""
+    content = []
+    for entry in entries:
+        text = token_text(tokenizer, entry.token_id)
+        content.append(ChatTokenLogprob(
+            token=text, logprob=entry.logprob, bytes=list(text.encode("utf-8")),
+            top_logprobs=[_chat_token(tokenizer, token, value) for token, value in entry.top]))
+    return ChatLogprobs(content=content)
+
+
+def legacy_logprobs(
+    tokenizer: PreTrainedTokenizerBase, echoed: EncodedPrompt | None,
+    prompt_logprobs: Sequence[TokenLogprob | None] | None,
+    generated: Sequence[TokenLogprob], generated_offsets: Sequence[int],
+) -> CompletionLogprobs:
+    """The legacy log-prob table: the `echoed` prompt's tokens (scored by `prompt_logprobs`)
+    first, when given, then the `generated` tokens at `generated_offsets` in the text."""
+    table = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    if echoed is not None:
+        assert prompt_logprobs is not None, "echo with logprobs scores the prompt"
+        for token, entry, offset in zip(echoed.ids, prompt_logprobs, echoed.offsets,
                                         strict=True):
-            tokens.append(token_text(tokenizer, token))
-            token_logprobs.append(None if entry is None else entry.logprob)
-            top_logprobs.append(None if entry is None else _top_dict(tokenizer, entry))
-            text_offset.append(offset)
-    start = len(prompt.text) if echo else 0
+            table.tokens.append(token_text(tokenizer, token))
+            table.token_logprobs.append(None if entry is None else entry.logprob)
+            table.top_logprobs.append(None if entry is None else _top_dict(tokenizer, entry))
+            table.text_offset.append(offset)
+    for entry, offset in zip(generated, generated_offsets, strict=True):
+        table.tokens.append(token_text(tokenizer, entry.token_id))
+        table.token_logprobs.append(entry.logprob)
+        table.top_logprobs.append(_top_dict(tokenizer, entry))
+        table.text_offset.append(offset)
+    return table
+
+
+def _generated_offsets(tokenizer: PreTrainedTokenizerBase, result: SequenceResult,
+                       start: int) -> list[int]:
+    """Each generated token's offset in the returned text, which starts with `start`
+    characters of echoed prompt; tokens after a stop string point at the end of the cut
+    text."""
     offsets = prefix_offsets(tokenizer, result.token_ids, skip_special_tokens=True)
-    for entry, offset in zip(result.logprobs, offsets, strict=True):
-        tokens.append(token_text(tokenizer, entry.token_id))
-        token_logprobs.append(entry.logprob)
-        top_logprobs.append(_top_dict(tokenizer, entry))
-        # Tokens after a stop string point at the end of the cut text.
-        text_offset.append(start + min(offset, len(result.text)))
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": text_offset}
+    return [start + min(offset, len(result.text)) for offset in offsets]
 
 
-def _top_dict(tokenizer: PreTrainedTokenizerBase, entry: TokenLogprob) -> dict[str, float]:
+def _top_dict(tokenizer: PreTrainedTokenizerBase,
+              entry: TokenLogprob) -> dict[str, float]:
     top: dict[str, float] = {}
     for token, value in (*entry.top, (entry.token_id, entry.logprob)):
         # Most likely first: of two tokens with the same text, the likelier one is kept.
@@ -95,15 +120,11 @@ def _top_dict(tokenizer: PreTrainedTokenizerBase, entry: TokenLogprob) -> dict[s
     return top
 
 
-def _chat_token(tokenizer: PreTrainedTokenizerBase, token: int, logprob: float
-                ) -> dict[str, Any]:
+def _chat_token(tokenizer: PreTrainedTokenizerBase, token: int, logprob: float) -> TopLogprob:
     text = token_text(tokenizer, token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
 
-def _usage(prompts: Sequence[EncodedPrompt], results: Sequence[SequenceResult]
-           ) -> dict[str, int]:
-    prompt_tokens = sum(len(p.ids) for p in prompts)
-    completion_tokens = sum(len(r.token_ids) for r in results)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompts: Sequence[EncodedPrompt], results: Sequence[SequenceResult]) -> Usage:
+    """Tokens of the prompts and of what was generated for them (an EOS included)."""
+    return Usage.of(sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results))

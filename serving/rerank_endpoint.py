@@ -1,6 +1,7 @@
-"""The rerank endpoint's work besides routing (POST /v1/rerank: the trained filter as a
-reranker, in the Cohere/Jina schema vLLM serves): the filter prompts' size check, shared with
-the filtering proxy, and the response body.
+"""The rerank endpoints' work besides routing (POST /v1/rerank: the trained filter as a
+reranker, in the Cohere v1/Jina schema vLLM serves; POST /v2/rerank: the same in Cohere's v2
+schema): documents cut to `max_tokens_per_doc`, the filter prompts' size check, shared with
+the filtering proxy, and the response bodies.
 
 The request's documents are ranked by `rank_by_filter` (inference/filters/ranking.py: one
 round of MCF, by MCF's own code) on the served model or adapter the request names
@@ -25,7 +26,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.filters.filter_format import chunk_prompt, sentence_prompt
 from sieverag.inference.filters.mcf import MCFConfig, document_sentences
@@ -33,6 +35,13 @@ from sieverag.inference.filters.ranking import best_first
 from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.limits import PromptLimits
+from sieverag.serving.responses import (
+    MetaTokens,
+    RerankMeta,
+    RerankResponse,
+    RerankUsage,
+    RerankV2Response,
+)
 
 
 def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFConfig,
@@ -50,13 +59,38 @@ def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFC
                                          "sentence")
 
 
+def cut_to_tokens(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_tokens: int
+                  ) -> list[str]:
+    """Each text cut to its first `max_tokens` tokens (where the next token starts); a text
+    that fits is kept whole."""
+    cut = []
+    for text in texts:
+        starts = tokenizer(text, add_special_tokens=False,
+                           return_offsets_mapping=True)["offset_mapping"]
+        cut.append(text[:starts[max_tokens][0]] if len(starts) > max_tokens else text)
+    return cut
+
+
 def rerank_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[str], *,
                     top_n: int | None, return_documents: bool, total_tokens: int
-                    ) -> dict[str, Any]:
-    """The response body: results best first (ties in request order), cut to `top_n` (0 or
+                    ) -> RerankResponse:
+    """The /v1/rerank body: results best first (ties in request order), cut to `top_n` (0 or
     None: all), each with its document's text when `return_documents`."""
     results = [replace(result, document={"text": texts[result.index]}) if return_documents
                else result for result in best_first(ranked)[:top_n or None]]
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model,
-            "usage": {"total_tokens": total_tokens},
-            "results": [result.to_json() for result in results]}
+    return RerankResponse(id=rerank_id(), model=model,
+                          usage=RerankUsage(total_tokens=total_tokens), results=results)
+
+
+def rerank_v2_response(ranked: Sequence[RerankResult], *, top_n: int | None,
+                       input_tokens: int, output_tokens: int) -> RerankV2Response:
+    """The /v2/rerank body: results best first (ties in request order), cut to `top_n` (0 or
+    None: all), without documents, and Cohere's `meta` with the tokens the filter used."""
+    return RerankV2Response(
+        id=rerank_id(), results=best_first(ranked)[:top_n or None],
+        meta=RerankMeta(tokens=MetaTokens(input_tokens=input_tokens,
+                                          output_tokens=output_tokens)))
+
+
+def rerank_id() -> str:
+    return f"rerank-{uuid.uuid4().hex}"

@@ -4,6 +4,7 @@ server's results and the client's are one model (`RerankResult`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.integrations.rerank_client import RerankEndpoint, RerankEndpointError
 from sieverag.inference.types import RerankResult
 from sieverag.serving.rerank_endpoint import rerank_response
+from sieverag.serving.responses import to_json
 
 URL = "http://127.0.0.1:9/v1"
 TEXTS = ["a", "b", "c"]
@@ -76,8 +78,9 @@ def test_key_sentences_replace_the_text_when_there_are_some() -> None:
 
 def test_the_servers_results_are_what_the_client_reads() -> None:
     ranked = [RerankResult(0, 0.2, False, ()), RerankResult(1, 0.9, True, ("One.",))]
-    body = rerank_response("filter", ranked, ["Zero.", "One. Two."], top_n=None,
-                           return_documents=True, total_tokens=7)
+    body = json.loads(to_json(rerank_response("filter", ranked, ["Zero.", "One. Two."],
+                                              top_n=None, return_documents=True,
+                                              total_tokens=7)))
     assert body["results"] == [
         {"index": 1, "relevance_score": 0.9, "kept": True, "key_sentences": ["One."],
          "document": {"text": "One. Two."}},
@@ -86,8 +89,9 @@ def test_the_servers_results_are_what_the_client_reads() -> None:
     assert [RerankResult.from_json(r) for r in body["results"]] == [
         replace(ranked[1], document={"text": "One. Two."}),
         replace(ranked[0], document={"text": "Zero."})]
-    short = rerank_response("filter", ranked, ["Zero.", "One. Two."], top_n=1,
-                            return_documents=False, total_tokens=7)["results"]
+    short = json.loads(to_json(rerank_response("filter", ranked, ["Zero.", "One. Two."],
+                                               top_n=1, return_documents=False,
+                                               total_tokens=7)))["results"]
     assert short == [{"index": 1, "relevance_score": 0.9, "kept": True,
                       "key_sentences": ["One."]}]
 

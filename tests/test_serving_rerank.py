@@ -226,9 +226,10 @@ def test_documents_none_too_many_or_too_long_are_refused(server: LocalServer,
 def test_bad_requests_get_the_servers_errors(http: httpx.Client) -> None:
     unknown = error_of(rerank(http, {"model": "nope", "query": QUERY, "documents": TEXTS}), 404)
     assert unknown["code"] == "model_not_found" and "filter" in unknown["message"]
-    extra = error_of(rerank(http, {"model": "filter", "query": QUERY, "documents": TEXTS,
-                                   "truncate_prompt_tokens": 5}), 400)
-    assert "truncate_prompt_tokens" in extra["message"] and "documents" in extra["message"]
+    spans = error_of(http.post("/v2/rerank", json={
+        "model": "filter", "query": QUERY, "documents": TEXTS,
+        "relevant_spans": {"mode": "enabled"}}), 400)
+    assert spans["param"] == "relevant_spans" and "cannot be honoured" in spans["message"]
     typed = error_of(rerank(http, {"model": "filter", "query": QUERY,
                                    "documents": ["fine", {"txt": "typo"}]}), 400)
     assert typed["param"] == "documents" and "{\"text\": ...}" in typed["message"]
