@@ -1,10 +1,11 @@
 """The embedded server's HTTP API: an OpenAI-compatible subset on top of `BatchingEngine`.
 
-GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/rerank
-(also /rerank, as on vLLM) and POST /v2/rerank (Cohere's v2 schema): the filter as a reranker
-(`rerank_endpoint`). A request picks the base model or an adapter by its `model` name; its
-fields are treated by the field policy (`field_policy`: a field no model declares is named in
-the `x-sieverag-ignored` header), and every body sent is a typed model (`responses`).
+GET /health, GET /v1/models, POST /v1/completions and POST /v1/chat/completions (streamed
+or not: `streaming`), POST /v1/rerank (also /rerank, as on vLLM) and POST /v2/rerank
+(Cohere's v2 schema): the filter as a reranker (`rerank_endpoint`). A request picks the base
+model or an adapter by its `model` name; its fields are treated by the field policy
+(`field_policy`: a field no model declares is named in the `x-sieverag-ignored` header), and
+every body sent is a typed model (`responses`).
 Served with a `ProxyTarget` (`--proxy-to`), /v1/chat/completions is the filtering proxy
 instead (`proxy`): it forwards to another server, and generates nothing here. Every refusal
 is an OpenAI-style error body with a 4xx status; the server keeps serving.
@@ -27,7 +28,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
@@ -68,6 +69,8 @@ from sieverag.serving.rerank_endpoint import (
     rerank_v2_response,
 )
 from sieverag.serving.responses import ModelCard, ModelList, to_json
+from sieverag.serving.streaming import MEDIA_TYPE as STREAM_MEDIA_TYPE
+from sieverag.serving.streaming import chat_stream, completion_stream
 from sieverag.serving.tokens import EncodedPrompt, encode_ids, encode_text, max_token_chars
 from sieverag.serving.upstream import UpstreamClient
 
@@ -156,6 +159,11 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         return Response(content, media_type="application/json",
                         headers=ignored_header(unknown_fields(body)))
 
+    def stream(body: BaseModel, events: AsyncIterator[bytes]) -> StreamingResponse:
+        """The streamed response to request `body` (see `streaming`)."""
+        return StreamingResponse(events, media_type=STREAM_MEDIA_TYPE,
+                                 headers=ignored_header(unknown_fields(body)))
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine.alive:
@@ -184,6 +192,11 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             top_logprobs=body.logprobs or 0,
             prompt_logprobs=body.echo and body.logprobs is not None, stop=body.stop_strings(),
         ) for prompt in prompts]
+        if body.stream:
+            return stream(body, completion_stream(
+                engine, requests, prompts, model=body.model, echo=body.echo,
+                logprobs=body.logprobs, include_usage=body.include_usage(),
+                tokenizer=tokenizer))
         results = await run_all(requests)
         return await respond(body, lambda: completion_body(
             body.model, prompts, results, echo=body.echo, logprobs=body.logprobs,
@@ -198,6 +211,10 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
             top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
             stop=body.stop_strings(),
         )
+        if body.stream:
+            return stream(body, chat_stream(
+                engine, request, prompt, model=body.model, logprobs=body.logprobs,
+                include_usage=body.include_usage(), tokenizer=tokenizer))
         (result,) = await run_all([request])
         return await respond(body, lambda: chat_body(
             body.model, prompt, result, logprobs=body.logprobs, tokenizer=tokenizer))

@@ -6,10 +6,11 @@ New sequences are prefilled together (left-padded, grouped by served model name,
 token budget) and then join the running batch of their model: continuous batching, so each
 decode step runs every live sequence of one model as one forward pass, and a request that
 arrives mid-generation waits one step rather than for the whole batch to finish.
-Results are delivered through `concurrent.futures.Future`s. A cancelled future (`cancel`, when
-a client goes away) takes its sequence out of the queue or its running batch before the
-worker's next forward pass; a forward pass under way whose every sequence is cancelled stops
-at its next decoder layer.
+Results are delivered through `concurrent.futures.Future`s; a streamed request also gets each
+token as it is chosen (`TokenEvent`, handed to its listener on the worker thread). A cancelled
+future (`cancel`, when a client goes away) takes its sequence out of the queue or its running
+batch before the worker's next forward pass; a forward pass under way whose every sequence is
+cancelled stops at its next decoder layer.
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class TokenEvent:
+    """A token just chosen for a streamed sequence, as its listener gets it.
+
+    `last`: the sequence finished with this token (its text may then be cut by a stop string:
+    the final text is the `SequenceResult`'s). `prompt_logprobs`: the prompt's log-probs when
+    the request asked for them (set from the first token on)."""
+
+    token: TokenLogprob
+    last: bool
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
+
+
+# Called on the engine's worker thread, once per token: it must be quick and must not raise.
+TokenListener = Callable[[TokenEvent], None]
+
+
+@dataclass(frozen=True)
 class SequenceResult:
     """Generated tokens (an EOS included), text (stop strings and EOS cut off), log-probs.
 
@@ -127,6 +145,7 @@ class _Sequence:
     request: SequenceRequest
     future: Future[SequenceResult]
     sampling: Sampling
+    listener: TokenListener | None = None
     position: int = 0  # position id of the token fed next
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -198,15 +217,17 @@ class BatchingEngine:
             hook.remove()
         self._fail_everything(EngineClosedError("the server is shutting down"))
 
-    def submit(self, request: SequenceRequest) -> Future[SequenceResult]:
-        """Queue one sequence; the future resolves when it finishes."""
+    def submit(self, request: SequenceRequest, listener: TokenListener | None = None
+               ) -> Future[SequenceResult]:
+        """Queue one sequence; the future resolves when it finishes. `listener`, when given,
+        gets each token as it is chosen, on the worker thread, before the future resolves."""
         if request.model not in self.served.names:
             raise ValueError(f"unknown model {request.model!r}; served: {self.served.names}")
         generator = None
         if request.seed is not None:
             generator = torch.Generator(device=self.served.device).manual_seed(request.seed)
         sequence = _Sequence(request, Future(),
-                             Sampling(request.temperature, request.top_p, generator))
+                             Sampling(request.temperature, request.top_p, generator), listener)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the server is shutting down")
@@ -436,10 +457,13 @@ class BatchingEngine:
                 sequence.finish_reason = "length"
             else:
                 k = sequence.request.top_logprobs
+                entry = TokenLogprob(chosen[index], chosen_logprobs[index], top[index][:k])
                 sequence.tokens.append(chosen[index])
-                sequence.logprobs.append(
-                    TokenLogprob(chosen[index], chosen_logprobs[index], top[index][:k]))
+                sequence.logprobs.append(entry)
                 self._check_finished(sequence)
+                if sequence.listener is not None:
+                    sequence.listener(TokenEvent(entry, sequence.finish_reason is not None,
+                                                 sequence.prompt_logprobs))
             if sequence.finish_reason is not None:
                 self._resolve(sequence)
             else:

@@ -128,8 +128,7 @@ class _RequestBody(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     seed: StrictInt | None = Field(None, description="seed for sampling (temperature > 0)")
     stop: Text | list[Text] | None = Field(None, description="stop strings, cut from the text")
-    stream: Annotated[bool, OnlyAt("false", "streaming is not implemented",
-                                   lambda stream: not stream)] = False
+    stream: bool = Field(False, description="send the reply as server-sent events")
     stream_options: StreamOptions | None = Field(None, description="with stream: include_usage")
     n: Annotated[StrictInt, _ONE_CHOICE] = 1
     presence_penalty: Annotated[float, _NO_PENALTY] = 0.0

@@ -18,7 +18,6 @@ only when the proxy takes no key of its own (a proxy key never leaves the proxy)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sieverag.serving.protocol import error_body
+from sieverag.serving.streaming import error_event
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +145,11 @@ class UpstreamClient:
         except httpx.TimeoutException:
             logger.warning("the upstream stream from %s stalled for over %s s; ended with an "
                            "error event", self.upstream.chat_url, self.upstream.timeout_s)
-            yield _error_event(self._timeout())
+            yield error_event(self._timeout().body())
         except httpx.HTTPError as exc:
             logger.warning("the upstream stream from %s broke: %r; ended with an error event",
                            self.upstream.chat_url, exc)
-            yield _error_event(self._unreachable(exc))
+            yield error_event(self._unreachable(exc).body())
         finally:
             await response.aclose()
 
@@ -186,5 +186,3 @@ def _answer_headers(response: httpx.Response) -> dict[str, str]:
             if name.lower() not in _NOT_FORWARDED}
 
 
-def _error_event(error: UpstreamError) -> bytes:
-    return f"data: {json.dumps(error.body())}\n\n".encode()

@@ -21,7 +21,12 @@ import pytest
 
 from sieverag.serving import app as app_module
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import BatchingEngine, SequenceRequest, SequenceResult
+from sieverag.serving.engine import (
+    BatchingEngine,
+    SequenceRequest,
+    SequenceResult,
+    TokenListener,
+)
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.served_model import load_served_model
 
@@ -156,9 +161,10 @@ def record_submits(monkeypatch: pytest.MonkeyPatch, engine: BatchingEngine,
     submitted: list[SequenceRequest] = []
     real = engine.submit
 
-    def recorded(request: SequenceRequest) -> Future[SequenceResult]:
+    def recorded(request: SequenceRequest, listener: TokenListener | None = None
+                 ) -> Future[SequenceResult]:
         submitted.append(request)
-        future = real(request)
+        future = real(request, listener)
         future.add_done_callback(lambda f: on_cancel() if f.cancelled() else None)
         return future
 
@@ -195,6 +201,37 @@ def test_clients_that_disconnect_leave_no_sequence_in_the_engine(
         "model": engine.served.name, "prompt": "Hello", "max_tokens": 2})
     assert served.json()["usage"]["completion_tokens"] == 2
     assert len(disconnect_records(caplog)) == 3  # a request answered is not a disconnect
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}],
+                           "max_tokens": LONG, "stream": True, "logprobs": True}),
+    ("/completions", {"prompt": ["One story", "and another"], "max_tokens": LONG,
+                      "stream": True, "echo": True}),
+])
+def test_a_client_gone_mid_stream_leaves_no_sequence_in_the_engine(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    path: str, body: dict[str, Any]
+) -> None:
+    """A streaming client that reads its first events and goes away: its sequences are
+    cancelled and leave the batch within one decode step, as an unstreamed request's do."""
+    caplog.set_level(logging.INFO, logger=DISCONNECT_LOGGER)
+    engine = server.engine
+    steps_at_cancel: list[int] = []
+    submitted = record_submits(monkeypatch, engine,
+                               on_cancel=lambda: steps_at_cancel.append(decode_steps(engine)))
+    cancelled_before = engine.stats.cancelled
+    with send_and_keep_open(server, path, body) as sock:
+        received = b""
+        while received.count(b"data: ") < 3:  # the stream is under way
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+    wait_for(lambda: engine.in_flight == 0, "the engine to let go of the sequences")
+    assert len(submitted) == len(steps_at_cancel) == len(body.get("prompt", [None]))
+    assert decode_steps(engine) <= max(steps_at_cancel) + 1
+    assert engine.stats.cancelled - cancelled_before == len(submitted)
+    assert len(disconnect_records(caplog)) == 1
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize(("path", "body"), [

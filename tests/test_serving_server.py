@@ -252,7 +252,7 @@ def test_adapter_selection_changes_logprobs_and_matches_hf(
     ("/chat/completions", '{"model": "lora", "messages": [{"role": "user", "content": "hi"}], '
      '"top_logprobs": 2}', 400, None),
     ("/chat/completions", '{"model": "lora", "messages": [{"role": "user", "content": "hi"}], '
-     '"stream": true}', 400, "stream"),
+     '"n": 2}', 400, "n"),
     ("/nowhere", "{}", 404, None),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
