@@ -1,6 +1,6 @@
 """API keys: read from an environment variable (never a command-line value, which other users
-can see in the process list), and checked on every /v1 request and on /rerank (vLLM's alias of
-/v1/rerank). Keys are never logged."""
+can see in the process list), and checked on every request but /health's, so that a route
+added later (as /v2/rerank was) is protected from the start. Keys are never logged."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sieverag.inference.errors import ConfigError
 from sieverag.serving.protocol import error_body
 
-# Paths that need the key: the API, and the one route served outside /v1.
-PROTECTED_PREFIXES = ("/v1", "/rerank")
+# The paths open without the key: the liveness probe, as on vLLM.
+OPEN_PATHS = frozenset({"/health"})
 
 
 def read_api_key(env_var: str | None, flag: str = "--api-key-env") -> str | None:
@@ -30,8 +30,8 @@ def read_api_key(env_var: str | None, flag: str = "--api-key-env") -> str | None
 
 
 class BearerAuth:
-    """ASGI middleware: /v1 and /rerank requests without `Authorization: Bearer <key>` get
-    a 401.
+    """ASGI middleware: a request (to any path but /health) without
+    `Authorization: Bearer <key>` gets a 401.
 
     It runs before routing and body parsing, so an unauthenticated client learns nothing
     about the request it sent. /health stays open, as on vLLM.
@@ -42,7 +42,7 @@ class BearerAuth:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 body = error_body("missing or wrong API key: send the header "

@@ -240,7 +240,7 @@ def test_bad_requests_get_the_servers_errors(http: httpx.Client) -> None:
     assert granularity["param"] == "granularity"
 
 
-@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank", "/v3/anything"])
 def test_rerank_needs_the_api_key(server: LocalServer, path: str) -> None:
     url = server.base_url.removesuffix("/v1") + path
     body = {"model": "filter", "query": QUERY, "documents": TEXTS}

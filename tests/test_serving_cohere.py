@@ -1,0 +1,139 @@
+"""Cohere's own SDK against the embedded server with the shipped filter: the v1 `Client`
+(POST /v1/rerank) and the v2 `ClientV2` (POST /v2/rerank) rerank as the filter ranks
+in-process, `max_tokens_per_doc` cuts the documents, and refusals are the SDK's errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import cohere
+import pytest
+
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.filters.ranking import rank_by_filter
+from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.types import RerankResult
+from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.field_policy import IGNORED_HEADER
+from sieverag.serving.local_server import LocalServer
+from sieverag.serving.rerank_endpoint import cut_to_tokens
+
+pytestmark = pytest.mark.integration
+
+KEY_ENV = "SIEVERAG_COHERE_TEST_KEY"
+KEY = "sk-cohere-test"
+QUERY = "Where was Liora Tamsin born?"
+DOCUMENTS = [
+    "Penguins huddle together in winter.",
+    "Liora Tamsin was born in Quorrin in 1848. She later worked as a cartographer.",
+    "The Calder Bridge opened in 1901. It crosses a gorge.",
+    "Quorrin is a port town. Liora Tamsin grew up there.",
+]
+# Relevant only past its first dozen tokens.
+LATE = ("The annual report lists the harbour's tonnage, its pilots and the repairs made to the "
+        "eastern breakwater during the spring. Liora Tamsin was born in Quorrin.")
+
+
+@pytest.fixture(scope="module")
+def server(embedded_model_dir: Path) -> Iterator[LocalServer]:
+    os.environ[KEY_ENV] = KEY
+    config = LocalServerConfig(model=DEFAULT_MODEL, adapters=(f"filter={DEFAULT_FILTER_NAME}",),
+                               port=0, access_log=False, api_key_env=KEY_ENV)
+    try:
+        with LocalServer(config) as running:
+            yield running
+    finally:
+        del os.environ[KEY_ENV]
+
+
+@pytest.fixture(scope="module")
+def in_process(embedded_model_dir: Path) -> HFBackend:
+    """The shipped filter in-process, as the server runs it (float32 on a CPU)."""
+    adapter = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
+    return HFBackend(HFBackendConfig(model=DEFAULT_MODEL, adapter=str(adapter), device="cpu",
+                                     dtype="float32"))
+
+
+def root(server: LocalServer) -> str:
+    """Cohere's base URL: the server's root (the SDK adds v1/ or v2/ itself)."""
+    return server.base_url.removesuffix("/v1")
+
+
+def expected(backend: HFBackend, texts: list[str]) -> dict[int, RerankResult]:
+    return {r.index: r for r in rank_by_filter(backend, MCFConfig(), QUERY, texts)}
+
+
+def test_the_v1_client_reranks_with_the_shipped_filter(server: LocalServer,
+                                                       in_process: HFBackend) -> None:
+    client = cohere.Client(api_key=KEY, base_url=root(server), max_retries=0)
+    documents = [DOCUMENTS[0], {"text": DOCUMENTS[1], "title": "Tamsin"}, *DOCUMENTS[2:]]
+    raw = client.with_raw_response.rerank(
+        model="filter", query=QUERY, documents=documents, top_n=3, return_documents=True,
+        rank_fields=["text"], max_chunks_per_doc=1)
+    assert raw.headers[IGNORED_HEADER] == "rank_fields, max_chunks_per_doc, documents[].title"
+    results = raw.data.results
+    reference = expected(in_process, DOCUMENTS)
+    best = sorted(reference.values(), key=lambda r: -r.relevance_score)[:3]
+    assert [r.index for r in results] == [r.index for r in best]
+    assert [r.relevance_score for r in results] == pytest.approx(
+        [r.relevance_score for r in best], abs=1e-4)
+    assert [r.document.text for r in results] == [DOCUMENTS[r.index] for r in results]
+    assert results[0].index in (1, 3)  # a document about her, first
+
+
+def test_the_v2_client_reranks_with_the_shipped_filter(server: LocalServer,
+                                                       in_process: HFBackend) -> None:
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    reply = client.rerank(model="filter", query=QUERY, documents=DOCUMENTS, priority=0)
+    reference = expected(in_process, DOCUMENTS)
+    assert sorted(r.index for r in reply.results) == list(range(len(DOCUMENTS)))
+    scores = [r.relevance_score for r in reply.results]
+    assert scores == sorted(scores, reverse=True)
+    for result in reply.results:
+        assert result.relevance_score == pytest.approx(
+            reference[result.index].relevance_score, abs=1e-4)
+        assert result.kept == reference[result.index].kept  # sieverag's verdict, beside
+    assert reply.id.startswith("rerank-") and reply.meta.api_version.version == "2"
+    assert reply.meta.billed_units.search_units == 1
+    assert reply.meta.tokens.input_tokens > 100 and reply.meta.tokens.output_tokens == 0
+    assert len(client.rerank(model="filter", query=QUERY, documents=DOCUMENTS,
+                             top_n=2).results) == 2
+
+
+def test_max_tokens_per_doc_judges_each_document_on_its_first_tokens(
+    server: LocalServer, in_process: HFBackend
+) -> None:
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    texts = [LATE, DOCUMENTS[0]]
+    whole = {r.index: r.relevance_score for r in client.rerank(
+        model="filter", query=QUERY, documents=texts).results}
+    cut = {r.index: r.relevance_score for r in client.rerank(
+        model="filter", query=QUERY, documents=texts, max_tokens_per_doc=12).results}
+    tokenizer = server.engine.served.tokenizer
+    shortened = cut_to_tokens(tokenizer, texts, 12)
+    assert len(tokenizer(shortened[0], add_special_tokens=False)["input_ids"]) == 12
+    assert shortened[1] == texts[1]  # short enough already
+    reference = expected(in_process, shortened)
+    assert cut == pytest.approx({i: r.relevance_score for i, r in reference.items()}, abs=1e-4)
+    # The cut document was judged on other text; the short one on the same.
+    assert abs(whole[0] - cut[0]) > 1e-3 and whole[1] == pytest.approx(cut[1], abs=1e-6)
+
+
+def test_refusals_are_the_sdks_errors(server: LocalServer) -> None:
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    with pytest.raises(cohere.BadRequestError) as refused:
+        client.rerank(model="filter", query=QUERY, documents=DOCUMENTS,
+                      relevant_spans={"mode": "enabled"})
+    assert refused.value.body["error"]["param"] == "relevant_spans"
+    with pytest.raises(cohere.NotFoundError):
+        client.rerank(model="rerank-v3.5", query=QUERY, documents=DOCUMENTS)
+    stranger = cohere.ClientV2(api_key="sk-wrong", base_url=root(server), max_retries=0)
+    with pytest.raises(cohere.UnauthorizedError):
+        stranger.rerank(model="filter", query=QUERY, documents=DOCUMENTS)
+    with pytest.raises(cohere.UnauthorizedError):
+        cohere.Client(api_key="sk-wrong", base_url=root(server), max_retries=0).rerank(
+            model="filter", query=QUERY, documents=DOCUMENTS)
