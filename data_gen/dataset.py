@@ -60,7 +60,7 @@ class DatasetConfig:
     labels: tuple[str, ...] = field(metadata={"help": "label folders (from `sieverag label`)"})
     out: str = field(metadata={"help": "output folder"})
     policy: LabelPolicy = field(default_factory=LabelPolicy, metadata={
-        "help": "how the signals become labels (see README: label policy)"})
+        "help": "how the signals become labels (see docs/labelling.md)"})
     mix: dict[str, float] | None = field(
         default=None, metadata={"help": "task shares, e.g. chunk=0.5,sentence=0.5 (in YAML a "
                                         "mapping); unset keeps every record"})

@@ -163,7 +163,7 @@ class RunConfig:
     `mcf`, `iter_retgen`, `router`, ...: see `sieverag.inference.pipelines.base`)."""
 
     dataset: str = field(metadata={"help": "dataset: a file, a save_to_disk FOLDER[:SPLIT] or "
-                                         "hf:NAME[:CONFIG]:SPLIT (see README: Data formats)"})
+                                         "hf:NAME[:CONFIG]:SPLIT (see docs/data-formats.md)"})
     pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={
         "help": "pipeline names: " + ", ".join(sorted(PIPELINES))})
     dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})

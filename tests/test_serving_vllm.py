@@ -127,10 +127,11 @@ def test_serve_reads_extra_args_from_its_flags() -> None:
     assert config.extra_argv == ["--enforce-eager"] and not config.prefix_caching
 
 
-def test_the_readme_shows_the_command_the_launcher_builds_for_the_shipped_filter() -> None:
-    """README "vLLM" quotes the command line for its example: it must stay the one the
+def test_the_docs_show_the_command_the_launcher_builds_for_the_shipped_filter() -> None:
+    """The vLLM docs page quotes the command line for its example: it must stay the one the
     launcher builds (folders shown as placeholders)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "serving" / "vllm.md").read_text(
+        encoding="utf-8")
     shown = readme.split("The launcher runs this command", 1)[1].split("```")[1].split()
     config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=(f"filter={DEFAULT_FILTER_NAME}",),
                               port=8000, max_model_len=4096)
