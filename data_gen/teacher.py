@@ -7,9 +7,11 @@ a boolean and every key sentence number names a sentence of the chunk. An invali
 answered once with the `teacher_correction` prompt; a second invalid reply is recorded as
 `invalid`, never silently accepted.
 
-Transport is `OpenAIBackend.generate`: bounded concurrency, retries with backoff on 429, 5xx,
-timeouts and unreadable bodies, the key from an environment variable; when its retries run
-out the run stops with `BackendUnavailableError` (everything finished so far is kept).
+Transport is `OpenAIBackend.generate`, on the `openai` SDK: bounded concurrency, the SDK's
+retries with backoff on 429, 5xx, timeouts and dropped connections (a retried request is one
+call: its label and usage are counted once), the key from an environment variable; when the
+retries run out, or a reply is not JSON, the run stops with `BackendUnavailableError`
+(everything finished so far is kept).
 
 The cache is an append-only jsonl file keyed by sha256 of (model, prompt messages). Each
 finished request (valid or invalid) is appended and flushed as soon as its reply arrives, so

@@ -129,10 +129,10 @@ def test_a_reply_past_pythons_limits_is_an_invalid_reply(tmp_path: Path, bad: st
     Reply(status=429, headers={"Retry-After": "0"}, body={"error": "slow down"}),
     Reply(status=500, body={"error": "boom"}),
     Reply(status=503, body="<html>unavailable</html>"),
-    Reply(body="{broken json"),
     Reply(delay_s=1.5, body=chat_reply(VALID)),  # longer than timeout_s: a timeout
-], ids=["429", "500", "503", "broken-json", "timeout"])
-def test_transient_failures_are_retried(tmp_path: Path, failure: Reply) -> None:
+], ids=["429", "500", "503", "timeout"])
+def test_transient_failures_are_retried_and_the_label_counted_once(tmp_path: Path,
+                                                                   failure: Reply) -> None:
     with FakeOpenAIServer(verdict_reply) as server:
         server.script(failure)
         teacher = client(server, tmp_path, timeout_s=0.5)
@@ -140,6 +140,22 @@ def test_transient_failures_are_retried(tmp_path: Path, failure: Reply) -> None:
         teacher.close()
     assert verdict.status == "valid" and verdict.attempts == 1
     assert len(server.requests) == 2
+    # The retry is the openai SDK's, inside one call: one label, one call's usage, one line.
+    stats = teacher.stats
+    assert (stats.asked, stats.valid, stats.corrections) == (1, 1, 0)
+    assert (stats.usage.calls, stats.usage.prompt_tokens) == (1, 100)
+    assert len((tmp_path / "cache.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_reply_that_is_not_json_stops_the_run_at_once(tmp_path: Path) -> None:
+    with FakeOpenAIServer(verdict_reply) as server:
+        server.script(Reply(body="{broken json"))
+        teacher = client(server, tmp_path)
+        with pytest.raises(BackendUnavailableError, match="not valid JSON"):
+            teacher.label([REQUEST])
+        teacher.close()
+        assert len(server.requests) == 1
+    assert len(TeacherCache(tmp_path / "cache.jsonl")) == 0
 
 
 def test_exhausted_retries_stop_the_run_and_keep_finished_replies(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from sieverag.inference.errors import (
     ContextError,
     SieveragError,
 )
+from sieverag.inference.llm import openai_backend
 from sieverag.inference.llm.base import (
     GenerationSettings,
     LLMBackend,
@@ -60,16 +61,15 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def backoff_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The waits the backend asks for between attempts, in order; they return at once."""
+    """The waits the SDK's client takes between attempts, in order."""
     waits: list[float] = []
-    sleep = asyncio.sleep
+    calculate = openai_backend.SieveragOpenAI._calculate_retry_timeout
 
-    async def recorded_sleep(delay: float, result: Any = None) -> Any:
-        if delay > 0:  # asyncio.sleep(0) is a scheduling point, not a wait
-            waits.append(delay)
-        return await sleep(0, result)
+    def recorded(client: Any, *args: Any, **kwargs: Any) -> float:
+        waits.append(calculate(client, *args, **kwargs))
+        return waits[-1]
 
-    monkeypatch.setattr(asyncio, "sleep", recorded_sleep)
+    monkeypatch.setattr(openai_backend.SieveragOpenAI, "_calculate_retry_timeout", recorded)
     return waits
 
 
@@ -355,14 +355,29 @@ def test_timeout_is_retried(server: FakeOpenAIServer, make_backend: BackendFacto
     assert len(server.requests) == 2
 
 
-def test_broken_json_is_retried_then_reported(
+def test_a_reply_that_is_not_json_is_reported_at_once(
     server: FakeOpenAIServer, make_backend: BackendFactory
 ) -> None:
-    server.script(*[Reply(body='{"choices": [')] * 3)
+    """The SDK parses a reply once it has it: a body that is not JSON is not retried."""
+    server.script(Reply(body='{"choices": ['))
     with pytest.raises(BackendUnavailableError, match="not valid JSON") as error:
         make_backend(max_retries=2).generate([ask("q")])
     assert server.base_url in str(error.value)
-    assert len(server.requests) == 3
+    assert len(server.requests) == 1
+
+
+def test_a_retried_request_is_one_call_counted_once(
+    server: FakeOpenAIServer, make_backend: BackendFactory, backoff_waits: list[float]
+) -> None:
+    server.script(Reply(status=503, body={"error": "warming up"}),
+                  Reply(status=500, body=chat_reply("lost", prompt_tokens=99)),
+                  Reply(body=chat_reply("Yes", top_logprobs=[("Yes", -0.1), ("No", -2.4)],
+                                        prompt_tokens=40)))
+    backend = make_backend()
+    assert backend.label_logprobs([ask("q")], ["Yes", "No"]) == [{"Yes": -0.1, "No": -2.4}]
+    assert len(server.requests) == 3 and len(backoff_waits) == 2
+    usage = backend.meter.snapshot()["scorer"]
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 40, 1)
 
 
 def test_client_errors_fail_at_once_with_the_server_message(
@@ -399,6 +414,18 @@ def test_api_key_is_sent_as_bearer_from_the_environment(
     backend.generate([ask("q")])
     assert server.requests[0].headers["authorization"] == "Bearer sk-secret"
     assert "sk-secret" not in repr(backend.config)
+    # The openai SDK's async client sent it.
+    assert server.requests[0].headers["user-agent"].startswith("SieveragOpenAI/Python")
+    assert server.requests[0].headers["x-stainless-async"].startswith("async:")
+
+
+def test_without_a_key_no_authorization_is_sent_not_even_openais(
+    server: FakeOpenAIServer, make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK would read OPENAI_API_KEY: a key meant for OpenAI must not reach this server."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-meant-for-openai")
+    make_backend().generate([ask("q")])
+    assert "authorization" not in server.requests[0].headers
 
 
 def test_unset_api_key_variable_is_a_config_error(

@@ -25,12 +25,16 @@ every prompt goes through the context guard (inference/llm/context.py) before it
 without it prompts are sent as they are, and a server refuses one over its context with its
 own error (vLLM and the embedded server: HTTP 400), reported as the one-line error below.
 
-Requests run concurrently, at most `max_concurrency` in flight, on a private event-loop thread,
-so the synchronous methods also work when called from code that runs its own event loop.
-Rate limits (429), server errors (5xx), timeouts, dropped connections and unreadable bodies
-are retried with exponential backoff and jitter, honouring Retry-After; when the retries run
-out the call raises `BackendUnavailableError`. Any other 4xx fails at once with the server's
-own error message.
+Requests go through the `openai` SDK's async client, at most `max_concurrency` in flight, on
+a private event-loop thread, so the synchronous methods also work when called from code that
+runs its own event loop. The SDK retries rate limits (429), server errors (5xx), 408 and 409,
+timeouts and dropped connections (`max_retries` times, after `backoff_s` doubling, with
+jitter; a Retry-After of up to a minute wins); when the retries run out the call raises
+`BackendUnavailableError`, as it does at once for a reply that is not valid JSON. Any other
+4xx fails at once with the server's own error message. A retried request is one call: its
+usage is counted once, from the reply that succeeded. The key comes from `api_key_env`; with
+none, no Authorization header is sent (and OPENAI_API_KEY is never read: a key meant for
+OpenAI must not reach another server).
 """
 
 from __future__ import annotations
@@ -40,14 +44,12 @@ import math
 import os
 import random
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
-from time import time
 from typing import Any, Literal, TypeVar
 
-import httpx
+import openai
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
 from sieverag.inference.llm.base import (
@@ -62,6 +64,11 @@ from sieverag.inference.types import ContextOverflow, Conversation
 T = TypeVar("T")
 _DEFAULT_SETTINGS = GenerationSettings()
 _WORD_MARKERS = "▁Ġ"  # SentencePiece and byte-level BPE spellings of a leading space
+# A Retry-After the client waits for (longer ones, too: the SDK then gives up at once).
+_LONGEST_RETRY_AFTER_S = 60.0
+# The statuses the SDK retries; once its retries run out, the server counts as unavailable.
+_RETRIED_STATUSES = frozenset({408, 409, 429})
+Endpoint = Literal["chat/completions", "completions"]
 
 
 @dataclass(frozen=True)
@@ -124,13 +131,31 @@ class OpenAIBackendConfig:
                                error=ValueError)
 
 
+class SieveragOpenAI(openai.AsyncOpenAI):
+    """The SDK's async client (its user agent `SieveragOpenAI/Python <SDK version>`), its first
+    retry delay `backoff_s` (the SDK's is a fixed 0.5 s), doubling on each retry, with jitter;
+    a Retry-After the server sends wins, as in the SDK."""
+
+    def __init__(self, *, backoff_s: float, **options: Any) -> None:
+        super().__init__(**options)
+        self.backoff_s = backoff_s
+
+    def _calculate_retry_timeout(self, remaining_retries: int, options: Any,
+                                 response_headers: Any = None) -> float:
+        retry_after = self._parse_retry_after_header(response_headers)
+        if retry_after is not None and 0 < retry_after <= _LONGEST_RETRY_AFTER_S:
+            return retry_after
+        retries_taken = options.get_max_retries(self.max_retries) - remaining_retries
+        return self.backoff_s * 2 ** retries_taken * random.uniform(0.5, 1.0)
+
+
 @dataclass
 class _Session:
     """The private event loop, its thread, and the client and pool bound to it."""
 
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
-    client: httpx.AsyncClient
+    client: SieveragOpenAI
     slots: asyncio.Semaphore
 
 
@@ -140,13 +165,15 @@ class OpenAIBackend:
     def __init__(self, config: OpenAIBackendConfig, meter: UsageMeter | None = None) -> None:
         self.config = config
         self.meter = UsageMeter() if meter is None else meter
-        self._headers: dict[str, str] = {}
+        self._key: str | None = None
+        # Without a key the SDK's Authorization header is left out of every request.
+        self._headers: Mapping[str, Any] = {"Authorization": openai.Omit()}
         if config.api_key_env is not None:
             key = os.environ.get(config.api_key_env)
             if not key:
                 raise ConfigError(f"environment variable {config.api_key_env} (api_key_env) is "
                                   "not set; export the server's API key there or unset api_key_env")
-            self._headers["Authorization"] = f"Bearer {key}"
+            self._key, self._headers = key, {}
         self._lock = threading.Lock()
         self._session: _Session | None = None
         self._tokenizer: Any = None
@@ -168,9 +195,9 @@ class OpenAIBackend:
         payloads = [self._chat_payload(prompt, max_tokens=settings.max_new_tokens,
                                        temperature=settings.temperature, stop=settings.stop)
                     for prompt in prompts]
-        bodies = self._post_all("chat/completions", payloads, agent, dropped)
-        return [cut_at_stop(self._dig(body, "choices", 0, "message", "content") or "",
-                             settings.stop) for body in bodies]
+        replies = self._post_all("chat/completions", payloads, agent, dropped)
+        return [cut_at_stop(self._dig(reply, "choices", 0, "message").content or "",
+                             settings.stop) for reply in replies]
 
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
@@ -193,9 +220,9 @@ class OpenAIBackend:
             payloads = [self._chat_payload(prompt, max_tokens=1, temperature=0.0, logprobs=True,
                                            top_logprobs=self.config.top_logprobs)
                         for prompt in fitted]
-            bodies = self._post_all("chat/completions", payloads, agent, dropped)
-            for score, body in zip(scores, bodies, strict=True):
-                score.update(self._read_labels(body, single_token))
+            replies = self._post_all("chat/completions", payloads, agent, dropped)
+            for score, reply in zip(scores, replies, strict=True):
+                score.update(self._read_labels(reply, single_token))
         # Left unscored: every multi-token label, and under "exact" each top-k miss; only
         # these (prompt, label) pairs are sent again, as whole replies.
         unscored = [(index, label) for index, score in enumerate(scores)
@@ -225,17 +252,17 @@ class OpenAIBackend:
         payloads = [{"model": self.config.model, "prompt": text + continuation, "max_tokens": 1,
                      "temperature": 0.0, "echo": True, "logprobs": 1}
                     for text, continuation in zip(rendered, continuations, strict=True)]
-        bodies = self._post_all("completions", payloads, agent, dropped)
-        return [self._sum_span(body, len(text), len(text) + len(continuation))
-                for body, text, continuation in zip(bodies, rendered, continuations,
-                                                     strict=True)]
+        replies = self._post_all("completions", payloads, agent, dropped)
+        return [self._sum_span(reply, len(text), len(text) + len(continuation))
+                for reply, text, continuation in zip(replies, rendered, continuations,
+                                                      strict=True)]
 
     def close(self) -> None:
         """Close the connections and stop the private event loop (a later call restarts it)."""
         with self._lock:
             session, self._session = self._session, None
         if session is not None:
-            asyncio.run_coroutine_threadsafe(session.client.aclose(), session.loop).result()
+            asyncio.run_coroutine_threadsafe(session.client.close(), session.loop).result()
             session.loop.call_soon_threadsafe(session.loop.stop)
             session.thread.join()
             session.loop.close()
@@ -274,20 +301,22 @@ class OpenAIBackend:
                                            self.config.context_overflow, model=self.config.model)
             return self._guard
 
-    def _post_all(self, path: str, payloads: list[dict[str, Any]], agent: str,
+    def _post_all(self, endpoint: Endpoint, payloads: list[dict[str, Any]], agent: str,
                   dropped: Sequence[int] = ()) -> list[Any]:
-        """POST every payload concurrently; bodies in payload order; usage recorded for agent
-        (with the prompt tokens the context guard `dropped` from each)."""
+        """Send every payload to `endpoint` concurrently; the SDK's replies in payload order;
+        usage recorded for agent (with the prompt tokens the context guard `dropped` from
+        each)."""
         if not payloads:
             return []
         session = self._started()
-        bodies = self._run(session, self._gather(session, path, payloads))
-        usages = [(body.get("usage") or {}) if isinstance(body, dict) else {} for body in bodies]
-        self.meter.record(agent, len(bodies), sum(u.get("prompt_tokens", 0) for u in usages),
-                          sum(u.get("completion_tokens", 0) for u in usages),
+        replies = self._run(session, self._gather(session, endpoint, payloads))
+        usages = [getattr(reply, "usage", None) for reply in replies]
+        self.meter.record(agent, len(replies),
+                          sum(getattr(u, "prompt_tokens", 0) or 0 for u in usages),
+                          sum(getattr(u, "completion_tokens", 0) or 0 for u in usages),
                           truncated_prompts=sum(1 for d in dropped if d),
                           tokens_dropped=sum(dropped))
-        return bodies
+        return replies
 
     @staticmethod
     def _run(session: _Session, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -306,17 +335,18 @@ class OpenAIBackend:
                 thread = threading.Thread(target=loop.run_forever, name="openai-backend",
                                           daemon=True)
                 thread.start()
-                client = httpx.AsyncClient(
-                    headers=self._headers, timeout=httpx.Timeout(self.config.timeout_s),
-                    limits=httpx.Limits(max_connections=self.config.max_concurrency))
+                client = SieveragOpenAI(base_url=self.config.base_url, api_key=self._key or "none",
+                                 timeout=self.config.timeout_s,
+                                 max_retries=self.config.max_retries,
+                                 backoff_s=self.config.backoff_s)
                 self._session = _Session(loop, thread, client,
                                          asyncio.Semaphore(self.config.max_concurrency))
             return self._session
 
-    async def _gather(self, session: _Session, path: str,
+    async def _gather(self, session: _Session, endpoint: Endpoint,
                       payloads: list[dict[str, Any]]) -> list[Any]:
-        """All bodies in order; the first failure cancels the requests still running."""
-        tasks = [asyncio.ensure_future(self._post(session, path, payload))
+        """All replies in order; the first failure cancels the requests still running."""
+        tasks = [asyncio.ensure_future(self._send(session, endpoint, payload))
                  for payload in payloads]
         try:
             return list(await asyncio.gather(*tasks))
@@ -326,76 +356,76 @@ class OpenAIBackend:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _post(self, session: _Session, path: str, payload: dict[str, Any]) -> Any:
-        """One request with retries; the parsed JSON body of the first good reply."""
-        url = f"{self.config.base_url}/{path}"
-        attempts = self.config.max_retries + 1
+    async def _send(self, session: _Session, endpoint: Endpoint,
+                    payload: dict[str, Any]) -> Any:
+        """One request, retried by the SDK; its parsed reply. Raises `BackendUnavailableError`
+        once the retries run out, `SieveragError` for a request the server refuses."""
+        resource = (session.client.chat.completions if endpoint == "chat/completions"
+                    else session.client.completions)
+        url = f"{self.config.base_url}/{endpoint}"
         async with session.slots:
-            for attempt in range(attempts):
-                retry_after = None
-                try:
-                    response = await session.client.post(url, json=payload)
-                except httpx.TimeoutException:
-                    failure = f"no reply within timeout_s={self.config.timeout_s}"
-                except httpx.TransportError as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                else:
-                    status = response.status_code
-                    if status == 429 or status >= 500:
-                        failure = f"HTTP {status} ({response.text[:200]!r})"
-                        retry_after = _retry_after(response)
-                    elif status >= 400:
-                        raise SieveragError(self._rejection(url, response))
-                    else:
-                        try:
-                            return response.json()
-                        except ValueError:
-                            failure = "the reply body was not valid JSON"
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(retry_after if retry_after is not None
-                                        else self.config.backoff_s * 2 ** attempt
-                                        * random.uniform(0.5, 1.0))
-        raise BackendUnavailableError(
-            f"the LLM server at {url} failed {attempts} attempt(s), last with {failure}; "
-            "is the server running? start it with `sieverag serve ...` (or `vllm serve`), "
-            "or point base_url at a running one")
+            try:
+                return await resource.create(**payload, extra_headers=self._headers)
+            except openai.APIStatusError as error:
+                if error.status_code in _RETRIED_STATUSES or error.status_code >= 500:
+                    raise self._unavailable(url, f"HTTP {error.status_code} "
+                                            f"({str(error.body)[:200]!r})") from None
+                raise SieveragError(self._rejection(url, error)) from None
+            except openai.APITimeoutError:
+                raise self._unavailable(
+                    url, f"no reply within timeout_s={self.config.timeout_s}") from None
+            except openai.APIConnectionError as error:
+                cause = error.__cause__ or error
+                raise self._unavailable(url, f"{type(cause).__name__}: {cause}") from None
+            except ValueError as error:  # the SDK parses the body as JSON; retrying cannot
+                raise BackendUnavailableError(
+                    f"the LLM server at {url} sent a reply that is not valid JSON ({error}); "
+                    "is base_url the server's OpenAI-compatible base URL (ending in /v1)?"
+                ) from None
 
-    def _rejection(self, url: str, response: httpx.Response) -> str:
+    def _unavailable(self, url: str, failure: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the LLM server at {url} failed {self.config.max_retries + 1} attempt(s), last "
+            f"with {failure}; is the server running? start it with `sieverag serve ...` (or "
+            "`vllm serve`), or point base_url at a running one")
+
+    def _rejection(self, url: str, error: openai.APIStatusError) -> str:
         """The message for a 4xx reply that retrying cannot fix."""
-        try:
-            body = response.json()
-            error = body.get("error") or body.get("message") or body.get("detail") or body
-            message = error.get("message", error) if isinstance(error, dict) else error
-        except (ValueError, AttributeError):
-            message = response.text[:300]
+        body = error.body  # the SDK's: the body's "error" object, or the body itself
+        message: Any = body.get("message", body) if isinstance(body, dict) else body
+        if not message:
+            message = error.response.text[:300]
         hint = {401: "check the key in api_key_env", 403: "check the key in api_key_env",
                 404: f"check base_url and that the server serves model {self.config.model!r}"}
-        advice = hint.get(response.status_code, "check the request settings")
-        if response.status_code == 400 and "logprob" in str(message).lower():
+        advice = hint.get(error.status_code, "check the request settings")
+        if error.status_code == 400 and "logprob" in str(message).lower():
             advice = ("the server does not return the log-probs asked for: ask for fewer "
                       "(top_logprobs) or serve the model with more (vLLM's --max-logprobs; "
                       "`sieverag serve --engine vllm --vllm.max-logprobs N`)")
         return (f"the LLM server at {url} rejected the request with HTTP "
-                f"{response.status_code}: {message}; {advice}")
+                f"{error.status_code}: {message}; {advice}")
 
-    def _dig(self, body: Any, *path: str | int) -> Any:
-        """body[path[0]][path[1]]...; a clear error where the server's reply lacks a field."""
-        node = body
+    def _dig(self, reply: Any, *path: str | int) -> Any:
+        """reply.path[0][path[1]]...; a clear error where the server's reply lacks a field."""
+        node = reply
         for key in path:
             try:
-                node = node[key]
-            except (KeyError, IndexError, TypeError):
+                node = node[key] if isinstance(key, int) else getattr(node, key)
+            except (KeyError, IndexError, TypeError, AttributeError):
+                node = None
+            if node is None:
                 where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path)
                 raise SieveragError(
                     f"the LLM server at {self.config.base_url} sent a reply without {where[1:]}; "
-                    "is it OpenAI-compatible, with log-prob support where needed?") from None
+                    "is it OpenAI-compatible, with log-prob support where needed?")
         return node
 
-    def _read_labels(self, body: Any, labels: Sequence[str]) -> dict[str, float]:
+    def _read_labels(self, reply: Any, labels: Sequence[str]) -> dict[str, float]:
         """Label log-probs from the first generated token's top-k list; a label absent from it
         gets the floor, or is left out under "exact" (to be scored as a whole reply)."""
-        first = self._dig(body, "choices", 0, "logprobs", "content", 0)
-        top = [(entry["token"], entry["logprob"]) for entry in self._dig(first, "top_logprobs")]
+        first = self._dig(reply, "choices", 0, "logprobs", "content", 0)
+        top = [(self._dig(entry, "token"), self._dig(entry, "logprob"))
+               for entry in self._dig(first, "top_logprobs")]
         chosen = (self._dig(first, "token"), self._dig(first, "logprob"))
         if chosen not in top:
             top.append(chosen)
@@ -425,9 +455,9 @@ class OpenAIBackend:
             "served model's local tokenizer folder to score them exactly, or set "
             "missing_label_logprob to 'topk_min' or a number <= 0 to accept a floor")
 
-    def _sum_span(self, body: Any, start: int, end: int) -> float:
+    def _sum_span(self, reply: Any, start: int, end: int) -> float:
         """Sum of the echoed token log-probs whose text offset lies in [start, end)."""
-        logprobs = self._dig(body, "choices", 0, "logprobs")
+        logprobs = self._dig(reply, "choices", 0, "logprobs")
         pairs = zip(self._dig(logprobs, "token_logprobs"), self._dig(logprobs, "text_offset"),
                     strict=True)
         # The first echoed token has no log-prob (nothing precedes it): None, never counted.
@@ -476,21 +506,6 @@ class OpenAIBackend:
                                       "chat template; use the served model's tokenizer folder")
                 self._tokenizer = tokenizer
             return self._tokenizer
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds asked for by a Retry-After header (delta-seconds or HTTP date), if any."""
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time())
-    except (TypeError, ValueError):
-        return None
 
 
 def _logsumexp(values: Sequence[float]) -> float:
