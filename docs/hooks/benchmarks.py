@@ -1,4 +1,5 @@
-"""MkDocs hook: the benchmark scripts' reference, from each script's own docstring.
+"""The benchmark scripts' reference, from each script's own docstring (a part
+docs/hooks/generated.py writes).
 
 `docs/benchmarks.md` holds the line `<!-- benchmark-scripts -->`; the build replaces it with a
 table of the scripts in `tests/benchmarks/` (each one that runs as a script) and a section per
@@ -45,9 +46,6 @@ def benchmarks_reference() -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(sections)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    if page.file.src_uri != PAGE:
-        return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"{PAGE} lost its {MARKER} line: the benchmarks have nowhere to go")
-    return markdown.replace(MARKER, benchmarks_reference())
+# What docs/hooks/generated.py puts in place of MARKER on PAGE.
+WHAT = "the benchmarks"
+generate = benchmarks_reference

@@ -1,4 +1,5 @@
-"""MkDocs hook: the CLI reference page, written at build time from each command's `--help`.
+"""The CLI reference page, written at build time from each command's `--help` (a part
+docs/hooks/generated.py writes).
 
 `docs/cli.md` holds the line `<!-- cli-reference -->`; the build replaces it with a section per
 command of `sieverag.cli.COMMANDS` (and per command group), each holding what `sieverag ...
@@ -106,9 +107,6 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    if page.file.src_uri != PAGE:
-        return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"{PAGE} lost its {MARKER} line: the CLI reference has nowhere to go")
-    return markdown.replace(MARKER, cli_reference())
+# What docs/hooks/generated.py puts in place of MARKER on PAGE.
+WHAT = "the CLI reference"
+generate = cli_reference

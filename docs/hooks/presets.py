@@ -1,4 +1,5 @@
-"""MkDocs hook: the Presets section of the configuration page, from the shipped preset files.
+"""The Presets section of the configuration page, from the shipped preset files (a part
+docs/hooks/generated.py writes).
 
 `docs/configuration.md` holds the line `<!-- presets -->`; the build replaces it with each
 YAML file of `inference/presets/` (what `--preset NAME` reads), comments included.
@@ -25,9 +26,6 @@ def presets_reference() -> str:
                      f"{path.read_text(encoding='utf-8').rstrip()}\n```\n" for path in files)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    if page.file.src_uri != PAGE:
-        return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"{PAGE} lost its {MARKER} line: the presets have nowhere to go")
-    return markdown.replace(MARKER, presets_reference())
+# What docs/hooks/generated.py puts in place of MARKER on PAGE.
+WHAT = "the presets"
+generate = presets_reference

@@ -22,20 +22,8 @@ def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]]
     auroc: area under the ROC curve of the method's score over all passages (gold = positive),
     average_precision: area under its precision–recall curve (None without a score).
     """
-    per_question = []
-    hits = kept_total = gold_total = 0
-    for example in examples:
-        chosen = set(kept[example.id])
-        gold = {d.id for d in example.documents if d.is_gold}
-        figures = filter_scores(chosen, gold)
-        if figures is not None:
-            per_question.append(figures)
-        hits += len(chosen & gold)
-        kept_total += len(chosen)
-        gold_total += len(gold)
-    result = _averaged(per_question)
-    result.update(_micro(hits, kept_total, gold_total))
-    result["kept_per_question"] = statistics.fmean(len(set(kept[e.id])) for e in examples)
+    result = decision_quality([(set(kept[e.id]), {d.id for d in e.documents if d.is_gold})
+                               for e in examples])
     result.update(ranking_quality(examples, scores))
     return result
 
@@ -56,29 +44,13 @@ def ranking_quality(examples: Sequence[Example], scores: Mapping[str, float] | N
 
 
 def sentence_quality(examples: Sequence[Example],
-                     kept: Mapping[str, Iterable[tuple[str, int]]]) -> dict[str, float]:
+                     kept: Mapping[str, Iterable[tuple[str, int]]]) -> dict[str, float | None]:
     """Sentence-level figures: kept (passage id, sentence index) pairs against supporting facts.
 
     precision / recall / f1 per question (`filter_scores`), averaged over questions; micro_*
     pooled; kept_per_question: mean sentences kept.
     """
-    per_question = []
-    hits = kept_total = gold_total = 0
-    sizes = []
-    for example in examples:
-        chosen = set(kept[example.id])
-        gold = supporting_facts(example)
-        scores = filter_scores(chosen, gold)
-        if scores is not None:
-            per_question.append(scores)
-        hits += len(chosen & gold)
-        kept_total += len(chosen)
-        gold_total += len(gold)
-        sizes.append(len(chosen))
-    result = _averaged(per_question)
-    result.update(_micro(hits, kept_total, gold_total))
-    result["kept_per_question"] = statistics.fmean(sizes) if sizes else 0.0
-    return result
+    return decision_quality([(set(kept[e.id]), supporting_facts(e)) for e in examples])
 
 
 def supporting_facts(example: Example) -> set[tuple[str, int]]:
@@ -90,6 +62,21 @@ def has_supporting_facts(example: Example) -> bool:
     """True when the row carries sentence-level gold and every passage has its sentences."""
     return (any(d.supporting_sentences for d in example.documents)
             and all(d.sentences for d in example.documents))
+
+
+def decision_quality(questions: Sequence[tuple[set, set]]) -> dict[str, float | None]:
+    """Figures of what was kept against the gold, given (kept, gold) per question: precision,
+    recall and F1 per question (`filter_scores`, questions without gold left out) averaged
+    over questions; micro_* the same counts pooled; kept_per_question."""
+    per_question = [f for f in (filter_scores(kept, gold) for kept, gold in questions)
+                    if f is not None]
+    result = _averaged(per_question)
+    result.update(_micro(sum(len(kept & gold) for kept, gold in questions),
+                         sum(len(kept) for kept, _ in questions),
+                         sum(len(gold) for _, gold in questions)))
+    result["kept_per_question"] = (statistics.fmean(len(kept) for kept, _ in questions)
+                                   if questions else 0.0)
+    return result
 
 
 def _averaged(per_question: Sequence[Mapping[str, float]]) -> dict[str, float | None]:

@@ -1,0 +1,38 @@
+"""MkDocs hook: the pages' generated parts, written at build time so they cannot drift.
+
+Each module beside this one generates one part — `cli_reference` (every command's `--help`),
+`presets` (the shipped presets), `benchmarks` (each benchmark script's docstring) — for its
+`PAGE`, which holds its `MARKER` line; the build replaces the line with `generate()`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+from mkdocs.exceptions import PluginError
+
+HERE = Path(__file__).parent
+PARTS = ("cli_reference", "presets", "benchmarks")
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"sieverag_docs_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATORS = {module.PAGE: module for module in map(_load, PARTS)}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    part = GENERATORS.get(page.file.src_uri)
+    if part is None:
+        return markdown
+    if part.MARKER not in markdown:
+        raise PluginError(f"{part.PAGE} lost its {part.MARKER} line: {part.WHAT} have nowhere "
+                          "to go")
+    return markdown.replace(part.MARKER, part.generate())
