@@ -73,6 +73,10 @@ def run_build_dataset(command: BuildDatasetCommand) -> int:
         print(f"{split}: {counts} (chunk positives "
               f"{summary.chunk_positive_fraction[split]:.0%}); by source "
               f"{summary.sources[split]}")
+    if not sum(summary.counts["validation"].values()):
+        print(f"note: the validation split is empty ({summary.questions.get('validation', 0)} "
+              "question(s) held out): train with eval_strategy: 'no', or raise "
+              "--validation-fraction or label more questions")
     _print_agreement(summary.gold_agreement)
     print(f"dataset: {command.out}/dataset (save_to_disk), {command.out}/train.jsonl, "
           f"{command.out}/validation.jsonl, {command.out}/stats.json")

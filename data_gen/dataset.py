@@ -128,11 +128,31 @@ def _rule_name(rule: str, gold: Any, policy: LabelPolicy) -> str:
     return "gold" if policy.gold != "ignore" and gold is not None else rule
 
 
+def split_position(question_id: str, seed: int) -> float:
+    """A question's stable place in [0, 1): a hash of the seed and its id."""
+    digest = hashlib.sha256(f"{seed}/{question_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def split_of(question_id: str, validation_fraction: float, seed: int) -> str:
     """`validation` for a stable hash-chosen share of question ids, else `train`."""
-    digest = hashlib.sha256(f"{seed}/{question_id}".encode()).digest()
-    position = int.from_bytes(digest[:8], "big") / 2**64
-    return "validation" if position < validation_fraction else "train"
+    return "validation" if split_position(question_id, seed) < validation_fraction else "train"
+
+
+def split_questions(question_ids: Sequence[str], validation_fraction: float,
+                    seed: int) -> dict[str, str]:
+    """Each question id's split (`split_of`); with a validation share and two questions or
+    more, neither split is left empty: the question placed lowest is held out when the hash
+    held out none (a small set such as the README's two-question sample), and the one placed
+    highest is trained on when it held out all."""
+    splits = {qid: split_of(qid, validation_fraction, seed) for qid in question_ids}
+    if validation_fraction > 0 and len(splits) >= 2:
+        ordered = sorted(splits, key=lambda qid: split_position(qid, seed))
+        if "validation" not in splits.values():
+            splits[ordered[0]] = "validation"
+        if "train" not in splits.values():
+            splits[ordered[-1]] = "train"
+    return splits
 
 
 def balance_chunks(records: list[dict[str, Any]], positive_fraction: float,
@@ -215,9 +235,11 @@ def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSumma
     questions = _load_questions(config.labels)
     by_split: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
     question_counts: Counter[str] = Counter()
+    splits = split_questions([q.question_id for q in questions], config.validation_fraction,
+                             config.seed)
     for question in tqdm(questions, desc="building records", unit="question",
                          disable=not progress):
-        split = split_of(question.question_id, config.validation_fraction, config.seed)
+        split = splits[question.question_id]
         question_counts[split] += 1
         by_split[split].extend(question_records(question, config.policy))
     rng = random.Random(config.seed)
@@ -227,6 +249,11 @@ def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSumma
         if config.mix is not None:
             records = mix_tasks(records, config.mix, rng)
         by_split[split] = records
+    if not by_split["train"]:
+        raise DatasetError(
+            f"no training records built from {', '.join(config.labels)} "
+            f"({question_counts['train']} training question(s)): the label policy, "
+            "--chunk-positive-fraction or --mix left none; label more questions or loosen them")
     summary = _describe(by_split, config, question_counts)
     summary.gold_agreement = gold_agreement(questions, config.policy)
     _save(by_split, summary, Path(config.out))
@@ -303,8 +330,14 @@ def _save(by_split: Mapping[str, list[dict[str, Any]]], summary: BuildSummary, o
             ids = dict.fromkeys(r["question_id"] for r in records)
             (staging / f"{split}_ids.txt").write_text("".join(f"{i}\n" for i in ids),
                                                        encoding="utf-8")
-        DatasetDict({split: Dataset.from_list(records) if records else Dataset.from_dict({})
-                     for split, records in by_split.items()}).save_to_disk(staging / "dataset")
+        # An empty split keeps the training split's columns and one (empty) shard: saved
+        # without them, `load_from_disk` cannot read the folder back.
+        splits = {split: Dataset.from_list(records) for split, records in by_split.items()
+                  if records}
+        empty = [split for split in by_split if split not in splits]
+        splits.update({split: splits["train"].select([]) for split in empty})
+        DatasetDict({split: splits[split] for split in by_split}).save_to_disk(
+            staging / "dataset", num_shards=dict.fromkeys(empty, 1))
         (staging / "stats.json").write_text(json.dumps(asdict(summary), indent=2),
                                             encoding="utf-8")
         if out.exists():

@@ -10,7 +10,12 @@ from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_re
 
 from sieverag.cli import main
 from sieverag.data_gen.cli import BuildDatasetCommand, LabelCommand
-from sieverag.data_gen.dataset import DatasetConfig, build_dataset, split_of
+from sieverag.data_gen.dataset import (
+    DatasetConfig,
+    build_dataset,
+    split_of,
+    split_questions,
+)
 from sieverag.data_gen.labelling import (
     CONFIG_FILE,
     LABELS_FILE,
@@ -206,6 +211,46 @@ def test_build_dataset_splits_by_question_balances_and_mixes(tmp_path: Path,
                                         "sentence": 1}, tokenizer=str(tiny_model_dir),
                                         validation_fraction=0.0), progress=False)
     assert mixed.counts["train"]["chunk"] == 3 * mixed.counts["train"]["sentence"]
+
+
+def test_a_small_set_keeps_a_question_in_each_split() -> None:
+    """The hash split holds out no question of a small set (the README's two-question
+    sample): the one placed lowest is held out; one placed highest is trained on when all
+    were held out; a single question, or no validation share, trains on everything."""
+    ids = [f"q{i}" for i in range(40)]
+    assert split_questions(ids, 0.5, 0) == {i: split_of(i, 0.5, 0) for i in ids}
+    two = [i for i in ids if split_of(i, 0.1, 0) == "train"][:2]
+    assert sorted(split_questions(two, 0.1, 0).values()) == ["train", "validation"]
+    assert sorted(split_questions(two, 0.999, 0).values()) == ["train", "validation"]
+    assert split_questions(two[:1], 0.1, 0) == {two[0]: "train"}
+    assert set(split_questions(two, 0.0, 0).values()) == {"train"}
+
+
+def test_an_empty_validation_split_loads_with_its_columns(tmp_path: Path,
+                                                          tiny_model_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from datasets import load_from_disk
+
+    write_labels(tmp_path / "labels", [labelled_question(0)])
+    out = tmp_path / "dataset"
+    assert main(["build-dataset", "--labels", str(tmp_path / "labels"), "--out", str(out),
+                 "--tokenizer", str(tiny_model_dir), "--quiet"]) == 0
+    assert "note: the validation split is empty (0 question(s) held out)" in \
+        capsys.readouterr().out
+    saved = load_from_disk(str(out / "dataset"))
+    assert saved["validation"].num_rows == 0 and saved["train"].num_rows > 0
+    assert saved["validation"].column_names == saved["train"].column_names
+
+
+def test_no_training_records_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    write_labels(tmp_path / "labels", [labelled_question(0, relevant=0, irrelevant=2)])
+    config = DatasetConfig(labels=(str(tmp_path / "labels"),), out=str(tmp_path / "dataset"),
+                           mix={"sentence": 1.0}, tokenizer=str(tiny_model_dir))
+    with pytest.raises(DatasetError, match="no training records built from .*: the label "
+                                           "policy, --chunk-positive-fraction or --mix"):
+        build_dataset(config, progress=False)
+    assert not (tmp_path / "dataset").exists()
 
 
 def test_split_is_stable_and_mix_validates() -> None:
