@@ -171,11 +171,10 @@ class StreamedText:
         self._text = self._complete + tail.rstrip("\ufffd")
 
 
-async def chat_stream(engine: BatchingEngine, request: SequenceRequest, prompt: EncodedPrompt,
-                      *, model: str, logprobs: bool, include_usage: bool,
-                      tokenizer: PreTrainedTokenizerBase) -> AsyncIterator[bytes]:
+def chat_stream(engine: BatchingEngine, request: SequenceRequest, prompt: EncodedPrompt,
+                *, model: str, logprobs: bool, include_usage: bool,
+                tokenizer: PreTrainedTokenizerBase) -> AsyncIterator[bytes]:
     """The events of a streamed /v1/chat/completions reply to `request`."""
-    feed = TokenFeed()
     reply_id, created = chat_id(), int(time.time())
 
     def chunk(delta: ChatDelta, placed: list[Placed] | None = None,
@@ -186,10 +185,8 @@ async def chat_stream(engine: BatchingEngine, request: SequenceRequest, prompt: 
         return event(ChatCompletionChunk(id=reply_id, created=created, model=model,
                                          choices=[choice]).model_dump_json())
 
-    futures: list[Future[SequenceResult]] = []
-    try:
-        futures.append(engine.submit(request, feed.listener(0)))
-        feed.watch(0, futures[0])
+    async def events(feed: TokenFeed, futures: list[Future[SequenceResult]]
+                     ) -> AsyncIterator[bytes]:
         text = StreamedText(tokenizer, request.stop)
         yield chunk(ChatDelta(role="assistant", content=""))
         while (item := await feed.next())[1] is not None:
@@ -203,20 +200,16 @@ async def chat_stream(engine: BatchingEngine, request: SequenceRequest, prompt: 
             yield event(ChatCompletionChunk(id=reply_id, created=created, model=model,
                                             choices=[], usage=usage([prompt], [result])
                                             ).model_dump_json())
-        yield DONE
-    except Exception as exc:
-        yield _failed(exc)
-    finally:
-        engine.cancel(futures)
+
+    return _stream(engine, [request], events)
 
 
-async def completion_stream(
+def completion_stream(
     engine: BatchingEngine, requests: Sequence[SequenceRequest],
     prompts: Sequence[EncodedPrompt], *, model: str, echo: bool, logprobs: int | None,
     include_usage: bool, tokenizer: PreTrainedTokenizerBase,
 ) -> AsyncIterator[bytes]:
     """The events of a streamed /v1/completions reply: one choice index per prompt."""
-    feed = TokenFeed()
     reply_id, created = completion_id(), int(time.time())
 
     def chunk(index: int, text: str, placed: list[Placed] | None = None,
@@ -236,11 +229,8 @@ async def completion_stream(
     def echoed(index: int, prompt_logprobs: Sequence[TokenLogprob | None] | None) -> bytes:
         return chunk(index, prompts[index].text, prompt_logprobs=prompt_logprobs)
 
-    futures: list[Future[SequenceResult]] = []
-    try:
-        for index, request in enumerate(requests):
-            futures.append(engine.submit(request, feed.listener(index)))
-            feed.watch(index, futures[-1])
+    async def events(feed: TokenFeed, futures: list[Future[SequenceResult]]
+                     ) -> AsyncIterator[bytes]:
         texts = [StreamedText(tokenizer, request.stop) for request in requests]
         results: list[SequenceResult | None] = [None] * len(requests)
         started = [False] * len(requests)
@@ -263,6 +253,26 @@ async def completion_stream(
             yield event(Completion(id=reply_id, created=created, model=model, choices=[],
                                    usage=usage(prompts, [r for r in results if r is not None])
                                    ).model_dump_json())
+
+    return _stream(engine, requests, events)
+
+
+Events = Callable[[TokenFeed, list[Future[SequenceResult]]], AsyncIterator[bytes]]
+
+
+async def _stream(engine: BatchingEngine, requests: Sequence[SequenceRequest],
+                  events: Events) -> AsyncIterator[bytes]:
+    """Submit `requests` (sequence i feeding index i), send what `events` makes of their
+    tokens, then [DONE]; a failure ends the stream with an error event instead. The sequences
+    are cancelled however the stream ends (a no-op for those finished)."""
+    feed = TokenFeed()
+    futures: list[Future[SequenceResult]] = []
+    try:
+        for index, request in enumerate(requests):
+            futures.append(engine.submit(request, feed.listener(index)))
+            feed.watch(index, futures[-1])
+        async for item in events(feed, futures):
+            yield item
         yield DONE
     except Exception as exc:
         yield _failed(exc)

@@ -6,14 +6,13 @@ documentation lists exactly the fields the request models declare."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from tiny_server import model
 
-from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.field_policy import (
     IGNORED_HEADER,
     MAX_HEADER_NAMES,
@@ -27,31 +26,11 @@ from sieverag.serving.protocol import (
     RerankV2Request,
 )
 
+# The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
+pytest_plugins = ["tiny_server"]
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "server-api.md"
 MESSAGES = [{"role": "user", "content": "Name a river."}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[LocalServer]:
-    with LocalServer(LocalServerConfig(model=str(tiny_model_dir), port=0,
-                                       access_log=False)) as running:
-        yield running
-
-
-@pytest.fixture()
-def client(server: LocalServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture()
-def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=60) as c:
-        yield c
-
-
-def model(server: LocalServer) -> str:
-    return server.engine.served.name
 
 
 def test_harmless_chat_fields_from_the_openai_sdk_change_nothing(server: LocalServer,

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tiny_server import model
 
 from sieverag.inference.errors import ConfigError
 from sieverag.serving import app as app_module
@@ -23,6 +24,9 @@ from sieverag.serving import tokens
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.limits import PromptLimits
 from sieverag.serving.local_server import LocalServer
+
+# The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
+pytest_plugins = ["tiny_server"]
 
 BODY_LIMIT = 100_000  # above the longest text prompt the tiny model's context can take
 CONVERSATION = [{"role": "user", "content": "Which city is the capital of France?"}]
@@ -35,16 +39,6 @@ def server(tiny_model_dir: Path) -> Iterator[LocalServer]:
                                default_chat_max_tokens=4)
     with LocalServer(config) as running:
         yield running
-
-
-@pytest.fixture()
-def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=60) as c:
-        yield c
-
-
-def model(server: LocalServer) -> str:
-    return server.engine.served.name
 
 
 def health_url(server: LocalServer) -> str:

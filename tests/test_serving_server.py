@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 import torch
+from tiny_server import fail_next_decode_step
 
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
@@ -30,6 +31,9 @@ from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.served_model import load_served_model
+
+# The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
+pytest_plugins = ["tiny_server"]
 
 CONVERSATION = [{"role": "user", "content": "Which city is the capital of France?"}]
 REPLY = " Paris is the capital. ✓"
@@ -60,18 +64,6 @@ def server(tiny_model_dir: Path, tiny_adapter_dir: Path) -> Iterator[LocalServer
                                port=0, access_log=False)
     with LocalServer(config) as running:
         yield running
-
-
-@pytest.fixture()
-def client(server: LocalServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture()
-def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=30) as c:
-        yield c
 
 
 def base_name(server: LocalServer) -> str:
@@ -338,16 +330,7 @@ def test_a_failing_batch_fails_its_requests_only(tiny_model_dir: Path,
     served = load_served_model(str(tiny_model_dir), ())
     engine = BatchingEngine(served)
     request = SequenceRequest(model=served.name, prompt_ids=(5, 6, 7), max_tokens=4)
-    decode_step = engine._decode_step
-    failures = iter([RuntimeError("injected fault")])
-
-    def faulty(name: str) -> None:
-        fault = next(failures, None)
-        if fault is not None:
-            raise fault
-        decode_step(name)
-
-    monkeypatch.setattr(engine, "_decode_step", faulty)
+    fail_next_decode_step(monkeypatch, engine)
     engine.start()
     try:
         with pytest.raises(RuntimeError, match="injected fault"):

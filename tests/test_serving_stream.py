@@ -9,39 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from tiny_server import fail_next_decode_step, model
 from transformers import AutoTokenizer
 
 from sieverag.inference.llm.base import first_stop
-from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import TokenEvent, TokenLogprob
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.streaming import StreamedText
 from sieverag.serving.tokens import prefix_offsets
 
+# The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
+pytest_plugins = ["tiny_server"]
+
 MESSAGES = [{"role": "user", "content": "Tell me about rivers ✓ 日本"}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[LocalServer]:
-    with LocalServer(LocalServerConfig(model=str(tiny_model_dir), port=0,
-                                       access_log=False)) as running:
-        yield running
-
-
-@pytest.fixture()
-def client(server: LocalServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c:
-        yield c
-
-
-def model(server: LocalServer) -> str:
-    return server.engine.served.name
 
 
 # ----- chat -----
@@ -161,16 +146,7 @@ def test_a_failure_under_way_ends_the_stream_with_an_error_the_sdk_raises(
     server: LocalServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = server.engine
-    decode_step = engine._decode_step
-    failures = iter([RuntimeError("injected fault")])
-
-    def faulty(name: str) -> None:
-        fault = next(failures, None)
-        if fault is not None:
-            raise fault
-        decode_step(name)
-
-    monkeypatch.setattr(engine, "_decode_step", faulty)
+    fail_next_decode_step(monkeypatch, engine)
     stream = client.chat.completions.create(model=model(server), messages=MESSAGES,
                                             max_tokens=8, stream=True)
     with pytest.raises(openai.APIError, match="the stream failed: RuntimeError: injected"):
