@@ -359,11 +359,15 @@ def test_a_reply_that_is_not_json_is_reported_at_once(
     server: FakeOpenAIServer, make_backend: BackendFactory
 ) -> None:
     """The SDK parses a reply once it has it: a body that is not JSON is not retried."""
-    server.script(Reply(body='{"choices": ['))
+    server.script(Reply(body='{"choices": ['),
+                  Reply(body="<html>maintenance</html>", headers={"Content-Type": "text/html"}))
+    backend = make_backend(max_retries=2)
     with pytest.raises(BackendUnavailableError, match="not valid JSON") as error:
-        make_backend(max_retries=2).generate([ask("q")])
+        backend.generate([ask("q")])
     assert server.base_url in str(error.value)
-    assert len(server.requests) == 1
+    with pytest.raises(BackendUnavailableError, match="not valid JSON.*maintenance"):
+        backend.generate([ask("q")])
+    assert len(server.requests) == 2
 
 
 def test_a_retried_request_is_one_call_counted_once(

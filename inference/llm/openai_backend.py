@@ -25,16 +25,16 @@ every prompt goes through the context guard (inference/llm/context.py) before it
 without it prompts are sent as they are, and a server refuses one over its context with its
 own error (vLLM and the embedded server: HTTP 400), reported as the one-line error below.
 
-Requests go through the `openai` SDK's async client, at most `max_concurrency` in flight, on
-a private event-loop thread, so the synchronous methods also work when called from code that
-runs its own event loop. The SDK retries rate limits (429), server errors (5xx), 408 and 409,
-timeouts and dropped connections (`max_retries` times, after `backoff_s` doubling, with
-jitter; a Retry-After of up to a minute wins); when the retries run out the call raises
-`BackendUnavailableError`, as it does at once for a reply that is not valid JSON. Any other
-4xx fails at once with the server's own error message. A retried request is one call: its
-usage is counted once, from the reply that succeeded. The key comes from `api_key_env`; with
-none, no Authorization header is sent (and OPENAI_API_KEY is never read: a key meant for
-OpenAI must not reach another server).
+Requests go through the `openai` SDK's async client (on its aiohttp transport where it has
+one), at most `max_concurrency` in flight, on a private event-loop thread, so the synchronous
+methods also work when called from code that runs its own event loop. The SDK retries rate
+limits (429), server errors (5xx), 408 and 409, timeouts and dropped connections
+(`max_retries` times, after `backoff_s` doubling, with jitter; a Retry-After of up to a minute
+wins); when the retries run out the call raises `BackendUnavailableError`, as it does at once
+for a reply that is not valid JSON. Any other 4xx fails at once with the server's own error
+message. A retried request is one call: its usage is counted once, from the reply that
+succeeded. The key comes from `api_key_env`; with none, no Authorization header is sent (and
+OPENAI_API_KEY is never read: a key meant for OpenAI must not reach another server).
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ import math
 import os
 import random
 import threading
+import weakref
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import openai
-from openai.types import Completion
-from openai.types.chat import ChatCompletion
 
 from sieverag.inference.errors import BackendUnavailableError, ConfigError, SieveragError
 from sieverag.inference.llm.base import (
@@ -71,8 +70,6 @@ _LONGEST_RETRY_AFTER_S = 60.0
 # The statuses the SDK retries; once its retries run out, the server counts as unavailable.
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 Endpoint = Literal["chat/completions", "completions"]
-_REPLY_TYPES: dict[Endpoint, type] = {"chat/completions": ChatCompletion,
-                                      "completions": Completion}
 
 
 @dataclass(frozen=True)
@@ -155,12 +152,15 @@ class SieveragOpenAI(openai.AsyncOpenAI):
 
 @dataclass
 class _Session:
-    """The private event loop, its thread, and the client and pool bound to it."""
+    """The private event loop, its thread, and the client and pool bound to it; `end` closes
+    them, once: when the backend is closed, collected, or the interpreter exits (an aiohttp
+    session left open complains on stderr)."""
 
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
     client: SieveragOpenAI
     slots: asyncio.Semaphore
+    end: weakref.finalize
 
 
 class OpenAIBackend:
@@ -200,7 +200,7 @@ class OpenAIBackend:
                                        temperature=settings.temperature, stop=settings.stop)
                     for prompt in prompts]
         replies = self._post_all("chat/completions", payloads, agent, dropped)
-        return [cut_at_stop(self._dig(reply, "choices", 0, "message").content or "",
+        return [cut_at_stop(self._dig(reply, "choices", 0, "message").get("content") or "",
                              settings.stop) for reply in replies]
 
     def label_logprobs(
@@ -266,10 +266,7 @@ class OpenAIBackend:
         with self._lock:
             session, self._session = self._session, None
         if session is not None:
-            asyncio.run_coroutine_threadsafe(session.client.close(), session.loop).result()
-            session.loop.call_soon_threadsafe(session.loop.stop)
-            session.thread.join()
-            session.loop.close()
+            session.end()
 
     def __enter__(self) -> OpenAIBackend:
         return self
@@ -314,10 +311,10 @@ class OpenAIBackend:
             return []
         session = self._started()
         replies = self._run(session, self._gather(session, endpoint, payloads))
-        usages = [getattr(reply, "usage", None) for reply in replies]
-        self.meter.record(agent, len(replies),
-                          sum(getattr(u, "prompt_tokens", 0) or 0 for u in usages),
-                          sum(getattr(u, "completion_tokens", 0) or 0 for u in usages),
+        usages = [(reply.get("usage") or {}) if isinstance(reply, dict) else {}
+                  for reply in replies]
+        self.meter.record(agent, len(replies), sum(u.get("prompt_tokens", 0) for u in usages),
+                          sum(u.get("completion_tokens", 0) for u in usages),
                           truncated_prompts=sum(1 for d in dropped if d),
                           tokens_dropped=sum(dropped))
         return replies
@@ -339,13 +336,17 @@ class OpenAIBackend:
                 thread = threading.Thread(target=loop.run_forever, name="openai-backend",
                                           daemon=True)
                 thread.start()
-                client = SieveragOpenAI(base_url=self.config.base_url, api_key=self._key or "none",
-                                 timeout=self.config.timeout_s,
-                                 max_retries=self.config.max_retries,
-                                 backoff_s=self.config.backoff_s)
-                self._session = _Session(loop, thread, client,
-                                         asyncio.Semaphore(self.config.max_concurrency))
+                # Made on the loop, where the client's connection pool will live.
+                client = asyncio.run_coroutine_threadsafe(self._client(), loop).result()
+                self._session = _Session(
+                    loop, thread, client, asyncio.Semaphore(self.config.max_concurrency),
+                    weakref.finalize(self, _end_session, loop, thread, client))
             return self._session
+
+    async def _client(self) -> SieveragOpenAI:
+        return SieveragOpenAI(base_url=self.config.base_url, api_key=self._key or "none",
+                              timeout=self.config.timeout_s, max_retries=self.config.max_retries,
+                              backoff_s=self.config.backoff_s, http_client=_http_client())
 
     async def _gather(self, session: _Session, endpoint: Endpoint,
                       payloads: list[dict[str, Any]]) -> list[Any]:
@@ -367,12 +368,12 @@ class OpenAIBackend:
         url = f"{self.config.base_url}/{endpoint}"
         async with session.slots:
             try:
-                # The SDK's generic POST (its documented way to any endpoint), typed reply and
-                # all: the payloads are JSON already, and `create()` would walk each one
-                # through the SDK's parameter transforms, which cost more than the request.
-                return await session.client.post(
-                    f"/{endpoint}", body=payload, cast_to=_REPLY_TYPES[endpoint],
-                    options={"headers": self._headers})
+                # The SDK's generic POST (its documented way to any endpoint), the reply as
+                # parsed JSON: the payloads are JSON already, and `create()` would walk each
+                # through the SDK's parameter transforms, and building its typed reply would
+                # walk the reply, which together cost more CPU than the old client's request.
+                reply = await session.client.post(f"/{endpoint}", body=payload, cast_to=object,
+                                                  options={"headers": self._headers})
             except openai.APIStatusError as error:
                 if error.status_code in _RETRIED_STATUSES or error.status_code >= 500:
                     raise self._unavailable(url, f"HTTP {error.status_code} "
@@ -385,10 +386,15 @@ class OpenAIBackend:
                 cause = error.__cause__ or error
                 raise self._unavailable(url, f"{type(cause).__name__}: {cause}") from None
             except ValueError as error:  # the SDK parses the body as JSON; retrying cannot
-                raise BackendUnavailableError(
-                    f"the LLM server at {url} sent a reply that is not valid JSON ({error}); "
-                    "is base_url the server's OpenAI-compatible base URL (ending in /v1)?"
-                ) from None
+                raise self._not_json(url, str(error)) from None
+        if not isinstance(reply, dict):  # the SDK returns a body it was not told is JSON as text
+            raise self._not_json(url, f"{str(reply)[:100]!r}")
+        return reply
+
+    def _not_json(self, url: str, detail: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the LLM server at {url} sent a reply that is not valid JSON ({detail}); is "
+            "base_url the server's OpenAI-compatible base URL (ending in /v1)?")
 
     def _unavailable(self, url: str, failure: str) -> BackendUnavailableError:
         return BackendUnavailableError(
@@ -413,12 +419,12 @@ class OpenAIBackend:
                 f"{error.status_code}: {message}; {advice}")
 
     def _dig(self, reply: Any, *path: str | int) -> Any:
-        """reply.path[0][path[1]]...; a clear error where the server's reply lacks a field."""
+        """reply[path[0]][path[1]]...; a clear error where the server's reply lacks a field."""
         node = reply
         for key in path:
             try:
-                node = node[key] if isinstance(key, int) else getattr(node, key)
-            except (KeyError, IndexError, TypeError, AttributeError):
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
                 node = None
             if node is None:
                 where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path)
@@ -513,6 +519,32 @@ class OpenAIBackend:
                                       "chat template; use the served model's tokenizer folder")
                 self._tokenizer = tokenizer
             return self._tokenizer
+
+
+def _end_session(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 client: SieveragOpenAI) -> None:
+    """Close `client` on `loop`, then stop the loop and its thread. Run on the loop's own
+    thread (the backend collected there), it can only ask for the close, not wait for it."""
+    if threading.current_thread() is thread:
+        loop.create_task(client.close())
+        return
+    asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+def _http_client() -> Any:
+    """The SDK's aiohttp transport where it has one and aiohttp is installed (it comes with
+    `datasets`): it spends half the CPU per request of the SDK's default httpx transport
+    (tests/benchmarks/bench_openai_client.py). None: the SDK's default."""
+    aiohttp_client = getattr(openai, "DefaultAioHttpClient", None)
+    if aiohttp_client is None:
+        return None
+    try:
+        return aiohttp_client()
+    except RuntimeError:  # the SDK says aiohttp is missing
+        return None
 
 
 def _logsumexp(values: Sequence[float]) -> float:
