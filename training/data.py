@@ -46,6 +46,10 @@ def load_filter_dataset(path: str | Path, splits: Iterable[str] = ("train", "val
         dataset = load_from_disk(str(folder))
     except (OSError, ValueError) as err:
         raise DatasetError(f"cannot load filter dataset {folder}: {err}") from err
+    except IndexError:  # a split saved with no shard at all (older build-dataset, empty split)
+        raise DatasetError(f"filter dataset {folder} has an empty split saved without its "
+                           "columns, which cannot be read: rebuild it with `sieverag "
+                           "build-dataset`") from None
     for split in splits:
         if split not in dataset:
             raise DatasetError(f"filter dataset {folder} has no {split!r} split "
@@ -55,6 +59,23 @@ def load_filter_dataset(path: str | Path, splits: Iterable[str] = ("train", "val
             raise DatasetError(f"filter dataset {folder}, split {split!r}: missing column(s) "
                                f"{', '.join(missing)}; records must follow "
                                "sieverag.inference.filters.filter_format")
+    return dataset
+
+
+def load_training_splits(path: str | Path, train_split: str,
+                         eval_split: str | None) -> DatasetDict:
+    """The splits a run trains and evaluates on (`eval_split` None: it does not evaluate),
+    refusing a dataset training cannot use: no training records, or none to evaluate on."""
+    splits = (train_split,) if eval_split is None else (train_split, eval_split)
+    dataset = load_filter_dataset(path, splits)
+    if len(dataset[train_split]) == 0:
+        raise DatasetError(f"filter dataset {path} holds no training records (split "
+                           f"{train_split!r} is empty): rebuild it with `sieverag build-dataset` "
+                           "from labels of more questions")
+    if eval_split is not None and len(dataset[eval_split]) == 0:
+        raise DatasetError(f"filter dataset {path} has no records in split {eval_split!r} to "
+                           "evaluate on: rebuild it with a --validation-fraction above 0 and at "
+                           "least two questions, or train with --overrides eval_strategy=no")
     return dataset
 
 
