@@ -7,6 +7,10 @@ filter evaluation.
   (`FilterModelConfig`, TRL's `ModelConfig` with the filter's defaults);
 * `recipe` — `parse_recipe`: TrlParser over the two and TRL's `SFTConfig`, with recipe keys
   and values checked against the fields (errors name the field);
+* `launch` — what `sieverag train` launches and whether it fits the machine: a shipped
+  accelerate config name → its GPU or CPU file, the config, process count and precision
+  checked against the machine, the launch environment, and the defaults a rank without CUDA
+  needs (gloo under DeepSpeed, `use_cpu` otherwise);
 * `data` — the `sieverag build-dataset` output as training reads it (splits, sampling,
   dropping over-long records, content fingerprint, the questions of a split);
 * `adapter` — the saved adapter: `verify_adapter` (non-empty, reloads with PEFT; the
@@ -15,7 +19,7 @@ filter evaluation.
   (MAIN-RAG judge, BM25 / dense top-k, keep-all) on the same passages;
 * `filter_eval` — `run_filter_eval`: held-out questions, chunk / sentence metrics, cache;
 * `filter_report` — report.json, report.md, the precision–recall plot;
-* `cli` — `register(subparsers)`: `sieverag eval-filter`;
+* `cli` — `sieverag train` (`plan_launch`: the checked launch) and `sieverag eval-filter`;
 * `recipes/` — `smollm2_filter_cpu.yaml` (2-core CPU, <= 60 min) and
   `llama3_8b_filter_zero2.yaml` (8 x A100 80 GB, DeepSpeed ZeRO-2).
 """

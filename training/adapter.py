@@ -26,8 +26,10 @@ from sieverag.inference.filters.adapters import (
 )
 from sieverag.inference.io_utils import write_atomic
 
-ZERO3_HINT = ("under DeepSpeed ZeRO-3 the LoRA weights must be gathered before saving: use "
-              "accelerate_configs/deepspeed_zero3.yaml (zero3_save_16bit_model: true)")
+ZERO3_HINT = ("under DeepSpeed ZeRO-3 the sharded LoRA weights must be gathered before saving "
+              "(the trainer's save_model does it, a model's own save_pretrained does not): "
+              "save through sieverag.training.sft with --accelerate-config zero3 "
+              "(zero3_save_16bit_model: true)")
 
 
 class AdapterSaveError(SieveragError):

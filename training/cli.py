@@ -5,14 +5,22 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sieverag.accelerate_configs import ACCELERATE_CONFIG_NAMES, ACCELERATE_CONFIGS_DIR
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.settings import narrow, settings
 from sieverag.training.filter_eval import FilterEvalConfig
+from sieverag.training.launch import (
+    LaunchConfig,
+    Machine,
+    check_launch,
+    launch_environment,
+    read_launch_config,
+    resolve_accelerate_config,
+    shipped_names,
+)
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -21,19 +29,32 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 class TrainCommand:
     """LoRA-train the filter: `accelerate launch -m sieverag.training.sft` with a shipped
     accelerate config and a recipe (TRL's SFTConfig and the filter's script and LoRA
-    settings), as `trl sft` does. The recipe is checked before anything is launched."""
+    settings), as `trl sft` does. The recipe, the dataset and the config's fit to this
+    machine are checked before anything is launched."""
 
     recipe: str = field(metadata={
         "help": "a shipped recipe's name (smollm2_filter_cpu, llama3_8b_filter_zero2) or a "
                 "recipe YAML file"})
     accelerate_config: str = field(default="cpu", metadata={
-        "help": "accelerate config: " + ", ".join(ACCELERATE_CONFIG_NAMES) + " (shipped) or "
-                "a YAML file"})
+        "help": "accelerate config: " + shipped_names() + " (shipped; ddp, zero2 and zero3 "
+                "pick their CPU file on a machine without CUDA) or a YAML file"})
     num_processes: int | None = field(default=None, metadata={
-        "help": "processes (GPUs) to launch; default: the accelerate config's"})
+        "help": "processes (GPUs, or CPU processes) to launch; default: the accelerate "
+                "config's"})
     overrides: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4 (in YAML, "
                 "a mapping of any values)"})
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A checked launch: the command line, its environment and what it trains with."""
+
+    argv: list[str]
+    env: dict[str, str]
+    config: LaunchConfig
+    processes: int
+    effective_batch: int
 
 
 def recipe_path(recipe: str) -> Path:
@@ -48,36 +69,52 @@ def recipe_path(recipe: str) -> Path:
     return path
 
 
-def accelerate_config_path(name: str) -> Path:
-    """A shipped accelerate config by name, else a config file."""
-    if name in ACCELERATE_CONFIG_NAMES:
-        return ACCELERATE_CONFIGS_DIR / ACCELERATE_CONFIG_NAMES[name]
-    path = Path(name)
-    if not path.is_file():
-        raise ConfigError(f"accelerate config {name!r} is neither a shipped config "
-                          f"({', '.join(ACCELERATE_CONFIG_NAMES)}) nor a file")
-    return path
+def plan_launch(command: TrainCommand, machine: Machine | None = None) -> LaunchPlan:
+    """The `accelerate launch` that trains `command`'s recipe, checked first: the recipe and
+    its overrides, the dataset's splits, and the accelerate config against `machine` (default:
+    this one)."""
+    from sieverag.training.data import load_training_splits
+    from sieverag.training.recipe import parse_recipe
+
+    machine = machine or Machine.detect()
+    recipe_args = ["--config", str(recipe_path(command.recipe))]
+    for name, value in command.overrides.items():
+        recipe_args += [f"--{name}", str(value)]
+    recipe = parse_recipe(recipe_args)  # a bad recipe or override fails here
+    if command.num_processes is not None and command.num_processes < 1:
+        raise ConfigError(f"--num-processes must be >= 1, got {command.num_processes}")
+    config = read_launch_config(
+        resolve_accelerate_config(command.accelerate_config, machine), command.accelerate_config)
+    processes = command.num_processes or config.num_processes
+    args = recipe.training
+    check_launch(config, processes, bool(args.bf16), bool(args.fp16), machine)
+    load_training_splits(recipe.script.dataset_path, recipe.script.train_split,
+                         recipe.script.eval_split if args.eval_strategy != "no" else None)
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(config.path)]
+    if command.num_processes is not None:
+        launch += ["--num_processes", str(command.num_processes)]
+    return LaunchPlan(
+        argv=[*launch, "-m", "sieverag.training.sft", *recipe_args],
+        env=launch_environment(config, processes, machine), config=config,
+        processes=processes,
+        effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps
+        * processes)
 
 
 def launch_command(command: TrainCommand) -> list[str]:
     """The `accelerate launch` command line that trains `command`'s recipe, checked first."""
-    from sieverag.training.recipe import parse_recipe
-
-    recipe_args = ["--config", str(recipe_path(command.recipe))]
-    for name, value in command.overrides.items():
-        recipe_args += [f"--{name}", str(value)]
-    parse_recipe(recipe_args)  # a bad recipe or override fails here, before the launch
-    launch = [sys.executable, "-m", "accelerate.commands.launch",
-              "--config_file", str(accelerate_config_path(command.accelerate_config))]
-    if command.num_processes is not None:
-        launch += ["--num_processes", str(command.num_processes)]
-    return [*launch, "-m", "sieverag.training.sft", *recipe_args]
+    return plan_launch(command).argv
 
 
 def run_train(command: TrainCommand) -> int:
-    argv = launch_command(command)
-    print("launching: " + " ".join(shlex.quote(a) for a in argv), flush=True)
-    return subprocess.run(argv, check=False).returncode
+    plan = plan_launch(command)
+    where = "CPU" if plan.config.use_cpu else "GPU"
+    print(f"launching: {' '.join(shlex.quote(a) for a in plan.argv)}\n"
+          f"{plan.processes} {where} process(es); effective batch {plan.effective_batch} "
+          "(per_device_train_batch_size x gradient_accumulation_steps x processes)",
+          flush=True)
+    return subprocess.run(plan.argv, env=plan.env, check=False).returncode
 
 
 @settings

@@ -1,7 +1,8 @@
 """Recipes: a YAML file of training settings plus command-line overrides, parsed the TRL way.
 
 `parse_recipe` runs TRL's `TrlParser` over (`FilterScriptArguments`, `SFTConfig`,
-`FilterModelConfig`): the YAML `--config` file sets the defaults, flags override them. Before
+`FilterModelConfig`): the YAML `--config` file sets the defaults, flags override them (on a
+machine without CUDA, `training.launch.process_defaults` comes first). Before
 TRL reads the file, every key is checked against the three configs' fields and every value
 against the field's type and choices, so a typo or a wrong value fails at start-up with a
 `ConfigError` naming the file and the field (TRL alone would accept a wrongly typed value
@@ -22,6 +23,7 @@ from trl import SFTConfig, TrlParser
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.settings import read_yaml_mapping
+from sieverag.training.launch import process_defaults
 from sieverag.training.sft_config import FilterModelConfig, FilterScriptArguments
 
 CONFIG_FLAG = "--config"
@@ -56,6 +58,7 @@ class _RecipeParser(TrlParser):
         super().__init__((FilterScriptArguments, SFTConfig, FilterModelConfig),
                          prog="sieverag.training.sft")
         self.source = source
+        self.set_defaults(**process_defaults())
 
     def error(self, message: str) -> NoReturn:
         raise _ArgumentError(f"{self.source}: {message}")

@@ -69,6 +69,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     `callbacks` are passed to the trainer (the tests use one to snapshot the weights).
     """
     from transformers import AutoTokenizer
+    from transformers.integrations import unset_hf_deepspeed_config
     from trl import SFTTrainer, get_peft_config
 
     from sieverag.inference.llm.models import resolve_model
@@ -78,8 +79,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     base_dir = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
     evaluate = args.eval_strategy != "no"
-    splits = (script.train_split, script.eval_split) if evaluate else (script.train_split,)
-    dataset = data.load_filter_dataset(script.dataset_path, splits)
+    dataset = data.load_training_splits(script.dataset_path, script.train_split,
+                                        script.eval_split if evaluate else None)
     used = {"train": data.sample(dataset[script.train_split], script.max_train_examples,
                                  args.seed)}
     if evaluate:
@@ -89,14 +90,11 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     if script.drop_long_examples and args.max_length is not None:
         for name in used:
             used[name], dropped[name] = data.drop_long(used[name], tokenizer, args.max_length)
-    if len(used["train"]) == 0:
-        raise DatasetError(f"no training records left in {script.dataset_path} split "
-                           f"{script.train_split!r} (after dropping {dropped.get('train', 0)} "
-                           f"longer than max_length={args.max_length})")
-    if evaluate and len(used["eval"]) == 0:
-        raise DatasetError(f"no records in {script.dataset_path} split {script.eval_split!r} to "
-                           "evaluate on: build the dataset with a validation share, or set "
-                           "eval_strategy: 'no'")
+    for name, split in (("train", script.train_split), ("eval", script.eval_split)):
+        if name in used and len(used[name]) == 0:
+            raise DatasetError(f"no records left in {script.dataset_path} split {split!r} "
+                               f"after dropping the {dropped[name]} longer than max_length="
+                               f"{args.max_length}: raise max_length")
 
     args.model_init_kwargs = {"dtype": model_args.dtype, **(args.model_init_kwargs or {})}
     resume = resume_checkpoint(recipe)
@@ -119,12 +117,19 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     output_dir = Path(args.output_dir)
     if not trainer.accelerator.is_main_process:
         return output_dir
+    # Training is over: the adapter check's models are built whole, not partitioned by
+    # ZeRO-3's zero.Init (which would wait for ranks that have finished).
+    unset_hf_deepspeed_config()
 
     from sieverag.inference.filters.adapters import filter_template_hashes, weights_sha256
     from sieverag.inference.llm.models import EMBEDDED_MODELS
     from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
-    check = verify_adapter(output_dir, base_dir, require_trained=trainer.state.global_step > 0)
+    # A linear warmup starts at learning rate 0: a run whose only step is its first one (the
+    # README's two-question sample) rightly leaves every lora_B at zero.
+    steps = trainer.state.global_step
+    updates = steps - (1 if args.get_warmup_steps(trainer.state.max_steps) > 0 else 0)
+    check = verify_adapter(output_dir, base_dir, require_trained=updates > 0)
     name = script.adapter_name or adapter_name(model_args.model_name_or_path, output_dir)
     world = trainer.accelerator.num_processes
     metadata = {
@@ -171,6 +176,10 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
         "versions": package_versions(),
     }
     write_adapter_metadata(output_dir, metadata)
+    if steps > 0 and updates <= 0:
+        print(f"note: the run's one optimizer step had learning rate 0 (the start of its "
+              f"warmup, warmup_steps={args.warmup_steps}), so the adapter is untrained: give it "
+              "more training records or lower warmup_steps")
     print(f"adapter {name}: {output_dir} ({check.tensors} LoRA tensors, "
           f"{check.parameters:,} parameters, {check.file_bytes / 1e6:.1f} MB); "
           f"train_loss {metrics.get('train_loss', float('nan')):.4f}"
@@ -193,6 +202,9 @@ def package_versions(packages: Sequence[str] = TRAINING_PACKAGES) -> dict[str, s
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> int:
     """Entry point of `accelerate launch -m sieverag.training.sft` (or `python -m ...`)."""
+    from sieverag.training.launch import skip_unused_deepspeed_ops
+
+    skip_unused_deepspeed_ops()
     try:
         train(parse_recipe(sys.argv[1:] if argv is None else argv), callbacks)
     except SieveragError as err:
