@@ -2,9 +2,9 @@
 
 Tests never read or write the user's cache: before any test module is imported, SIEVERAG_CACHE
 points at a temporary folder for the session (removed when it ends), and so do the cache and
-config folders of the vLLM the tests start (which also sends no usage statistics). The
-embedded model is converted into it once per session, and a second conversion fails the test
-that caused it.
+config folders of the vLLM the tests start (which also sends no usage statistics) and the
+folder where DeepSpeed compiles its ops. The embedded model is converted into it once per
+session, and a second conversion fails the test that caused it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ os.environ["SIEVERAG_CACHE"] = str(SESSION_CACHE)
 os.environ["VLLM_CACHE_ROOT"] = str(SESSION_CACHE / "vllm-cache")
 os.environ["VLLM_CONFIG_ROOT"] = str(SESSION_CACHE / "vllm-config")
 os.environ["VLLM_NO_USAGE_STATS"] = "1"
+# DeepSpeed compiles its CPU ops (the multi-process tests' comm op) here, not in ~/.cache.
+os.environ["TORCH_EXTENSIONS_DIR"] = str(SESSION_CACHE / "torch_extensions")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -8,9 +8,11 @@ import importlib.util
 from pathlib import Path
 
 
-def save_tiny_model(out: Path, dtype: str = "float32", initializer_range: float = 0.02) -> Path:
+def save_tiny_model(out: Path, dtype: str = "float32", initializer_range: float = 0.02,
+                    intermediate_size: int = 128) -> Path:
     """Save the tiny model and its tokenizer in `out`: weights drawn with seed 0 at standard
-    deviation `initializer_range` (larger spreads its outputs), stored in `dtype`."""
+    deviation `initializer_range` (larger spreads its outputs), stored in `dtype`, MLPs
+    `intermediate_size` wide."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -19,7 +21,7 @@ def save_tiny_model(out: Path, dtype: str = "float32", initializer_range: float 
         package_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
     )
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=intermediate_size,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
