@@ -54,11 +54,18 @@ def reference(model_dir: Path, adapter_dir: Path,
 
 
 @pytest.fixture
-def bf16_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the GPU machine answers when `sieverag train` checks the bf16 recipe."""
+def bf16_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the GPU machine answers when `sieverag train` checks the bf16 recipe, the
+    accelerate config's fit to the machine (one GPU) and the dataset (tmp_path/data)."""
     import transformers.training_args
+    from test_training_sft import write_filter_dataset
+
+    from sieverag.training.launch import Machine
 
     monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.setattr(Machine, "detect", classmethod(
+        lambda cls: Machine(cuda_devices=1, cpu_cores=16, cpu_bf16=True)))
+    write_filter_dataset(tmp_path / "data")
 
 
 def launched_recipe(argv: list[str]):
