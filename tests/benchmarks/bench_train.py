@@ -95,13 +95,22 @@ def run(dataset: Path, steps: int, strategy: str, workdir: Path) -> dict[str, fl
     return clock.rates()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 steps per variant")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+def step_arguments(doc: str, steps: int, quick_steps: int, per: str) -> argparse.Namespace:
+    """A training benchmark's flags: --quick, --steps (timed steps `per` variant or mode;
+    `args.steps` holds the number to run) and --dataset."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{quick_steps} steps per {per}")
+    parser.add_argument("--steps", type=int, default=steps, help=f"timed steps per {per}")
     parser.add_argument("--dataset", type=Path, help="a `sieverag build-dataset` folder")
     args = parser.parse_args()
-    steps = 5 if args.quick else args.steps
+    if args.quick:
+        args.steps = quick_steps
+    return args
+
+
+def main() -> int:
+    args = step_arguments(__doc__, 20, 5, "variant")
+    steps = args.steps
     recipe_values = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         workdir = Path(tmp)
