@@ -52,24 +52,26 @@ def test_names_pick_the_machines_file_and_overrides_become_recipe_flags(
     settings.write_text(f"recipe: smollm2_filter_cpu\noverrides: {{max_steps: 2, "
                         f"dataset_path: {dataset}, bf16: {str(bf16).lower()}}}\n",
                         encoding="utf-8")
+    processes = 1 if file == "cpu.yaml" else 2
     command = parse(["--config", str(settings), "--accelerate-config", name,
-                     "--num-processes", "2"])
+                     "--num-processes", str(processes)])
     plan = plan_launch(command, machine)
     argv = plan.argv
     assert argv[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert argv[argv.index("--config_file") + 1] == str(ACCELERATE_CONFIGS_DIR / file)
-    assert argv[argv.index("--num_processes") + 1] == "2"
+    assert argv[argv.index("--num_processes") + 1] == str(processes)
     tail = argv[argv.index("-m", 3):]
     assert tail == ["-m", "sieverag.training.sft", "--config",
                     str(RECIPES_DIR / "smollm2_filter_cpu.yaml"), "--max_steps", "2",
                     "--dataset_path", str(dataset), "--bf16", str(bf16)]
-    assert plan.processes == 2 and plan.effective_batch == 4 * 2 * 2  # the recipe's 4 x 2
+    assert plan.processes == processes  # the recipe's 4 per process x 2 accumulated:
+    assert plan.effective_batch == 4 * 2 * processes
     on_cpu = file == "cpu.yaml" or file.endswith("_cpu.yaml")
     assert plan.config.use_cpu == on_cpu
     if on_cpu:  # a CPU config stays on the CPU, each process on its share of the cores
         assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and plan.env["DS_ACCELERATOR"] == "cpu"
         assert plan.env["OMP_NUM_THREADS"] == os.environ.get(
-            "OMP_NUM_THREADS", str(machine.cpu_cores // 2))
+            "OMP_NUM_THREADS", str(machine.cpu_cores // processes))
     else:
         assert plan.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
@@ -129,6 +131,9 @@ MISFITS = {
     "a CUDA config file without CUDA": (
         CPU_MACHINE, ["--accelerate-config", str(ACCELERATE_CONFIGS_DIR / "multi_gpu.yaml")],
         {"bf16": "true"}, "runs on CUDA GPUs (use_cpu: false) and this machine has none"),
+    "several processes of a one-process config": (
+        CPU_MACHINE, ["--accelerate-config", "cpu", "--num-processes", "2"], {},
+        "runs one process (distributed_type: NO), not 2: use --accelerate-config ddp"),
     "more processes than cores": (
         CPU_MACHINE, ["--accelerate-config", "ddp", "--num-processes", "3"], {},
         "launches 3 processes and this machine has 2 CPU core(s): use --num-processes 2"),

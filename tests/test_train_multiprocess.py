@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -263,6 +264,8 @@ def test_zero2_two_processes_equal_one(dataset: Path, model_dir: Path, reference
     assert_same_losses(run, reference, "zero2")
     assert_rank_zero_wrote_once(run)
     assert [r["zero3_gathers"] for r in run.ranks] == [0, 0]
+    # DeepSpeed compiled nothing (its CPU shared-memory all-reduce is not needed to train).
+    assert not list(Path(os.environ["TORCH_EXTENSIONS_DIR"]).glob("*/deepspeed_shm_comm*"))
 
 
 def test_zero3_killed_after_a_checkpoint_resumes_to_the_same_adapter(

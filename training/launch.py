@@ -126,10 +126,14 @@ def read_launch_config(path: Path, name: str | None = None) -> LaunchConfig:
 def check_launch(config: LaunchConfig, processes: int, bf16: bool, fp16: bool,
                  machine: Machine) -> None:
     """Refuse, with one `ConfigError` saying what to change, a launch that cannot run here:
-    a CUDA config without CUDA, more processes than GPUs or CPU cores, a config's bf16 or
+    several processes of a one-process config, a CUDA config without CUDA, more processes
+    than GPUs or CPU cores, a config's bf16 or
     fp16 under a recipe without it, bf16 on a CPU without it or under DeepSpeed on a CPU,
     fp16 on a CPU."""
     where = f"accelerate config {config.name}"
+    if config.distributed_type == "NO" and processes > 1:
+        raise ConfigError(f"{where} runs one process (distributed_type: NO), not {processes}: "
+                          "use --accelerate-config ddp, zero2 or zero3 for several")
     per_machine = -(-processes // config.num_machines)
     recipe_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
     if not config.use_cpu:
