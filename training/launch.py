@@ -162,11 +162,12 @@ def check_launch(config: LaunchConfig, processes: int, bf16: bool, fp16: bool,
                     "train in bf16 here: train in float32 (mixed_precision: 'no' in the config, "
                     "--overrides bf16=false)")
             if config.deepspeed:
+                change = "--overrides bf16=false" if config.mixed_precision == "no" else \
+                    "mixed_precision: 'no' in the config and --overrides bf16=false"
                 raise ConfigError(
                     f"{where} runs DeepSpeed on the CPU, which trains in float32 only "
                     "(transformers takes bf16 on a CPU only with use_cpu, which turns DeepSpeed "
-                    "off): set mixed_precision: 'no' and --overrides bf16=false, or use "
-                    "--accelerate-config ddp or cpu for bf16")
+                    f"off): set {change}, or use --accelerate-config ddp or cpu for bf16")
     # transformers takes the config's precision when the recipe names none: it would autocast
     # a float32 recipe (and DeepSpeed would refuse it: `bf16.enabled=True vs hf bf16=False`).
     # A recipe's bf16 or fp16 over a float32 config is the recipe's to decide.
