@@ -271,8 +271,8 @@ def test_a_bad_adapter_fails_before_any_work(adapter: str, message: str, tmp_pat
 def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
                                                             tiny_adapter: Path,
                                                             tiny_model_dir: Path) -> None:
-    from sieverag.inference.roles import resolve_filter_role
     from sieverag.inference.filters import adapters
+    from sieverag.inference.roles import resolve_filter_role
     from sieverag.training.filter_eval import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
