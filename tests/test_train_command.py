@@ -223,10 +223,12 @@ def test_an_empty_validation_split_trains_without_evaluation(tmp_path: Path) -> 
     assert plan.argv[-2:] == ["--eval_strategy", "no"]
 
 
-def test_the_readme_sample_labels_builds_and_is_accepted_for_training(
-        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """README: label -> build-dataset on the repository's two-question sample gives both
-    splits records (one question held out), and train accepts the folder."""
+def test_the_readme_sample_labels_builds_and_trains(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: label -> build-dataset -> train on the repository's two-question sample: both
+    splits get records (one question held out), and the CPU recipe trains on the folder and
+    saves an adapter (the tiny model in place of SmolLM2)."""
     labels, data = tmp_path / "labels-hotpot", tmp_path / "dataset-hotpot"
     assert main(["label", "--dataset", str(SAMPLE), "--out", str(labels), "--scorer", "none",
                  "--quiet"]) == 0
@@ -240,6 +242,14 @@ def test_the_readme_sample_labels_builds_and_is_accepted_for_training(
     plan = plan_launch(TrainCommand(recipe="smollm2_filter_cpu",
                                     overrides={"dataset_path": data}), CPU_MACHINE)
     assert plan.config.path.name == "cpu.yaml"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    run = tmp_path / "filter"
+    assert main(["train", "--recipe", "smollm2_filter_cpu", "--overrides",
+                 f"dataset_path={data},output_dir={run},max_steps=1,"
+                 f"model_name_or_path={tiny_model_dir},report_to=none"]) == 0
+    assert (run / "adapter_model.safetensors").stat().st_size > 0
 
 
 def test_train_launches_accelerate_and_saves_an_adapter(tmp_path, tiny_model_dir, capsys,
