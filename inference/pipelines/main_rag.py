@@ -9,10 +9,10 @@ document source gives for the plain question.
 
 from __future__ import annotations
 
-from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import DocumentFilter
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig, MainRagJudge
 from sieverag.inference.filters.naive_judge import NaiveJudge
+from sieverag.inference.filters.registry import FilterSetup
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.pipelines.base import (
     PipelineContext,
@@ -25,10 +25,9 @@ from sieverag.inference.types import Example
 
 
 def judge_model(context: PipelineContext) -> LLMBackend:
-    """The judge role's backend, which composition builds for a run that declares the role."""
-    if context.judge_backend is None:
-        raise ConfigError("main-rag needs the judge role's model (context.judge_backend)")
-    return context.judge_backend
+    """The judge role's backend, which composition builds for a run that declares the role
+    (the same check as the judge filter's)."""
+    return FilterSetup(judge_backend=context.judge_backend).judge_model("main-rag")
 
 
 @register_pipeline("main-rag", filter_stage=lambda settings: "judge", sections=[JUDGE_SECTION])
