@@ -77,12 +77,15 @@ COMMANDS: dict[str, Command] = {
                                "copy an adapter into the cache under a name (checked first)"),
     "filter package": _command(_FILTERS, "FilterPackageCommand", "run_package",
                                "turn a training run into a shippable bf16 adapter with a card"),
+    "filter fit-combination": _command(
+        "sieverag.training.combination_fit", "FitCombinationCommand", "run_fit_combination",
+        "fit MCF's combination of the filter with BM25 and dense into the card"),
     "serve": _command(_SERVING, "ServeCommand", "run_serve",
                       "serve a model and LoRA adapters over an OpenAI-compatible API"),
 }
 
 GROUPS = {"index": "build or search a retrieval index",
-          "filter": "list, install or package trained filters"}
+          "filter": "list, install, package trained filters, or fit their combination"}
 
 
 def _load(target: str):

@@ -1,6 +1,7 @@
 """How well a filter's decisions match the gold: passages kept (precision, recall, F1, macro
-and micro), passage scores ranked (AUROC, average precision), and key sentences kept against
-supporting facts. `sieverag eval-filter` (training/filter_eval.py) reports these figures."""
+and micro), passage scores ranked (AUROC, average precision), passage probabilities
+calibrated (expected calibration error), and key sentences kept against supporting facts.
+`sieverag eval-filter` (training/filter_eval.py) reports these figures."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from sieverag.inference.types import Example
 
 
 def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]],
-                  scores: Mapping[str, float] | None) -> dict[str, float | None]:
+                  scores: Mapping[str, float] | None,
+                  probabilities: Mapping[str, float] | None = None
+                  ) -> dict[str, float | None]:
     """Chunk-level figures of one method — the passage ids it kept per question id, and its
     score per passage id where it scores — against the gold passages.
 
@@ -20,18 +23,40 @@ def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]]
     micro_*: the same counts pooled over every passage of every question;
     kept_per_question: mean number of passages kept;
     auroc: area under the ROC curve of the method's score over all passages (gold = positive),
-    average_precision: area under its precision–recall curve (None without a score).
+    average_precision: area under its precision–recall curve (None without a score);
+    ece: `calibration_error` of the method's P(relevant) per passage id (None without one).
     """
     result = decision_quality([(set(kept[e.id]), {d.id for d in e.documents if d.is_gold})
                                for e in examples])
     result.update(ranking_quality(examples, scores))
+    result["ece"] = None if probabilities is None else calibration_error(
+        [bool(d.is_gold) for e in examples for d in e.documents],
+        [probabilities[d.id] for e in examples for d in e.documents])
     return result
+
+
+def calibration_error(labels: Sequence[bool], probabilities: Sequence[float],
+                      bins: int = 10) -> float | None:
+    """Expected calibration error (Naeini et al., AAAI 2015; Guo et al., ICML 2017): the
+    probabilities cut into `bins` equal-width bins over [0, 1]; the mean over bins, weighted by
+    each bin's share of the passages, of |share relevant − mean probability|. 0 is perfectly
+    calibrated. None without passages."""
+    if not probabilities:
+        return None
+    totals = [[0, 0.0, 0.0] for _ in range(bins)]  # count, relevant, probability sum
+    for label, probability in zip(labels, probabilities, strict=True):
+        cell = totals[min(int(probability * bins), bins - 1)]
+        cell[0] += 1
+        cell[1] += bool(label)
+        cell[2] += probability
+    return sum(abs(relevant - total) for count, relevant, total in totals
+               if count) / len(probabilities)
 
 
 def ranking_quality(examples: Sequence[Example], scores: Mapping[str, float] | None
                     ) -> dict[str, float | None]:
     """AUROC and average precision of passage scores against gold (None when undefined)."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
+    from sklearn.metrics import average_precision_score
 
     if scores is None:
         return {"auroc": None, "average_precision": None}
@@ -39,8 +64,19 @@ def ranking_quality(examples: Sequence[Example], scores: Mapping[str, float] | N
     values = [scores[d.id] for e in examples for d in e.documents]
     if all(labels) or not any(labels):
         return {"auroc": None, "average_precision": None}
-    return {"auroc": float(roc_auc_score(labels, values)),
+    return {"auroc": auroc(labels, values),
             "average_precision": float(average_precision_score(labels, values))}
+
+
+def auroc(labels: Sequence[bool], values: Sequence[float]) -> float | None:
+    """Area under the ROC curve of `values` against `labels` (True = relevant): the chance
+    that a relevant passage outscores an irrelevant one (ties count half). None unless both
+    classes occur."""
+    from sklearn.metrics import roc_auc_score
+
+    if all(labels) or not any(labels):
+        return None
+    return float(roc_auc_score(labels, values))
 
 
 def sentence_quality(examples: Sequence[Example],

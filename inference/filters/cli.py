@@ -1,4 +1,5 @@
-"""`sieverag filter list | install | package`: the trained filters sieverag can find.
+"""`sieverag filter list | install | package`: the trained filters sieverag can find
+(`filter fit-combination` is `training.combination_fit`: it runs the filter over datasets).
 
 Each command is a settings class, its fields the command's flags and YAML keys, and a
 `run_*` function (see `sieverag.cli`).
@@ -11,14 +12,16 @@ from dataclasses import field
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, read_card
+from sieverag.inference.filters.combination import adapter_combination, describe_combination
 from sieverag.inference.settings import settings
 
 
 @settings
 class FilterListCommand:
     """Show the trained filter adapters found by name, where each comes from (the cache or
-    shipped with sieverag), which one a name picks, and its held-out F1."""
+    shipped with sieverag), which one a name picks, its held-out F1, and how MCF combines
+    its score with BM25 and dense (the fitted weights, and what the filter adds)."""
 
 
 @settings
@@ -76,6 +79,14 @@ def run_list(command: FilterListCommand) -> int:
         base = (card or {}).get("base_model", "–")
         print(f"{adapter.name:24} {adapter.source:8} {'yes' if picked else 'shadowed':9} "
               f"{base:24} {_held_out_f1(card):11} {adapter.path}")
+    print("\nHow MCF combines each filter's score with BM25 and dense (its card's "
+          "combination):")
+    for adapter, _ in found:
+        try:
+            described = describe_combination(adapter_combination(adapter.path))
+        except AdapterError as err:
+            described = str(err)
+        print(f"  {adapter.name} ({adapter.source}): " + described.replace("\n", "\n    "))
     print(f"\nA name is looked up in the cache ({adapters_dir()}) first, then among the "
           f"shipped filters; MCF uses {DEFAULT_FILTER_NAME!r} unless given another.")
     return 0

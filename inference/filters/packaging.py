@@ -53,7 +53,7 @@ CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card.
 CARRIED_KEYS = ("recipe", "metrics", "versions")
 # eval-filter's chunk-level figures kept per method in the card.
-HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "kept_per_question")
+HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "ece", "kept_per_question")
 _SPLIT_ADVICE = "is it a folder written by `sieverag build-dataset`?"
 _REPORT_ADVICE = "give the --out folder of `sieverag eval-filter`"
 

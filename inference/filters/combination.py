@@ -1,0 +1,255 @@
+"""MCF's default score: the trained filter's log-odds combined with the retrieval priors (BM25
+and dense similarity) of the same passages, by a logistic regression fitted on held-out
+questions and stored in the adapter's card.
+
+One implementation, used by MCF (`MultiGranularFilter`), `/v1/rerank` (through
+`filters.ranking`) and `eval-filter`:
+
+* `RoundScores` — one round's passages (one question's documents): the filter's
+  s = log P(Yes) − log P(No), BM25 of the question against the round's passages (IDF over the
+  round) and the cosine of question and passage embeddings (`embedding_model`).
+* `round_features` — what the regression reads per passage (`FEATURES`): s clipped to ±20, s
+  z-scored over the round, BM25 z-scored over the round, the cosine, the cosine z-scored over
+  the round. The absolute features carry calibration across rounds; the z-scored ones carry
+  the ranking within a round.
+* `Combination` — weights per feature and a bias: logit = bias + Σ w·feature, and
+  P(relevant) = logistic(logit), a calibrated probability (Platt scaling by construction: the
+  regression is fitted on labelled passages) when the combination was fitted (`fitted`).
+* `probability_bar` — the default bar on the combined logit: keep P(relevant) ≥ the bar, and
+  at least `min_keep` passages (the best), so a round whose relevant passages are several
+  keeps them all and no round is emptied unless `min_keep` is 0.
+
+A card without a fitted combination (the shipped filter's card before
+`sieverag filter fit-combination` is run on it) gets `PRIORS_ONLY`: z(BM25) + z(dense), the
+filter's score not used, so the default never ranks below retrieval's own fusion; its
+probabilities are not calibrated (`fitted` False) and MCF's calibrated bar falls back to its
+top_k bar.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sieverag.inference.filters.adapters import AdapterError, read_card
+
+FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
+PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
+FILTER_FEATURES = ("filter_log_odds", "filter_z")
+CARD_KEY = "combination"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+# s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
+LOG_ODDS_CLIP = 20.0
+
+
+@dataclass(frozen=True)
+class RoundScores:
+    """The per-passage signals of one round (one question's passages), in passage order."""
+
+    filter_log_odds: tuple[float, ...]
+    bm25: tuple[float, ...]
+    dense: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not len(self.filter_log_odds) == len(self.bm25) == len(self.dense):
+            raise ValueError("filter_log_odds, bm25 and dense need one value per passage")
+
+
+def round_features(scores: RoundScores) -> np.ndarray:
+    """The regression's inputs: one row per passage, one column per name in `FEATURES`."""
+    if not scores.filter_log_odds:
+        return np.zeros((0, len(FEATURES)))
+    clipped = np.clip(np.asarray(scores.filter_log_odds, dtype=float), -LOG_ODDS_CLIP,
+                      LOG_ODDS_CLIP)
+    dense = np.asarray(scores.dense, dtype=float)
+    columns = {"filter_log_odds": clipped, "filter_z": _z(clipped),
+               "bm25_z": _z(np.asarray(scores.bm25, dtype=float)), "dense": dense,
+               "dense_z": _z(dense)}
+    return np.column_stack([columns[name] for name in FEATURES])
+
+
+def _z(values: np.ndarray) -> np.ndarray:
+    """`base.z_scores` (population σ; all zeros when σ = 0) on an array."""
+    sigma = values.std()
+    return (values - values.mean()) / sigma if sigma > 1e-12 else np.zeros_like(values)
+
+
+def logistic(logit: float) -> float:
+    """1 / (1 + e^−logit), clamped so that no float overflows."""
+    return 1.0 / (1.0 + math.exp(-max(min(logit, 700.0), -700.0)))
+
+
+def logit_of(probability: float) -> float:
+    """The log-odds of a probability in (0, 1)."""
+    return math.log(probability / (1.0 - probability))
+
+
+@dataclass(frozen=True)
+class Combination:
+    """logit = bias + Σ weights[f]·feature f (`FEATURES`); P(relevant) = logistic(logit)."""
+
+    weights: Mapping[str, float]
+    bias: float = 0.0
+    fitted: bool = False
+    """Fitted on labelled passages: the probabilities are calibrated."""
+    bar: float | None = None
+    """The P(relevant) bar that scored the best F1 on the fitting questions (None: unfitted)."""
+    embedding_model: str = DEFAULT_EMBEDDING_MODEL
+    report: Mapping[str, Any] = field(default_factory=dict)
+    """What the fit measured (questions, AUROC with and without the filter, ECE), as stored."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.weights) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown combination features {sorted(unknown)}; known: "
+                             f"{', '.join(FEATURES)}")
+        if self.bar is not None and not 0.0 < self.bar < 1.0:
+            raise ValueError(f"the combination's bar must be a probability in (0, 1), got "
+                             f"{self.bar}")
+
+    @property
+    def uses_filter(self) -> bool:
+        """Whether the filter's score moves the combined score at all."""
+        return any(self.weights.get(f, 0.0) != 0.0 for f in FILTER_FEATURES)
+
+    def logits(self, scores: RoundScores) -> list[float]:
+        """The combined logit of each passage of the round."""
+        vector = np.array([self.weights.get(f, 0.0) for f in FEATURES])
+        return [float(v) + self.bias for v in round_features(scores) @ vector]
+
+    def probabilities(self, scores: RoundScores) -> list[float]:
+        """P(relevant) of each passage of the round (calibrated when `fitted`)."""
+        return [logistic(v) for v in self.logits(scores)]
+
+    def as_card(self) -> dict[str, Any]:
+        """The card's `combination` section."""
+        return {"features": list(FEATURES), "weights": {f: self.weights.get(f, 0.0)
+                                                        for f in FEATURES},
+                "bias": self.bias, "bar": self.bar, "calibration": "platt",
+                "embedding_model": self.embedding_model, **dict(self.report)}
+
+    @classmethod
+    def from_card(cls, section: Mapping[str, Any], where: str) -> Combination:
+        """The combination a card's `combination` section holds; `AdapterError` naming
+        `where` when it is malformed."""
+        try:
+            weights = {str(k): float(v) for k, v in dict(section["weights"]).items()}
+            bar = section.get("bar")
+            report = {k: v for k, v in section.items()
+                      if k not in ("features", "weights", "bias", "bar", "calibration",
+                                   "embedding_model")}
+            return cls(weights=weights, bias=float(section.get("bias", 0.0)), fitted=True,
+                       bar=None if bar is None else float(bar),
+                       embedding_model=str(section.get("embedding_model",
+                                                       DEFAULT_EMBEDDING_MODEL)),
+                       report=report)
+        except (KeyError, TypeError, ValueError) as err:
+            raise AdapterError(f"{where}: the card's {CARD_KEY!r} section is malformed ({err}); "
+                               "fit it again with `sieverag filter fit-combination`") from None
+
+
+PRIORS_ONLY = Combination(weights={"bm25_z": 1.0, "dense_z": 1.0})
+"""A card without a fitted combination: retrieval's z-score fusion of BM25 and dense,
+uncalibrated; the filter's score is not used."""
+
+
+def card_combination(card: Mapping[str, Any] | None, where: str = "the card") -> Combination:
+    """The fitted combination of an adapter card, else `PRIORS_ONLY`."""
+    section = (card or {}).get(CARD_KEY)
+    return PRIORS_ONLY if not section else Combination.from_card(section, where)
+
+
+def adapter_combination(folder: str | Path | None) -> Combination:
+    """The fitted combination in the card of the adapter folder, else `PRIORS_ONLY` (no
+    folder, as for a served filter; no card; a card without one)."""
+    if folder is None:
+        return PRIORS_ONLY
+    return card_combination(read_card(folder), f"{Path(folder)}")
+
+
+def fit_combination(rounds: Sequence[RoundScores], labels: Sequence[Sequence[bool]],
+                    features: Sequence[str] = FEATURES, *, l2: float = 1.0) -> Combination:
+    """The L2-regularised logistic regression (strength 1/`l2` as scikit-learn's C) of the
+    passages' labels on the named features, pooled over every round; its weights and bias as
+    a fitted `Combination` (no bar, no report: see `training.combination_fit`)."""
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _stacked(rounds, labels)
+    if y.all() or not y.any():
+        raise ValueError("fitting a combination needs relevant and irrelevant passages")
+    columns = [FEATURES.index(f) for f in features]
+    model = LogisticRegression(C=1.0 / l2, max_iter=1000).fit(x[:, columns], y)
+    weights = {f: float(w) for f, w in zip(features, model.coef_[0], strict=True)}
+    return Combination(weights=weights, bias=float(model.intercept_[0]), fitted=True)
+
+
+def _stacked(rounds: Sequence[RoundScores], labels: Sequence[Sequence[bool]]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    if len(rounds) != len(labels) or any(len(r.bm25) != len(v)
+                                         for r, v in zip(rounds, labels, strict=False)):
+        raise ValueError("one label per passage of every round")
+    x = np.vstack([round_features(r) for r in rounds]) if rounds else np.zeros((0, 0))
+    y = np.array([bool(v) for row in labels for v in row])
+    return x, y
+
+
+def probability_bar(logits: Sequence[float], probability: float, min_keep: int) -> float:
+    """The bar on a round's combined logits: keep logit ≥ logit(`probability`), and at least
+    the `min_keep` best (ties at the bar kept too)."""
+    bar = logit_of(probability)
+    if min_keep > 0 and logits:
+        bar = min(bar, sorted(logits, reverse=True)[min(min_keep, len(logits)) - 1])
+    return bar
+
+
+def passage_priors(question: str, texts: Sequence[str],
+                   embedding_model: str = DEFAULT_EMBEDDING_MODEL
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """BM25 of `question` against each of `texts` (IDF over them) and the cosine of the
+    question's and each text's embedding (unit vectors from `embedding_model`). Cached per
+    round: every MCF rule run on the same round reads them once."""
+    return _passage_priors(question, tuple(texts), embedding_model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
+                    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    from sieverag.inference.retrieval.bm25 import question_scores
+    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
+
+    bm25 = tuple(question_scores(question, texts))
+    vectors = make_encoder(DenseConfig(model=embedding_model))([question, *texts])
+    return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
+
+
+def describe_combination(combination: Combination) -> str:
+    """What a combination is and what its fit measured, in a few lines (`filter list`,
+    `filter fit-combination`)."""
+    if not combination.fitted:
+        return ("not fitted: MCF ranks by retrieval alone, z(BM25) + z(dense), uncalibrated, "
+                "and its calibrated bar keeps the top_k; fit it with `sieverag filter "
+                "fit-combination`")
+    fit = combination.report.get("fit") or {}
+    weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
+    lines = [f"logit = {combination.bias:+.3f} + {weights}"
+             + (f"; calibrated bar P(relevant) >= {combination.bar:g}"
+                if combination.bar is not None else "")]
+    figures = fit.get("auroc") or {}
+    gain = fit.get("filter_gain_auroc")
+    if gain is not None:
+        measured = (f"AUROC {figures.get('with_filter', 0):.3f} with the filter, "
+                    f"{figures.get('priors_alone', 0):.3f} with BM25 + dense alone "
+                    f"({gain:+.3f}, {fit.get('questions')} questions, out of fold)")
+        lines.append(f"the filter adds nothing: {measured}; MCF ranks by the priors alone"
+                     if fit.get("filter_adds_nothing") else measured)
+    ece = fit.get("ece") or {}
+    if ece.get("platt") is not None:
+        lines.append(f"ECE {ece['platt']:.3f} (Platt, used; isotonic "
+                     f"{ece.get('isotonic') or 0:.3f})")
+    return "\n".join(lines)

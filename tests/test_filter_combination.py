@@ -1,0 +1,190 @@
+"""MCF's learned combination (inference/filters/combination.py) and its fit
+(training/combination_fit.py) on synthetic scores: the fit recovers the weights, its
+probabilities are calibrated, a filter that adds nothing is dropped and says so, the
+calibrated bar keeps every passage above it and never empties a round, the card round-trips,
+`filter list` shows it, and eval-filter's default row says "default". No model runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from fake_backend import ScriptedBackend
+
+from sieverag.inference.eval.filter_metrics import calibration_error
+from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
+from sieverag.inference.filters.combination import (
+    FEATURES,
+    PRIORS_ONLY,
+    Combination,
+    RoundScores,
+    adapter_combination,
+    card_combination,
+    fit_combination,
+    probability_bar,
+    round_features,
+)
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.types import Document
+from sieverag.training.combination_fit import LabelledRound, measure_combination
+from sieverag.training.filter_methods import mcf_row_name
+
+TRUE = {"filter_log_odds": 0.6, "filter_z": 0.8, "bm25_z": 0.7, "dense": 3.0, "dense_z": 0.4}
+TRUE_BIAS = -3.0
+
+
+def synthetic_rounds(count: int, seed: int, weights=TRUE, bias=TRUE_BIAS,
+                     filter_noise: bool = False) -> list[LabelledRound]:
+    """Rounds of 8 passages whose labels are drawn from logistic(bias + weights · features)
+    (features from `round_features`), with `filter_noise` the filter's score unrelated."""
+    rng = random.Random(seed)
+    rounds = []
+    for index in range(count):
+        relevance = [rng.random() < 0.3 for _ in range(8)]
+        scores = RoundScores(
+            tuple(rng.gauss(0, 2) if filter_noise else rng.gauss(2.5 if r else -1.5, 2)
+                  for r in relevance),
+            tuple(max(0.0, rng.gauss(4 if r else 2, 1.5)) for r in relevance),
+            tuple(rng.gauss(0.5 if r else 0.3, 0.12) for r in relevance))
+        features = round_features(scores)
+        vector = [weights.get(f, 0.0) for f in FEATURES]
+        labels = tuple(rng.random() < 1 / (1 + math.exp(-(bias + float(row @ vector))))
+                       for row in features)
+        if filter_noise:  # labels from the priors only
+            labels = tuple(relevance)
+        rounds.append(LabelledRound(scores, labels, "src-a" if index % 2 else "src-b",
+                                    f"q{index}"))
+    return rounds
+
+
+def test_fitting_recovers_the_weights_that_made_the_labels():
+    rounds = synthetic_rounds(300, seed=1)
+    fitted = fit_combination([r.scores for r in rounds], [r.labels for r in rounds], l2=0.01)
+    assert fitted.fitted and fitted.uses_filter
+    for feature, weight in TRUE.items():  # the cosine varies little: its weight, loosely
+        assert fitted.weights[feature] == pytest.approx(
+            weight, abs=1.0 if feature == "dense" else 0.35), feature
+    truth = Combination(weights=TRUE, bias=TRUE_BIAS)
+    gaps = [abs(p - q) for r in rounds[:100]
+            for p, q in zip(fitted.probabilities(r.scores), truth.probabilities(r.scores),
+                            strict=True)]
+    assert sum(gaps) / len(gaps) < 0.02
+
+
+def test_measured_fit_is_calibrated_and_records_the_filters_gain():
+    combination = measure_combination(synthetic_rounds(200, seed=2), folds=3)
+    fit = combination.report["fit"]
+    assert fit["ece"]["platt"] < 0.05 and fit["ece"]["isotonic"] < 0.08
+    assert fit["filter_gain_auroc"] > 0.01 and not fit["filter_adds_nothing"]
+    assert fit["auroc"]["combination"] >= max(fit["auroc"]["bm25"], fit["auroc"]["dense"])
+    assert set(fit["by_source"]) == {"src-a", "src-b"}
+    assert 0 < combination.bar < 1 and combination.uses_filter and fit["questions"] == 200
+
+
+def test_a_filter_that_adds_nothing_is_left_out_and_says_so():
+    combination = measure_combination(synthetic_rounds(100, seed=3, filter_noise=True),
+                                      folds=3, min_gain=0.005)
+    fit = combination.report["fit"]
+    assert fit["filter_adds_nothing"] and fit["filter_gain_auroc"] < 0.005
+    assert not combination.uses_filter
+    assert combination.weights["bm25_z"] > 0
+    from sieverag.inference.filters.combination import describe_combination
+
+    assert "the filter adds nothing" in describe_combination(combination)
+
+
+def test_calibration_error_is_zero_when_probabilities_match_frequencies():
+    labels = [True] * 3 + [False] * 7 + [True] * 8 + [False] * 2
+    assert calibration_error(labels, [0.3] * 10 + [0.8] * 10) == pytest.approx(0.0)
+    assert calibration_error([True, False], [0.0, 1.0]) == pytest.approx(1.0)
+    assert calibration_error([], []) is None
+
+
+def test_probability_bar_keeps_every_passage_above_it_and_at_least_min_keep():
+    logits = [2.0, 1.5, 1.2, -3.0, -4.0]
+    bar = probability_bar(logits, 0.5, 1)
+    assert [v >= bar for v in logits] == [True, True, True, False, False]
+    low = [-3.0, -5.0, -4.0]
+    assert [v >= probability_bar(low, 0.5, 1) for v in low] == [True, False, False]
+    assert not any(v >= probability_bar(low, 0.5, 0) for v in low)  # told to: may empty
+    assert sum(v >= probability_bar(low, 0.5, 2) for v in low) == 2
+
+
+def _fake_priors(question, texts, model):
+    return [float(len(t)) for t in texts], [0.5 if "gold" in t else 0.01 * len(t) for t in texts]
+
+
+def _mcf(combination, **config):
+    backend = ScriptedBackend(labels=lambda text: {"Yes": -0.1, "No": -2.3} if "gold" in text
+                              else {"Yes": -3.0, "No": -0.05})
+    return MultiGranularFilter(backend, MCFConfig(**config), combination, priors=_fake_priors)
+
+
+FITTED = Combination(weights={"filter_log_odds": 1.0, "dense": 2.0}, bias=-1.0, fitted=True,
+                     bar=0.5)
+
+
+def test_mcf_default_keeps_all_answering_passages_and_never_empties_a_round():
+    many = [Document(id=str(i), text="gold passage" + "s" * i) for i in range(3)] + \
+        [Document(id=f"n{i}", text=f"noise {i}") for i in range(4)]
+    result = _mcf(FITTED).select("q?", many)
+    assert {s.document.id for s in result.kept} == {"0", "1", "2"}
+    assert all(0 < s.details["p_relevant"] < 1 for s in result.scored)
+    noise = [Document(id=f"n{i}", text="noise" + "s" * i) for i in range(4)]
+    assert len(_mcf(FITTED).select("q?", noise).kept) == 1
+    assert _mcf(FITTED, min_keep=0).select("q?", noise).kept == ()
+    # Without a fitted combination the calibrated bar falls back on the top_k bar.
+    assert len(_mcf(PRIORS_ONLY).select("q?", many).kept) == 2
+    with pytest.raises(Exception, match="leave mcf.lexical_weight unset"):
+        MCFConfig(bar="calibrated", lexical_weight=1.0)
+
+
+def test_the_card_round_trips_and_a_card_without_a_fit_falls_back_on_the_priors(tmp_path):
+    combination = measure_combination(synthetic_rounds(60, seed=4), folds=3)
+    (tmp_path / CARD_FILE).write_text(json.dumps(
+        {"base_model": "tiny", "combination": combination.as_card()}), encoding="utf-8")
+    read = adapter_combination(tmp_path)
+    assert read.weights == pytest.approx(dict(combination.weights))
+    assert (read.bias, read.bar, read.fitted) == (combination.bias, combination.bar, True)
+    assert read.report["fit"]["questions"] == 60
+    assert card_combination({"base_model": "tiny"}) is PRIORS_ONLY
+    assert adapter_combination(None) is PRIORS_ONLY
+    with pytest.raises(AdapterError, match="malformed.*fit-combination"):
+        card_combination({"combination": {"weights": {"magic": 1.0}}})
+
+
+def test_filter_list_shows_the_weights_and_when_the_filter_adds_nothing(tmp_path, monkeypatch,
+                                                                          capsys):
+    from sieverag.cli import main
+    from sieverag.inference.filters import adapters
+
+    shipped = tmp_path / "shipped"
+    monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(adapters, "SHIPPED_DIR", shipped)
+    cards = {"useful": measure_combination(synthetic_rounds(60, seed=5), folds=3),
+             "useless": measure_combination(synthetic_rounds(60, seed=6, filter_noise=True),
+                                            folds=3, min_gain=0.05)}
+    for name, combination in [*cards.items(), ("bare", None)]:
+        folder = shipped / name
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}", encoding="utf-8")
+        card = {"base_model": "tiny"}
+        if combination is not None:
+            card["combination"] = combination.as_card()
+        (folder / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    assert main(["filter", "list"]) == 0
+    out = capsys.readouterr().out
+    bare = out.split("bare (shipped): ")[1].split("\n  ")[0]
+    useful = out.split("useful (shipped): ")[1].split("useless (shipped)")[0]
+    assert "filter_log_odds" in useful and "with the filter" in useful
+    assert "adds nothing" not in useful and "not fitted" in bare
+    assert "the filter adds nothing" in out.split("useless (shipped): ")[1].split("\nA name")[0]
+
+
+def test_amber_default_row_is_labelled_default():
+    assert mcf_row_name(MCFConfig()).startswith("MCF default:")
+    assert "default" in mcf_row_name(MCFConfig(sentence_stage=True))
+    assert "default" not in mcf_row_name(MCFConfig(bar="top_k"))
+    assert mcf_row_name(MCFConfig(bar="top_k")) == "MCF top_k=2 + combination"

@@ -1,0 +1,311 @@
+"""`sieverag filter fit-combination ADAPTER --dataset FILES`: fit how MCF combines the trained
+filter's score with BM25 and dense (`inference/filters/combination.py`), measure what the
+filter adds, and write the result into the adapter's card.
+
+The questions: the datasets' gold-marked rows minus the filter's training questions (the
+card's list), within a build-dataset folder's validation split when `--split-dir` is given
+(the filter's validation split), the first `--limit` of each dataset. Each question is one
+round: the filter scores its passages (one batched call), BM25 and dense score them against
+the question. The card records the questions used, and `eval-filter` leaves them out, as it
+leaves out training questions.
+
+What is measured, by K-fold cross-validation over questions (`measure_combination`):
+
+* AUROC, pooled over every passage, of the combination's out-of-fold P(relevant), of the same
+  regression on the priors alone (BM25 and dense features), and of the filter's s, BM25 and
+  the dense cosine alone; the filter's gain = combination − priors alone. When the gain is
+  below `--min-gain` the filter adds nothing: the card's combination is the priors-alone fit
+  (MCF then ranks as retrieval would, calibrated), and `filter list` says so.
+* The expected calibration error of the out-of-fold P(relevant) (Platt, the regression's own
+  output), beside that of isotonic regression on the same logits, measured, not used.
+* The calibrated bar: the P(relevant) bar (keep P ≥ bar and at least the best passage) with
+  the best mean per-question F1 on the out-of-fold probabilities.
+
+Each figure is also given per source (the dataset's `source`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic_settings import CliPositionalArg
+from tqdm.auto import tqdm
+
+from sieverag.inference.data import example_source
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.filter_metrics import auroc, calibration_error, decision_quality
+from sieverag.inference.filters.combination import (
+    CARD_KEY,
+    DEFAULT_EMBEDDING_MODEL,
+    FEATURES,
+    PRIOR_FEATURES,
+    Combination,
+    RoundScores,
+    describe_combination,
+    fit_combination,
+    passage_priors,
+    probability_bar,
+)
+from sieverag.inference.settings import FileList, settings
+from sieverag.inference.types import Device, Example
+
+BAR_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))  # 0.05 … 0.95
+
+
+@settings
+class FitCombinationCommand:
+    """Fit MCF's combination of the filter's score with BM25 and dense (logistic regression,
+    calibrated), its calibrated bar, and what the filter adds over the priors alone, on
+    held-out questions; write them into the adapter's card (`filter list` shows them)."""
+
+    adapter: CliPositionalArg[str] = field(metadata={
+        "help": "the filter: an adapter folder, or a name (an installed or shipped filter; "
+                "its folder's card is rewritten)"})
+    dataset: FileList = field(metadata={
+        "help": "gold-marked dataset file(s) (as eval-filter reads them), comma-separated"})
+    split_dir: str | None = field(default=None, metadata={
+        "help": "a build-dataset folder: fit only on its validation questions (the filter's "
+                "validation split)"})
+    limit: int | None = field(default=None, metadata={
+        "help": "first N eligible questions of each dataset"})
+    folds: int = field(default=5, metadata={"help": "cross-validation folds (by question)"})
+    min_gain: float = field(default=0.005, metadata={
+        "help": "AUROC the filter must add over the priors alone to be used"})
+    embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
+        "help": "the dense prior's embedding model"})
+    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bars"})
+
+    def __post_init__(self) -> None:
+        if not self.dataset:
+            raise ConfigError("--dataset: give at least one dataset file")
+        if self.folds < 2:
+            raise ConfigError(f"--folds must be >= 2, got {self.folds}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if not 0 <= self.min_gain < 1:
+            raise ConfigError(f"--min-gain must be in [0, 1), got {self.min_gain}")
+
+
+@dataclass(frozen=True)
+class LabelledRound:
+    """One question's passages: their signals, gold marks, and where the question is from."""
+
+    scores: RoundScores
+    labels: tuple[bool, ...]
+    source: str = "unknown"
+    question_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----- what is measured (pure: scores in, combination out) ----------------------------------
+
+
+def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
+                        min_gain: float = 0.005, seed: int = 0,
+                        embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> Combination:
+    """The combination fitted on every round (the priors alone where the filter's
+    cross-validated AUROC gain is below `min_gain`), with its calibrated bar and the
+    measurements (see the module's docstring) as its `report`."""
+    if len(rounds) < 2:
+        raise DatasetError(f"fitting a combination needs at least 2 questions, got "
+                           f"{len(rounds)}")
+    folds = min(folds, len(rounds))
+    order = list(range(len(rounds)))
+    random.Random(seed).shuffle(order)
+    fold_of = {index: position % folds for position, index in enumerate(order)}
+    full_oof: list[list[float]] = [[] for _ in rounds]
+    priors_oof: list[list[float]] = [[] for _ in rounds]
+    isotonic_oof: list[list[float]] = [[] for _ in rounds]
+    for fold in range(folds):
+        train = [r for i, r in enumerate(rounds) if fold_of[i] != fold]
+        full, priors = _fit(train, FEATURES), _fit(train, PRIOR_FEATURES)
+        isotonic = _isotonic(full, train)
+        for i, held in enumerate(rounds):
+            if fold_of[i] == fold:
+                full_oof[i] = full.probabilities(held.scores)
+                priors_oof[i] = priors.probabilities(held.scores)
+                isotonic_oof[i] = list(isotonic.predict(full.logits(held.scores)))
+    uses_filter = (_auroc(rounds, full_oof) or 0.0) - (_auroc(rounds, priors_oof) or 0.0) \
+        >= min_gain
+    chosen = full_oof if uses_filter else priors_oof
+    bar, bar_f1 = best_bar(rounds, chosen)
+    final = _fit(rounds, FEATURES if uses_filter else PRIOR_FEATURES)
+    report = {"fit": {**_figures(rounds, full_oof, priors_oof, chosen, isotonic_oof),
+                      "questions": len(rounds), "passages": sum(len(r.labels) for r in rounds),
+                      "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not uses_filter,
+                      "bar_f1": bar_f1,
+                      "by_source": {source: _figures(*_of_source(source, rounds, full_oof,
+                                                                 priors_oof, chosen,
+                                                                 isotonic_oof))
+                                    for source in sorted({r.source for r in rounds})}}}
+    return replace(final, bar=bar, embedding_model=embedding_model, report=report)
+
+
+def _fit(rounds: Sequence[LabelledRound], features: Sequence[str]) -> Combination:
+    try:
+        return fit_combination([r.scores for r in rounds], [r.labels for r in rounds], features)
+    except ValueError as err:
+        raise DatasetError(f"cannot fit the combination on {len(rounds)} questions: {err}; "
+                           "give more questions (--limit, more datasets)") from None
+
+
+def _isotonic(combination: Combination, rounds: Sequence[LabelledRound]) -> Any:
+    from sklearn.isotonic import IsotonicRegression
+
+    logits = [v for r in rounds for v in combination.logits(r.scores)]
+    labels = [v for r in rounds for v in r.labels]
+    return IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(logits, labels)
+
+
+def _of_source(source: str, *columns: Sequence[Any]) -> list[list[Any]]:
+    rounds = columns[0]
+    keep = [i for i, r in enumerate(rounds) if r.source == source]
+    return [[column[i] for i in keep] for column in columns]
+
+
+def _labels(rounds: Sequence[LabelledRound]) -> list[bool]:
+    return [v for r in rounds for v in r.labels]
+
+
+def _auroc(rounds: Sequence[LabelledRound], values: Sequence[Sequence[float]]) -> float | None:
+    return auroc(_labels(rounds), [v for row in values for v in row])
+
+
+def _figures(rounds: Sequence[LabelledRound], full: Sequence[Sequence[float]],
+             priors: Sequence[Sequence[float]], chosen: Sequence[Sequence[float]],
+             isotonic: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """AUROC of each score and the calibration error of the out-of-fold probabilities."""
+    labels = _labels(rounds)
+    with_filter, alone = _auroc(rounds, full), _auroc(rounds, priors)
+    return {
+        "auroc": {"combination": _auroc(rounds, chosen), "with_filter": with_filter,
+                  "priors_alone": alone,
+                  "filter_alone": _auroc(rounds, [r.scores.filter_log_odds for r in rounds]),
+                  "bm25": _auroc(rounds, [r.scores.bm25 for r in rounds]),
+                  "dense": _auroc(rounds, [r.scores.dense for r in rounds])},
+        "filter_gain_auroc": (None if with_filter is None or alone is None
+                              else with_filter - alone),
+        "ece": {"platt": calibration_error(labels, [v for row in chosen for v in row]),
+                "isotonic": calibration_error(labels, [v for row in isotonic for v in row])},
+    }
+
+
+def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[float]]
+             ) -> tuple[float, float]:
+    """The P(relevant) bar of `BAR_GRID` whose rule (keep P ≥ bar, at least the best passage)
+    scores the best mean per-question F1 on the rounds, and that F1 (the highest bar on a
+    tie)."""
+    best = (BAR_GRID[0], -1.0)
+    for bar in BAR_GRID:
+        questions = []
+        for held, row in zip(rounds, probabilities, strict=True):
+            logits = [_logit(p) for p in row]
+            threshold = probability_bar(logits, bar, 1)
+            kept = {i for i, v in enumerate(logits) if v >= threshold}
+            questions.append((kept, {i for i, gold in enumerate(held.labels) if gold}))
+        f1 = decision_quality(questions)["f1"] or 0.0
+        if f1 >= best[1]:
+            best = (bar, f1)
+    return best
+
+
+def _logit(probability: float) -> float:
+    p = min(max(probability, 1e-12), 1 - 1e-12)
+    return float(np.log(p / (1 - p)))
+
+
+# ----- the command: questions, the filter's scores, the card ---------------------------------
+
+
+def fitting_questions(command: FitCombinationCommand, card: dict[str, Any]
+                      ) -> dict[str, list[Example]]:
+    """Dataset → its questions to fit on (gold-marked, not training questions, within the
+    split's validation questions when given, limited)."""
+    from sieverag.inference.data import load_examples
+
+    trained = {tuple(q) for q in (card.get("dataset") or {}).get("train_questions") or ()}
+    validation = None
+    if command.split_dir is not None:
+        from sieverag.training.data import question_ids
+
+        validation = question_ids(command.split_dir, "validation")
+        if not validation:
+            raise DatasetError(f"{command.split_dir} has no validation questions: build it "
+                               "with --validation-fraction > 0, or leave out --split-dir")
+    elif not trained:
+        raise ConfigError(f"the card of {command.adapter} lists no training questions: pass "
+                          "--split-dir (its build-dataset folder) so only validation "
+                          "questions are fitted on")
+    chosen = {}
+    for dataset in command.dataset:
+        eligible = [e for e in load_examples(dataset)
+                    if any(d.is_gold for d in e.documents)
+                    and not all(d.is_gold for d in e.documents)
+                    and (example_source(e), e.id) not in trained
+                    and (validation is None or (example_source(e), e.id) in validation)]
+        if not eligible:
+            raise DatasetError(f"{dataset}: no question to fit on (each needs gold and "
+                               "non-gold passages, outside the filter's training questions"
+                               + (f", inside {command.split_dir}'s validation split"
+                                  if validation is not None else "") + ")")
+        chosen[dataset] = eligible[:command.limit]
+    return chosen
+
+
+def score_rounds(backend: Any, examples: Sequence[Example], embedding_model: str, *,
+                 progress: bool = True) -> list[LabelledRound]:
+    """Each question's passages scored by the filter (MCF's chunk scores), BM25 and dense."""
+    from sieverag.inference.filters.mcf import MultiGranularFilter
+
+    mcf = MultiGranularFilter(backend)
+    rounds = []
+    for example in tqdm(examples, desc="scoring passages", unit="question",
+                        disable=not progress):
+        scores = mcf.chunk_scores(example.question, example.documents)
+        bm25, dense = passage_priors(example.question,
+                                     [d.as_context() for d in example.documents],
+                                     embedding_model)
+        rounds.append(LabelledRound(
+            RoundScores(tuple(s["score"] for s in scores), tuple(bm25), tuple(dense)),
+            tuple(bool(d.is_gold) for d in example.documents), example_source(example),
+            example.id))
+    return rounds
+
+
+def run_fit_combination(command: FitCombinationCommand) -> int:
+    from sieverag.inference.filters.adapters import (
+        CARD_FILE,
+        find_adapter,
+        read_card,
+        resolve_filter,
+    )
+    from sieverag.inference.io_utils import write_json_atomic
+    from sieverag.inference.llm.registry import BackendSpec, build_backend
+
+    found = find_adapter(command.adapter)
+    card = read_card(found.path)
+    if card is None or "base_model" not in card:
+        raise ConfigError(f"{found.path} has no {CARD_FILE} naming its base model: package "
+                          "the filter first (`sieverag filter package`)")
+    folder = resolve_filter(str(found.path), card["base_model"])
+    by_dataset = fitting_questions(command, card)
+    backend = build_backend(BackendSpec(model=card["base_model"], adapter=str(folder),
+                                        device=command.device))
+    rounds = [r for examples in by_dataset.values()
+              for r in score_rounds(backend, examples, command.embedding_model,
+                                    progress=not command.quiet)]
+    combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
+                                      embedding_model=command.embedding_model)
+    section = {**combination.as_card(),
+               "datasets": [Path(d).name for d in by_dataset],
+               "questions": sorted([r.source, r.question_id] for r in rounds)}
+    write_json_atomic(folder / CARD_FILE, {**card, CARD_KEY: section})
+    print(describe_combination(combination))
+    print(f"written into {folder / CARD_FILE}")
+    return 0
