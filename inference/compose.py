@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
@@ -195,6 +196,8 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
                        backend=roles.generator if router_config.self_check else None)
                 if routed else None),
         mcf_backend=roles.filter,
+        filter_combination=(adapter_combination(config.models.filter.adapter)
+                            if roles.filter is not None else None),
         settings=plan.settings,
         search=search,
     )

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +33,7 @@ from jinja2 import TemplateError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.base import chat_prompt_text
 from sieverag.inference.types import RerankResult
@@ -78,9 +79,13 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None,
-               proxy: ProxyTarget | None = None) -> FastAPI:
+               proxy: ProxyTarget | None = None,
+               combinations: Mapping[str, Combination] | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (which the caller starts and closes), within the
-    request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy."""
+    request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy.
+    `combinations`: each served adapter's combination (from its card), by served name; a
+    model without one ranks with `PRIORS_ONLY`."""
+    combinations = dict(combinations or {})
     served = engine.served
     tokenizer = served.tokenizer
     limits = PromptLimits(
@@ -222,7 +227,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     if proxy is None:
         app.post("/v1/chat/completions")(chat_completions)
     else:
-        chat_proxy = ChatProxy(engine, proxy.filter_model, options.rerank, limits, upstream)
+        chat_proxy = ChatProxy(engine, proxy.filter_model, options.rerank, limits, upstream,
+                               combinations.get(proxy.filter_model))
         app.post("/v1/chat/completions")(chat_proxy.handle)
 
     async def rank(body: RerankBody) -> tuple[list[RerankResult], list[str], int, int]:
@@ -243,7 +249,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
 
         def run() -> list[RerankResult]:
             check_prompts_fit(backend, limits, config, body.query, documents)
-            return rank_by_filter(backend, config, body.query, judged)
+            return rank_by_filter(backend, config, body.query, judged,
+                                  combinations.get(body.model))
 
         try:
             ranked = await asyncio.to_thread(run)

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.serving.engine import BatchingEngine
 from sieverag.serving.engine_backend import EngineBackend
@@ -61,13 +62,16 @@ class ProxyTarget:
 
 class ChatProxy:
     """The proxy's chat endpoint: filter the marked documents on `engine`'s `filter_model`
-    under `rules`, then forward through `upstream`."""
+    under `rules` with the filter's `combination` (None: `PRIORS_ONLY`), then forward through
+    `upstream`."""
 
     def __init__(self, engine: BatchingEngine, filter_model: str, rules: MCFConfig,
-                 limits: PromptLimits, upstream: UpstreamClient) -> None:
+                 limits: PromptLimits, upstream: UpstreamClient,
+                 combination: Combination | None = None) -> None:
         self.engine = engine
         self.filter_model = filter_model
         self.rules = rules
+        self.combination = combination
         self.limits = limits
         self.upstream = upstream
         self.upstream_model = upstream.upstream.model
@@ -138,7 +142,8 @@ class ChatProxy:
 
         def run() -> tuple[dict[str, Any], dict[str, Any]]:
             check_prompts_fit(backend, self.limits, rules, marked.question, documents)
-            result = MultiGranularFilter(backend, rules).select(marked.question, documents)
+            result = MultiGranularFilter(backend, rules, self.combination).select(
+                marked.question, documents)
             kept = kept_passages(marked.passages, result)
             saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
             kept_indices = [int(p.document.id) for p in kept]

@@ -240,7 +240,7 @@ def test_registry_builds_filters_by_name_and_explains_a_missing_trained_filter()
     with pytest.raises(ConfigError, match="unknown filter 'magic'"):
         build_filter("magic", setup)
     # A bad choice is refused when the settings are read, naming the field.
-    with pytest.raises(ConfigError, match="bar: Input should be 'fixed', 'adaptive' or"):
+    with pytest.raises(ConfigError, match="bar: Input should be 'calibrated', 'top_k', 'fixed' or"):
         validate_settings(MCFConfig, {"bar": "mean"}, "test")
     with pytest.raises(ConfigError, match="combine: Input should be 'both', 'either' or"):
         validate_settings(StackConfig, {"combine": "all"}, "test")

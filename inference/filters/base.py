@@ -35,13 +35,19 @@ class ScoredDocumentRecord(JsonlRecord):
 
     id: str = Field(description="the document's id")
     title: str | None = Field(None, description="the document's title (amber's rounds only)")
-    score: float = Field(description="the filter's score (fused with BM25 where MCF fuses; "
+    score: float = Field(description="the filter's score (MCF: its rule's, by default the "
+                                     "combined logit; "
                                      "main-rag-naive: 1.0 kept by its verdict, 0.0 dropped)")
     kept: bool = Field(description="whether the filter kept the document")
     is_gold: bool | None = Field(description="the data's gold mark; None where unmarked")
     p_yes: float | None = Field(None, description="MCF: P(Yes) of the chunk question")
-    filter_score: float | None = Field(None, description="MCF: its own score before fusion")
-    bm25: float | None = Field(None, description="MCF: the BM25 prior fused into the score")
+    filter_score: float | None = Field(None, description="MCF: the filter's s = log P(Yes) "
+                                                         "− log P(No), before any combination")
+    bm25: float | None = Field(None, description="MCF: BM25 of the question, over the round")
+    dense: float | None = Field(None, description="MCF: cosine of question and passage "
+                                                  "embeddings")
+    p_relevant: float | None = Field(None, description="MCF: P(relevant) of the combination "
+                                                       "(calibrated where fitted)")
     mcf_score: float | None = Field(None, description="stack: MCF's score")
     mcf_kept: bool | None = Field(None, description="stack: MCF's verdict")
     mcf_threshold: float | None = Field(None, description="stack: MCF's bar")

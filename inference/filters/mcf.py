@@ -4,15 +4,19 @@ Two stages, both in the trained filter's contract (`inference/filters/filter_for
 so any backend serving the filter works: `hf` with the LoRA adapter in-process, or `openai`
 against a server that serves the adapter.
 
-* Chunk stage: one batched `label_logprobs` call over the round's chunks; a chunk's score is
-  s = log P("Yes") − log P("No"). A chunk is kept when s ≥ the bar: the k best chunks of
-  the round (`top_k`, a fixed reading budget; the default, k = 2), a fixed threshold (0: the
-  filter finds "Yes" at least as likely as "No"; the only bar that can reject a whole round
-  of noise), or MAIN-RAG's adaptive bar τ = mean(s) − n·σ(s) over the round's chunks
-  (`judge_bar`). Kept chunks are ordered by s, best first.
-  With `lexical_weight` w > 0 (the default, 1) s becomes z(s) + w·z(BM25), z over the
-  round's chunks: the filter's judgement fused with how well each chunk matches the
-  question's words (it scored best on held-out HotpotQA; README "Measured results").
+* Chunk stage: one batched `label_logprobs` call over the round's chunks; the filter's
+  s = log P("Yes") − log P("No"). A chunk's score is, by default, the combined logit of
+  `inference/filters/combination.py`: s with the BM25 and dense scores of the round's chunks,
+  weighted as fitted on held-out questions and stored in the filter's card (a card without a
+  fit: z(BM25) + z(dense), retrieval alone); its P(relevant) (calibrated where fitted) is in
+  every chunk's details. `lexical_weight` 0 scores by s alone, w > 0 by z(s) + w·z(BM25)
+  (the earlier fixed fusion). A chunk is kept when its score ≥ the bar: by default the
+  calibrated bar (keep P(relevant) ≥ `p_min`, default the card's fitted bar, and at least the
+  `min_keep` best: a round where several chunks answer keeps them all, and none is emptied
+  unless `min_keep` is 0; without a fitted combination it is the top_k bar); the k best
+  chunks of the round (`top_k`); a fixed threshold on s (0: the filter finds "Yes" at least
+  as likely as "No"); or MAIN-RAG's adaptive bar τ = mean − n·σ over the round's scores
+  (`judge_bar`). Kept chunks are ordered by score, best first.
 * Sentence stage (off by default: whole chunks answered better on HotpotQA; turn it on
   with `sentence_stage`): one batched generation over the kept chunks that have more than one
   sentence; the reply ("1, 3" / "none") is parsed with `parse_sentence_answer`. A kept
@@ -26,12 +30,20 @@ against a server that serves the adapter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import field, replace
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
+from sieverag.inference.filters.combination import (
+    PRIORS_ONLY,
+    Combination,
+    RoundScores,
+    logistic,
+    passage_priors,
+    probability_bar,
+)
 from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
     FilterAnswerError,
@@ -47,9 +59,14 @@ from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Document
 
-ChunkBar = Literal["fixed", "adaptive", "top_k"]
+ChunkBar = Literal["calibrated", "top_k", "fixed", "adaptive"]
+ScoreRule = Literal["combined", "filter", "fused"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
 DEFAULT_LEXICAL_WEIGHT = 1.0
+DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
+# question, passage texts, embedding model → (BM25, dense cosine) per passage
+PriorScorer = Callable[[str, Sequence[str], str],
+                       tuple[Sequence[float], Sequence[float]]]
 
 
 @settings
@@ -57,19 +74,29 @@ class MCFConfig:
     """The MCF filter's rules: the chunk bar and the sentence stage. Which model and adapter
     run it is the run's filter role (`models.filter`)."""
 
-    # Defaults: the chunk rule that measured best on held-out HotpotQA (README "Measured
-    # results"): the filter's 2 best chunks of a round, its score fused with BM25.
-    bar: ChunkBar = field(default="top_k", metadata={
-        "help": "fixed: keep s >= threshold; adaptive: keep s >= mean(s) - bar_n·std(s); "
-                "top_k: keep the top_k best-scoring chunks of the round"})
+    # Defaults: the filter's card's combination of its score with BM25 and dense, and a bar
+    # on its calibrated P(relevant) that keeps every chunk above it and never empties a round.
+    bar: ChunkBar = field(default="calibrated", metadata={
+        "help": "calibrated: keep P(relevant) >= p_min and at least the min_keep best (needs a "
+                "fitted combination in the filter's card, else top_k); top_k: keep the top_k "
+                "best-scoring chunks of the round; fixed: keep s >= threshold; adaptive: keep "
+                "score >= mean - bar_n·std over the round"})
+    p_min: float | None = field(default=None, metadata={
+        "help": "P(relevant) bar of the calibrated bar; default: the bar the card's "
+                f"combination was fitted with, else {DEFAULT_P_MIN}"})
+    min_keep: int = field(default=1, metadata={
+        "help": "chunks the calibrated bar keeps at least (the best); 0 lets it empty a round"})
     threshold: float = field(default=0.0, metadata={
         "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
     bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
-    top_k: int = field(default=2, metadata={"help": "chunks kept per round by the top_k bar"})
+    top_k: int = field(default=2, metadata={
+        "help": "chunks kept per round by the top_k bar (and by the calibrated bar without a "
+                "fitted combination)"})
     lexical_weight: float | None = field(default=None, metadata={
-        "help": "w of a lexical prior: a chunk's score becomes z(s) + w·z(BM25 of the question "
-                "against the round's chunks), z over the round; 0 ranks by the filter alone. "
-                "Only under the adaptive or top_k bar; default: 1 under those, off under fixed"})
+        "help": "unset: a chunk's score is the card's combination of s with BM25 and dense "
+                "(`sieverag filter list` shows it; under the fixed bar, s alone); 0: s alone; "
+                "w > 0: z(s) + w·z(BM25), z over the round (the earlier fixed fusion; bar "
+                "adaptive or top_k)"})
     sentence_stage: bool = field(default=False, metadata={
         "help": "narrow kept chunks to their key sentences"})
     sentence_max_new_tokens: int = field(default=16, metadata={
@@ -79,15 +106,28 @@ class MCFConfig:
                 "decides relevance) or drop_chunk"})
 
     @property
+    def score_rule(self) -> ScoreRule:
+        """What a chunk's score is: the card's combination (lexical_weight unset, bar not
+        fixed), the filter's s alone, or s fused with BM25 by lexical_weight."""
+        if self.lexical_weight is None:
+            return "filter" if self.bar == "fixed" else "combined"
+        return "fused" if self.lexical_weight > 0 else "filter"
+
+    @property
     def prior_weight(self) -> float:
-        """The lexical prior's weight in use: as given, else 1 under a relative bar, else 0."""
-        if self.lexical_weight is not None:
-            return self.lexical_weight
-        return 0.0 if self.bar == "fixed" else DEFAULT_LEXICAL_WEIGHT
+        """The weight of the fixed BM25 fusion in use (0 unless lexical_weight > 0)."""
+        return self.lexical_weight or 0.0
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
+        if self.min_keep < 0:
+            raise ConfigError(f"mcf.min_keep must be >= 0, got {self.min_keep}")
+        if self.p_min is not None and not 0.0 < self.p_min < 1.0:
+            raise ConfigError(f"mcf.p_min must be a probability in (0, 1), got {self.p_min}")
+        if self.bar == "calibrated" and self.lexical_weight is not None:
+            raise ConfigError("mcf.bar calibrated reads the combination's P(relevant): leave "
+                              "mcf.lexical_weight unset, or choose bar top_k or adaptive")
         if self.lexical_weight is not None and self.lexical_weight < 0:
             raise ConfigError(f"mcf.lexical_weight must be >= 0, got {self.lexical_weight}")
         if self.lexical_weight and self.bar == "fixed":
@@ -143,9 +183,15 @@ class MultiGranularFilter:
 
     name = "mcf"
 
-    def __init__(self, backend: LLMBackend, config: MCFConfig | None = None) -> None:
+    def __init__(self, backend: LLMBackend, config: MCFConfig | None = None,
+                 combination: Combination | None = None,
+                 priors: PriorScorer = passage_priors) -> None:
+        """`combination`: the filter's, from its card (`combination.adapter_combination`);
+        None: `PRIORS_ONLY`. `priors`: how BM25 and dense scores of a round are computed."""
         self.backend = backend
         self.config = config if config is not None else MCFConfig()
+        self.combination = combination if combination is not None else PRIORS_ONLY
+        self.priors = priors
 
     def chunk_scores(self, question: str, documents: Sequence[Document]) -> list[dict]:
         """s = log P("Yes") − log P("No") per document, with P("Yes") normalised over the two
@@ -164,16 +210,20 @@ class MultiGranularFilter:
     def chunk_verdicts(self, question: str, documents: Sequence[Document],
                        scores: Sequence[dict]) -> FilterResult:
         """The chunk stage's verdicts on `documents` (at least one) from their `chunk_scores`:
-        the lexical prior fused in where configured, the bar applied, kept ones best first."""
-        values = [s["score"] for s in scores]
-        details = [{"p_yes": round(s["p_yes"], 4)} for s in scores]
-        if self.config.prior_weight > 0:
-            from sieverag.inference.retrieval.bm25 import question_scores
-
-            lexical = question_scores(question, [d.as_context() for d in documents])
-            for detail, score, bm25 in zip(details, values, lexical, strict=True):
-                detail.update(filter_score=round(score, 4), bm25=round(bm25, 4))
-            values = with_prior(values, lexical, self.config.prior_weight)
+        each chunk's score under the config's rule, its P(relevant) from the combination, the
+        bar applied, kept ones best first."""
+        log_odds = [s["score"] for s in scores]
+        bm25, dense = self.priors(question, [d.as_context() for d in documents],
+                                  self.combination.embedding_model)
+        combined = self.combination.logits(RoundScores(tuple(log_odds), tuple(bm25),
+                                                       tuple(dense)))
+        details = [{"p_yes": round(s["p_yes"], 4), "filter_score": round(s["score"], 4),
+                    "bm25": round(b, 4), "dense": round(d, 4),
+                    "p_relevant": round(logistic(c), 6)}
+                   for s, b, d, c in zip(scores, bm25, dense, combined, strict=True)]
+        rule = self.config.score_rule
+        values = (combined if rule == "combined" else log_odds if rule == "filter"
+                  else with_prior(log_odds, bm25, self.config.prior_weight))
         bar = self.bar(values)
         scored = tuple(ScoredDocument(d, value, value >= bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))
@@ -181,12 +231,17 @@ class MultiGranularFilter:
         return FilterResult(kept=kept, scored=scored, threshold=bar)
 
     def bar(self, scores: Sequence[float]) -> float:
-        """The round's bar on s. top_k: the k-th best score (ties at it are kept too)."""
-        if self.config.bar == "fixed":
-            return self.config.threshold
-        if self.config.bar == "adaptive":
-            return judge_bar(scores, self.config.bar_n)
-        return sorted(scores, reverse=True)[min(self.config.top_k, len(scores)) - 1]
+        """The round's bar on the scores. top_k: the k-th best score (ties at it are kept
+        too); calibrated: `probability_bar` at p_min (top_k's without a fitted combination)."""
+        config = self.config
+        if config.bar == "fixed":
+            return config.threshold
+        if config.bar == "adaptive":
+            return judge_bar(scores, config.bar_n)
+        if config.bar == "calibrated" and self.combination.fitted:
+            p_min = config.p_min or self.combination.bar or DEFAULT_P_MIN
+            return probability_bar(scores, p_min, config.min_keep)
+        return sorted(scores, reverse=True)[min(config.top_k, len(scores)) - 1]
 
     def sentence_stage(self, question: str,
                        kept: Sequence[ScoredDocument]) -> list[ScoredDocument]:

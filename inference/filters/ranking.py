@@ -5,10 +5,12 @@ what the framework adapters run in process (`inference/integrations/in_process.p
 implementation, so every number is MCF's.
 
 Documents are plain texts: MCF reads each with no title and its position in the request as
-its id. Each comes back as a `RerankResult` (inference/types.py): `relevance_score` is the
-filter's P("Yes") normalised over Yes/No (the `p_yes` of `MultiGranularFilter.chunk_scores`);
-`kept` is MCF's verdict under the given `MCFConfig` (its default bar: the round's 2 best
-documents by the filter's score fused with BM25); `key_sentences`, with
+its id. Each comes back as a `RerankResult` (inference/types.py): `relevance_score` is MCF's
+P(relevant), the filter's score combined with the request's BM25 and dense scores by the
+filter's card (`inference/filters/combination.py`; calibrated where the card holds a fitted
+combination, else retrieval's fusion of BM25 and dense, uncalibrated); `kept` is MCF's
+verdict under the given `MCFConfig` (its default: P(relevant) at or above the card's fitted
+bar, and at least the best document); `key_sentences`, with
 `config.sentence_stage`, the kept documents' key sentences' text in document order ([] for a
 document not kept).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.types import Document, RerankResult
@@ -28,23 +31,26 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 
 
 def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
-                   texts: Sequence[str]) -> list[RerankResult]:
-    """Every document in request order, scored and judged by MCF under `config` (and narrowed
-    to its key sentences when `config.sentence_stage`)."""
+                   texts: Sequence[str], combination: Combination | None = None
+                   ) -> list[RerankResult]:
+    """Every document in request order, scored and judged by MCF under `config` with the
+    filter's `combination` (None: `PRIORS_ONLY`), and narrowed to its key sentences when
+    `config.sentence_stage`."""
     documents = as_documents(texts)
-    mcf = MultiGranularFilter(backend, config)
+    mcf = MultiGranularFilter(backend, config, combination)
     scores = mcf.chunk_scores(query, documents)
     result = mcf.chunk_verdicts(query, documents, scores)
     if config.sentence_stage:
         result = mcf.narrow(query, result)
     ranked = []
-    for document, score, judged in zip(documents, scores, result.scored, strict=True):
+    for document, judged in zip(documents, result.scored, strict=True):
         keys = None
         if config.sentence_stage:
             sentences = document_sentences(document)
             keys = (tuple(sentences[i].strip() for i in judged.details["key_sentences"])
                     if judged.kept else ())
-        ranked.append(RerankResult(int(document.id), score["p_yes"], judged.kept, keys))
+        ranked.append(RerankResult(int(document.id), judged.details["p_relevant"],
+                                   judged.kept, keys))
     return ranked
 
 

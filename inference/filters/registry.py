@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import DocumentFilter, KeepAll
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.stack import StackConfig, StackedFilter
@@ -32,6 +33,7 @@ class FilterSetup:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     mcf: MCFConfig = field(default_factory=MCFConfig)
     stack: StackConfig = field(default_factory=StackConfig)
+    combination: Combination | None = None  # the trained filter's, from its card
 
     def trained_filter(self, name: str) -> LLMBackend:
         if self.mcf_backend is None:
@@ -54,11 +56,12 @@ def _judge(setup: FilterSetup) -> DocumentFilter:
 
 
 def _mcf(setup: FilterSetup) -> DocumentFilter:
-    return MultiGranularFilter(setup.trained_filter("mcf"), setup.mcf)
+    return MultiGranularFilter(setup.trained_filter("mcf"), setup.mcf, setup.combination)
 
 
 def _stack(setup: FilterSetup) -> DocumentFilter:
-    return StackedFilter(MultiGranularFilter(setup.trained_filter("stack"), setup.mcf),
+    return StackedFilter(MultiGranularFilter(setup.trained_filter("stack"), setup.mcf,
+                                             setup.combination),
                          MainRagJudge(setup.judge_model("stack"), setup.judge), setup.stack)
 
 

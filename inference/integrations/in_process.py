@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import best_first, rank_by_filter
 from sieverag.inference.integrations.rerank_client import (
@@ -43,6 +44,7 @@ class InProcessFilter:
         self.top_n = top_n
         self.config = replace(mcf or MCFConfig(), sentence_stage=granularity == "sentence")
         folder = resolve_filter(filter, base_model)
+        self.combination = adapter_combination(folder)
         self.backend = HFBackend(HFBackendConfig(model=base_model, adapter=str(folder),
                                                  device=device))
         self._lock = threading.Lock()
@@ -52,7 +54,8 @@ class InProcessFilter:
         if not texts:
             return []
         with self._lock:
-            ranked = rank_by_filter(self.backend, self.config, query, list(texts))
+            ranked = rank_by_filter(self.backend, self.config, query, list(texts),
+                                    self.combination)
         return choose(best_first(ranked), self.keep, self.top_n)
 
     async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]:

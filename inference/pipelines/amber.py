@@ -185,6 +185,7 @@ class AmberPipeline:
         self.name = name if filter_name is None else f"amber-{filter_name}"
         self.filter = build_filter(self.filter_name, FilterSetup(
             judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
+            combination=context.filter_combination,
             judge=context.settings(JudgeConfig), mcf=context.settings(MCFConfig),
             stack=self.config.stack))
         self.memory_updater = MemoryUpdater(context.generator, self.config.memory)

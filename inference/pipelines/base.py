@@ -16,6 +16,7 @@ from typing import Literal, Protocol, TypeVar
 from sieverag.inference.answers import AnswerExtraction, extract_answer
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.registry import FILTER_ROLES
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.router import Router
@@ -74,6 +75,7 @@ class PipelineContext:
     router: Router | None = None
     routed_pipeline: str = "vanilla"
     mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up
+    filter_combination: Combination | None = None  # its card's combination (MCF's score)
     settings: PipelineSettings = field(default_factory=PipelineSettings)
     search: QuerySearch | None = None  # query-based search where an index is used
 
