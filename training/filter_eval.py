@@ -46,6 +46,7 @@ from sieverag.inference.eval.filter_metrics import (
     sentence_quality,
 )
 from sieverag.inference.filters.adapters import CARD_FILE
+from sieverag.inference.filters.combination import CARD_KEY, Combination, adapter_combination
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import (
     check_output_folder,
@@ -165,19 +166,22 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
                        card: str = CARD_FILE) -> TrainingQuestions:
     """The questions to leave out: the train splits of --exclude-training, else the
     list in the adapter's card (it travels with a shipped or installed filter), else the train
-    split of the dataset the card names."""
+    split of the dataset the card names; and always the questions the card's combination was
+    fitted on."""
     from sieverag.training.data import question_ids
+
+    fitted = frozenset(tuple(q) for q in (metadata.get(CARD_KEY) or {}).get("questions") or ())
 
     def from_datasets(folders: Sequence[str]) -> TrainingQuestions:
         pairs = frozenset().union(*(question_ids(f, "train") for f in folders))
-        return TrainingQuestions(pairs, tuple(folders))
+        return TrainingQuestions(pairs | fitted, tuple(folders))
 
     if config.exclude_training:
         return from_datasets(config.exclude_training)
     dataset = metadata.get("dataset") or {}
     if dataset.get("train_questions") is not None:
-        return TrainingQuestions(frozenset(tuple(q) for q in dataset["train_questions"]),
-                                 (card,))
+        return TrainingQuestions(frozenset(tuple(q) for q in dataset["train_questions"])
+                                 | fitted, (card,))
     trained_on = dataset.get("path")
     if trained_on:
         if not Path(trained_on).exists():
@@ -186,7 +190,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
                               "output) so training questions are left out")
         return from_datasets((trained_on,))
     if config.question_ids_file or config.allow_training_questions:
-        return TrainingQuestions(frozenset(), ())
+        return TrainingQuestions(fitted, ())
     raise ConfigError("cannot tell which questions trained the filter: pass "
                       "--exclude-training DATASET_DIR, or --question-ids-file FILE, or "
                       "--allow-training-questions")
@@ -290,6 +294,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
     metadata = adapter_metadata(filter_role)
+    combination = adapter_combination(filter_role.adapter)
     card = f"{filter_role.adapter}/{CARD_FILE}" if filter_role.adapter else CARD_FILE
     trained = training_questions(config, metadata, card)
     out = Path(config.out)
@@ -306,7 +311,8 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     sections, outputs = {}, []
     for selection in selections:
         section, decisions, sentence_kept = _evaluate(
-            config, selection, mcf_backend, judge_role, cache, filter_role.device, progress)
+            config, selection, mcf_backend, judge_role, cache, filter_role.device, progress,
+            combination)
         if len(mcf_backend.labels) > stored[0]:
             cache.store("filter-chunks", filter_identity, mcf_backend.labels)
         if len(mcf_backend.replies) > stored[1]:
@@ -325,7 +331,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                    "served_as": filter_role.model if filter_role.endpoint else None,
                    "base_model": None if filter_role.endpoint else filter_role.model,
                    "mcf_rows": mcf_rows,
-                   "amber_default_row": amber_default if amber_default in mcf_rows else None},
+                   "amber_default_row": amber_default if amber_default in mcf_rows else None,
+                   # None: the card holds no fitted combination (MCF ranks by the priors)
+                   "combination": combination.as_card() if combination.fitted else None},
         **next(iter(sections.values())),
         "datasets": sections,
         "by_dataset": {name: dataset_summary(section, config.top_k)
@@ -343,7 +351,8 @@ def _section_name(dataset: str, taken: Mapping[str, Any]) -> str:
 
 
 def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: CachingBackend,
-              judge_role: BackendSpec, cache: MethodCache, device: str, progress: bool
+              judge_role: BackendSpec, cache: MethodCache, device: str, progress: bool,
+              combination: Combination | None = None
               ) -> tuple[dict[str, Any], list[methods.ChunkDecisions],
                          dict[str, dict[str, set[tuple[str, int]]]]]:
     """Every row on one dataset's selected questions: its report section, the chunk
@@ -351,7 +360,8 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
     examples = selection.examples
     configs = mcf_configs(config)
     decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
-        mcf_backend, examples, c, progress=progress)) for c in configs]
+        mcf_backend, examples, c, combination=combination, progress=progress),
+        methods.probability_key(c)) for c in configs]
     if config.judge:
         question_key = sorted(e.id for e in examples)
         judge_state = cache.get_or_compute(
@@ -370,7 +380,8 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
             methods.dense_scores(examples, config.embedding_model, device), config.top_k),
         methods.keep_all(examples),
     ]
-    chunk = {d.method: chunk_quality(examples, d.kept, d.scores) for d in decisions}
+    chunk = {d.method: chunk_quality(examples, d.kept, d.scores, d.probabilities)
+             for d in decisions}
 
     with_facts = [e for e in examples if has_supporting_facts(e)]
     sentence: dict[str, dict[str, float]] = {}
@@ -378,7 +389,7 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
     parse = {"answers": 0, "unparsed": 0, "none": 0}
     if with_facts:
         sentence_kept, parse = _sentence_level(configs, mcf_backend, with_facts, decisions,
-                                               progress)
+                                               progress, combination)
         sentence = {name: sentence_quality(with_facts, kept)
                     for name, kept in sentence_kept.items()}
     section = {
@@ -402,22 +413,33 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
 
 
 def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
-    """One dataset's line of the cross-dataset table: the filter's AUROC (its score s, no
-    BM25 prior) beside BM25's and dense's on the same passages, the F1 of its top-k and of
-    amber's default row, and what MCF keeps at the fixed bar."""
+    """One dataset's line of the cross-dataset table: the filter alone (its score s: AUROC,
+    top-k F1, ECE of its P(Yes), what its fixed bar keeps), the priors alone (BM25 and dense:
+    AUROC, top-k F1) and amber's default (the combination: AUROC, F1 and passages kept at its
+    own bar, ECE of its P(relevant), and its top-k F1)."""
     chunk = section["chunk"]
     fixed = next(name for name in chunk if name.startswith("MCF fixed"))
     top = f"MCF top_k={top_k}"
-    default = methods.mcf_row_name(MCFConfig())
+    default = chunk.get(methods.mcf_row_name(MCFConfig())) or {}
+    combined = chunk.get(f"MCF top_k={top_k} + combination") or {}
+    bm25, dense = chunk[f"BM25 top-{top_k}"], chunk[f"dense top-{top_k}"]
+    priors = [v for v in (bm25["auroc"], dense["auroc"]) if v is not None]
     return {
         "questions": section["questions"]["evaluated"],
         "passages": section["passages"]["total"], "gold": section["passages"]["gold"],
         "filter_auroc": chunk[top]["auroc"],
-        "bm25_auroc": chunk[f"BM25 top-{top_k}"]["auroc"],
-        "dense_auroc": chunk[f"dense top-{top_k}"]["auroc"],
+        "bm25_auroc": bm25["auroc"],
+        "dense_auroc": dense["auroc"],
+        "better_prior_auroc": max(priors) if priors else None,
+        "default_auroc": default.get("auroc"),
         "filter_top_k_f1": chunk[top]["f1"],
-        "bm25_top_k_f1": chunk[f"BM25 top-{top_k}"]["f1"],
-        "amber_default_f1": chunk[default]["f1"] if default in chunk else None,
+        "bm25_top_k_f1": bm25["f1"],
+        "dense_top_k_f1": dense["f1"],
+        "default_top_k_f1": combined.get("f1"),
+        "amber_default_f1": default.get("f1"),
+        "default_kept_per_question": default.get("kept_per_question"),
+        "default_ece": default.get("ece"),
+        "filter_ece": chunk[top].get("ece"),
         "fixed_bar_f1": chunk[fixed]["f1"],
         "fixed_bar_kept_per_question": chunk[fixed]["kept_per_question"],
         "sentence_stage_f1": next((figures["f1"] for name, figures in section["sentence"].items()
@@ -426,16 +448,20 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
 
 
 def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
-    """The MCF configs of the filter rows: the fixed bar, top_k, then (when lexical_weight > 0)
-    top_k with the BM25 prior, adaptive, then adaptive with the prior; every one with the
-    given sentence settings and its sentence stage off (the sentence-level rows turn it on)."""
+    """The MCF configs of the filter rows: amber's default (the combination at its calibrated
+    bar), the fixed bar, top_k on the filter alone, top_k on the combination, then (when
+    lexical_weight > 0) top_k with the fixed BM25 fusion, adaptive, then adaptive with the
+    fusion; every one with the given sentence settings and its sentence stage off (the
+    sentence-level rows turn it on)."""
     sentences = {"sentence_max_new_tokens": config.sentence_max_new_tokens,
                  "empty_sentence_answer": config.empty_sentence_answer}
     top_k = {"bar": "top_k", "top_k": config.top_k, **sentences}
     adaptive = {"bar": "adaptive", "bar_n": config.bar_n, **sentences}
     with_prior = config.lexical_weight > 0
-    return [MCFConfig(bar="fixed", threshold=config.threshold, lexical_weight=0.0, **sentences),
+    return [MCFConfig(**sentences),
+            MCFConfig(bar="fixed", threshold=config.threshold, lexical_weight=0.0, **sentences),
             MCFConfig(**top_k, lexical_weight=0.0),
+            MCFConfig(**top_k),
             *([MCFConfig(**top_k, lexical_weight=config.lexical_weight)] if with_prior else []),
             MCFConfig(**adaptive, lexical_weight=0.0),
             *([MCFConfig(**adaptive, lexical_weight=config.lexical_weight)] if with_prior
@@ -471,13 +497,13 @@ def _judge_state(backend: Any, examples: Sequence[Example], bar_n: float,
 
 def _sentence_level(configs: Sequence[MCFConfig], backend: CachingBackend,
                     examples: Sequence[Example], decisions: Sequence[methods.ChunkDecisions],
-                    progress: bool
+                    progress: bool, combination: Combination | None = None
                     ) -> tuple[dict[str, dict[str, set[tuple[str, int]]]], dict[str, int]]:
     """Row name → example id → kept (passage id, sentence index) pairs: every method's kept
     passages whole, each MCF row also with MCF's sentence stage, and the oracle rows; with
     the counts of MCF's sentence replies (answers, unparsed, none)."""
     staged, oracle = methods.mcf_sentence_results(backend, examples, configs,
-                                                  progress=progress)
+                                                  combination=combination, progress=progress)
     by_row = {methods.mcf_row_name(c): (c, results)
               for c, results in zip(configs, staged, strict=True)}
     rows: dict[str, dict[str, set[tuple[str, int]]]] = {}

@@ -4,10 +4,12 @@ Each method turns every evaluated question's passages into `ChunkDecisions`: a s
 passage (None for methods without one) and the ids of the passages kept.
 
 * MCF rows — the filter amber runs, `inference.filters.mcf.MultiGranularFilter`, called
-  exactly as amber calls it (`select`), once per `MCFConfig`; the row's name says which
-  config (`mcf_row_name`): its bar (fixed threshold on s = log P(Yes) − log P(No), adaptive
-  mean − n·σ, or top_k), with or without the BM25 lexical prior, and for sentence-level rows
-  its sentence stage. Its score is MCF's: s, or z(s) + w·z(BM25) with the prior.
+  exactly as amber calls it (`select`, with the filter's card's combination), once per
+  `MCFConfig`; the row's name says which config (`mcf_row_name`): its bar (the calibrated
+  bar on P(relevant), fixed threshold on s = log P(Yes) − log P(No), adaptive mean − n·σ, or
+  top_k), its score (s alone, the combination of s with BM25 and dense, or the fixed fusion
+  z(s) + w·z(BM25)), "default" for amber's default chunk rule, and for sentence-level rows
+  its sentence stage.
 * `MAIN-RAG judge` — `inference.filters.judge.MainRagJudge` on the same base model without
   the adapter: r = log P(Yes) − log P(No) after Agent-1's per-passage answer, kept when
   r ≥ τq = mean(r) − n·σ(r).
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 from tqdm.auto import tqdm
 
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.types import Example
@@ -44,18 +47,42 @@ class ChunkDecisions:
     """Example id → kept passage ids, best first where the method ranks."""
     scores: dict[str, float] | None
     """Passage id → the method's score (higher = more relevant); None: no score."""
+    probabilities: dict[str, float] | None = None
+    """Passage id → the method's P(relevant); None: it gives none."""
 
 
 # ----- MCF, the filter amber runs ----------------------------------------------------------
 
 
+_DEFAULT = MCFConfig()
+
+
 def mcf_row_name(config: MCFConfig) -> str:
-    """The report row of MCF's chunk stage under `config`, e.g. "MCF top_k=2 + BM25 prior w=1"."""
+    """The report row of MCF's chunk stage under `config`, e.g. "MCF top_k=2 + BM25 prior w=1",
+    "MCF top_k=2 + combination"; the chunk rule amber runs by default is labelled "default"
+    ("MCF default: calibrated P>=card bar, min 1 + combination")."""
     bar = {"fixed": f"fixed log-odds>={config.threshold:g}",
            "adaptive": f"adaptive n={config.bar_n:g}",
-           "top_k": f"top_k={config.top_k}"}[config.bar]
-    prior = f" + BM25 prior w={config.prior_weight:g}" if config.prior_weight > 0 else ""
-    return f"MCF {bar}{prior}"
+           "top_k": f"top_k={config.top_k}",
+           "calibrated": (f"calibrated P>={config.p_min:g}" if config.p_min is not None
+                          else "calibrated P>=card bar") + f", min {config.min_keep}",
+           }[config.bar]
+    score = {"filter": "", "fused": f" + BM25 prior w={config.prior_weight:g}",
+             "combined": " + combination"}[config.score_rule]
+    default = "default: " if _chunk_rule(config) == _chunk_rule(_DEFAULT) else ""
+    return f"MCF {default}{bar}{score}"
+
+
+def _chunk_rule(config: MCFConfig) -> tuple:
+    """What decides MCF's chunk verdicts (not its sentence stage)."""
+    return (config.bar, config.threshold, config.bar_n, config.top_k, config.p_min,
+            config.min_keep, config.lexical_weight)
+
+
+def probability_key(config: MCFConfig) -> str | None:
+    """The detail holding the P(relevant) of an MCF row's score: the combination's, or for
+    the filter alone its P(Yes); None for the fixed fusion (its score is no probability)."""
+    return {"combined": "p_relevant", "filter": "p_yes", "fused": None}[config.score_rule]
 
 
 def sentence_stage_name(config: MCFConfig) -> str:
@@ -76,24 +103,32 @@ def _sentence_stage(config: MCFConfig) -> str:
 
 
 def mcf_results(backend: LLMBackend, examples: Sequence[Example], config: MCFConfig, *,
-                progress: bool = True) -> dict[str, FilterResult]:
-    """Example id → `MultiGranularFilter(backend, config).select` on its passages."""
-    mcf = MultiGranularFilter(backend, config)
+                combination: Combination | None = None, progress: bool = True
+                ) -> dict[str, FilterResult]:
+    """Example id → `MultiGranularFilter(backend, config, combination).select` on its
+    passages."""
+    mcf = MultiGranularFilter(backend, config, combination)
     return {e.id: mcf.select(e.question, e.documents)
             for e in tqdm(examples, desc=mcf_row_name(config), unit="question",
                           disable=not progress)}
 
 
-def decisions_of(method: str, results: Mapping[str, FilterResult]) -> ChunkDecisions:
-    """A filter's results as `ChunkDecisions`: kept ids best first, every passage's score."""
+def decisions_of(method: str, results: Mapping[str, FilterResult],
+                 probability: str | None = None) -> ChunkDecisions:
+    """A filter's results as `ChunkDecisions`: kept ids best first, every passage's score, and
+    its P(relevant) where the detail `probability` holds one."""
     kept = {example_id: tuple(s.document.id for s in result.kept)
             for example_id, result in results.items()}
     scores = {s.document.id: s.score for result in results.values() for s in result.scored}
-    return ChunkDecisions(method, kept, scores)
+    probabilities = None if probability is None else {
+        s.document.id: s.details[probability] for result in results.values()
+        for s in result.scored}
+    return ChunkDecisions(method, kept, scores, probabilities)
 
 
 def mcf_sentence_results(backend: LLMBackend, examples: Sequence[Example],
-                         configs: Sequence[MCFConfig], *, progress: bool = True
+                         configs: Sequence[MCFConfig], *,
+                         combination: Combination | None = None, progress: bool = True
                          ) -> tuple[list[dict[str, FilterResult]], dict[str, FilterResult]]:
     """MCF with its sentence stage on, per config (`select`, as amber runs it), and MCF's
     sentence stage alone on each question's gold passages (the oracle row, under the first
@@ -102,7 +137,8 @@ def mcf_sentence_results(backend: LLMBackend, examples: Sequence[Example],
     `backend` should be a `CachingBackend`: per question, one sentence-stage batch over every
     passage some config keeps (or that is gold) fills it, and the configs' own runs read it.
     """
-    filters = [MultiGranularFilter(backend, replace(c, sentence_stage=True)) for c in configs]
+    filters = [MultiGranularFilter(backend, replace(c, sentence_stage=True), combination)
+               for c in configs]
     per_config: list[dict[str, FilterResult]] = [{} for _ in configs]
     oracle: dict[str, FilterResult] = {}
     for example in tqdm(examples, desc="MCF sentence stage", unit="question",

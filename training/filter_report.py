@@ -13,7 +13,7 @@ from sieverag.inference.types import Example
 from sieverag.training.filter_methods import ChunkDecisions
 
 CHUNK_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"), ("auroc", "AUROC"),
-                 ("average_precision", "AP"), ("kept_per_question", "kept/q"))
+                 ("average_precision", "AP"), ("ece", "ECE"), ("kept_per_question", "kept/q"))
 SENTENCE_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"),
                     ("kept_per_question", "kept/q"))
 PLOT_FILE = "pr_curve.png"
@@ -63,9 +63,14 @@ def table(rows: Mapping[str, Mapping[str, float | None]],
 
 
 SUMMARY_COLUMNS = (("questions", "questions"), ("passages", "passages"),
-                   ("filter_auroc", "filter AUROC"), ("bm25_auroc", "BM25 AUROC"),
-                   ("dense_auroc", "dense AUROC"), ("filter_top_k_f1", "filter top-k F1"),
-                   ("bm25_top_k_f1", "BM25 top-k F1"), ("amber_default_f1", "amber default F1"),
+                   ("filter_auroc", "filter alone AUROC"), ("bm25_auroc", "BM25 AUROC"),
+                   ("dense_auroc", "dense AUROC"), ("default_auroc", "default AUROC"),
+                   ("filter_top_k_f1", "filter alone top-k F1"),
+                   ("bm25_top_k_f1", "BM25 top-k F1"), ("dense_top_k_f1", "dense top-k F1"),
+                   ("default_top_k_f1", "default top-k F1"),
+                   ("amber_default_f1", "default F1 (its bar)"),
+                   ("default_kept_per_question", "default kept/q"),
+                   ("default_ece", "default ECE"), ("filter_ece", "filter alone ECE"),
                    ("fixed_bar_f1", "fixed bar F1"),
                    ("fixed_bar_kept_per_question", "fixed bar kept/q"),
                    ("sentence_stage_f1", "sentence stage F1"))
@@ -97,7 +102,10 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         f"Filter: {flt['name'] or flt['served_as'] or flt['adapter']} on {flt['base_model']}. "
         "Each MCF row runs amber's filter (`MultiGranularFilter`) with the config its name "
         "gives (s = log P(Yes) − log P(No))"
-        + (f"; amber's default is {default}." if default else "."),
+        + (f"; amber's default is {default}." if default else ".")
+        + (" The filter's card holds no fitted combination: the default ranks by BM25 + dense "
+           "alone (`sieverag filter fit-combination` fits one)."
+           if flt.get("combination") is None else ""),
         f"Dataset: {report['dataset']} — {questions['evaluated']} questions "
         f"evaluated of {questions['rows_in_dataset']} rows; {questions['excluded_as_training']} "
         "left out as training questions"
@@ -191,9 +199,12 @@ def plot_precision_recall(decisions: Sequence[ChunkDecisions], examples: Sequenc
 def _by_dataset(report: Mapping[str, Any]) -> list[str]:
     """The cross-dataset table and each further dataset's chunk table."""
     lines = ["## By dataset", "",
-             "Filter AUROC: its score s (no BM25 prior) over all passages; BM25 / dense AUROC "
-             "on the same passages; F1 per question, averaged. Fixed bar: MCF keeps a passage "
-             "when P(Yes) > P(No).", "", summary_table(report["by_dataset"]), ""]
+             "Filter alone: its score s over all passages (AUROC; top-k F1; ECE of its "
+             "P(Yes)). Priors alone: BM25 and dense on the same passages. Default: amber's "
+             "default MCF rule, the combination of s with BM25 and dense from the filter's "
+             "card (AUROC; F1 and passages kept at its own calibrated bar; ECE of its "
+             "P(relevant); F1 of its top-k). F1 per question, averaged. Fixed bar: MCF keeps a "
+             "passage when P(Yes) > P(No).", "", summary_table(report["by_dataset"]), ""]
     for name, section in list(report["datasets"].items())[1:]:
         questions = section["questions"]
         lines += [f"### {name} — {questions['evaluated']} questions "

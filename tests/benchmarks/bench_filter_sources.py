@@ -14,7 +14,9 @@ is cached per arm under `--out`, so a rerun only adds what is new.
 
 `--held-out-source ARM=SOURCE` says an arm was trained without SOURCE: the cross-source table
 lists that arm on that source's datasets beside BM25. Prints one table per figure (rows:
-datasets, columns: arms and the lexical / dense baselines) and one JSON line.
+datasets, columns: arms and the lexical / dense baselines), each arm's per-source table of
+the filter alone, the priors alone and the default (the row amber runs, labelled "default"),
+and one JSON line.
 `--quick`: 5 questions per dataset.
 """
 
@@ -32,9 +34,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from sieverag.inference.config import ModelRoles  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval  # noqa: E402
+from sieverag.training.filter_report import summary_table  # noqa: E402
 
-FIGURES = (("filter_auroc", "AUROC (filter score s, no BM25 prior)"),
-           ("filter_top_k_f1", "chunk F1, MCF top-k (no prior)"),
+FIGURES = (("filter_auroc", "AUROC (filter alone: score s, no prior)"),
+           ("default_auroc", "AUROC (default: the card's combination of s, BM25 and dense)"),
+           ("filter_top_k_f1", "chunk F1, MCF top-k (filter alone)"),
+           ("amber_default_f1", "chunk F1, default (combination at its calibrated bar)"),
+           ("default_ece", "ECE of the default's P(relevant)"),
            ("fixed_bar_kept_per_question", "passages kept per question at the fixed bar "
                                            "(P(Yes) > P(No))"),
            ("sentence_stage_f1", "sentence F1, MCF top-k -> sentence stage"))
@@ -84,20 +90,24 @@ def main() -> None:
     print("questions per dataset: " + ", ".join(
         f"{n} {first[n]['questions']} ({first[n]['passages']} passages, {first[n]['gold']} "
         "gold)" for n in names))
+    for arm, report in reports.items():
+        print(f"\n{arm}: the filter alone, the priors alone (BM25, dense) and the default "
+              "(amber's MCF rule), per source")
+        print(summary_table(report["by_dataset"]))
     for key, title in FIGURES:
         columns = list(arms)
-        if key == "filter_auroc":
+        if key in ("filter_auroc", "default_auroc"):
             columns += ["BM25", "dense"]
-        elif key == "filter_top_k_f1":
-            columns += ["BM25"]
+        elif key in ("filter_top_k_f1", "amber_default_f1"):
+            columns += ["BM25", "dense"]
         print(f"\n{title}\n| dataset | " + " | ".join(columns) + " |\n|---|"
               + "---:|" * len(columns))
         for dataset in names:
             cells = [reports[arm]["by_dataset"][dataset][key] for arm in arms]
-            if key == "filter_auroc":
+            if key in ("filter_auroc", "default_auroc"):
                 cells += [first[dataset]["bm25_auroc"], first[dataset]["dense_auroc"]]
-            elif key == "filter_top_k_f1":
-                cells += [first[dataset]["bm25_top_k_f1"]]
+            elif key in ("filter_top_k_f1", "amber_default_f1"):
+                cells += [first[dataset]["bm25_top_k_f1"], first[dataset]["dense_top_k_f1"]]
             print(f"| {dataset} | " + " | ".join(
                 "–" if c is None else f"{c:.3f}" for c in cells) + " |")
     cross = {arm: {d: {"filter_auroc": reports[arm]["by_dataset"][d]["filter_auroc"],
@@ -118,6 +128,7 @@ def main() -> None:
         "bm25_auroc": {d: first[d]["bm25_auroc"] for d in names},
         "dense_auroc": {d: first[d]["dense_auroc"] for d in names},
         "bm25_top_k_f1": {d: first[d]["bm25_top_k_f1"] for d in names},
+        "dense_top_k_f1": {d: first[d]["dense_top_k_f1"] for d in names},
         "cross_source": cross,
     }))
 
