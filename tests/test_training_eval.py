@@ -77,8 +77,10 @@ def read_decisions(out: Path) -> list[dict]:
             (out / "decisions.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-MCF_ROWS = ["MCF fixed log-odds>=0", "MCF top_k=2", "MCF top_k=2 + BM25 prior w=1",
-            "MCF adaptive n=0", "MCF adaptive n=0 + BM25 prior w=1"]
+DEFAULT_ROW = "MCF default: calibrated P>=card bar, min 1 + combination"
+MCF_ROWS = [DEFAULT_ROW, "MCF fixed log-odds>=0", "MCF top_k=2", "MCF top_k=2 + combination",
+            "MCF top_k=2 + BM25 prior w=1", "MCF adaptive n=0",
+            "MCF adaptive n=0 + BM25 prior w=1"]
 STAGE = "sentence stage (16 tokens, empty→keep chunk)"
 
 
@@ -95,7 +97,7 @@ def test_eval_filter_writes_every_row(tiny_model_dir: Path, tiny_adapter: Path,
     assert list(report["chunk"]) == [*MCF_ROWS, "MAIN-RAG judge", "BM25 top-2", "dense top-2",
                                      "keep all"]
     assert list(report["filter"]["mcf_rows"]) == MCF_ROWS
-    assert report["filter"]["amber_default_row"] == "MCF top_k=2 + BM25 prior w=1"
+    assert report["filter"]["amber_default_row"] == DEFAULT_ROW
     for method, figures in report["chunk"].items():
         for key in ("precision", "recall", "f1", "micro_f1", "kept_per_question"):
             assert 0 <= figures[key] <= 10, (method, key)
@@ -356,7 +358,9 @@ def test_row_names_say_which_mcf_config() -> None:
         sentence_stage_name,
     )
 
-    assert mcf_row_name(MCFConfig()) == "MCF top_k=2 + BM25 prior w=1"  # amber's default
+    assert mcf_row_name(MCFConfig()) == DEFAULT_ROW  # amber's default
+    assert mcf_row_name(MCFConfig(bar="top_k", lexical_weight=1.0)) == \
+        "MCF top_k=2 + BM25 prior w=1"
     assert mcf_row_name(MCFConfig(bar="top_k", top_k=3, lexical_weight=0.0)) == "MCF top_k=3"
     assert mcf_row_name(MCFConfig(bar="fixed", threshold=-0.5)) == "MCF fixed log-odds>=-0.5"
     assert mcf_row_name(MCFConfig(bar="adaptive", bar_n=0.5, lexical_weight=2.0)) == \
