@@ -14,6 +14,7 @@ import pytest
 from fake_backend import ScriptedBackend
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
+from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
@@ -94,7 +95,8 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     assert sorted(r["index"] for r in results) == list(range(len(DOCUMENTS)))
     scores = [r["relevance_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
-    # Every document's score is MCF's P(Yes) on the same model, its verdict MCF's default bar's.
+    # Every document's score is MCF's P(relevant) on the same model (the tiny adapters' cards
+    # hold no fitted combination: BM25 + dense), its verdict MCF's default bar's.
     backend = in_process[name]
     mcf = MultiGranularFilter(backend, MCFConfig())
     before = backend.meter.snapshot()
@@ -103,21 +105,25 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     verdicts = mcf.chunk_stage(QUERY, as_documents(TEXTS)).scored
     by_index = {r["index"]: r for r in results}
     assert [by_index[i]["relevance_score"] for i in range(len(TEXTS))] == pytest.approx(
-        [s["p_yes"] for s in expected], abs=1e-4)
+        [v.details["p_relevant"] for v in verdicts], abs=1e-4)
+    assert len(expected) == len(TEXTS)
     assert [by_index[i]["kept"] for i in range(len(TEXTS))] == [v.kept for v in verdicts]
-    assert sum(r["kept"] for r in results) == 2  # MCF's default bar: the round's 2 best
+    assert sum(r["kept"] for r in results) == 2  # without a fitted combination: top_k = 2
     assert [by_index[i]["document"] for i in range(len(TEXTS))] == [{"text": t} for t in TEXTS]
     assert all("key_sentences" not in r for r in results)
     assert body["usage"] == {"total_tokens": prompt_tokens}
 
 
-def test_adapter_and_base_differ(server: LocalServer, http: httpx.Client) -> None:
+def test_a_card_without_a_fitted_combination_ranks_as_retrieval(server: LocalServer,
+                                                                 http: httpx.Client) -> None:
+    """Neither tiny model's card holds a fitted combination: both rank by BM25 + dense alone
+    (`PRIORS_ONLY`), never by an uncalibrated filter."""
     scores = {}
     for name in ("filter", "base"):
         body = rerank(http, {"model": served_name(server, name), "query": QUERY,
                              "documents": TEXTS}).json()
         scores[name] = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert scores["filter"] != pytest.approx(scores["base"], abs=1e-3)
+    assert scores["filter"] == pytest.approx(scores["base"], abs=1e-6)
 
 
 def test_top_n_return_documents_and_the_rerank_alias(http: httpx.Client) -> None:
@@ -165,7 +171,8 @@ def test_key_sentences_follow_the_filters_sentence_reply() -> None:
         reply=lambda text: "none" if "Beta" in text else "2",
         labels=lambda text: {"Yes": -3.0 if "Gamma" in text else -0.1, "No": -1.0})
     config = MCFConfig(bar="fixed", sentence_stage=True, empty_sentence_answer="drop_chunk")
-    ranked = rank_by_filter(backend, config, "which?", texts)
+    by_filter = Combination(weights={"filter_log_odds": 1.0}, fitted=True)
+    ranked = rank_by_filter(backend, config, "which?", texts, by_filter)
     assert [(r.index, r.kept, r.key_sentences) for r in ranked] == [
         (0, True, ("Alpha two.",)), (1, False, ()), (2, False, ())]
     assert ranked[0].relevance_score == pytest.approx(1 / (1 + math.exp(-0.9)))
