@@ -30,6 +30,7 @@ import torch
 
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import first_stop
+from sieverag.inference.llm.decode_step import Decoder
 from sieverag.serving.decode_batch import RunningBatch
 from sieverag.serving.sampling import Sampling, choose_tokens
 from sieverag.serving.served_model import ServedModel
@@ -173,6 +174,9 @@ class BatchingEngine:
         self._held: set[_Sequence] = set()  # submitted and not yet let go; guarded by _lock
         self._pass_rows: Sequence[_Sequence] = ()  # the sequences of the forward pass under way
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        # Each decode step's runner, by model: the base's, and the PEFT model's (every
+        # adapter's); `Decoder` writes the step out where the model allows it.
+        self._decoders = {id(m): Decoder(m) for m in (served.base, served.model)}
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="sieverag-engine", daemon=True)
@@ -187,12 +191,12 @@ class BatchingEngine:
         with torch.inference_mode():
             for name in self.served.names:
                 cache = kv.growing_cache(self.served.model.config, self.served.name)
-                with self.served.activated(name):
-                    self.served.model(input_ids=probe, cache=cache, use_cache=True,
-                                      logits_to_keep=1)
-        check = _AbandonCheck(self)
-        self._hooks = [layer.register_forward_pre_hook(check)
-                       for layer in _decoder_layers(self.served.model)]
+                with self.served.activated(name) as model:
+                    model(input_ids=probe, cache=cache, use_cache=True, logits_to_keep=1)
+        models = {id(m): m for m in (self.served.base, self.served.model)}.values()
+        self._hooks = [layer.register_forward_pre_hook(_AbandonCheck(self, index))
+                       for model in models
+                       for index, layer in enumerate(_decoder_layers(model))]
         self._thread.start()
 
     @property
@@ -325,6 +329,15 @@ class BatchingEngine:
         finally:
             self._pass_rows = ()
 
+    def _before_layer(self, index: int) -> None:
+        """Called before decoder layer `index` of every forward pass: raises `_Abandoned` when
+        every sequence of the worker's pass under way is cancelled. Another thread's pass (the
+        base model is shared in-process) is left alone."""
+        rows = self._pass_rows
+        if (rows and threading.current_thread() is self._thread
+                and all(s.future.cancelled() for s in rows)):
+            raise _Abandoned
+
     def _take_new(self) -> list[_Sequence]:
         """Sequences to start now: wait (with the batch window) only when nothing runs."""
         if not self._running and not self._waiting:
@@ -371,10 +384,10 @@ class BatchingEngine:
         entries: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
         cache = kv.growing_cache(self.served.model.config, self.served.name)
         try:
-            with self._abandonable(chunk), self.served.activated(name):
+            with self._abandonable(chunk), self.served.activated(name) as model:
                 for start in range(0, width, PROMPT_SLICE):
                     stop = min(start + PROMPT_SLICE, width)
-                    logits = self.served.model(
+                    logits = model(
                         input_ids=inputs["input_ids"][:, start:stop],
                         attention_mask=inputs["attention_mask"][:, :stop],
                         position_ids=inputs["position_ids"][:, start:stop],
@@ -419,11 +432,10 @@ class BatchingEngine:
         positions = torch.tensor([[s.position] for s in batch.rows], device=device)
         batch.grow_mask()
         try:
-            with self._abandonable(batch.rows), self.served.activated(name):
-                logits = self.served.model(
-                    input_ids=ids, attention_mask=batch.attention_mask, position_ids=positions,
-                    cache=batch.cache, use_cache=True,
-                ).logits[:, -1, :]
+            with self._abandonable(batch.rows), self.served.activated(name) as model:
+                logits = self._decoders[id(model)](
+                    ids, positions, batch.attention_mask, batch.cache,
+                    adapter=self.served.adapter_key(name), before_layer=self._before_layer)
         except _Abandoned:  # every client left mid-step: the batch (and its cache) goes
             self._keep_wanted(batch.rows)
             del self._running[name]
@@ -512,17 +524,15 @@ def _by_model(sequences: list[_Sequence]) -> dict[str, list[_Sequence]]:
 
 
 class _AbandonCheck:
-    """A decoder layer's pre-hook: raises `_Abandoned` when every sequence of the engine's
-    forward pass under way is cancelled. A copy of the model (an adapter's, made while the
-    engine runs) gets a hook that does nothing: it is not this engine's model."""
+    """A decoder layer's pre-hook: the engine's `_before_layer` for that layer. A copy of the
+    model (an adapter's, made while the engine runs) gets a hook that does nothing: it is not
+    this engine's model."""
 
-    def __init__(self, engine: BatchingEngine) -> None:
-        self.engine = engine
+    def __init__(self, engine: BatchingEngine, index: int) -> None:
+        self.engine, self.index = engine, index
 
     def __call__(self, module: torch.nn.Module, args: object) -> None:
-        rows = self.engine._pass_rows
-        if rows and all(s.future.cancelled() for s in rows):
-            raise _Abandoned
+        self.engine._before_layer(self.index)
 
     def __deepcopy__(self, memo: dict) -> Callable[[torch.nn.Module, object], None]:
         return _no_check

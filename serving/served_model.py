@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -23,11 +23,13 @@ class ServedModel:
     """One base model plus its adapters; `activated(name)` selects what a forward pass runs."""
 
     name: str
-    model: torch.nn.Module
+    model: torch.nn.Module  # the PEFT model holding every adapter; the base when there is none
+    base: torch.nn.Module  # the plain base model (no adapter layer in its path)
     tokenizer: PreTrainedTokenizerBase
     adapters: dict[str, str]  # served adapter name -> PEFT adapter name
     max_model_len: int
     eos_token_ids: frozenset[int]
+    _active: str | None = field(default=None, init=False, repr=False)  # the adapter set last
 
     @property
     def names(self) -> list[str]:
@@ -38,12 +40,20 @@ class ServedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def activated(self, name: str) -> AbstractContextManager[object]:
-        """Context in which the model computes as `name` (the base or one adapter)."""
+    def activated(self, name: str) -> AbstractContextManager[torch.nn.Module]:
+        """Context giving the module that computes as `name`: the plain base model for the
+        base (PEFT's `disable_adapter` would cost more than a decode step: it walks every
+        module on entry and exit), the PEFT model with that adapter set for an adapter."""
         if name == self.name:
-            return self.model.disable_adapter() if self.adapters else nullcontext()
-        self.model.set_adapter(self.adapters[name])
-        return nullcontext()
+            return nullcontext(self.base)
+        if self._active != name:  # setting it walks every module: only on a change
+            self.model.set_adapter(self.adapters[name])
+            self._active = name
+        return nullcontext(self.model)
+
+    def adapter_key(self, name: str) -> str | None:
+        """The PEFT adapter name behind served name `name`; None for the base."""
+        return None if name == self.name else self.adapters[name]
 
 
 def load_served_model(
@@ -58,7 +68,7 @@ def load_served_model(
     if not isinstance(max_model_len, int):
         raise ConfigError(f"model {model!r} config has no max_position_embeddings; cannot tell "
                           "its context length")
-    served = ServedModel(model, base, tokenizer, {}, max_model_len,
+    served = ServedModel(model, base, base, tokenizer, {}, max_model_len,
                          frozenset(eos_token_ids(base, tokenizer)))
     if adapters:
         served.model = _with_adapters(base, adapters)

@@ -104,31 +104,28 @@ def test_a_sequence_left_alone_in_its_batch_computes_what_it_computes_alone(
 
 
 def test_a_forward_pass_nobody_wants_stops_at_its_next_decoder_layer(
-    engine: BatchingEngine
+    engine: BatchingEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancelled while its third pass (prefill, decode, decode) is in its first decoder
-    layer, a lone sequence's pass computes no further layer, and the sequence leaves."""
-    from sieverag.serving.engine import _decoder_layers
-
-    layers = _decoder_layers(engine.served.model)
-    assert len(layers) >= 2
-    calls: list[str] = []
+    layer, a lone sequence's pass computes no further layer, and the sequence leaves. The
+    engine checks before every layer of every pass: the prefill's through the model's forward
+    (a pre-hook on each decoder layer), a decode step's through the step itself."""
+    layers = engine.served.model.config.num_hidden_layers
+    assert layers >= 2
+    calls: list[int] = []
     futures: list[Future[SequenceResult]] = []
+    check = engine._before_layer
 
-    def cancel_on_third_pass(module: Any, args: Any) -> None:
-        calls.append("first layer")
-        if calls.count("first layer") == 3:
+    def cancel_on_third_pass(index: int) -> None:
+        calls.append(index)
+        if calls.count(0) == 3:
             engine.cancel(futures)
+        check(index)
 
-    hooks = [layers[0].register_forward_pre_hook(cancel_on_third_pass),
-             layers[-1].register_forward_pre_hook(lambda m, a: calls.append("last layer"))]
-    try:
-        futures.append(engine.submit(prompt(engine, "Tell me a story:", LONG)))
-        wait_for(lambda: engine.in_flight == 0, "the cancelled sequence to leave")
-    finally:
-        for hook in hooks:
-            hook.remove()
-    assert calls == ["first layer", "last layer"] * 2 + ["first layer"]
+    monkeypatch.setattr(engine, "_before_layer", cancel_on_third_pass)
+    futures.append(engine.submit(prompt(engine, "Tell me a story:", LONG)))
+    wait_for(lambda: engine.in_flight == 0, "the cancelled sequence to leave")
+    assert calls == [*range(layers)] * 2 + [0]
     assert futures[0].cancelled() and engine.stats.cancelled == 1
 
 
