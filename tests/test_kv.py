@@ -135,3 +135,22 @@ def test_eos_ids_join_the_tokenizers_and_the_generation_configs():
 def test_eos_ids_of_the_tiny_model(tiny_model_dir):
     model, tokenizer = load_causal_lm(str(tiny_model_dir), "float32", "cpu")
     assert tokenizer.eos_token_id in kv.eos_token_ids(model, tokenizer)
+
+
+def test_a_cache_made_growing_holds_the_same_columns_and_leaves_taken_ones_alone(tiny):
+    """`make_growing` turns a prefill's stock cache into in-place layers with the same keys and
+    values; decoding on writes new columns without touching a slice taken before (the `hf`
+    backend's prompt cache keeps such slices)."""
+    model, _ = tiny
+    with torch.inference_mode():
+        cache = kv.prefill(model, PREFIX, "cpu")
+        taken = [(keys.clone(), keys) for keys, _ in kv.cache_layers(cache)]
+        kv.make_growing(cache)
+        assert all(type(layer) is kv.GrowingLayer for layer in cache.layers)
+        for (before, _), (keys, _) in zip(taken, kv.cache_layers(cache), strict=True):
+            assert torch.equal(keys, before)
+        mask = torch.ones((1, len(PREFIX) + 1), dtype=torch.long)
+        model(input_ids=torch.tensor([[3]]), attention_mask=mask,
+              position_ids=torch.tensor([[len(PREFIX)]]), cache=cache, use_cache=True)
+    assert cache.get_seq_length() == len(PREFIX) + 1
+    assert all(torch.equal(copy, view) for copy, view in taken)

@@ -28,6 +28,7 @@ from sieverag.inference.llm.base import (
     labels_as_replies,
 )
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
+from sieverag.inference.llm.decode_step import Decoder
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
@@ -179,6 +180,7 @@ class HFBackend:
         if config.adapter is not None:
             self.model, self.adapter_name = attach_adapter(self.base_model, config.adapter)
         self.device = next(self.model.parameters()).device
+        self.decoder = Decoder(self.model)  # greedy decoding's steps
         self.meter = UsageMeter()
         self.prompt_cache = PromptCache(config.prompt_cache_tokens)
         self.context_guard = ContextGuard(
@@ -301,6 +303,7 @@ class HFBackend:
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache = output.cache
         self.prompt_cache.keep(rows, cache, inputs["attention_mask"])
+        kv.make_growing(cache)  # each step then writes its column in place
         tokens: list[list[int]] = [[] for _ in rows]
         active = list(range(len(rows)))  # the batch row behind each cache row
         mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
@@ -327,8 +330,7 @@ class HFBackend:
             step = torch.tensor([[tokens[row][-1]] for row in active], device=self.device)
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             positions = positions + 1
-            logits = self.model(input_ids=step, attention_mask=mask, position_ids=positions,
-                                cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+            logits = self.decoder(step, positions, mask, cache, adapter=self.adapter_name)
 
     def _sample(self, inputs: dict[str, torch.Tensor], full_ids: torch.Tensor,
                 settings: GenerationSettings, eos_ids: Sequence[int],

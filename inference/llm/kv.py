@@ -7,8 +7,9 @@ scoring and the embedded server.
   a batch, and build the inputs that run each row's own tokens after a cache.
 - `cache_layers`, `cache_from_layers`, `select_rows`: a cache's per-layer keys and values, a
   `DynamicCache` built from them, and a cache cut down to chosen rows.
-- `GrowingLayer`, `growing_cache`, `join_rows`, `drop_padding_columns`: the cache of a batch
-  that decodes continuously, written in place, joined by new rows and trimmed.
+- `GrowingLayer`, `growing_cache`, `make_growing`, `join_rows`, `drop_padding_columns`: the
+  cache of a batch that decodes continuously, written in place, joined by new rows and
+  trimmed.
 - `eos_token_ids`: the token ids that end a reply.
 
 Every cache follows the transformers 5 interface: a forward pass takes it as `cache=` and
@@ -177,6 +178,18 @@ def growing_cache(config: PretrainedConfig, model: str) -> DynamicCache:
                           "--engine vllm")
     cache.layers = [GrowingLayer() for _ in cache.layers]
     return cache
+
+
+def make_growing(cache: Cache) -> None:
+    """Turn `cache`'s filled stock full-attention layers into `GrowingLayer`s holding the same
+    keys and values (copied once, into buffers with room), so a decode loop writes each new
+    column in place; other layers are left as they are. Tensors taken from the cache before
+    (a kept prompt's) are not changed by what it holds afterwards."""
+    for index, layer in enumerate(getattr(cache, "layers", ())):
+        if type(layer) is DynamicLayer and layer.is_initialized:
+            grown = GrowingLayer()
+            grown.update(layer.keys, layer.values)
+            cache.layers[index] = grown
 
 
 def join_rows(cache: DynamicCache, other: DynamicCache, mask: torch.Tensor,
