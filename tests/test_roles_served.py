@@ -23,6 +23,7 @@ from sieverag.inference.config import GenerationConfig, ModelRoles, RunConfig, T
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines.amber_config import AmberConfig
 from sieverag.serving.config import LocalServerConfig
@@ -57,10 +58,13 @@ def yes_no_model(tiny_model_dir: Path, out: Path) -> Path:
 
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
+    # MCF's top 2 by the filter's score fused with BM25: the random test adapter has no
+    # fitted combination in a card, and without one the default bar reads retrieval alone.
     return RunConfig(dataset=str(dataset), pipelines=PIPELINES, limit=len(QUESTIONS),
                      models=models, generation=GenerationConfig(max_new_tokens=4),
                      judge=JudgeConfig(predictor_max_new_tokens=4),
-                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False))
+                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False),
+                     mcf=MCFConfig(bar="top_k", lexical_weight=1.0))
 
 
 def records(out: Path, pipeline: str) -> list[dict]:
