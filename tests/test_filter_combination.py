@@ -137,8 +137,10 @@ def test_mcf_default_keeps_all_answering_passages_and_never_empties_a_round():
     assert _mcf(FITTED, min_keep=0).select("q?", noise).kept == ()
     # Without a fitted combination the calibrated bar falls back on the top_k bar.
     assert len(_mcf(PRIORS_ONLY).select("q?", many).kept) == 2
-    with pytest.raises(Exception, match="leave mcf.lexical_weight unset"):
-        MCFConfig(bar="calibrated", lexical_weight=1.0)
+    # Nor does a score that is not the combination: the filter alone, or the BM25 fusion.
+    for weight in (0.0, 1.0):
+        result = _mcf(FITTED, lexical_weight=weight).select("q?", many)
+        assert result.threshold == sorted((s.score for s in result.scored), reverse=True)[1]
 
 
 def test_the_card_round_trips_and_a_card_without_a_fit_falls_back_on_the_priors(tmp_path):

@@ -77,10 +77,10 @@ class MCFConfig:
     # Defaults: the filter's card's combination of its score with BM25 and dense, and a bar
     # on its calibrated P(relevant) that keeps every chunk above it and never empties a round.
     bar: ChunkBar = field(default="calibrated", metadata={
-        "help": "calibrated: keep P(relevant) >= p_min and at least the min_keep best (needs a "
-                "fitted combination in the filter's card, else top_k); top_k: keep the top_k "
-                "best-scoring chunks of the round; fixed: keep s >= threshold; adaptive: keep "
-                "score >= mean - bar_n·std over the round"})
+        "help": "calibrated: keep P(relevant) >= p_min and at least the min_keep best (when "
+                "the score is the card's fitted combination, else top_k); top_k: keep the "
+                "top_k best-scoring chunks of the round; fixed: keep s >= threshold; "
+                "adaptive: keep score >= mean - bar_n·std over the round"})
     p_min: float | None = field(default=None, metadata={
         "help": "P(relevant) bar of the calibrated bar; default: the bar the card's "
                 f"combination was fitted with, else {DEFAULT_P_MIN}"})
@@ -125,9 +125,6 @@ class MCFConfig:
             raise ConfigError(f"mcf.min_keep must be >= 0, got {self.min_keep}")
         if self.p_min is not None and not 0.0 < self.p_min < 1.0:
             raise ConfigError(f"mcf.p_min must be a probability in (0, 1), got {self.p_min}")
-        if self.bar == "calibrated" and self.lexical_weight is not None:
-            raise ConfigError("mcf.bar calibrated reads the combination's P(relevant): leave "
-                              "mcf.lexical_weight unset, or choose bar top_k or adaptive")
         if self.lexical_weight is not None and self.lexical_weight < 0:
             raise ConfigError(f"mcf.lexical_weight must be >= 0, got {self.lexical_weight}")
         if self.lexical_weight and self.bar == "fixed":
@@ -232,13 +229,15 @@ class MultiGranularFilter:
 
     def bar(self, scores: Sequence[float]) -> float:
         """The round's bar on the scores. top_k: the k-th best score (ties at it are kept
-        too); calibrated: `probability_bar` at p_min (top_k's without a fitted combination)."""
+        too); calibrated: `probability_bar` at p_min (top_k's unless the score is a fitted
+        combination: none in the card, or `lexical_weight` set)."""
         config = self.config
         if config.bar == "fixed":
             return config.threshold
         if config.bar == "adaptive":
             return judge_bar(scores, config.bar_n)
-        if config.bar == "calibrated" and self.combination.fitted:
+        if (config.bar == "calibrated" and self.combination.fitted
+                and config.score_rule == "combined"):
             p_min = config.p_min or self.combination.bar or DEFAULT_P_MIN
             return probability_bar(scores, p_min, config.min_keep)
         return sorted(scores, reverse=True)[min(config.top_k, len(scores)) - 1]
