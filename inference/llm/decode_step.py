@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
-# A projection's weights: the base matrix and, when an adapter is active, its LoRA A, B and
-# scale.
+# One LoRA adapter's change to a projection: its A and B matrices and its scale.
 Lora = tuple[torch.Tensor, torch.Tensor, float]
 
 
