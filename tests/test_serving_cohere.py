@@ -12,6 +12,7 @@ import cohere
 import pytest
 
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
@@ -64,7 +65,9 @@ def root(server: LocalServer) -> str:
 
 
 def expected(backend: HFBackend, texts: list[str]) -> dict[int, RerankResult]:
-    return {r.index: r for r in rank_by_filter(backend, MCFConfig(), QUERY, texts)}
+    """MCF in-process with the shipped card's combination, as the server ranks."""
+    combination = adapter_combination(resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL))
+    return {r.index: r for r in rank_by_filter(backend, MCFConfig(), QUERY, texts, combination)}
 
 
 def test_the_v1_client_reranks_with_the_shipped_filter(server: LocalServer,

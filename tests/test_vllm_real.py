@@ -41,7 +41,7 @@ from sieverag.inference.eval import runner
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
-from sieverag.inference.filters.mcf import MultiGranularFilter
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
@@ -256,10 +256,14 @@ def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(
 # ----- pipelines with every role served by vLLM -----
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
+    # MCF's fused top 2 on both sides: a served filter role reads no card, so under the
+    # default it would rank by the priors alone where the in-process role reads the card's
+    # combination; this test compares the engines, not the default.
     return RunConfig(dataset=str(dataset), pipelines=("main-rag", "amber-mcf"), limit=1,
                      models=models, generation=GenerationConfig(max_new_tokens=16),
                      judge=JudgeConfig(predictor_max_new_tokens=16),
-                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False))
+                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False),
+                     mcf=MCFConfig(bar="top_k", lexical_weight=1.0))
 
 
 def records(out: Path, pipeline: str) -> list[dict]:
