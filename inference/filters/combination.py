@@ -13,7 +13,7 @@ One implementation, used by MCF (`MultiGranularFilter`), `/v1/rerank` (through
   the round. The absolute features carry calibration across rounds; the z-scored ones carry
   the ranking within a round.
 * `Combination` — weights per feature and a bias: logit = bias + Σ w·feature, and
-  P(relevant) = logistic(logit), a calibrated probability (Platt scaling by construction: the
+  P(relevant) = p_relevant(logit), a calibrated probability (Platt scaling by construction: the
   regression is fitted on labelled passages) when the combination was fitted (`fitted`).
 * `probability_bar` — the default bar on the combined logit: keep P(relevant) ≥ the bar, and
   at least `min_keep` passages (the best), so a round whose relevant passages are several
@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from sieverag.inference.filters.adapters import AdapterError, read_card
+from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.filter_format import p_relevant
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
@@ -75,14 +77,8 @@ def round_features(scores: RoundScores) -> np.ndarray:
 
 
 def _z(values: np.ndarray) -> np.ndarray:
-    """`base.z_scores` (population σ; all zeros when σ = 0) on an array."""
-    sigma = values.std()
-    return (values - values.mean()) / sigma if sigma > 1e-12 else np.zeros_like(values)
-
-
-def logistic(logit: float) -> float:
-    """1 / (1 + e^−logit), clamped so that no float overflows."""
-    return 1.0 / (1.0 + math.exp(-max(min(logit, 700.0), -700.0)))
+    """`base.z_scores` (MCF's z-normalisation over a round) as an array."""
+    return np.asarray(z_scores(values.tolist()), dtype=float)
 
 
 def logit_of(probability: float) -> float:
@@ -92,7 +88,7 @@ def logit_of(probability: float) -> float:
 
 @dataclass(frozen=True)
 class Combination:
-    """logit = bias + Σ weights[f]·feature f (`FEATURES`); P(relevant) = logistic(logit)."""
+    """logit = bias + Σ weights[f]·feature f (`FEATURES`); P(relevant) = p_relevant(logit)."""
 
     weights: Mapping[str, float]
     bias: float = 0.0
@@ -125,7 +121,7 @@ class Combination:
 
     def probabilities(self, scores: RoundScores) -> list[float]:
         """P(relevant) of each passage of the round (calibrated when `fitted`)."""
-        return [logistic(v) for v in self.logits(scores)]
+        return [p_relevant(v) for v in self.logits(scores)]
 
     def as_card(self) -> dict[str, Any]:
         """The card's `combination` section."""

@@ -40,7 +40,6 @@ from sieverag.inference.filters.combination import (
     PRIORS_ONLY,
     Combination,
     RoundScores,
-    logistic,
     passage_priors,
     probability_bar,
 )
@@ -216,7 +215,7 @@ class MultiGranularFilter:
                                                        tuple(dense)))
         details = [{"p_yes": round(s["p_yes"], 4), "filter_score": round(s["score"], 4),
                     "bm25": round(b, 4), "dense": round(d, 4),
-                    "p_relevant": round(logistic(c), 6)}
+                    "p_relevant": round(p_relevant(c), 6)}
                    for s, b, d, c in zip(scores, bm25, dense, combined, strict=True)]
         rule = self.config.score_rule
         values = (combined if rule == "combined" else log_odds if rule == "filter"

@@ -36,7 +36,7 @@ class _Projection:
 
     def __call__(self, x: torch.Tensor, adapter: str | None) -> torch.Tensor:
         out = F.linear(x, self.weight)
-        lora = self.loras.get(adapter) if adapter is not None else None
+        lora = self.loras.get(adapter)  # None for the base, or an adapter that skips it
         if lora is not None:
             a, b, scale = lora
             out = out + F.linear(F.linear(x.to(a.dtype), a), b) * scale
