@@ -435,7 +435,8 @@ class BatchingEngine:
             with self._abandonable(batch.rows), self.served.activated(name) as model:
                 logits = self._decoders[id(model)](
                     ids, positions, batch.attention_mask, batch.cache,
-                    adapter=self.served.adapter_key(name), before_layer=self._before_layer)
+                    adapter=self.served.adapter_key(name), before_layer=self._before_layer
+                )[:, -1, :]
         except _Abandoned:  # every client left mid-step: the batch (and its cache) goes
             self._keep_wanted(batch.rows)
             del self._running[name]

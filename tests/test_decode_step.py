@@ -83,7 +83,7 @@ def through_decode_step(model: torch.nn.Module, adapter: str | None = None) -> F
     written = DecodeStep(model)
 
     def step(ids, positions, mask, cache):
-        return written(ids, positions, mask, cache, adapter=adapter)
+        return written(ids, positions, mask, cache, adapter=adapter)[:, -1, :]
     return step
 
 
@@ -156,5 +156,5 @@ def test_models_it_does_not_cover_keep_their_forward(model: torch.nn.Module) -> 
         with pytest.raises(ValueError, match="not a model DecodeStep computes"):
             DecodeStep(other)
         expected, _ = decode(other, PROMPTS, through_forward(other), True)
-        got, _ = decode(other, PROMPTS, lambda i, p, m, c, d=decoder: d(i, p, m, c), True)
+        got, _ = decode(other, PROMPTS, lambda i, p, m, c, d=decoder: d(i, p, m, c)[:, -1, :], True)
         assert torch.equal(got, expected)

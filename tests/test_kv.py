@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.hf import load_causal_lm
@@ -154,3 +155,21 @@ def test_a_cache_made_growing_holds_the_same_columns_and_leaves_taken_ones_alone
               position_ids=torch.tensor([[len(PREFIX)]]), cache=cache, use_cache=True)
     assert cache.get_seq_length() == len(PREFIX) + 1
     assert all(torch.equal(copy, view) for copy, view in taken)
+
+
+def test_a_growing_cache_crops_its_last_columns_and_writes_after_them(tiny):
+    """Cropping drops the last positions (a rejected draft's); the next update writes where
+    they were, and the stock layer's crop agrees."""
+    model = tiny[0]
+    cache = kv.growing_cache(model.config, "tiny")
+    stock = DynamicCache(config=model.config)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.inference_mode():
+        model(input_ids=ids, cache=cache, use_cache=True)
+        model(input_ids=ids, cache=stock, use_cache=True)
+        for c in (cache, stock):
+            c.crop(-2)
+            model(input_ids=torch.tensor([[1, 2]]), position_ids=torch.tensor([[3, 4]]),
+                  cache=c, use_cache=True)
+    assert cache.get_seq_length() == stock.get_seq_length() == 5
+    assert torch.equal(cache.layers[0].keys, stock.layers[0].keys)

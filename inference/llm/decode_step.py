@@ -12,6 +12,10 @@ RMSNorm, rotary embedding (the model's own `rotary_emb`), projections (a LoRA ad
 padded batch through the query packed per key/value head and a boolean mask; an unpadded one
 through `enable_gqa`).
 
+A step may also feed several tokens a row: a prompt-lookup draft that the `hf` backend checks
+in one pass (inference/llm/prompt_lookup.py), each token attending to the cache and the ones
+before it.
+
 It covers `LlamaForCausalLM` with SDPA attention, no biases and plain LoRA adapters (what
 `supports` checks); any other model keeps the model's own forward (`Decoder`).
 """
@@ -98,7 +102,8 @@ def _projection_or_none(module: torch.nn.Module) -> _Projection | None:
 
 
 class DecodeStep:
-    """Logits of one new token per row of a `supports`-ed model, as its forward gives them."""
+    """Logits of the new tokens of each row of a `supports`-ed model, as its forward gives
+    them: bit for bit for one token a row, to float rounding for a checked draft."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         if not supports(model):
@@ -124,38 +129,55 @@ class DecodeStep:
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                  attention_mask: torch.Tensor, cache: Cache, *, adapter: str | None = None,
                  before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Logits [rows, vocabulary] after feeding `input_ids` ([rows, 1]) at `position_ids`
-        ([rows, 1]) to the rows of `cache`, which takes their keys and values.
+        """Logits [rows, tokens, vocabulary] after feeding `input_ids` ([rows, tokens]) at
+        `position_ids` ([rows, tokens]) to the rows of `cache`, which takes their keys and
+        values. One token a row is a decode step (bit-identical to the forward); several are a
+        draft being checked, each token seeing the ones before it (to float rounding: the
+        products then run on more rows).
 
-        `attention_mask` ([rows, columns]) covers the cache's columns and the new one;
+        `attention_mask` ([rows, columns]) covers the cache's columns and the new ones;
         `adapter` names the LoRA adapter to add (a PEFT adapter name; None: the base);
         `before_layer` is called with each decoder layer's index before it runs (it may raise
         to stop the step)."""
-        rows = input_ids.shape[0]
+        rows, length = input_ids.shape
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        # transformers drops an all-ones mask and then attends through enable_gqa; a padded
-        # batch gets a boolean mask and the query packed per key/value head.
-        mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+        mask = self._mask(attention_mask, length)
         for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
             if before_layer is not None:
                 before_layer(index)
             residual = hidden
             normed = self._rms_norm(hidden, layer.input_norm)
-            query = self._heads(layer.q(normed, adapter), rows, self.heads)
-            key = self._heads(layer.k(normed, adapter), rows, self.kv_heads)
-            value = self._heads(layer.v(normed, adapter), rows, self.kv_heads)
+            query = self._heads(layer.q(normed, adapter), rows, length, self.heads)
+            key = self._heads(layer.k(normed, adapter), rows, length, self.kv_heads)
+            value = self._heads(layer.v(normed, adapter), rows, length, self.kv_heads)
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
             keys, values = cache_layer.update(key, value)
-            attended = self._attend(query, keys, values, mask, rows)
+            attended = self._attend(query, keys, values, mask, rows, length)
             hidden = residual + layer.o(attended, adapter)
             residual = hidden
             normed = self._rms_norm(hidden, layer.post_norm)
             gate, up = layer.gate(normed, adapter), layer.up(normed, adapter)
             hidden = residual + layer.down(F.silu(gate) * up, adapter)
-        return F.linear(self._rms_norm(hidden, self.final_norm), self.head)[:, -1, :]
+        return F.linear(self._rms_norm(hidden, self.final_norm), self.head)
+
+    @staticmethod
+    def _mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor | None:
+        """The boolean mask SDPA reads ([rows, 1, tokens, columns]), or None for none.
+
+        For one token, as transformers builds it: an all-ones mask dropped (attention through
+        enable_gqa), a padded batch's kept as a boolean mask (the query then packed per
+        key/value head). Several tokens add the causal part: the i-th new token sees the
+        cache and new tokens up to itself."""
+        if length == 1:
+            return None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+        columns = attention_mask.shape[1]
+        device = attention_mask.device
+        visible = (torch.arange(columns, device=device)[None, :]
+                   <= torch.arange(columns - length, columns, device=device)[:, None])
+        return attention_mask.bool()[:, None, None, :] & visible[None, None]
 
     def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         dtype = hidden.dtype
@@ -163,20 +185,22 @@ class DecodeStep:
         variance = hidden.pow(2).mean(-1, keepdim=True)
         return weight * (hidden * torch.rsqrt(variance + self.eps)).to(dtype)
 
-    def _heads(self, projected: torch.Tensor, rows: int, heads: int) -> torch.Tensor:
-        return projected.view(rows, 1, heads, self.head_dim).transpose(1, 2)
+    def _heads(self, projected: torch.Tensor, rows: int, length: int, heads: int
+               ) -> torch.Tensor:
+        return projected.view(rows, length, heads, self.head_dim).transpose(1, 2)
 
     def _attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None, rows: int) -> torch.Tensor:
-        if mask is None:
-            out = F.scaled_dot_product_attention(query, keys, values, scale=self.scale,
-                                                 enable_gqa=True)
+                mask: torch.Tensor | None, rows: int, length: int) -> torch.Tensor:
+        if mask is None or length > 1:
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=True)
         else:
             packed = query.reshape(rows, self.kv_heads, self.heads // self.kv_heads,
                                    self.head_dim)
             out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask,
                                                  scale=self.scale)
-        return out.reshape(rows, -1, 1, self.head_dim).transpose(1, 2).reshape(rows, 1, -1)
+        out = out.reshape(rows, -1, length, self.head_dim).transpose(1, 2)
+        return out.reshape(rows, length, -1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -185,8 +209,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder:
-    """What a decode loop calls for one step's logits: `DecodeStep` where the model
-    `supports` it, else the model's own forward (with its active adapter; the decoder
+    """What a decode loop calls for a step's logits (or a draft's): `DecodeStep` where the
+    model `supports` it, else the model's own forward (with its active adapter; the decoder
     layers' forward hooks then run as `before_layer` would)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -196,10 +220,9 @@ class Decoder:
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                  attention_mask: torch.Tensor, cache: Cache, *, adapter: str | None = None,
                  before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Logits [rows, vocabulary]; the arguments are `DecodeStep`'s."""
+        """Logits [rows, tokens, vocabulary]; the arguments are `DecodeStep`'s."""
         if self.step is not None:
             return self.step(input_ids, position_ids, attention_mask, cache, adapter=adapter,
                              before_layer=before_layer)
         return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          position_ids=position_ids, cache=cache, use_cache=True
-                          ).logits[:, -1, :]
+                          position_ids=position_ids, cache=cache, use_cache=True).logits

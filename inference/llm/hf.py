@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
@@ -31,6 +32,7 @@ from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_con
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
+from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, agreed
 from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
 
 
@@ -51,6 +53,10 @@ class HFBackendConfig:
                 "a generate or label_logprobs call whose prompts extend them computes only the "
                 "new tokens (MAIN-RAG's judge continuing the predictor's conversation, amber's "
                 "memory agents); 0 turns this off"})
+    draft_tokens: int = field(default=DEFAULT_DRAFT_TOKENS, metadata={
+        "help": "greedy decoding of a single prompt checks up to this many tokens a step, "
+                "drafted from the prompt and reply so far (prompt lookup: each kept token is "
+                "still the model's own choice); 0 decodes one token a step"})
     context_length: int | None = field(default=None, metadata={
         "help": "the context in tokens that a prompt and what the call adds after it must fit "
                 "(unset: the model's own, its config's max_position_embeddings)"})
@@ -71,6 +77,8 @@ class HFBackendConfig:
                               f"got {self.shared_prefix_min_tokens}")
         if self.prompt_cache_tokens < 0:
             raise ConfigError(f"prompt_cache_tokens must be >= 0, got {self.prompt_cache_tokens}")
+        if self.draft_tokens < 0:
+            raise ConfigError(f"draft_tokens must be >= 0, got {self.draft_tokens}")
         check_context_settings(self.context_length, self.context_overflow)
 
 
@@ -299,16 +307,20 @@ class HFBackend:
         """Greedy decoding of one batch: each row's new tokens, EOS excluded. A row leaves the
         batch as soon as it ends (EOS, a stop string in its text, the length cap), so later
         steps run only the rows still writing — on a CPU, where a decode step's cost grows
-        with its rows, a batch no longer pays for its longest reply in every row."""
+        with its rows, a batch no longer pays for its longest reply in every row. A batch of
+        one prompt goes several tokens a step where its reply copies (`_greedy_drafted`)."""
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache = output.cache
         self.prompt_cache.keep(rows, cache, inputs["attention_mask"])
         kv.make_growing(cache)  # each step then writes its column in place
-        tokens: list[list[int]] = [[] for _ in rows]
-        active = list(range(len(rows)))  # the batch row behind each cache row
         mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
         logits = output.logits[:, -1, :]
-        ends, window = set(eos_ids), max((len(s) for s in settings.stop), default=0) + 1
+        if len(rows) == 1 and self.config.draft_tokens and kv.is_growing(cache):
+            return [self._greedy_drafted(rows[0], logits, cache, mask, positions, settings,
+                                         eos_ids)]
+        tokens: list[list[int]] = [[] for _ in rows]
+        active = list(range(len(rows)))  # the batch row behind each cache row
+        ends = set(eos_ids)
         while True:
             still = []
             for slot, (row, token) in enumerate(zip(active, logits.argmax(dim=-1).tolist(),
@@ -316,10 +328,7 @@ class HFBackend:
                 if token in ends:
                     continue
                 tokens[row].append(token)
-                if len(tokens[row]) >= settings.max_new_tokens:
-                    continue
-                if settings.stop and any(s in self.tokenizer.decode(tokens[row][-window:])
-                                         for s in settings.stop):
+                if self._reply_complete(tokens[row], settings):
                     continue
                 still.append(slot)
             if not still:
@@ -330,7 +339,56 @@ class HFBackend:
             step = torch.tensor([[tokens[row][-1]] for row in active], device=self.device)
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             positions = positions + 1
-            logits = self.decoder(step, positions, mask, cache, adapter=self.adapter_name)
+            logits = self.decoder(step, positions, mask, cache, adapter=self.adapter_name)[:, -1, :]
+
+    def _greedy_drafted(self, prompt: list[int], logits: torch.Tensor, cache: DynamicCache,
+                        mask: torch.Tensor, positions: torch.Tensor,
+                        settings: GenerationSettings, eos_ids: Sequence[int]) -> list[int]:
+        """Greedy decoding of one prompt whose KV `cache` holds it (`logits` [1, vocabulary]
+        its last position's): each pass feeds the newest token and a draft looked up in the
+        prompt and reply (inference/llm/prompt_lookup.py), keeps the draft's tokens up to the
+        first the model would not have chosen, and adds the model's own token after them. A
+        pass without a draft is a plain decode step. Draft tokens are checked in one pass, so
+        their logits match token-by-token decoding to float rounding, not bit for bit."""
+        drafter = Drafter(self.config.draft_tokens)
+        ends = set(eos_ids)
+        tokens: list[int] = []
+        token = int(logits[0].argmax())
+        while True:
+            if token in ends:
+                return tokens
+            tokens.append(token)
+            if self._reply_complete(tokens, settings):
+                return tokens
+            proposed = drafter.propose(prompt + tokens, settings.max_new_tokens - len(tokens) - 1)
+            step = [token, *proposed]
+            columns = mask.shape[1]
+            mask = torch.cat([mask, mask.new_ones((1, len(step)))], dim=1)
+            offsets = torch.arange(1, len(step) + 1, device=positions.device)[None, :]
+            predicted = self.decoder(torch.tensor([step], device=self.device), positions + offsets,
+                                     mask, cache, adapter=self.adapter_name)[0].argmax(dim=-1)
+            accepted = agreed(proposed, predicted.tolist())
+            drafter.kept(len(proposed), accepted)
+            for token in proposed[:accepted]:
+                if token in ends:
+                    return tokens
+                tokens.append(token)
+                if self._reply_complete(tokens, settings):
+                    return tokens
+            # The cache keeps the newest token and the accepted draft; the rest is dropped.
+            cache.crop(-(len(proposed) - accepted))
+            mask = mask[:, :columns + 1 + accepted]
+            positions = positions + 1 + accepted
+            token = int(predicted[accepted])
+
+    def _reply_complete(self, tokens: list[int], settings: GenerationSettings) -> bool:
+        """Whether a reply (its last token just added, not EOS) has reached the length cap
+        or ends in one of the stop strings."""
+        if len(tokens) >= settings.max_new_tokens:
+            return True
+        window = max((len(s) for s in settings.stop), default=0) + 1
+        return bool(settings.stop) and any(s in self.tokenizer.decode(tokens[-window:])
+                                           for s in settings.stop)
 
     def _sample(self, inputs: dict[str, torch.Tensor], full_ids: torch.Tensor,
                 settings: GenerationSettings, eos_ids: Sequence[int],

@@ -161,6 +161,11 @@ class GrowingLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.replace(self.keys[indices], self.values[indices])
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `tokens_to_remove` positions (given as a negative number or as their
+        count; transformers' layers take the negative one); the buffers keep their room."""
+        self._expose(self.length - abs(tokens_to_remove))
+
     def _expose(self, length: int) -> None:
         self.length = length
         self.keys = self._key_buffer[..., :length, :]
@@ -190,6 +195,12 @@ def make_growing(cache: Cache) -> None:
             grown = GrowingLayer()
             grown.update(layer.keys, layer.values)
             cache.layers[index] = grown
+
+
+def is_growing(cache: Cache) -> bool:
+    """Whether every layer of `cache` is a `GrowingLayer` (full attention, croppable in place)."""
+    layers = getattr(cache, "layers", ())
+    return bool(layers) and all(isinstance(layer, GrowingLayer) for layer in layers)
 
 
 def join_rows(cache: DynamicCache, other: DynamicCache, mask: torch.Tensor,

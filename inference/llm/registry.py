@@ -12,6 +12,7 @@ from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.context import check_context_settings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
+from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
 from sieverag.inference.settings import settings
 from sieverag.inference.types import ContextOverflow, Device, DType
 
@@ -45,6 +46,9 @@ class BackendSpec:
         "help": "in-process weights dtype (auto: bf16 on GPU, fp32 on CPU)"})
     device: Device = field(default="auto", metadata={"help": "in-process device"})
     batch_size: int = field(default=16, metadata={"help": "in-process: prompts per forward pass"})
+    draft_tokens: int = field(default=DEFAULT_DRAFT_TOKENS, metadata={
+        "help": "in-process: greedy decoding of one prompt checks up to this many tokens a "
+                "step, drafted from the prompt and reply so far (0: one token a step)"})
     max_concurrency: int = field(default=8, metadata={"help": "served: requests in flight"})
     context_length: int | None = field(default=None, metadata={
         "help": "the context in tokens a prompt and what the call adds after it must fit "
@@ -71,6 +75,8 @@ class BackendSpec:
                 "leave it unset")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ConfigError("batch_size and max_concurrency must be >= 1")
+        if self.draft_tokens < 0:
+            raise ConfigError(f"draft_tokens must be >= 0, got {self.draft_tokens}")
         check_context_settings(
             self.context_length, self.context_overflow,
             counts_tokens=self.endpoint is None or self.chat_template_model is not None,
@@ -85,6 +91,7 @@ class BackendSpec:
 def _build_hf(spec: BackendSpec) -> LLMBackend:
     return HFBackend(HFBackendConfig(model=spec.model, dtype=spec.dtype, device=spec.device,
                                      batch_size=spec.batch_size, adapter=spec.adapter,
+                                     draft_tokens=spec.draft_tokens,
                                      context_length=spec.context_length,
                                      context_overflow=spec.context_overflow))
 
