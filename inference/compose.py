@@ -36,7 +36,7 @@ from sieverag.inference.pipelines.base import (
 )
 from sieverag.inference.pipelines.router import Router, RouterConfig
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
-from sieverag.inference.roles import ModelRoles, resolve_filter_role
+from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
                        backend=roles.generator if router_config.self_check else None)
                 if routed else None),
         mcf_backend=roles.filter,
-        filter_combination=(adapter_combination(config.models.filter.adapter)
+        filter_combination=(adapter_combination(filter_card_folder(config.models.filter))
                             if roles.filter is not None else None),
         settings=plan.settings,
         search=search,

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import field, replace
 
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.adapters import (
+    DEFAULT_FILTER_NAME,
+    AdapterError,
+    find_adapter,
+    resolve_filter,
+)
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.settings import settings
 
@@ -38,3 +43,17 @@ def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
         return spec
     folder = resolve_filter(spec.adapter or DEFAULT_FILTER_NAME, spec.model)
     return replace(spec, adapter=str(folder))
+
+
+def filter_card_folder(spec: BackendSpec) -> str | None:
+    """The adapter folder whose card (`sieverag_adapter.json`: the fitted combination, the
+    training questions) describes the filter role `spec` (resolved by `resolve_filter_role`):
+    an in-process filter's adapter; for a served filter, the installed or shipped filter that
+    its served `model` name names (serve a filter under its own name, e.g. `sieverag serve
+    --adapters smollm2-filter=smollm2-filter`); None for any other served name."""
+    if spec.endpoint is None:
+        return spec.adapter
+    try:
+        return str(find_adapter(spec.model or "").path)
+    except AdapterError:
+        return None

@@ -190,3 +190,22 @@ def test_amber_default_row_is_labelled_default():
     assert "default" in mcf_row_name(MCFConfig(sentence_stage=True))
     assert "default" not in mcf_row_name(MCFConfig(bar="top_k"))
     assert mcf_row_name(MCFConfig(bar="top_k")) == "MCF top_k=2 + combination"
+
+
+def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as() -> None:
+    """Served under its own name (`--adapters smollm2-filter=smollm2-filter`), the filter
+    brings its card's fitted combination to MCF, as in-process; under another name there is
+    no card to read (`PRIORS_ONLY`)."""
+    from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import filter_card_folder
+
+    shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
+    served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model=DEFAULT_FILTER_NAME)
+    assert filter_card_folder(served) == shipped
+    assert adapter_combination(filter_card_folder(served)) == adapter_combination(shipped)
+    assert adapter_combination(shipped).fitted
+    other = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
+    assert filter_card_folder(other) is None
+    assert adapter_combination(filter_card_folder(other)) is PRIORS_ONLY
+    assert filter_card_folder(BackendSpec(adapter=shipped)) == shipped

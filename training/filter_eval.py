@@ -55,7 +55,7 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.roles import ModelRoles, resolve_filter_role
+from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
@@ -145,13 +145,14 @@ class Selection:
 
 
 def adapter_metadata(filter_role: BackendSpec) -> dict[str, Any]:
-    """The in-process filter's card, `sieverag_adapter.json` ({} for a served filter or an
-    adapter without one); `filter_role` resolved by `resolve_filter_role`."""
-    if filter_role.adapter is None:
+    """The filter's card, `sieverag_adapter.json` ({} where `filter_card_folder` finds none,
+    or the adapter has none); `filter_role` resolved by `resolve_filter_role`."""
+    folder = filter_card_folder(filter_role)
+    if folder is None:
         return {}
     from sieverag.inference.filters.adapters import read_card
 
-    return read_card(filter_role.adapter) or {}
+    return read_card(folder) or {}
 
 
 @dataclass(frozen=True)
@@ -294,8 +295,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
     metadata = adapter_metadata(filter_role)
-    combination = adapter_combination(filter_role.adapter)
-    card = f"{filter_role.adapter}/{CARD_FILE}" if filter_role.adapter else CARD_FILE
+    card_folder = filter_card_folder(filter_role)
+    combination = adapter_combination(card_folder)
+    card = f"{card_folder}/{CARD_FILE}" if card_folder else CARD_FILE
     trained = training_questions(config, metadata, card)
     out = Path(config.out)
     cache = MethodCache(out / "cache")
