@@ -3,7 +3,8 @@ same machine in one run.
 
 Both engines serve the embedded SmolLM2-135M-Instruct with the shipped filter's LoRA adapter
 (smollm2-filter, served as `filter`), each in a process of its own, the clients in this one:
-the embedded server as `sieverag serve --engine local` (float32, its default on a CPU; its
+the embedded server as `sieverag serve --engine local` (float32, its default on a CPU, or
+`--embedded-dtype`; its
 default batching, on every core) and vLLM through sieverag's launcher (`VLLMServer`: the
 CPU build in .venv-vllm, float32 by default (`--vllm-dtype`), `--enforce-eager` unless
 `--vllm-compile` (vLLM's own default, torch.compile), max_model_len 4096, its threads bound to
@@ -43,6 +44,7 @@ eval-filter and amber-mcf figures.
 
     python tests/benchmarks/bench_engines.py [--quick] [--vllm-dtype float32] [--questions 30]
         [--amber-questions 5] [--vllm-compile] [--judge] [--skip-eval] [--data FILE]
+        [--embedded-dtype bfloat16 --vllm-dtype bfloat16]
 
 The default (filter requests of 4 and of 8 questions' passages, 8 and 32 generations,
 eval-filter on 30 questions without its judge row, amber-mcf on 5) takes about 20 minutes on
@@ -112,7 +114,6 @@ from sieverag.training.filter_eval import (  # noqa: E402
 ENGINES = ("embedded", "vllm")
 FILTER = "filter"  # the adapter's served name on both engines
 ADAPTERS = (f"{FILTER}={DEFAULT_FILTER_NAME}",)
-EMBEDDED_DTYPE = "float32"
 VLLM_ACCESS_LOG_OFF = "--disable-uvicorn-access-log"
 # torch.compile costs minutes at each start on 2 cores; --vllm-compile measures it anyway.
 VLLM_EAGER = "--enforce-eager"
@@ -216,11 +217,11 @@ def write_ids(path: Path, examples: Sequence[Example]) -> Path:
 # ----- the engines -----
 
 @contextmanager
-def embedded_engine() -> Iterator[str]:
-    """`sieverag serve --engine local` on a free port; yields its base URL, stops it (SIGINT)
-    at the end."""
+def embedded_engine(dtype: str) -> Iterator[str]:
+    """`sieverag serve --engine local` at `dtype` on a free port; yields its base URL, stops
+    it (SIGINT) at the end."""
     server = start_server(0, "--model", DEFAULT_MODEL, "--adapters", ",".join(ADAPTERS),
-                          "--local.dtype", EMBEDDED_DTYPE)
+                          "--local.dtype", dtype)
     try:
         wait_ready(server)
         yield server.base_url
@@ -417,7 +418,8 @@ def print_table(results: dict[str, dict[str, Any]], agreement: dict[str, Any],
     embedded, vllm = results["embedded"], results["vllm"]
     print(f"\nengines side by side: {DEFAULT_MODEL} + LoRA {DEFAULT_FILTER_NAME} (served as "
           f"{FILTER!r}), {setup['cpu_cores']} CPU core(s) ({cpu_features()})")
-    print(f"embedded: `sieverag serve --engine local`, {EMBEDDED_DTYPE}, every core | vLLM "
+    print(f"embedded: `sieverag serve --engine local`, {setup['embedded_dtype']}, every core "
+          f"| vLLM "
           f"{setup['vllm_version']} (CPU build): {setup['vllm_dtype']}, every core, "
           f"{'torch.compile' if setup['vllm_compiled'] else VLLM_EAGER}, prefix caching on")
     labels = {"start_seconds": "start",
@@ -460,9 +462,12 @@ def main() -> int:
                         help="a smoke run: 10 filter documents for each client count, 2 and 16 "
                              "generations, eval-filter on 3 questions without its judge row, "
                              "amber-mcf on 1")
+    parser.add_argument("--embedded-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the embedded server's --local.dtype (bfloat16: AMX or AVX-512 "
+                             "bf16 products where the CPU has them)")
     parser.add_argument("--vllm-dtype", default="float32",
                         choices=("float32", "bfloat16", "float16", "auto"),
-                        help="vLLM's --dtype (the embedded engine runs float32)")
+                        help="vLLM's --dtype")
     parser.add_argument("--questions", type=int, default=None,
                         help="eval-filter's held-out questions (default 30; --quick 3)")
     parser.add_argument("--amber-questions", type=int, default=None,
@@ -505,7 +510,7 @@ def main() -> int:
             start = time.perf_counter()
             try:
                 serving = (vllm_engine(args.vllm_dtype, args.vllm_compile) if engine == "vllm"
-                           else embedded_engine())
+                           else embedded_engine(args.embedded_dtype))
                 with serving as base_url:
                     started_s = time.perf_counter() - start
                     log(f"{engine}: ready at {base_url} after {started_s:.1f} s")
@@ -527,7 +532,7 @@ def main() -> int:
         a == b for a, b in zip(replies["vllm"], replies["embedded"], strict=True))
     setup = {"vllm_version": version, "vllm_dtype": args.vllm_dtype,
              "vllm_compiled": args.vllm_compile,
-             "embedded_dtype": EMBEDDED_DTYPE, "cpu_cores": len(os.sched_getaffinity(0)),
+             "embedded_dtype": args.embedded_dtype, "cpu_cores": len(os.sched_getaffinity(0)),
              "quick": args.quick,
              "filter_docs_1": sum(len(e.documents) for e in workload.filter_sets[1]),
              "filter_docs_8": sum(len(e.documents) for e in workload.filter_sets[8]),
