@@ -236,3 +236,72 @@ def test_a_run_whose_one_step_is_in_warmup_is_untrained_and_says_so(
     assert "note: the run's one optimizer step had learning rate 0" in capsys.readouterr().out
     weights = load_file(out / WEIGHTS_FILE)
     assert not any(t.abs().sum() > 0 for name, t in weights.items() if "lora_B" in name)
+
+
+def test_scoring_label_positions_only_gives_the_same_loss_and_gradients(
+        tiny_model_dir: Path) -> None:
+    """TRL's fused LM head over the trained positions only (the default) against every
+    position (TRL's choice off Triton): the same loss, accuracy and LoRA gradients, on fewer
+    rows of the LM head."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer import utils as trl_utils
+
+    from sieverag.training.sft import score_positions
+
+    torch.manual_seed(0)
+    ids = torch.randint(5, 1000, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 9:11], labels[1, 6:8] = ids[0, 9:11], ids[1, 6:8]  # each row's completion
+    rows_scored: list[int] = []
+    chunked = trl_utils._ChunkedLogProbFunction.apply
+
+    def counted(hidden, *args):
+        rows_scored.append(hidden.shape[0])
+        return chunked(hidden, *args)
+
+    results = {}
+    try:
+        trl_utils._ChunkedLogProbFunction.apply = counted
+        for label_only in (False, True):
+            score_positions(label_only=label_only)
+            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+            trl_utils.add_fused_lm_head(model, outputs=("log_probs", "is_top1"))
+            torch.manual_seed(1)
+            model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
+                                                     init_lora_weights=False))
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels,
+                        fused_lm_head=True)
+            out.loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results[label_only] = (out.loss.detach(), out.is_top1.sum(), grads)
+    finally:
+        trl_utils._ChunkedLogProbFunction.apply = chunked
+        score_positions(label_only=True)
+    (every_loss, every_top1, every_grads), (only_loss, only_top1, only_grads) = \
+        results[False], results[True]
+    torch.testing.assert_close(only_loss, every_loss)
+    assert only_top1 == every_top1
+    assert every_grads.keys() == only_grads.keys() and every_grads
+    for name, grad in every_grads.items():
+        torch.testing.assert_close(only_grads[name], grad)
+    assert rows_scored == [2 * 11, 4]  # every shifted position, then the 4 labelled ones
+
+
+def test_lora_on_the_upper_layers_only(tiny_model_dir: Path) -> None:
+    """`lora_layers_from` puts LoRA on the decoder layers from that index up, and names the
+    model's layer count when it is past the last."""
+    from sieverag.inference.errors import ConfigError
+    from sieverag.training.sft import lora_config
+    from sieverag.training.sft_config import FilterModelConfig
+
+    config = lora_config(FilterModelConfig(model_name_or_path=str(tiny_model_dir),
+                                           lora_layers_from=1), tiny_model_dir)
+    assert config.layers_to_transform == [1]  # the tiny model has 2 layers
+    assert lora_config(FilterModelConfig(model_name_or_path=str(tiny_model_dir)),
+                       tiny_model_dir).layers_to_transform is None
+    with pytest.raises(ConfigError, match="lora_layers_from=2: .* has 2 decoder layers"):
+        lora_config(FilterModelConfig(model_name_or_path=str(tiny_model_dir),
+                                      lora_layers_from=2), tiny_model_dir)
+    with pytest.raises(ConfigError, match="lora_layers_from must be >= 0"):
+        FilterModelConfig(lora_layers_from=-1)

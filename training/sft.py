@@ -63,6 +63,42 @@ def resume_checkpoint(recipe: Recipe) -> str | None:
     return str(asked)
 
 
+def lora_config(model_args: Any, base_dir: Path) -> Any:
+    """TRL's LoRA config for the recipe's model config, on the layers from `lora_layers_from`
+    up (checked against the base model's layer count)."""
+    from transformers import AutoConfig
+    from trl import get_peft_config
+
+    config = get_peft_config(model_args)
+    start = model_args.lora_layers_from
+    if start:
+        layers = AutoConfig.from_pretrained(base_dir, local_files_only=True).num_hidden_layers
+        if start >= layers:
+            raise ConfigError(f"lora_layers_from={start}: {model_args.model_name_or_path} has "
+                              f"{layers} decoder layers (0 to {layers - 1})")
+        config.layers_to_transform = list(range(start, layers))
+    return config
+
+
+def score_positions(*, label_only: bool) -> None:
+    """Whether TRL's fused LM head scores only the positions with a label.
+
+    TRL scores only those on devices with Triton and every position elsewhere, so that tile
+    shapes stay fixed for compiling backends. On a CPU that is the vocabulary (49,152 rows for
+    SmolLM2) at all ~200 positions of a filter record, for the 1–3 completion tokens it
+    trains. The loss, entropy and accuracy are the same either way (unlabelled positions are
+    zeroed), which tests/test_training_sft.py checks. TRL takes that choice in one helper of
+    `trl.trainer.utils`; this sets it."""
+    import trl.trainer.utils as trl_utils
+    from trl.kernels.chunked_logprob import _use_triton
+
+    if not hasattr(trl_utils, "_use_triton"):
+        raise SieveragError("this TRL version no longer decides which positions its fused LM "
+                            "head scores in trl.trainer.utils._use_triton: update "
+                            "training.sft.score_positions")
+    trl_utils._use_triton = (lambda device: True) if label_only else _use_triton
+
+
 def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     """Run the recipe; returns the folder holding the verified adapter and its metadata.
 
@@ -70,7 +106,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     """
     from transformers import AutoTokenizer
     from transformers.integrations import unset_hf_deepspeed_config
-    from trl import SFTTrainer, get_peft_config
+    from trl import SFTTrainer
 
     from sieverag.inference.llm.models import resolve_model
     from sieverag.training import data
@@ -98,13 +134,14 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
 
     args.model_init_kwargs = {"dtype": model_args.dtype, **(args.model_init_kwargs or {})}
     resume = resume_checkpoint(recipe)
+    score_positions(label_only=script.score_label_positions_only)
     trainer = SFTTrainer(
         model=str(base_dir),
         args=args,
         train_dataset=data.trained_columns(used["train"]),
         eval_dataset=data.trained_columns(used["eval"]) if evaluate else None,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
+        peft_config=lora_config(model_args, base_dir),
         callbacks=list(callbacks),
     )
     started = time.time()

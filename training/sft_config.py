@@ -45,6 +45,10 @@ class FilterScriptArguments:
     adapter_name: str | None = field(
         default=None, metadata={"help": "the adapter's served name; default "
                                         "`filter-<base>-<8 hex digits of its content hash>`"})
+    score_label_positions_only: bool = field(
+        default=True, metadata={"help": "the LM head scores only the positions the loss trains "
+                                        "(a filter record's few completion tokens), the same "
+                                        "loss; false: every position, as TRL does off Triton"})
 
     def __post_init__(self) -> None:
         if not self.dataset_path:
@@ -71,6 +75,9 @@ class FilterModelConfig(ModelConfig):
     lora_target_modules: list[str] | None = field(
         default_factory=lambda: list(ALL_PROJECTIONS),
         metadata={"help": "module names LoRA adapts; default every attention and MLP projection"})
+    lora_layers_from: int = field(
+        default=0, metadata={"help": "LoRA only on the decoder layers from this index up (0: "
+                                     "every layer); the backward pass stops at the lowest one"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,6 +92,8 @@ class FilterModelConfig(ModelConfig):
             raise ConfigError(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_layers_from < 0:
+            raise ConfigError(f"lora_layers_from must be >= 0, got {self.lora_layers_from}")
         if not self.lora_target_modules:
             raise ConfigError("lora_target_modules must name at least one module "
                               f"(e.g. {', '.join(ALL_PROJECTIONS)})")

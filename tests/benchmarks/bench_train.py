@@ -1,12 +1,20 @@
-"""CPU training throughput of the SmolLM2 filter recipe: length-grouped batches vs random ones.
+"""CPU training throughput of the SmolLM2 filter recipe, side by side in one run.
 
 Runs `training.sft.train` in this process (as `accelerate launch` with accelerate_configs/
-cpu.yaml would: one CPU process) on the recipe training/recipes/smollm2_filter_cpu.yaml,
-twice, on the same records and seed: as the recipe says (`train_sampling_strategy:
-group_by_length`, batches of similar length, little padding) and with random batches
-(TRL's default). Steps and real (non-padding) tokens are timed from the first logged step
-to the last, so model loading and the first step's warm-up are not counted. Prints a table
-and one JSON line; also the recipe's estimated training minutes at the measured rate.
+cpu.yaml would: one CPU process) on the recipe training/recipes/smollm2_filter_cpu.yaml, on
+the same records and seed, as:
+  recipe                    as the recipe says (`train_sampling_strategy: group_by_length`,
+                            batches of similar length; the LM head scores the trained
+                            positions only, `score_label_positions_only`);
+  random batches            TRL's default sampling;
+  every position            the LM head over every position (TRL's own choice on a CPU:
+                            the recipe as the shipped filter was trained);
+  LoRA from layer 15 / 20   LoRA on the upper half / third of the 30 layers only
+                            (`lora_layers_from`), so the backward pass stops there.
+Steps and real (non-padding) tokens are timed from the first logged step to the last, so
+model loading and the first step's warm-up are not counted. Prints a table (seconds per
+record, and its ratio to the recipe's) and one JSON line; also the recipe's estimated
+training minutes at the measured rate.
 
     python tests/benchmarks/bench_train.py [--quick] [--steps 20] [--dataset BUILD_DATASET_DIR]
 
@@ -83,14 +91,24 @@ def build_records(dataset: Path, questions: int, out: Path) -> Path:
     return out
 
 
-def run(dataset: Path, steps: int, strategy: str, workdir: Path) -> dict[str, float]:
+# Each variant's flags over the recipe's.
+VARIANTS = {
+    "recipe": [],
+    "random batches": ["--train_sampling_strategy", "random"],
+    "every position": ["--score_label_positions_only", "false"],
+    "LoRA from layer 15": ["--lora_layers_from", "15"],
+    "LoRA from layer 20": ["--lora_layers_from", "20"],
+}
+
+
+def run(dataset: Path, steps: int, name: str, workdir: Path) -> dict[str, float]:
     clock = StepClock()
     recipe = parse_recipe([
         "--config", str(RECIPE), "--dataset_path", str(dataset),
-        "--output_dir", str(workdir / strategy), "--max_steps", str(steps + 1),
+        "--output_dir", str(workdir / name.replace(" ", "-")), "--max_steps", str(steps + 1),
         "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1",
-        "--train_sampling_strategy", strategy, "--report_to", "none",
-        "--disable_tqdm", "true", "--auto_resume", "false"])
+        "--report_to", "none", "--disable_tqdm", "true", "--auto_resume", "false",
+        *VARIANTS[name]])
     train(recipe, callbacks=[clock])
     return clock.rates()
 
@@ -116,28 +134,36 @@ def main() -> int:
         workdir = Path(tmp)
         dataset = args.dataset or build_records(HOTPOT if HOTPOT.is_file() else SAMPLE,
                                                 60, workdir / "data")
-        results = {strategy: run(dataset, steps, strategy, workdir)
-                   for strategy in ("group_by_length", "random")}
+        results = {name: run(dataset, steps, name, workdir) for name in VARIANTS}
     batch = recipe_values["per_device_train_batch_size"] * \
         recipe_values.get("gradient_accumulation_steps", 1)
     recipe_steps = math.ceil(recipe_values["max_train_examples"] / batch) * \
         recipe_values.get("num_train_epochs", 1)
-    grouped, random = results["group_by_length"], results["random"]
+    base = results["recipe"]
     print(f"SmolLM2-135M LoRA SFT on CPU ({os.cpu_count()} cores), recipe {RECIPE.name}, "
           f"batch {batch}, {steps} timed steps per variant")
-    print(f"{'batches':<18}{'steps/s':>9}{'tokens/s':>10}{'tokens/step':>13}{'s/step':>8}")
-    for name, figures in (("length-grouped", grouped), ("random", random)):
-        print(f"{name:<18}{figures['steps_per_s']:>9.3f}{figures['tokens_per_s']:>10.1f}"
-              f"{figures['tokens_per_step']:>13.1f}{1 / figures['steps_per_s']:>8.2f}")
-    minutes = recipe_steps / grouped["steps_per_s"] / 60
+    print(f"{'variant':<20}{'steps/s':>9}{'tokens/s':>10}{'tokens/step':>13}{'s/record':>10}"
+          f"{'s/record ÷ recipe':>19}")
+    for name, figures in results.items():
+        per_record = 1 / figures["steps_per_s"] / batch
+        print(f"{name:<20}{figures['steps_per_s']:>9.3f}{figures['tokens_per_s']:>10.1f}"
+              f"{figures['tokens_per_step']:>13.1f}{per_record:>10.3f}"
+              f"{base['steps_per_s'] / figures['steps_per_s']:>19.2f}")
+    minutes = recipe_steps / base["steps_per_s"] / 60
     print(f"recipe: {recipe_steps} training steps → about {minutes:.0f} min at this rate "
           "(plus evaluation passes)")
+    every, random = results["every position"], results["random batches"]
     print(json.dumps({
-        "steps_per_s": round(grouped["steps_per_s"], 4),
-        "tokens_per_s": round(grouped["tokens_per_s"], 1),
+        "steps_per_s": round(base["steps_per_s"], 4),
+        "tokens_per_s": round(base["tokens_per_s"], 1),
         "random_batches_steps_per_s": round(random["steps_per_s"], 4),
         "random_batches_tokens_per_s": round(random["tokens_per_s"], 1),
-        "tokens_per_s_ratio": round(grouped["tokens_per_s"] / random["tokens_per_s"], 3),
+        "tokens_per_s_ratio": round(base["tokens_per_s"] / random["tokens_per_s"], 3),
+        "every_position_steps_per_s": round(every["steps_per_s"], 4),
+        "label_positions_speedup": round(base["steps_per_s"] / every["steps_per_s"], 3),
+        **{f"lora_from_{n}_speedup_over_every_position":
+           round(results[f"LoRA from layer {n}"]["steps_per_s"] / every["steps_per_s"], 3)
+           for n in (15, 20)},
         "batch": batch, "timed_steps": steps, "recipe_train_steps": recipe_steps,
         "recipe_estimated_train_minutes": round(minutes, 1)}))
     return 0
