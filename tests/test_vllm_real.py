@@ -256,9 +256,10 @@ def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(
 # ----- pipelines with every role served by vLLM -----
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
-    # MCF's fused top 2 on both sides: a served filter role reads no card, so under the
-    # default it would rank by the priors alone where the in-process role reads the card's
-    # combination; this test compares the engines, not the default.
+    # MCF's fused top 2 on both sides: the filter is served as FILTER, a name no installed
+    # filter has, so it reads no card (`roles.filter_card_folder`) and under the default it
+    # would rank by the priors alone where the in-process role reads the card's combination;
+    # this test compares the engines, not the default.
     return RunConfig(dataset=str(dataset), pipelines=("main-rag", "amber-mcf"), limit=1,
                      models=models, generation=GenerationConfig(max_new_tokens=16),
                      judge=JudgeConfig(predictor_max_new_tokens=16),

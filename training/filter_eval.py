@@ -144,15 +144,14 @@ class Selection:
 # ----- which questions ---------------------------------------------------------------------
 
 
-def adapter_metadata(filter_role: BackendSpec) -> dict[str, Any]:
-    """The filter's card, `sieverag_adapter.json` ({} where `filter_card_folder` finds none,
-    or the adapter has none); `filter_role` resolved by `resolve_filter_role`."""
-    folder = filter_card_folder(filter_role)
-    if folder is None:
+def adapter_metadata(card_folder: str | None) -> dict[str, Any]:
+    """The card, `sieverag_adapter.json`, in the filter's `card_folder` (`filter_card_folder`);
+    {} without a folder or a card."""
+    if card_folder is None:
         return {}
     from sieverag.inference.filters.adapters import read_card
 
-    return read_card(folder) or {}
+    return read_card(card_folder) or {}
 
 
 @dataclass(frozen=True)
@@ -294,8 +293,8 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     check_output_folder(config.out)
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
-    metadata = adapter_metadata(filter_role)
     card_folder = filter_card_folder(filter_role)
+    metadata = adapter_metadata(card_folder)
     combination = adapter_combination(card_folder)
     card = f"{card_folder}/{CARD_FILE}" if card_folder else CARD_FILE
     trained = training_questions(config, metadata, card)

@@ -1,12 +1,13 @@
 """Prompt-lookup drafts: the model's next tokens guessed from the text it has already seen.
 
-Greedy decoding of one prompt on a CPU reads every weight once per token, and a step over a
-few tokens costs little more than a step over one (the products are memory-bound at batch 1).
-Replies that copy from their prompt (amber's memory agents restate the evidence, answers
-repeat a name) can then go several tokens a step: find the last few tokens earlier in the
-prompt or reply, propose what followed them there, and keep the part the model agrees with
-in one pass (Saxena 2023, "Prompt lookup decoding"; transformers' `prompt_lookup_num_tokens`).
-The draft never decides a token: every kept token is the model's own greedy choice.
+Greedy decoding of one prompt on a CPU reads every weight once per token, and a pass over a
+few tokens costs less than as many passes over one (SmolLM2-135M, 2 cores, float32: 9 tokens
+~100–114 ms, one ~42–50 ms). Replies that copy from their prompt (amber's memory agents
+restate the evidence, answers repeat a name) can then go several tokens a step: find the last
+few tokens earlier in the prompt or reply, propose what followed them there, and keep the part
+the model agrees with in one pass (Saxena 2023, "Prompt lookup decoding"; transformers'
+`prompt_lookup_num_tokens`). The draft never decides a token: every kept token is the model's
+own greedy choice.
 """
 
 from __future__ import annotations
