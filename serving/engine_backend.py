@@ -25,6 +25,7 @@ from sieverag.inference.llm.base import (
     UsageMeter,
     chat_prompt_text,
     labels_as_replies,
+    metered,
 )
 from sieverag.inference.llm.hf import reply_token_ids
 from sieverag.inference.types import Conversation
@@ -66,6 +67,7 @@ class EngineBackend:
             self._encoded[text] = ids
         return text, ids
 
+    @metered
     def generate(
         self,
         prompts: Sequence[Conversation],
@@ -82,6 +84,7 @@ class EngineBackend:
                           sum(len(r.token_ids) for r in results))
         return [r.text for r in results]
 
+    @metered
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
     ) -> list[dict[str, float]]:
@@ -101,6 +104,7 @@ class EngineBackend:
         self.meter.record(agent, len(prompts), sum(len(ids) for _, ids in encoded), 0)
         return [dict(zip(labels, r.label_logprobs, strict=True)) for r in results]
 
+    @metered
     def continuation_logprob(
         self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
         agent: str = "scorer",

@@ -91,6 +91,7 @@ def test_usage_is_counted_by_agent(backend):
     expected_tokens = sum(len(backend.prompt_ids(c)) for c in CONVERSATIONS)
     assert usage["judge"].prompt_tokens == expected_tokens
     assert 0 < usage["predictor"].completion_tokens <= 4
+    assert usage["predictor"].seconds > 0 and usage["judge"].seconds > 0  # `metered`
 
 
 def test_model_is_loaded_once_per_process(tiny_model_dir, backend):

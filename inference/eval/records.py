@@ -69,6 +69,7 @@ class AgentUsage(JsonlRecord):
                                                   "(absent when none was)")
     tokens_dropped: int = Field(0, description="prompt tokens those cuts removed (absent when "
                                                "none was cut)")
+    seconds: float = Field(0.0, description="wall seconds the agent's LLM operations took")
 
     @classmethod
     def of(cls, usage: Usage) -> AgentUsage:
@@ -76,7 +77,8 @@ class AgentUsage(JsonlRecord):
         cut = ({"truncated_prompts": usage.truncated_prompts,
                 "tokens_dropped": usage.tokens_dropped} if usage.truncated_prompts else {})
         return cls(calls=usage.calls, prompt_tokens=usage.prompt_tokens,
-                   completion_tokens=usage.completion_tokens, **cut)
+                   completion_tokens=usage.completion_tokens,
+                   seconds=round(usage.seconds, 4), **cut)
 
 
 class FilterRecord(JsonlRecord):

@@ -201,12 +201,11 @@ def write_report(
         parts.append(f"## {name}\n")
         usage = summary.get("usage_per_question", {})
         if usage:
-            parts.append("| agent | calls/q | prompt tokens/q | completion tokens/q |")
-            parts.append("|---|---|---|---|")
+            parts.append("| agent | calls/q | prompt tokens/q | completion tokens/q | LLM s/q |")
+            parts.append("|---|---|---|---|---|")
             for agent, u in usage.items():
-                parts.append(
-                    f"| {agent} | {u['calls']} | {u['prompt_tokens']} | {u['completion_tokens']} |"
-                )
+                parts.append(f"| {agent} | {u['calls']} | {u['prompt_tokens']} | "
+                             f"{u['completion_tokens']} | {u.get('seconds', 0)} |")
             parts.append("")
         plot = out_dir / f"judge_scores_{name}.png"
         if plot_judge_scores(records[name], plot, f"{name}: judge scores"):

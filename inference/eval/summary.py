@@ -101,7 +101,7 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     for record in records:
         for agent, usage in record.usage.items():
             totals = agents.setdefault(
-                agent, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+                agent, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 0}
             )
             for key in totals:
                 totals[key] += getattr(usage, key)

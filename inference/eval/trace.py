@@ -159,7 +159,8 @@ def render_record(record: EvalRecord) -> str:
             for scored in record.filter.scores:
                 lines += _document_lines(scored, indent=2)
     if record.usage:
-        lines += ["", f"  {'agent':<22}{'calls':>6}{'prompt tokens':>15}{'completion':>12}"]
+        lines += ["", f"  {'agent':<22}{'calls':>6}{'prompt tokens':>15}{'completion':>12}"
+                      f"{'seconds':>10}"]
         lines += [f"  {agent:<22}{u.calls:>6}{u.prompt_tokens:>15}{u.completion_tokens:>12}"
-                  for agent, u in record.usage.items()]
+                  f"{u.seconds:>10.2f}" for agent, u in record.usage.items()]
     return "\n".join(lines)

@@ -15,10 +15,14 @@ past the context; the meter counts the cuts per agent.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sieverag.inference.types import Conversation
 
@@ -42,13 +46,15 @@ class GenerationSettings:
 class Usage:
     """Counts for one agent: calls are prompts sent (a batch of 10 is 10 calls);
     `truncated_prompts` of them were cut to fit the model's context, losing `tokens_dropped`
-    prompt tokens in all (inference/llm/context.py)."""
+    prompt tokens in all (inference/llm/context.py); `seconds` is the wall time the agent's
+    operations took (`metered`)."""
 
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     truncated_prompts: int = 0
     tokens_dropped: int = 0
+    seconds: float = 0.0
 
     def add(self, other: Usage) -> None:
         self.calls += other.calls
@@ -56,6 +62,7 @@ class Usage:
         self.completion_tokens += other.completion_tokens
         self.truncated_prompts += other.truncated_prompts
         self.tokens_dropped += other.tokens_dropped
+        self.seconds += other.seconds
 
     def minus(self, earlier: Usage) -> Usage:
         """The counts added since `earlier` was this usage."""
@@ -74,6 +81,9 @@ class UsageMeter:
         self.by_agent[agent].add(Usage(calls, prompt_tokens, completion_tokens,
                                        truncated_prompts, tokens_dropped))
 
+    def add_seconds(self, agent: str, seconds: float) -> None:
+        self.by_agent[agent].seconds += seconds
+
     def snapshot(self) -> dict[str, Usage]:
         return {name: Usage(*astuple(u)) for name, u in self.by_agent.items()}
 
@@ -85,6 +95,32 @@ class UsageMeter:
             if diff.calls:
                 delta[name] = diff
         return delta
+
+
+Operation = TypeVar("Operation", bound=Callable[..., Any])
+_metering = threading.local()  # set while a metered operation runs in this thread
+
+
+def metered(operation: Operation) -> Operation:
+    """Add each call's wall seconds to its agent's `Usage.seconds` in the backend's meter.
+    Where one operation calls another (label_logprobs scoring a multi-token label through
+    continuation_logprob), only the outer one counts, so no second is counted twice."""
+    default_agent = inspect.signature(operation).parameters["agent"].default
+
+    @functools.wraps(operation)
+    def timed(self, *args, **kwargs):
+        if getattr(_metering, "active", False):
+            return operation(self, *args, **kwargs)
+        _metering.active = True
+        started = time.perf_counter()
+        try:
+            return operation(self, *args, **kwargs)
+        finally:
+            _metering.active = False
+            self.meter.add_seconds(kwargs.get("agent", default_agent),
+                                   time.perf_counter() - started)
+
+    return timed  # type: ignore[return-value]
 
 
 @runtime_checkable

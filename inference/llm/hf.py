@@ -27,6 +27,7 @@ from sieverag.inference.llm.base import (
     chat_prompt_text,
     cut_at_stop,
     labels_as_replies,
+    metered,
 )
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
 from sieverag.inference.llm.decode_step import Decoder
@@ -267,6 +268,7 @@ class HFBackend:
 
     @_in_adapter_scope
     @torch.inference_mode()
+    @metered
     def generate(
         self,
         prompts: Sequence[Conversation],
@@ -418,6 +420,7 @@ class HFBackend:
 
     @_in_adapter_scope
     @torch.inference_mode()
+    @metered
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
     ) -> list[dict[str, float]]:
@@ -475,6 +478,7 @@ class HFBackend:
 
     @_in_adapter_scope
     @torch.inference_mode()
+    @metered
     def continuation_logprob(
         self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
         agent: str = "scorer",

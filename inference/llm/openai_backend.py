@@ -58,6 +58,7 @@ from sieverag.inference.llm.base import (
     UsageMeter,
     chat_prompt_text,
     cut_at_stop,
+    metered,
 )
 from sieverag.inference.llm.context import ContextGuard, check_context_settings
 from sieverag.inference.types import ContextOverflow, Conversation
@@ -187,6 +188,7 @@ class OpenAIBackend:
     def model_name(self) -> str:
         return self.config.model
 
+    @metered
     def generate(
         self,
         prompts: Sequence[Conversation],
@@ -203,6 +205,7 @@ class OpenAIBackend:
         return [cut_at_stop(self._dig(reply, "choices", 0, "message").get("content") or "",
                              settings.stop) for reply in replies]
 
+    @metered
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
     ) -> list[dict[str, float]]:
@@ -240,6 +243,7 @@ class OpenAIBackend:
                 scores[index][label] = value
         return [{label: score[label] for label in labels} for score in scores]
 
+    @metered
     def continuation_logprob(
         self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
         agent: str = "scorer",

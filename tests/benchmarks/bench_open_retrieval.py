@@ -134,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
                                    "llm_calls_per_question", "seconds_per_question")]
         print(f"| {name} | " + " | ".join("–" if c is None else f"{c:.3f}" if isinstance(
             c, float) else str(c) for c in cells) + " |")
+    print("\nWhere the seconds go (per question; the rest of s/q is retrieval and bookkeeping):")
+    print("| pipeline | agent | calls | prompt tokens | completion tokens | LLM s | share of s/q |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in config.pipelines:
+        total = summaries[name].get("seconds_per_question") or 0.0
+        usage = summaries[name].get("usage_per_question", {})
+        for agent, u in sorted(usage.items(), key=lambda item: -item[1].get("seconds", 0)):
+            share = f"{u.get('seconds', 0) / total:.0%}" if total else "–"
+            print(f"| {name} | {agent} | {u['calls']} | {u['prompt_tokens']} | "
+                  f"{u['completion_tokens']} | {u.get('seconds', 0):.2f} | {share} |")
     print(json.dumps({"questions": len(examples), "pipelines": table}))
     return 0
 
