@@ -71,11 +71,12 @@ def test_an_operation_inside_another_is_counted_once(backend: Backend) -> None:
     assert backend.meter.snapshot()["judge"].seconds == 1.0
 
 
-def test_a_failed_operation_still_counts_and_the_next_one_is_timed(backend: Backend) -> None:
+def test_a_failed_operation_adds_no_seconds_and_the_next_one_is_timed(backend: Backend) -> None:
     with pytest.raises(RuntimeError, match="fell over"):
-        backend.broken(["a"], agent="generator")
-    backend.generate(["b"])
-    assert backend.meter.snapshot()["generator"].seconds == 3.0
+        backend.broken(["a"], agent="challenger")
+    assert backend.meter.snapshot()["challenger"].seconds == 0.0
+    backend.generate(["b"], agent="challenger")
+    assert backend.meter.snapshot()["challenger"].seconds == 2.0
 
 
 def test_seconds_travel_with_snapshots_and_differences(backend: Backend) -> None:

@@ -102,7 +102,8 @@ _metering = threading.local()  # set while a metered operation runs in this thre
 
 
 def metered(operation: Operation) -> Operation:
-    """Add each call's wall seconds to its agent's `Usage.seconds` in the backend's meter.
+    """Add each call's wall seconds to its agent's `Usage.seconds` in the backend's meter,
+    when it returns (a refused or failed call, which records no usage, adds no seconds).
     Where one operation calls another (label_logprobs scoring a multi-token label through
     continuation_logprob), only the outer one counts, so no second is counted twice."""
     default_agent = inspect.signature(operation).parameters["agent"].default
@@ -114,11 +115,11 @@ def metered(operation: Operation) -> Operation:
         _metering.active = True
         started = time.perf_counter()
         try:
-            return operation(self, *args, **kwargs)
+            result = operation(self, *args, **kwargs)
         finally:
             _metering.active = False
-            self.meter.add_seconds(kwargs.get("agent", default_agent),
-                                   time.perf_counter() - started)
+        self.meter.add_seconds(kwargs.get("agent", default_agent), time.perf_counter() - started)
+        return result
 
     return timed  # type: ignore[return-value]
 
