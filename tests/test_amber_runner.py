@@ -67,9 +67,11 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     assert "predictor" in summaries["amber-judge"]["usage_per_question"]
     # Each agent's seconds reach the record, the summary and the report.
     assert record["usage"]["generator"]["seconds"] > 0
-    assert summaries["amber-mcf"]["usage_per_question"]["generator"]["seconds"] >= 0
-    assert "| agent | calls/q | prompt tokens/q | completion tokens/q | LLM s/q |" in (
-        out / "report.md").read_text()
+    saved = [json.loads(line) for line in (out / "results" / "amber-mcf.jsonl").open()]
+    assert summaries["amber-mcf"]["usage_per_question"]["generator"]["seconds"] == round(
+        sum(r["usage"]["generator"]["seconds"] for r in saved) / len(saved), 2)
+    assert "| agent | calls/q | prompt tokens/q | completion tokens/q | LLM s/q | share of s/q |" \
+        in (out / "report.md").read_text()
     # Rerunning resumes: the resolved adapter makes the same config.
     runner.run_evaluation(config, out, progress=False)
 

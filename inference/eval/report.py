@@ -180,6 +180,24 @@ def delta_table(records: Mapping[str, Sequence[EvalRecord]], auto: str = "auto",
     return [*lines, ""]
 
 
+def usage_table(summary: Mapping) -> list[str]:
+    """A pipeline's LLM usage per question by agent, the most seconds first: where its time
+    goes (its `seconds_per_question` minus these is retrieval and bookkeeping). Summaries of
+    runs from before agents were timed have no `seconds`: shown as 0."""
+    usage = summary.get("usage_per_question", {})
+    if not usage:
+        return []
+    total = summary.get("seconds_per_question") or 0.0
+    lines = ["| agent | calls/q | prompt tokens/q | completion tokens/q | LLM s/q | share of s/q |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for agent, u in sorted(usage.items(), key=lambda item: -item[1].get("seconds", 0)):
+        seconds = u.get("seconds", 0)
+        share = f"{seconds / total:.0%}" if total else "–"
+        lines.append(f"| {agent} | {u['calls']} | {u['prompt_tokens']} | "
+                     f"{u['completion_tokens']} | {seconds:.2f} | {share} |")
+    return [*lines, ""]
+
+
 def write_report(
     out_dir: Path,
     dataset: str,
@@ -199,14 +217,7 @@ def write_report(
     parts += delta_table(records, auto)
     for name, summary in summaries.items():
         parts.append(f"## {name}\n")
-        usage = summary.get("usage_per_question", {})
-        if usage:
-            parts.append("| agent | calls/q | prompt tokens/q | completion tokens/q | LLM s/q |")
-            parts.append("|---|---|---|---|---|")
-            for agent, u in usage.items():
-                parts.append(f"| {agent} | {u['calls']} | {u['prompt_tokens']} | "
-                             f"{u['completion_tokens']} | {u.get('seconds', 0)} |")
-            parts.append("")
+        parts += usage_table(summary)
         plot = out_dir / f"judge_scores_{name}.png"
         if plot_judge_scores(records[name], plot, f"{name}: judge scores"):
             parts.append(f"![judge scores of {name}]({plot.name})\n")

@@ -35,6 +35,7 @@ from sieverag.inference.compose import plan_run  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
+from sieverag.inference.eval.report import usage_table  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
@@ -134,16 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "llm_calls_per_question", "seconds_per_question")]
         print(f"| {name} | " + " | ".join("–" if c is None else f"{c:.3f}" if isinstance(
             c, float) else str(c) for c in cells) + " |")
-    print("\nWhere the seconds go (per question; the rest of s/q is retrieval and bookkeeping):")
-    print("| pipeline | agent | calls | prompt tokens | completion tokens | LLM s | share of s/q |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name in config.pipelines:
-        total = summaries[name].get("seconds_per_question") or 0.0
-        usage = summaries[name].get("usage_per_question", {})
-        for agent, u in sorted(usage.items(), key=lambda item: -item[1].get("seconds", 0)):
-            share = f"{u.get('seconds', 0) / total:.0%}" if total else "–"
-            print(f"| {name} | {agent} | {u['calls']} | {u['prompt_tokens']} | "
-                  f"{u['completion_tokens']} | {u.get('seconds', 0):.2f} | {share} |")
+    for name in config.pipelines:  # where the seconds go
+        print(f"\n{name}, per question:\n" + "\n".join(usage_table(summaries[name])))
     print(json.dumps({"questions": len(examples), "pipelines": table}))
     return 0
 
