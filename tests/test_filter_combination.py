@@ -28,7 +28,7 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.types import Document
-from sieverag.training.combination_fit import LabelledRound, measure_combination
+from sieverag.training.combination_fit import LabelledRound, best_bar, measure_combination
 from sieverag.training.filter_methods import mcf_row_name
 
 TRUE = {"filter_log_odds": 0.6, "filter_z": 0.8, "bm25_z": 0.7, "dense": 3.0, "dense_z": 0.4}
@@ -81,6 +81,23 @@ def test_measured_fit_is_calibrated_and_records_the_filters_gain():
     assert fit["auroc"]["combination"] >= max(fit["auroc"]["bm25"], fit["auroc"]["dense"])
     assert set(fit["by_source"]) == {"src-a", "src-b"}
     assert 0 < combination.bar < 1 and combination.uses_filter and fit["questions"] == 200
+
+
+def test_the_bar_is_chosen_where_the_default_loses_to_retrieval_first():
+    # Three "many" questions, one gold passage each: a high bar keeps it alone (F1 1 against
+    # retrieval top-2's 0.667). One "few" question with two gold passages, the second at
+    # P 0.42: only a bar ≤ 0.42 keeps both (F1 1, as retrieval top-2), a higher one loses.
+    ranked = RoundScores((0.0,) * 3, (3.0, 2.0, 1.0), (0.9, 0.5, 0.1))
+    many = [LabelledRound(ranked, (True, False, False), "many", f"m{i}") for i in range(3)]
+    few = [LabelledRound(ranked, (True, True, False), "few", "f0")]
+    probabilities = [[0.9, 0.45, 0.1]] * 3 + [[0.9, 0.42, 0.1]]
+    bar, f1, margin = best_bar([*many, *few], probabilities, top_k=2)
+    # The best mean F1 (0.917, bars above 0.45) loses by 0.333 on "few": the rule takes the
+    # highest bar that loses nowhere.
+    assert (bar, margin) == (0.4, pytest.approx(0.0)) and f1 == pytest.approx(0.75)
+    # With one source it is the bar with the best F1 (the highest on a tie).
+    bar, f1, margin = best_bar(many, probabilities[:3], top_k=2)
+    assert (bar, f1, margin) == (0.95, pytest.approx(1.0), pytest.approx(1 / 3))
 
 
 def test_a_filter_that_adds_nothing_is_left_out_and_says_so():

@@ -192,6 +192,13 @@ def test_eval_filter_on_several_datasets_gives_a_per_dataset_table(
     assert report["by_dataset"]["hotpotqa_sample.jsonl"]["sentence_stage_f1"] is not None
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "## By dataset" in markdown and "| nq-set.jsonl | 3 | 9 |" in markdown
+    # Every dataset's questions are in decisions.jsonl, each naming its dataset.
+    lines = read_decisions(out)
+    assert [(d["dataset"], d["id"]) for d in lines if d["dataset"] == "nq-set.jsonl"] == \
+        [("nq-set.jsonl", f"n{k}") for k in (1, 2, 3)]
+    assert sum(d["dataset"] == "hotpotqa_sample.jsonl" for d in lines) == \
+        report["datasets"]["hotpotqa_sample.jsonl"]["questions"]["evaluated"]
+    assert all(d["kept"]["BM25 top-2"] for d in lines)
 
 
 def load_sample() -> list[Example]:

@@ -288,7 +288,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     """Evaluate the filter and the baselines on each dataset; write report.json, report.md and
     the plot. The report's top-level figures are the first dataset's; `datasets` holds every
     dataset's section and `by_dataset` the cross-dataset summary."""
-    from sieverag.training.filter_report import write_report
+    from sieverag.training.filter_report import DatasetDecisions, write_report
 
     check_output_folder(config.out)
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
@@ -319,8 +319,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         if len(mcf_backend.replies) > stored[1]:
             cache.store("filter-sentences", filter_identity, mcf_backend.replies)
         stored = (len(mcf_backend.labels), len(mcf_backend.replies))
-        sections[_section_name(selection.dataset, sections)] = section
-        outputs.append((decisions, selection.examples, sentence_kept))
+        name = _section_name(selection.dataset, sections)
+        sections[name] = section
+        outputs.append(DatasetDecisions(name, decisions, selection.examples, sentence_kept))
 
     configs = mcf_configs(config)
     mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
@@ -340,8 +341,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         "by_dataset": {name: dataset_summary(section, config.top_k)
                        for name, section in sections.items()},
     }
-    decisions, examples, sentence_kept = outputs[0]
-    write_report(report, decisions, examples, out, sentence_kept)
+    write_report(report, outputs, out)
     return report
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,34 +20,50 @@ SENTENCE_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"),
 PLOT_FILE = "pr_curve.png"
 
 
-def write_report(report: Mapping[str, Any], decisions: Sequence[ChunkDecisions],
-                 examples: Sequence[Example], out: Path,
-                 sentence_kept: Mapping[str, Mapping[str, Iterable[tuple[str, int]]]]
-                 | None = None) -> None:
-    """Write the JSON report, the Markdown report, the plot and decisions.jsonl into `out`.
+@dataclass(frozen=True)
+class DatasetDecisions:
+    """One evaluated dataset's per-question output: its section name in the report, each chunk
+    row's decisions, its questions, and each sentence row's kept sentences."""
 
-    decisions.jsonl: per question, each chunk row's kept passage ids and scores, and (for
-    questions with supporting facts) each sentence row's kept [passage id, sentence index]."""
+    name: str
+    decisions: Sequence[ChunkDecisions]
+    examples: Sequence[Example]
+    sentence_kept: Mapping[str, Mapping[str, Iterable[tuple[str, int]]]] = \
+        field(default_factory=dict)
+
+
+def write_report(report: Mapping[str, Any], datasets: Sequence[DatasetDecisions],
+                 out: Path) -> None:
+    """Write the JSON report, the Markdown report, the plot (the first dataset's) and
+    decisions.jsonl into `out`.
+
+    decisions.jsonl: per question of every dataset, its dataset's name, each chunk row's kept
+    passage ids and scores, and (for questions with supporting facts) each sentence row's kept
+    [passage id, sentence index]."""
     out.mkdir(parents=True, exist_ok=True)
-    plotted = plot_precision_recall(decisions, examples, report["chunk"], out / PLOT_FILE)
+    first = datasets[0]
+    plotted = plot_precision_recall(first.decisions, first.examples, report["chunk"],
+                                    out / PLOT_FILE)
     full = {**report, "figures": {"precision_recall": PLOT_FILE if plotted else None}}
     write_atomic(out / "report.json", json.dumps(full, indent=2, default=str) + "\n")
     write_atomic(out / "report.md", markdown_report(full))
     lines = []
-    sentence_kept = sentence_kept or {}
-    for example in examples:
-        record = {
-            "id": example.id,
-            "gold": [d.id for d in example.documents if d.is_gold],
-            "kept": {d.method: list(d.kept[example.id]) for d in decisions},
-            "scores": {d.method: [d.scores[doc.id] for doc in example.documents]
-                       for d in decisions if d.scores is not None},
-        }
-        sentences = {row: sorted([list(pair) for pair in kept[example.id]])
-                     for row, kept in sentence_kept.items() if example.id in kept}
-        if sentences:
-            record["kept_sentences"] = sentences
-        lines.append(json.dumps(record))
+    for dataset in datasets:
+        for example in dataset.examples:
+            record = {
+                "dataset": dataset.name,
+                "id": example.id,
+                "gold": [d.id for d in example.documents if d.is_gold],
+                "kept": {d.method: list(d.kept[example.id]) for d in dataset.decisions},
+                "scores": {d.method: [d.scores[doc.id] for doc in example.documents]
+                           for d in dataset.decisions if d.scores is not None},
+            }
+            sentences = {row: sorted([list(pair) for pair in kept[example.id]])
+                         for row, kept in dataset.sentence_kept.items()
+                         if example.id in kept}
+            if sentences:
+                record["kept_sentences"] = sentences
+            lines.append(json.dumps(record))
     write_atomic(out / "decisions.jsonl", "\n".join(lines) + "\n")
 
 

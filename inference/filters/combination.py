@@ -95,7 +95,8 @@ class Combination:
     fitted: bool = False
     """Fitted on labelled passages: the probabilities are calibrated."""
     bar: float | None = None
-    """The P(relevant) bar that scored the best F1 on the fitting questions (None: unfitted)."""
+    """The P(relevant) bar that beat retrieval's top-k F1 by the most on the worst source of the
+    fitting questions (`training/combination_fit.best_bar`; None: unfitted)."""
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
     report: Mapping[str, Any] = field(default_factory=dict)
     """What the fit measured (questions, AUROC with and without the filter, ECE), as stored."""
