@@ -13,7 +13,7 @@ import random
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.eval.filter_metrics import calibration_error
+from sieverag.inference.eval.filter_metrics import calibration_error, paired_f1_difference
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
     FEATURES,
@@ -226,3 +226,21 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as() -> None:
     assert filter_card_folder(other) is None
     assert adapter_combination(filter_card_folder(other)) is PRIORS_ONLY
     assert filter_card_folder(BackendSpec(adapter=shipped)) == shipped
+
+
+def test_paired_f1_difference_counts_wins_losses_and_brackets_the_mean():
+    gold = [{"a"}, {"a", "b"}, {"c"}, {"d"}, set()]
+    better = [({"a"}, gold[0]), ({"a", "b"}, gold[1]), ({"c"}, gold[2]), ({"x"}, gold[3]),
+              ({"y"}, gold[4])]
+    worse = [({"a", "z"}, gold[0]), ({"a"}, gold[1]), ({"c"}, gold[2]), ({"d"}, gold[3]),
+             ({"y"}, gold[4])]
+    paired = paired_f1_difference(better, worse)
+    # Per question (the one without gold left out): +1/3, +1/3, 0, −1.
+    assert paired["questions"] == 4 and (paired["wins"], paired["losses"]) == (2, 1)
+    assert paired["difference"] == pytest.approx((1 / 3 + 1 / 3 + 0 - 1) / 4)
+    low, high = paired["interval95"]
+    assert -1 <= low <= paired["difference"] <= high <= 1 / 3 + 1e-9
+    assert paired_f1_difference(better, better)["interval95"] == [0.0, 0.0]
+    assert paired_f1_difference([({"y"}, set())], [(set(), set())]) is None
+    with pytest.raises(ValueError, match="same questions"):
+        paired_f1_difference(better[:1], worse[1:2])

@@ -189,6 +189,12 @@ def test_eval_filter_on_several_datasets_gives_a_per_dataset_table(
     assert line["fixed_bar_kept_per_question"] == \
         nq["chunk"]["MCF fixed log-odds>=0"]["kept_per_question"]
     assert line["sentence_stage_f1"] is None  # no supporting facts in this set
+    against = nq["default_against_retrieval"]
+    assert against["against"] in ("BM25 top-2", "dense top-2") and against["questions"] == 3
+    assert line["default_minus_retrieval_f1"] == pytest.approx(
+        nq["chunk"][DEFAULT_ROW]["f1"] - nq["chunk"][against["against"]]["f1"])
+    low, high = line["default_minus_retrieval_interval"]
+    assert low <= line["default_minus_retrieval_f1"] <= high
     assert report["by_dataset"]["hotpotqa_sample.jsonl"]["sentence_stage_f1"] is not None
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "## By dataset" in markdown and "| nq-set.jsonl | 3 | 9 |" in markdown

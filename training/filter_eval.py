@@ -43,6 +43,7 @@ from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.filter_metrics import (
     chunk_quality,
     has_supporting_facts,
+    paired_f1_difference,
     sentence_quality,
 )
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -383,6 +384,7 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
     ]
     chunk = {d.method: chunk_quality(examples, d.kept, d.scores, d.probabilities)
              for d in decisions}
+    against = _default_against_retrieval(examples, decisions, chunk, config.top_k)
 
     with_facts = [e for e in examples if has_supporting_facts(e)]
     sentence: dict[str, dict[str, float]] = {}
@@ -409,8 +411,30 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
         "sentence_answers": parse,
         "comparison": _comparison(chunk, [methods.mcf_row_name(c) for c in configs],
                                   config.top_k, config.judge),
+        "default_against_retrieval": against,
     }
     return section, decisions, sentence_kept
+
+
+def _default_against_retrieval(examples: Sequence[Example],
+                               decisions: Sequence[methods.ChunkDecisions],
+                               chunk: Mapping[str, Mapping[str, Any]], top_k: int
+                               ) -> dict[str, Any] | None:
+    """Amber's default row against the better (by F1) of BM25's and dense's top-k, question by
+    question (`paired_f1_difference`: the F1 difference and its 95 % bootstrap interval);
+    None without a default row."""
+    by_method = {d.method: d for d in decisions}
+    default = by_method.get(methods.mcf_row_name(MCFConfig()))
+    if default is None:
+        return None
+    retrieval = max((f"BM25 top-{top_k}", f"dense top-{top_k}"),
+                    key=lambda name: chunk[name]["f1"] or 0.0)
+
+    def questions(kept: Mapping[str, Sequence[str]]) -> list[tuple[set, set]]:
+        return [(set(kept[e.id]), {d.id for d in e.documents if d.is_gold}) for e in examples]
+
+    paired = paired_f1_difference(questions(default.kept), questions(by_method[retrieval].kept))
+    return None if paired is None else {"against": retrieval, **paired}
 
 
 def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
@@ -443,9 +467,17 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
         "filter_ece": chunk[top].get("ece"),
         "fixed_bar_f1": chunk[fixed]["f1"],
         "fixed_bar_kept_per_question": chunk[fixed]["kept_per_question"],
+        **_against_retrieval_columns(section.get("default_against_retrieval")),
         "sentence_stage_f1": next((figures["f1"] for name, figures in section["sentence"].items()
                                    if name.startswith(f"{top} → ")), None),
     }
+
+
+def _against_retrieval_columns(against: Mapping[str, Any] | None) -> dict[str, Any]:
+    if against is None:
+        return {"default_minus_retrieval_f1": None, "default_minus_retrieval_interval": None}
+    return {"default_minus_retrieval_f1": against["difference"],
+            "default_minus_retrieval_interval": against["interval95"]}
 
 
 def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:

@@ -86,6 +86,8 @@ SUMMARY_COLUMNS = (("questions", "questions"), ("passages", "passages"),
                    ("bm25_top_k_f1", "BM25 top-k F1"), ("dense_top_k_f1", "dense top-k F1"),
                    ("default_top_k_f1", "default top-k F1"),
                    ("amber_default_f1", "default F1 (its bar)"),
+                   ("default_minus_retrieval_f1", "default − better top-k F1"),
+                   ("default_minus_retrieval_interval", "95 % interval"),
                    ("default_kept_per_question", "default kept/q"),
                    ("default_ece", "default ECE"), ("filter_ece", "filter alone ECE"),
                    ("fixed_bar_f1", "fixed bar F1"),
@@ -102,7 +104,9 @@ def summary_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> str:
         for key, _ in SUMMARY_COLUMNS:
             value = figures.get(key)
             cells.append("–" if value is None else
-                         str(value) if isinstance(value, int) else f"{value:.3f}")
+                         str(value) if isinstance(value, int) else
+                         "[" + ", ".join(f"{v:+.3f}" for v in value) + "]"
+                         if isinstance(value, list) else f"{value:.3f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

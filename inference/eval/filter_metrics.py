@@ -5,6 +5,7 @@ calibrated (expected calibration error), and key sentences kept against supporti
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -113,6 +114,33 @@ def decision_quality(questions: Sequence[tuple[set, set]]) -> dict[str, float | 
     result["kept_per_question"] = (statistics.fmean(len(kept) for kept, _ in questions)
                                    if questions else 0.0)
     return result
+
+
+def paired_f1_difference(questions_a: Sequence[tuple[set, set]],
+                         questions_b: Sequence[tuple[set, set]], *, resamples: int = 2000,
+                         seed: int = 0) -> dict[str, object] | None:
+    """Method a's per-question F1 minus method b's on the same questions, given each method's
+    (kept, gold) per question in the same order (questions without gold left out): the mean
+    difference, its 95 % paired bootstrap interval (the 2.5th and 97.5th percentiles of
+    `resamples` means of questions drawn with replacement), and the questions a wins and
+    loses. None when no question has gold."""
+    differences = []
+    for (kept_a, gold), (kept_b, gold_b) in zip(questions_a, questions_b, strict=True):
+        if gold != gold_b:
+            raise ValueError("paired_f1_difference needs the same questions in the same order")
+        a, b = filter_scores(kept_a, gold), filter_scores(kept_b, gold)
+        if a is not None and b is not None:
+            differences.append(a["f1"] - b["f1"])
+    if not differences:
+        return None
+    rng = random.Random(seed)
+    count = len(differences)
+    means = sorted(statistics.fmean(rng.choices(differences, k=count))
+                   for _ in range(resamples))
+    return {"difference": statistics.fmean(differences),
+            "interval95": [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]],
+            "wins": sum(d > 0 for d in differences), "losses": sum(d < 0 for d in differences),
+            "questions": count}
 
 
 def _averaged(per_question: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
