@@ -85,9 +85,9 @@ class LocalOptions:
         "help": "most documents in one /v1/rerank request"})
     rerank: MCFConfig = field(default_factory=MCFConfig, metadata={
         "help": "/v1/rerank's filter rules, as MCF's (--mcf.*): the bar that decides `kept` "
-                "(default MCF's: the request's 2 best documents by the filter's score fused "
-                "with BM25) and the sentence stage (sentence-stage: the default granularity "
-                "of a request that names none)"})
+                "(default MCF's: every document at or above the filter card's calibrated "
+                "P(relevant) bar, and at least the best) and the sentence stage "
+                "(sentence-stage: the default granularity of a request that names none)"})
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -8,13 +8,13 @@ round of MCF, by MCF's own code) on the served model or adapter the request name
 (`EngineBackend`), so every number is MCF's by construction; each result is a
 `RerankResult` (inference/types.py), the shape the clients read:
 
-* `relevance_score` — the filter's P("Yes"), normalised over Yes/No; results are sorted by
-  it, best first.
+* `relevance_score` — MCF's P(relevant): the filter's score combined with the request's BM25
+  and dense scores by the filter card's fitted combination, a calibrated probability
+  (inference/filters/ranking.py); results are sorted by it, best first.
 * `kept` — MCF's verdict under the server's rules (`--local.rerank.*`, an `MCFConfig`). The
-  default is MCF's default bar, the round's 2 best documents by the filter's score fused with
-  BM25, so a kept document need not be among the highest `relevance_score`s;
-  `--local.rerank.bar fixed` keeps log P(Yes) − log P(No) >= `--local.rerank.threshold`
-  (threshold 0: relevance_score >= 0.5).
+  default is MCF's default bar: P(relevant) at or above the card's calibrated bar, and at
+  least the best document; `--local.rerank.bar fixed` keeps log P(Yes) − log P(No) >=
+  `--local.rerank.threshold` (on the filter's own score, not the combination).
 * `key_sentences` — with `"granularity": "sentence"`: MCF's sentence stage on the kept
   documents, their key sentences' text in document order (sentences split as MCF splits
   them; every sentence where the filter's reply names none or does not parse); [] for a
