@@ -40,7 +40,12 @@ from tqdm.auto import tqdm
 
 from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.filter_metrics import auroc, calibration_error, decision_quality
+from sieverag.inference.eval.filter_metrics import (
+    auroc,
+    calibration_error,
+    decision_quality,
+    top_k_indices,
+)
 from sieverag.inference.filters.combination import (
     CARD_KEY,
     DEFAULT_EMBEDDING_MODEL,
@@ -217,7 +222,7 @@ def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[f
         return decision_quality([(kept[i], gold[i]) for i in among])["f1"] or 0.0
 
     def top(values: Sequence[float]) -> set[int]:
-        return set(sorted(range(len(values)), key=lambda j: (-values[j], j))[:top_k])
+        return set(top_k_indices(values, top_k))
 
     retrieval = {s: max(f1([top(r.scores.bm25) for r in rounds], by_source[s]),
                         f1([top(r.scores.dense) for r in rounds], by_source[s]))

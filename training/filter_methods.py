@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from tqdm.auto import tqdm
 
+from sieverag.inference.eval.filter_metrics import top_k_indices
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
@@ -193,8 +194,8 @@ def top_k_decisions(method: str, examples: Sequence[Example], scores: dict[str, 
     """Keep each question's k best-scoring passages (ties: the earlier passage)."""
     kept = {}
     for example in examples:
-        ranked = sorted(enumerate(example.documents), key=lambda p: (-scores[p[1].id], p[0]))
-        kept[example.id] = tuple(d.id for _, d in ranked[:k])
+        best = top_k_indices([scores[d.id] for d in example.documents], k)
+        kept[example.id] = tuple(example.documents[i].id for i in best)
     return ChunkDecisions(method, kept, scores)
 
 

@@ -116,6 +116,12 @@ def decision_quality(questions: Sequence[tuple[set, set]]) -> dict[str, float | 
     return result
 
 
+def top_k_indices(values: Sequence[float], k: int) -> list[int]:
+    """The positions of the k highest values, best first (ties: the earlier position): what a
+    top-k baseline keeps."""
+    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+
+
 def paired_f1_difference(questions_a: Sequence[tuple[set, set]],
                          questions_b: Sequence[tuple[set, set]], *, resamples: int = 2000,
                          seed: int = 0) -> dict[str, object] | None:
