@@ -448,6 +448,7 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
     default = chunk.get(methods.mcf_row_name(MCFConfig())) or {}
     combined = chunk.get(f"MCF top_k={top_k} + combination") or {}
     bm25, dense = chunk[f"BM25 top-{top_k}"], chunk[f"dense top-{top_k}"]
+    against = section.get("default_against_retrieval") or {}
     priors = [v for v in (bm25["auroc"], dense["auroc"]) if v is not None]
     return {
         "questions": section["questions"]["evaluated"],
@@ -467,17 +468,11 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
         "filter_ece": chunk[top].get("ece"),
         "fixed_bar_f1": chunk[fixed]["f1"],
         "fixed_bar_kept_per_question": chunk[fixed]["kept_per_question"],
-        **_against_retrieval_columns(section.get("default_against_retrieval")),
+        "default_minus_retrieval_f1": against.get("difference"),
+        "default_minus_retrieval_interval": against.get("interval95"),
         "sentence_stage_f1": next((figures["f1"] for name, figures in section["sentence"].items()
                                    if name.startswith(f"{top} → ")), None),
     }
-
-
-def _against_retrieval_columns(against: Mapping[str, Any] | None) -> dict[str, Any]:
-    if against is None:
-        return {"default_minus_retrieval_f1": None, "default_minus_retrieval_interval": None}
-    return {"default_minus_retrieval_f1": against["difference"],
-            "default_minus_retrieval_interval": against["interval95"]}
 
 
 def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
