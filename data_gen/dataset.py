@@ -34,12 +34,19 @@ from sieverag.data_gen.labelling import LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.records import LabelRecord, read_labels
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.filters.filter_format import TASKS, chunk_record, sentence_record
+from sieverag.inference.filters.filter_format import (
+    TASKS,
+    FilterFormat,
+    chunk_record,
+    passage_record,
+    sentence_record,
+)
 from sieverag.inference.io_utils import check_output_folder
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 
 SPLITS = ("train", "validation")
+VERDICT_TASKS = ("chunk", "passage")  # records whose completion is a passage's Yes/No
 
 
 def _zero_is_none(value: Any) -> Any:
@@ -59,6 +66,9 @@ class DatasetConfig:
 
     labels: tuple[str, ...] = field(metadata={"help": "label folders (from `sieverag label`)"})
     out: str = field(metadata={"help": "output folder"})
+    filter_format: FilterFormat = field(default="two_stage", metadata={
+        "help": "one_pass: one passage record per labelled chunk, its verdict and each "
+                "sentence's (the one-pass filter); two_stage: chunk and sentence records"})
     policy: LabelPolicy = field(default_factory=LabelPolicy, metadata={
         "help": "how the signals become labels (see docs/labelling.md)"})
     mix: dict[str, float] | None = field(
@@ -91,8 +101,11 @@ class DatasetConfig:
                               f"{self.validation_fraction}")
 
 
-def question_records(question: LabelRecord, policy: LabelPolicy) -> list[dict[str, Any]]:
-    """The training records of one labelled question under the policy."""
+def question_records(question: LabelRecord, policy: LabelPolicy,
+                     filter_format: FilterFormat = "two_stage") -> list[dict[str, Any]]:
+    """The training records of one labelled question under the policy, in the format."""
+    if filter_format == "one_pass":
+        return passage_records(question, policy)
     records = []
     for chunk in question.chunks:
         signals = ChunkSignals.from_entry(chunk)
@@ -121,6 +134,36 @@ def question_records(question: LabelRecord, policy: LabelPolicy) -> list[dict[st
                           "gold_sentences": (None if signals.gold_sentences is None
                                              else list(signals.gold_sentences)),
                           "disagree": list(label.sentence_disagree)}))
+    return records
+
+
+def passage_records(question: LabelRecord, policy: LabelPolicy) -> list[dict[str, Any]]:
+    """One `passage` record per chunk the policy labels: its verdict, and each sentence's
+    (the key sentences of a relevant chunk; none of an irrelevant one's). A relevant chunk
+    without key sentences (unmarked, and no sentence signal found: a bridge passage that
+    names no answer) teaches its verdict only, its sentences' labels None (`evidence`
+    keeps why each label was given)."""
+    records = []
+    for chunk in question.chunks:
+        signals = ChunkSignals.from_entry(chunk)
+        label = label_chunk(signals, policy)
+        if label.relevant is None or not chunk.sentences:
+            continue
+        keys = (label.key_sentences or None) if label.relevant else ()
+        records.append(passage_record(
+            question=question.question, sentences=chunk.sentences, key_sentences=keys,
+            relevant=label.relevant, source=question.source, question_id=question.question_id,
+            title=chunk.title,
+            evidence={"chunk_id": chunk.id, "teacher_status": signals.teacher_status,
+                      "rule": _rule_name(policy.chunk_rule, signals.gold, policy),
+                      "sentence_rule": _rule_name(policy.sentence_rule,
+                                                  signals.gold_sentences, policy),
+                      "strinc": signals.strinc, "cxmi": signals.cxmi,
+                      "teacher": signals.teacher, "gold": signals.gold,
+                      "strinc_sentences": list(signals.sentence_strinc),
+                      "gold_sentences": (None if signals.gold_sentences is None
+                                         else list(signals.gold_sentences)),
+                      "disagree": list(label.chunk_disagree) + list(label.sentence_disagree)}))
     return records
 
 
@@ -157,8 +200,9 @@ def split_questions(question_ids: Sequence[str], validation_fraction: float,
 
 def balance_chunks(records: list[dict[str, Any]], positive_fraction: float,
                    rng: random.Random) -> list[dict[str, Any]]:
-    """Drop chunk records of the larger class until positives make `positive_fraction`."""
-    chunks = [r for r in records if r["task"] == "chunk"]
+    """Drop chunk (or passage) records of the larger class until positives make
+    `positive_fraction`."""
+    chunks = [r for r in records if r["task"] in VERDICT_TASKS]
     positive = [r for r in chunks if _is_positive(r)]
     negative = [r for r in chunks if not _is_positive(r)]
     if not positive or not negative:
@@ -169,7 +213,7 @@ def balance_chunks(records: list[dict[str, Any]], positive_fraction: float,
                         round(keep_positive * (1 - positive_fraction) / positive_fraction))
     kept = {id(r) for r in (rng.sample(positive, keep_positive)
                             + rng.sample(negative, keep_negative))}
-    return [r for r in records if r["task"] != "chunk" or id(r) in kept]
+    return [r for r in records if r["task"] not in VERDICT_TASKS or id(r) in kept]
 
 
 def mix_tasks(records: list[dict[str, Any]], mix: Mapping[str, float],
@@ -241,7 +285,7 @@ def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSumma
                          disable=not progress):
         split = splits[question.question_id]
         question_counts[split] += 1
-        by_split[split].extend(question_records(question, config.policy))
+        by_split[split].extend(question_records(question, config.policy, config.filter_format))
     rng = random.Random(config.seed)
     for split, records in by_split.items():
         if config.chunk_positive_fraction is not None:
@@ -271,7 +315,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
     for split, records in by_split.items():
         tasks = Counter(r["task"] for r in records)
         summary.counts[split] = {task: tasks.get(task, 0) for task in TASKS}
-        chunks = [r for r in records if r["task"] == "chunk"]
+        chunks = [r for r in records if r["task"] in VERDICT_TASKS]
         sentences = [r for r in records if r["task"] == "sentence"]
         summary.chunk_positive_fraction[split] = _fraction(sum(map(_is_positive, chunks)),
                                                            len(chunks))

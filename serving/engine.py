@@ -77,6 +77,10 @@ class SequenceRequest:
     # Tokens whose log-probs at the first new position are reported (a Yes/No verdict read
     # in one step, as `label_logprobs` reads it); with max_tokens=0 nothing is generated.
     label_token_ids: tuple[int, ...] = ()
+    # Prompt positions (in order) after which those tokens' log-probs are reported too: the
+    # next-token distribution at each, as `marked_label_logprobs` reads a verdict at every
+    # mark. Read from the logits the prompt log-probs' pass computes, so it needs them.
+    label_positions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -84,6 +88,14 @@ class SequenceRequest:
         if self.max_tokens < 0 or self.top_logprobs < 0:
             raise ValueError(f"max_tokens and top_logprobs must be >= 0, got "
                              f"{self.max_tokens} and {self.top_logprobs}")
+        if self.label_positions:
+            if not (self.prompt_logprobs and self.label_token_ids):
+                raise ValueError("label_positions needs prompt_logprobs and label_token_ids")
+            positions = self.label_positions
+            if (list(positions) != sorted(positions) or positions[0] < 0
+                    or positions[-1] >= len(self.prompt_ids)):
+                raise ValueError(f"label_positions must be in order, within the prompt's "
+                                 f"{len(self.prompt_ids)} tokens, got {self.label_positions}")
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,8 @@ class SequenceResult:
 
     `prompt_logprobs` is set when asked for: one entry per prompt token, the first None.
     `label_logprobs` holds the log-prob of each of the request's `label_token_ids` as the
-    first new token, in their order.
+    first new token, in their order; `marked_label_logprobs` the same at each of its
+    `label_positions`, one tuple per position.
     """
 
     token_ids: tuple[int, ...]
@@ -127,6 +140,7 @@ class SequenceResult:
     logprobs: tuple[TokenLogprob, ...]
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None
     label_logprobs: tuple[float, ...] = ()
+    marked_label_logprobs: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass
@@ -152,6 +166,7 @@ class _Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     label_logprobs: tuple[float, ...] = ()
+    marked_label_logprobs: list[tuple[float, ...]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     text: str | None = None
 
@@ -374,7 +389,8 @@ class BatchingEngine:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows.
 
         The prompts go through the model PROMPT_SLICE positions at a time; rows that asked for
-        prompt log-probs get them slice by slice, so only one slice's logits exist at once."""
+        prompt log-probs get them (and their label positions' reads) slice by slice, so only
+        one slice's logits exist at once."""
         self.stats.prefill_batch_sizes[len(chunk)] += 1
         prompts = [s.request.prompt_ids for s in chunk]
         width = max(map(len, prompts))
@@ -382,6 +398,7 @@ class BatchingEngine:
                              device=self.served.device)
         scored = [row for row, s in enumerate(chunk) if s.request.prompt_logprobs]
         entries: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
+        marked = [row for row in scored if chunk[row].request.label_positions]
         cache = kv.growing_cache(self.served.model.config, self.served.name)
         try:
             with self._abandonable(chunk), self.served.activated(name) as model:
@@ -401,6 +418,15 @@ class BatchingEngine:
                                 logits[row, first - start:last - start],
                                 inputs["input_ids"][row, first + 1:last + 1].tolist(),
                                 chunk[row].request.top_logprobs))
+                    for row in marked:  # a row's position p sits in column width - len + p
+                        request = chunk[row].request
+                        padding = width - len(prompts[row])
+                        columns = [padding + p - start for p in request.label_positions
+                                   if start <= padding + p < stop]
+                        if columns:
+                            logprobs = torch.log_softmax(logits[row, columns].float(), dim=-1)
+                            chunk[row].marked_label_logprobs.extend(map(
+                                tuple, logprobs[:, list(request.label_token_ids)].tolist()))
         except _Abandoned:
             self._keep_wanted(chunk)  # every client left: let them all go
             return
@@ -506,7 +532,7 @@ class BatchingEngine:
         assert sequence.finish_reason is not None
         result = SequenceResult(tuple(sequence.tokens), sequence.text, sequence.finish_reason,
                                 tuple(sequence.logprobs), sequence.prompt_logprobs,
-                                sequence.label_logprobs)
+                                sequence.label_logprobs, tuple(sequence.marked_label_logprobs))
         self._let_go([sequence])  # first: a client that has its answer finds nothing in flight
         try:
             sequence.future.set_result(result)

@@ -5,9 +5,11 @@ request names.
 Each operation computes what `HFBackend` computes on the same model: prompts are rendered by
 the chat template and tokenised as it does, labels and replies tokenised by the one
 `reply_token_ids`; `label_logprobs` reads the labels' log-probs at the first new position
-(`SequenceRequest.label_token_ids`), `continuation_logprob` sums the reply's prompt log-probs,
-`generate` decodes as the engine decodes chat requests. Prompts are not cut to fit: the
-caller checks their sizes first (`encode` gives their tokens), and the engine refuses none.
+(`SequenceRequest.label_token_ids`), `marked_label_logprobs` there and at every mark, from the
+prompt log-probs' pass (`SequenceRequest.label_positions`), `continuation_logprob` sums the
+reply's prompt log-probs, `generate` decodes as the engine decodes chat requests. Prompts
+are not cut to fit: the caller checks their sizes first (`encode` gives their tokens), and
+the engine refuses none.
 
 One instance serves one HTTP request, from the worker thread that runs the filter: each call
 blocks on the engine's futures; `cancel()` (from the event loop, when the client goes away)
@@ -24,7 +26,9 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    check_single_token_labels,
     labels_as_replies,
+    marked_prompt_ids,
     metered,
 )
 from sieverag.inference.llm.hf import reply_token_ids
@@ -103,6 +107,34 @@ class EngineBackend:
             for (_, ids), row in zip(encoded, label_ids, strict=True)])
         self.meter.record(agent, len(prompts), sum(len(ids) for _, ids in encoded), 0)
         return [dict(zip(labels, r.label_logprobs, strict=True)) for r in results]
+
+    @metered
+    def marked_label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[list[dict[str, float]]]:
+        """For each conversation: {label: log P(label)} at each `LABEL_MARK` in its text, in
+        order, then one more as the assistant's next output (len = marks + 1), from one
+        prefill of the ids `marked_prompt_ids` gives. Labels must be one token each
+        (`ValueError`)."""
+        if not labels:
+            raise ValueError("marked_label_logprobs needs at least one label")
+        texts = [self.render(prompt) for prompt in prompts]
+        marked = [marked_prompt_ids(self.tokenizer, text) for text in texts]
+        if not marked:
+            return []
+        # Tokenised as HFBackend tokenises them: after the first prompt.
+        label_ids = [reply_token_ids(self.tokenizer, texts[0], marked[0][0], label)
+                     for label in labels]
+        check_single_token_labels(labels, label_ids)
+        wanted = tuple(ids[0] for ids in label_ids)
+        results = self._run([SequenceRequest(
+            model=self.model, prompt_ids=tuple(ids), max_tokens=0,
+            prompt_logprobs=bool(positions), label_token_ids=wanted,
+            label_positions=tuple(positions)) for ids, positions in marked])
+        self.meter.record(agent, len(prompts), sum(len(ids) for ids, _ in marked), 0)
+        return [[dict(zip(labels, read, strict=True))
+                 for read in (*result.marked_label_logprobs, result.label_logprobs)]
+                for result in results]
 
     @metered
     def continuation_logprob(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.base import LABEL_MARK, GenerationSettings, UsageMeter
 from sieverag.inference.types import Conversation
 
 
@@ -40,6 +40,13 @@ class ScriptedBackend:
         self.calls += [(agent, user_text(p)) for p in prompts]
         return [{label: self.labels(user_text(p)).get(label, -20.0) for label in labels}
                 for p in prompts]
+
+    def marked_label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
+                              agent: str = "scorer") -> list[list[dict[str, float]]]:
+        """`label_logprobs`'s scores at every mark and for the reply (marks + 1 reads)."""
+        scores = self.label_logprobs(prompts, labels, agent=agent)
+        return [[dict(score) for _ in range(sum(m["content"].count(LABEL_MARK) for m in p) + 1)]
+                for p, score in zip(prompts, scores, strict=True)]
 
     def continuation_logprob(self, prompts: Sequence[Conversation], continuations: Sequence[str],
                              *, agent: str = "scorer") -> list[float]:

@@ -228,7 +228,7 @@ def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model
     card = json.loads((out / CARD_FILE).read_text(encoding="utf-8"))
     assert card["name"] == "tiny-filter" and card["trained_as"] == "filter-tiny-1234abcd"
     assert card["base_model_sha256"] == weights_sha256(tiny_model_dir)
-    assert card["prompt_templates"] == filter_template_hashes()
+    assert card["prompt_templates"] == filter_template_hashes("two_stage")
     assert card["dataset"]["train_questions"] == [["hotpotqa", "q9"]]
     assert card["dataset"]["path"] == "dataset"  # no path of the training machine
     assert card["weights"]["p_yes_check"]["passages"] == 4

@@ -13,6 +13,7 @@ import random
 import pytest
 from fake_backend import ScriptedBackend
 
+from sieverag.inference.errors import DatasetError
 from sieverag.inference.eval.filter_metrics import calibration_error, paired_f1_difference
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
@@ -244,3 +245,49 @@ def test_paired_f1_difference_counts_wins_losses_and_brackets_the_mean():
     assert paired_f1_difference([({"y"}, set())], [(set(), set())]) is None
     with pytest.raises(ValueError, match="same questions"):
         paired_f1_difference(better[:1], worse[1:2])
+
+
+def test_leaving_each_source_out_measures_what_an_unseen_source_gets():
+    from sieverag.training.combination_fit import leave_one_source_out, worst_left_out_margin
+
+    rounds = synthetic_rounds(120, seed=7)
+    table = leave_one_source_out(rounds)
+    assert set(table) == {"src-a", "src-b"}
+    for source, row in table.items():
+        held = [r for r in rounds if r.source == source]
+        assert row["questions"] == len(held) == 60
+        for rule in ("with_filter", "priors_alone"):
+            cell = row[rule]
+            assert cell["margin"] == pytest.approx(cell["f1"] - row["retrieval_top_k_f1"])
+            assert 0 < cell["bar"] < 1 and 0.5 < cell["auroc"] <= 1
+    # Labels drawn with the filter's score in them: with it, the worst left-out source is
+    # better off than with the priors alone.
+    assert worst_left_out_margin(table, "with_filter") > worst_left_out_margin(
+        table, "priors_alone")
+    combination = measure_combination(rounds, folds=3, by_left_out_source=True)
+    assert combination.uses_filter
+    assert combination.report["fit"]["leave_one_source_out"] == table
+    from sieverag.inference.filters.combination import describe_combination
+
+    assert "src-a left out of the fit (60 q" in describe_combination(combination)
+    with pytest.raises(DatasetError, match="at least 2 sources"):
+        leave_one_source_out([r for r in rounds if r.source == "src-a"])
+
+
+def test_a_filter_that_only_helps_the_sources_it_was_fitted_on_is_left_out():
+    # The filter's score carries the labels on src-b only; fitted on src-b it moves src-a's
+    # verdicts by noise, so src-a left out loses with it: leaving sources out drops it.
+    from sieverag.training.combination_fit import leave_one_source_out, worst_left_out_margin
+
+    helpful = [r for r in synthetic_rounds(160, seed=8) if r.source == "src-b"]
+    noisy = [r for r in synthetic_rounds(160, seed=9, filter_noise=True) if r.source == "src-a"]
+    rounds = helpful + noisy
+    table = leave_one_source_out(rounds)
+    assert table["src-a"]["with_filter"]["margin"] < 0 < table["src-a"]["priors_alone"]["margin"]
+    assert worst_left_out_margin(table, "with_filter") < worst_left_out_margin(table,
+                                                                             "priors_alone")
+    pooled = measure_combination(rounds, folds=3, min_gain=0.0)
+    assert pooled.uses_filter  # pooled cross-validation alone keeps it
+    combination = measure_combination(rounds, folds=3, min_gain=0.0, by_left_out_source=True)
+    assert not combination.uses_filter
+    assert combination.report["fit"]["filter_adds_nothing"]

@@ -216,6 +216,9 @@ class FakeBackend:
     def continuation_logprob(self, prompts, continuations, *, agent="scorer"):
         raise NotImplementedError
 
+    def marked_label_logprobs(self, prompts, labels, *, agent="scorer"):
+        raise NotImplementedError
+
 
 VALID = ('{"correctness": 5, "relevance": 4, "completeness": 3, "evidence_grounding": 5, '
          '"hallucination_risk": 4, "overall": 4}')

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapte
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.llm.base import LABEL_MARK
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
@@ -237,6 +239,32 @@ def test_a_label_outside_the_top_20_is_scored_exactly(served: ServeProcess, held
     for got, want in zip(served_scores, local_scores, strict=True):
         assert got == pytest.approx(want, abs=FLOAT32_TOLERANCE)
         assert got["Banana"] < min(got[label] for label in CHUNK_LABELS) - 5
+
+
+def test_marked_label_logprobs_through_vllm_equal_in_process(served: ServeProcess,
+                                                             held_out: list,
+                                                             in_process_filter: HFBackend,
+                                                             embedded_model_dir: Path) -> None:
+    """A verdict after every sentence and one for the reply, from one token-id prompt whose
+    echoed top-k vLLM returns (labels outside it scored exactly), as in-process."""
+    example = held_out[0]
+    prompts = [chunk_prompt(example.question, re.sub(r"(?<=\.) ", f"{LABEL_MARK} ", d.text),
+                            d.title) for d in example.documents[:2]]
+    marks = [sum(m["content"].count(LABEL_MARK) for m in prompt) for prompt in prompts]
+    assert min(marks) >= 1, marks
+    with through(served.base_url, FILTER, embedded_model_dir) as remote:
+        served_reads = remote.marked_label_logprobs(prompts, CHUNK_LABELS)
+    local_reads = in_process_filter.marked_label_logprobs(prompts, CHUNK_LABELS)
+    assert [len(reads) for reads in served_reads] == [m + 1 for m in marks]
+    for got, want in zip(served_reads, local_reads, strict=True):
+        for read, expected in zip(got, want, strict=True):
+            assert read == pytest.approx(expected, abs=FLOAT32_TOLERANCE)
+    # The filter's verdict for the reply is in vLLM's top 20: read from it alone, the same.
+    with through(served.base_url, FILTER, embedded_model_dir,
+                 missing_label_logprob="topk_min") as remote:
+        from_top_k = remote.marked_label_logprobs(prompts, CHUNK_LABELS)
+    for got, want in zip(from_top_k, local_reads, strict=True):
+        assert got[-1] == pytest.approx(want[-1], abs=FLOAT32_TOLERANCE)
 
 
 def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(

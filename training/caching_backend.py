@@ -7,8 +7,8 @@ MCF's own code: only the transport is cached.
 
 Entries are keyed by a SHA-256 digest of the request (the conversation and the labels, or
 the conversation and the decoding settings), so a changed prompt template or question is a
-new entry, never a stale answer. The two tables are plain JSON-ready dicts that
-`eval-filter` stores between runs.
+new entry, never a stale answer. The tables (label log-probs, replies, and the reads of
+marked prompts) are plain JSON-ready dicts; `eval-filter` stores the first two between runs.
 """
 
 from __future__ import annotations
@@ -28,16 +28,20 @@ def request_key(prompt: Conversation, detail: object) -> str:
 
 
 class CachingBackend:
-    """Wraps `inner`; label log-probs and greedy replies are answered from memory when the
-    same request was made before (sampled replies and continuation log-probs pass through).
+    """Wraps `inner`; label log-probs (plain or read at marks) and greedy replies are
+    answered from memory when the same request was made before (sampled replies and
+    continuation log-probs pass through).
 
-    `labels` and `replies` (key → answer) may be given pre-filled from an earlier run."""
+    `labels`, `replies` and `marked` (key → answer) may be given pre-filled from an earlier
+    run."""
 
     def __init__(self, inner: LLMBackend, labels: dict[str, dict[str, float]] | None = None,
-                 replies: dict[str, str] | None = None) -> None:
+                 replies: dict[str, str] | None = None,
+                 marked: dict[str, list[dict[str, float]]] | None = None) -> None:
         self.inner = inner
         self.labels: dict[str, dict[str, float]] = dict(labels or {})
         self.replies: dict[str, str] = dict(replies or {})
+        self.marked: dict[str, list[dict[str, float]]] = dict(marked or {})
 
     @property
     def meter(self) -> UsageMeter:
@@ -70,6 +74,16 @@ class CachingBackend:
                                                 agent=agent)
             self.labels.update(zip((keys[i] for i in missing), answers, strict=True))
         return [dict(self.labels[k]) for k in keys]
+
+    def marked_label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
+                              agent: str = "scorer") -> list[list[dict[str, float]]]:
+        keys = [request_key(p, list(labels)) for p in prompts]
+        missing = _first_occurrences(keys, self.marked)
+        if missing:
+            answers = self.inner.marked_label_logprobs([prompts[i] for i in missing], labels,
+                                                       agent=agent)
+            self.marked.update(zip((keys[i] for i in missing), answers, strict=True))
+        return [[dict(read) for read in self.marked[k]] for k in keys]
 
     def continuation_logprob(self, prompts: Sequence[Conversation],
                              continuations: Sequence[str], *, agent: str = "scorer"

@@ -51,6 +51,7 @@ from sieverag.inference.filters.combination import (
     DEFAULT_EMBEDDING_MODEL,
     FEATURES,
     PRIOR_FEATURES,
+    PRIORS_ONLY,
     Combination,
     RoundScores,
     describe_combination,
@@ -58,6 +59,7 @@ from sieverag.inference.filters.combination import (
     passage_priors,
     probability_bar,
 )
+from sieverag.inference.filters.filter_format import FilterFormat, card_format
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.settings import FileList, settings
 from sieverag.inference.types import Device, Example
@@ -85,6 +87,10 @@ class FitCombinationCommand:
     folds: int = field(default=5, metadata={"help": "cross-validation folds (by question)"})
     min_gain: float = field(default=0.005, metadata={
         "help": "AUROC the filter must add over the priors alone to be used"})
+    by_left_out_source: bool = field(default=False, metadata={
+        "help": "fit on all sources but one and measure on the one left out, for each in "
+                "turn; use the filter only if that makes its worst left-out source better "
+                "than the priors alone (needs 2 datasets or more)"})
     embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
         "help": "the dense prior's embedding model"})
     device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
@@ -117,10 +123,14 @@ class LabelledRound:
 
 def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                         min_gain: float = 0.005, seed: int = 0,
-                        embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> Combination:
+                        embedding_model: str = DEFAULT_EMBEDDING_MODEL,
+                        by_left_out_source: bool = False) -> Combination:
     """The combination fitted on every round (the priors alone where the filter's
     cross-validated AUROC gain is below `min_gain`), with its calibrated bar and the
-    measurements (see the module's docstring) as its `report`."""
+    measurements (see the module's docstring) as its `report`. `by_left_out_source` (two
+    sources or more): the filter is also left out unless, leaving each source out in turn
+    (`leave_one_source_out`), the combination with it loses less to retrieval on its worst
+    left-out source than the priors alone do; the table goes into the report."""
     if len(rounds) < 2:
         raise DatasetError(f"fitting a combination needs at least 2 questions, got "
                            f"{len(rounds)}")
@@ -142,6 +152,10 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                 isotonic_oof[i] = list(isotonic.predict(full.logits(held.scores)))
     uses_filter = (_auroc(rounds, full_oof) or 0.0) - (_auroc(rounds, priors_oof) or 0.0) \
         >= min_gain
+    left_out = leave_one_source_out(rounds) if by_left_out_source else None
+    if left_out is not None:
+        uses_filter = uses_filter and (worst_left_out_margin(left_out, "with_filter")
+                                       > worst_left_out_margin(left_out, "priors_alone"))
     chosen = full_oof if uses_filter else priors_oof
     bar, bar_f1, bar_margin = best_bar(rounds, chosen)
     final = _fit(rounds, FEATURES if uses_filter else PRIOR_FEATURES)
@@ -153,6 +167,8 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                                                                  priors_oof, chosen,
                                                                  isotonic_oof))
                                     for source in sorted({r.source for r in rounds})}}}
+    if left_out is not None:
+        report["fit"]["leave_one_source_out"] = left_out
     return replace(final, bar=bar, embedding_model=embedding_model, report=report)
 
 
@@ -221,25 +237,74 @@ def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[f
     def f1(kept: Sequence[set[int]], among: Sequence[int]) -> float:
         return decision_quality([(kept[i], gold[i]) for i in among])["f1"] or 0.0
 
-    def top(values: Sequence[float]) -> set[int]:
-        return set(top_k_indices(values, top_k))
-
-    retrieval = {s: max(f1([top(r.scores.bm25) for r in rounds], by_source[s]),
-                        f1([top(r.scores.dense) for r in rounds], by_source[s]))
-                 for s in sources}
+    retrieval = {s: retrieval_f1([rounds[i] for i in by_source[s]], top_k) for s in sources}
     best: tuple[tuple[float, float, float], float, float, float] | None = None
     for bar in BAR_GRID:
-        kept = []
-        for row in probabilities:
-            logits = [_logit(p) for p in row]
-            threshold = probability_bar(logits, bar, 1)
-            kept.append({i for i, v in enumerate(logits) if v >= threshold})
+        kept = kept_at_bar(probabilities, bar)
         margin = min(f1(kept, by_source[s]) - retrieval[s] for s in sources)
         overall = f1(kept, range(len(rounds)))
         key = (round(margin, 9), round(overall, 9), bar)  # rounded: float noise is a tie
         if best is None or key >= best[0]:
             best = (key, bar, overall, margin)
     return best[1:]
+
+
+def kept_at_bar(probabilities: Sequence[Sequence[float]], bar: float) -> list[set[int]]:
+    """Per round, the passages MCF's calibrated bar keeps: P(relevant) ≥ bar, and at least
+    the best one (`probability_bar` with min_keep 1)."""
+    kept = []
+    for row in probabilities:
+        logits = [_logit(p) for p in row]
+        threshold = probability_bar(logits, bar, 1)
+        kept.append({i for i, v in enumerate(logits) if v >= threshold})
+    return kept
+
+
+def rounds_f1(rounds: Sequence[LabelledRound], kept: Sequence[set[int]]) -> float:
+    """Mean per-question F1 of what was kept against the rounds' gold."""
+    return decision_quality([(k, {i for i, g in enumerate(r.labels) if g})
+                             for k, r in zip(kept, rounds, strict=True)])["f1"] or 0.0
+
+
+def retrieval_f1(rounds: Sequence[LabelledRound], top_k: int = TOP_K) -> float:
+    """The better of BM25's and dense's top-k F1 on the rounds."""
+    return max(rounds_f1(rounds, [set(top_k_indices(values(r), top_k)) for r in rounds])
+               for values in (lambda r: r.scores.bm25, lambda r: r.scores.dense))
+
+
+def leave_one_source_out(rounds: Sequence[LabelledRound], top_k: int = TOP_K
+                         ) -> dict[str, dict[str, Any]]:
+    """For each source in turn: the combination with the filter, and the priors alone, each
+    fitted with its bar (`best_bar`) on every other source's rounds, then measured on the
+    source left out: AUROC, ECE, the bar, the F1 it keeps there, and its margin over the
+    better of BM25's and dense's top-k F1 there. What a source the fit never saw gets."""
+    sources = sorted({r.source for r in rounds})
+    if len(sources) < 2:
+        raise DatasetError(f"leaving one source out needs at least 2 sources, got "
+                           f"{sources}")
+    table: dict[str, dict[str, Any]] = {}
+    for left in sources:
+        train = [r for r in rounds if r.source != left]
+        held = [r for r in rounds if r.source == left]
+        retrieval = retrieval_f1(held, top_k)
+        row: dict[str, Any] = {"questions": len(held), "retrieval_top_k_f1": retrieval}
+        for name, features in (("with_filter", FEATURES), ("priors_alone", PRIOR_FEATURES)):
+            fitted = _fit(train, features)
+            bar = best_bar(train, [fitted.probabilities(r.scores) for r in train], top_k)[0]
+            probabilities = [fitted.probabilities(r.scores) for r in held]
+            f1 = rounds_f1(held, kept_at_bar(probabilities, bar))
+            row[name] = {"auroc": _auroc(held, probabilities),
+                         "ece": calibration_error(_labels(held),
+                                                  [p for ps in probabilities for p in ps]),
+                         "bar": bar, "f1": f1, "margin": f1 - retrieval}
+        table[left] = row
+    return table
+
+
+def worst_left_out_margin(table: dict[str, dict[str, Any]], rule: str) -> float:
+    """The smallest margin over retrieval of `rule` (with_filter, priors_alone) among the
+    sources left out in turn."""
+    return min(row[rule]["margin"] for row in table.values())
 
 
 def _logit(probability: float) -> float:
@@ -286,11 +351,14 @@ def fitting_questions(command: FitCombinationCommand, card: dict[str, Any]
 
 
 def score_rounds(backend: Any, examples: Sequence[Example], embedding_model: str, *,
-                 progress: bool = True) -> list[LabelledRound]:
-    """Each question's passages scored by the filter (MCF's chunk scores), BM25 and dense."""
+                 filter_format: FilterFormat = "two_stage", progress: bool = True
+                 ) -> list[LabelledRound]:
+    """Each question's passages scored by the filter (MCF's chunk scores, read in the
+    filter's format), BM25 and dense."""
     from sieverag.inference.filters.mcf import MultiGranularFilter
 
-    mcf = MultiGranularFilter(backend)
+    mcf = MultiGranularFilter(backend, combination=replace(PRIORS_ONLY,
+                                                           filter_format=filter_format))
     rounds = []
     for example in tqdm(examples, desc="scoring passages", unit="question",
                         disable=not progress):
@@ -326,9 +394,10 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
                                         device=command.device))
     rounds = [r for examples in by_dataset.values()
               for r in score_rounds(backend, examples, command.embedding_model,
-                                    progress=not command.quiet)]
+                                    filter_format=card_format(card), progress=not command.quiet)]
     combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
-                                      embedding_model=command.embedding_model)
+                                      embedding_model=command.embedding_model,
+                                      by_left_out_source=command.by_left_out_source)
     section = {**combination.as_card(),
                "datasets": [Path(d).name for d in by_dataset],
                "questions": sorted([r.source, r.question_id] for r in rounds)}

@@ -4,17 +4,25 @@ The data_gen output folder holds `dataset/` (a `DatasetDict.save_to_disk` with `
 `validation` splits, split by question), `train.jsonl`, `validation.jsonl` and `stats.json`.
 Records follow `inference.filters.filter_format`: conversational `prompt` / `completion`
 plus provenance columns (`task`, `source`, `question_id`, `evidence`) that training drops.
+A one-pass dataset's `passage` records also carry `sentence_labels`; the trainer reads them
+already tokenised (`trained_columns`: `input_ids` and `labels` at the verdict positions).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sieverag.inference.errors import DatasetError
+from sieverag.inference.filters.filter_format import (
+    RELEVANT,
+    FilterFormat,
+    passage_training_ids,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -23,6 +31,7 @@ if TYPE_CHECKING:
 DATASET_SUBDIR = "dataset"
 RECORD_COLUMNS = ("prompt", "completion", "task", "source", "question_id")
 TRAINED_COLUMNS = ["prompt", "completion"]
+SENTENCE_LABELS = "sentence_labels"  # a passage record's per-sentence verdicts
 
 
 def dataset_dict_dir(path: str | Path) -> Path:
@@ -94,8 +103,21 @@ def sample(records: Dataset, limit: int | None, seed: int) -> Dataset:
     return records.shuffle(seed=seed).select(range(limit))
 
 
+def filter_format_of(records: Dataset) -> FilterFormat:
+    """one_pass for a split of `passage` records, two_stage for chunk/sentence records;
+    a split that mixes them is refused."""
+    tasks = set(records["task"]) if len(records) else set()
+    if "passage" in tasks and tasks != {"passage"}:
+        raise DatasetError(f"the training split mixes one-pass passage records with "
+                           f"{sorted(tasks - {'passage'})} records: build it with one "
+                           "--filter-format")
+    return "one_pass" if tasks == {"passage"} else "two_stage"
+
+
 def record_length(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> int:
     """Tokens of the chat-templated prompt plus completion (what the trainer sees)."""
+    if record.get("task") == "passage":
+        return len(passage_training_ids(tokenizer, record)["input_ids"])
     encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
                                             tokenize=True, return_dict=True)
     return len(encoded["input_ids"])
@@ -109,20 +131,42 @@ def drop_long(records: Dataset, tokenizer: PreTrainedTokenizerBase,
     return records.select(keep), len(records) - len(keep)
 
 
-def trained_columns(records: Dataset) -> Dataset:
-    """Only `prompt` and `completion`: provenance columns stay out of the trainer."""
+def trained_columns(records: Dataset, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+    """What the trainer reads: `prompt` and `completion` (provenance columns stay out); a
+    one-pass split as `input_ids` and `labels` (`filter_format.passage_training_ids`)."""
+    if filter_format_of(records) == "one_pass":
+        return records.map(lambda record: passage_training_ids(tokenizer, record),
+                           remove_columns=records.column_names)
     return records.select_columns(TRAINED_COLUMNS)
 
 
 def content_fingerprint(splits: dict[str, Dataset]) -> str:
-    """SHA-256 (16 hex digits) over the prompts and completions actually used, per split."""
+    """SHA-256 (16 hex digits) over the prompts and completions actually used, per split
+    (a one-pass split's sentence labels too)."""
     digest = hashlib.sha256()
     for name in sorted(splits):
         digest.update(name.encode() + b"\0")
-        for record in splits[name].select_columns(TRAINED_COLUMNS):
+        columns = [c for c in (*TRAINED_COLUMNS, SENTENCE_LABELS)
+                   if c in splits[name].column_names]
+        for record in splits[name].select_columns(columns):
             digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
             digest.update(b"\n")
     return digest.hexdigest()[:16]
+
+
+def base_rate_loss(records: Dataset) -> float | None:
+    """The eval loss of a filter that learned only the share of "Yes" among a one-pass
+    split's verdicts (every sentence's and every passage's): the entropy of that share, in
+    nats per verdict. A one-pass run that ends near it learned nothing but the base rate.
+    None for a two-stage split (its loss also averages the completion's end token)."""
+    if filter_format_of(records) != "one_pass" or not len(records):
+        return None
+    verdicts = [v for labels in records[SENTENCE_LABELS] for v in labels if v is not None]
+    verdicts += [c[0]["content"] for c in records["completion"]]
+    share = sum(v == RELEVANT for v in verdicts) / len(verdicts)
+    if share in (0.0, 1.0):
+        return 0.0
+    return -(share * math.log(share) + (1 - share) * math.log(1 - share))
 
 
 def column_counts(records: Dataset, column: str) -> dict[str, int]:

@@ -302,24 +302,24 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     out = Path(config.out)
     cache = MethodCache(out / "cache")
     filter_identity = _filter_identity(filter_role)
-    # The filter's answers are keyed by request, so every MCF row (and every dataset) reads
-    # each passage's score (and each sentence reply) once, from this run or an earlier one.
-    labels = cache.load("filter-chunks", filter_identity) or {}
-    replies = cache.load("filter-sentences", filter_identity) or {}
+    tables = {name: cache.load(f"filter-{name}", filter_identity) or {}
+              for name in ("chunks", "sentences", "passages")}
     # Every dataset is read before the filter loads: a bad file fails at once.
     selections = [select_examples(config, trained, dataset) for dataset in config.dataset]
-    mcf_backend = CachingBackend(build_backend(filter_role), labels, replies)
-    stored = (len(labels), len(replies))
+    mcf_backend = CachingBackend(build_backend(filter_role), tables["chunks"],
+                                 tables["sentences"], tables["passages"])
+    live = {"chunks": mcf_backend.labels, "sentences": mcf_backend.replies,
+            "passages": mcf_backend.marked}
+    stored = {name: len(table) for name, table in tables.items()}
     sections, outputs = {}, []
     for selection in selections:
         section, decisions, sentence_kept = _evaluate(
             config, selection, mcf_backend, judge_role, cache, filter_role.device, progress,
             combination)
-        if len(mcf_backend.labels) > stored[0]:
-            cache.store("filter-chunks", filter_identity, mcf_backend.labels)
-        if len(mcf_backend.replies) > stored[1]:
-            cache.store("filter-sentences", filter_identity, mcf_backend.replies)
-        stored = (len(mcf_backend.labels), len(mcf_backend.replies))
+        for kind, table in live.items():
+            if len(table) > stored[kind]:
+                cache.store(f"filter-{kind}", filter_identity, table)
+                stored[kind] = len(table)
         name = _section_name(selection.dataset, sections)
         sections[name] = section
         outputs.append(DatasetDecisions(name, decisions, selection.examples, sentence_kept))

@@ -135,11 +135,16 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     args.model_init_kwargs = {"dtype": model_args.dtype, **(args.model_init_kwargs or {})}
     resume = resume_checkpoint(recipe)
     score_positions(label_only=script.score_label_positions_only)
+    filter_format = data.filter_format_of(used["train"])
+    floor = data.base_rate_loss(used["eval"] if evaluate else used["train"])
+    if floor is not None:
+        print(f"base-rate loss {floor:.4f} nats per verdict: an eval loss near it means the "
+              "filter learned only the share of Yes")
     trainer = SFTTrainer(
         model=str(base_dir),
         args=args,
-        train_dataset=data.trained_columns(used["train"]),
-        eval_dataset=data.trained_columns(used["eval"]) if evaluate else None,
+        train_dataset=data.trained_columns(used["train"], tokenizer),
+        eval_dataset=data.trained_columns(used["eval"], tokenizer) if evaluate else None,
         processing_class=tokenizer,
         peft_config=lora_config(model_args, base_dir),
         callbacks=list(callbacks),
@@ -159,6 +164,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     unset_hf_deepspeed_config()
 
     from sieverag.inference.filters.adapters import filter_template_hashes, weights_sha256
+    from sieverag.inference.filters.filter_format import FORMAT_KEY
     from sieverag.inference.llm.models import EMBEDDED_MODELS
     from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
@@ -177,7 +183,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
                                        "hub_name", None),
         # What `check_card` compares before the adapter is loaded onto a model.
         "base_model_sha256": weights_sha256(base_dir),
-        "prompt_templates": filter_template_hashes(),
+        "prompt_templates": filter_template_hashes(filter_format),
+        FORMAT_KEY: filter_format,
         "dataset": {
             "path": str(Path(script.dataset_path).resolve()),
             "fingerprint": data.content_fingerprint(used),
@@ -207,7 +214,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
                                 * args.gradient_accumulation_steps * world),
             "resumed_from": resume,
         },
-        "metrics": {**metrics, "global_step": trainer.state.global_step,
+        "metrics": {**metrics, "base_rate_loss": floor, "global_step": trainer.state.global_step,
                     "wall_seconds": round(time.time() - started, 1)},
         "adapter": dataclasses.asdict(check),
         "versions": package_versions(),
@@ -220,7 +227,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     print(f"adapter {name}: {output_dir} ({check.tensors} LoRA tensors, "
           f"{check.parameters:,} parameters, {check.file_bytes / 1e6:.1f} MB); "
           f"train_loss {metrics.get('train_loss', float('nan')):.4f}"
-          + (f", eval_loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""))
+          + (f", eval_loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else "")
+          + (f" (base-rate loss {floor:.4f})" if floor is not None else ""))
     return output_dir
 
 

@@ -210,12 +210,15 @@ def _weights_sha256(stamp: tuple[tuple[str, int, int], ...]) -> str:
     return digest.hexdigest()
 
 
-def filter_template_hashes() -> dict[str, str]:
-    """sha256 of each filter prompt template file in use, by template name."""
-    from sieverag.inference.filters.filter_format import CHUNK_TEMPLATE, SENTENCE_TEMPLATE
+def filter_template_hashes(filter_format: str | None = None) -> dict[str, str]:
+    """sha256 of each filter prompt template file in use, by template name: those of one
+    filter format (`filter_format.FORMAT_TEMPLATES`), or of every format (None)."""
+    from sieverag.inference.filters.filter_format import FORMAT_TEMPLATES
     from sieverag.inference.prompt_templates import load_template
 
-    return {name: load_template(name).sha256 for name in (CHUNK_TEMPLATE, SENTENCE_TEMPLATE)}
+    names = ([n for names in FORMAT_TEMPLATES.values() for n in names] if filter_format is None
+             else FORMAT_TEMPLATES[filter_format])
+    return {name: load_template(name).sha256 for name in names}
 
 
 def adapter_content_hash(folder: str | Path) -> str:

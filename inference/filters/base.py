@@ -60,6 +60,9 @@ class ScoredDocumentRecord(JsonlRecord):
     sentence_status: Literal["single", "parsed", "unparsed", "none", "none_dropped"] | None = \
         Field(None, description="MCF: how the key sentences were chosen")
     key_sentences: list[int] | None = Field(None, description="MCF: 0-based key sentences")
+    sentence_scores: list[float | None] | None = Field(None, description=(
+        "MCF, one-pass filter: each sentence's s from the same pass (None: cut by the "
+        "context)"))
 
 
 @dataclass(frozen=True)

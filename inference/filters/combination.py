@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from sieverag.inference.filters.adapters import AdapterError, read_card
 from sieverag.inference.filters.base import z_scores
-from sieverag.inference.filters.filter_format import p_relevant
+from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
@@ -100,6 +100,9 @@ class Combination:
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
     report: Mapping[str, Any] = field(default_factory=dict)
     """What the fit measured (questions, AUROC with and without the filter, ECE), as stored."""
+    filter_format: FilterFormat = "two_stage"
+    """How the card's filter reads a passage (`filter_format.card_format`): MCF scores with
+    the format the filter was trained in, whatever the combination."""
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(FEATURES)
@@ -157,9 +160,13 @@ uncalibrated; the filter's score is not used."""
 
 
 def card_combination(card: Mapping[str, Any] | None, where: str = "the card") -> Combination:
-    """The fitted combination of an adapter card, else `PRIORS_ONLY`."""
+    """The fitted combination of an adapter card, else `PRIORS_ONLY`; either carries the
+    card's filter format."""
     section = (card or {}).get(CARD_KEY)
-    return PRIORS_ONLY if not section else Combination.from_card(section, where)
+    combination = PRIORS_ONLY if not section else Combination.from_card(section, where)
+    filter_format = card_format(card)
+    return (combination if filter_format == combination.filter_format
+            else replace(combination, filter_format=filter_format))
 
 
 def adapter_combination(folder: str | Path | None) -> Combination:
@@ -250,4 +257,10 @@ def describe_combination(combination: Combination) -> str:
     if ece.get("platt") is not None:
         lines.append(f"ECE {ece['platt']:.3f} (Platt, used; isotonic "
                      f"{ece.get('isotonic') or 0:.3f})")
+    for source, row in (fit.get("leave_one_source_out") or {}).items():
+        cells = "; ".join(
+            f"{rule.replace('_', ' ')} F1 {row[rule]['f1']:.3f} ({row[rule]['margin']:+.3f}), "
+            f"ECE {row[rule]['ece']:.3f}" for rule in ("with_filter", "priors_alone"))
+        lines.append(f"{source} left out of the fit ({row['questions']} q; retrieval top-k F1 "
+                     f"{row['retrieval_top_k_f1']:.3f}): {cells}")
     return "\n".join(lines)

@@ -1,6 +1,19 @@
 """The trained filter's prompt/answer contract, shared by data_gen, training, serving and MCF.
 
-Two tasks, one record format (defined here once and imported everywhere):
+Two formats: the one-pass `passage` format (a filter card with `"filter_format":
+"one_pass"`), and the two-stage format of the earlier filters (`chunk` + `sentence` tasks,
+cards without the key), which still run as they were trained.
+
+* `passage` (one pass, both granularities) — prompt: the `filter_passage` template
+  (instruction, question, the chunk's sentences one per line, each followed by
+  `LABEL_MARK`); the filter's Yes/No is read after each sentence (that sentence's verdict)
+  and after the assistant prefix (the passage's), all from one forward pass
+  (`LLMBackend.marked_label_logprobs`). Its training record carries the passage's label as
+  the completion and one label per sentence (`sentence_labels`); training reads every
+  verdict at the positions `passage_training_ids` gives, so one record teaches both
+  granularities.
+
+The two-stage tasks:
 
 * `chunk` — prompt: the `filter_chunk` template (instruction, question, one chunk);
   answer: `RELEVANT` ("Yes") or `IRRELEVANT` ("No"). Both labels are one token each in the
@@ -28,17 +41,26 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from sieverag.inference.llm.base import LABEL_MARK, chat_prompt_text, marked_prompt_ids
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.types import Conversation
 
 CHUNK_TEMPLATE = "filter_chunk"
 SENTENCE_TEMPLATE = "filter_sentence"
+PASSAGE_TEMPLATE = "filter_passage"
+FilterFormat = Literal["two_stage", "one_pass"]
+FORMAT_KEY = "filter_format"  # a card's key; absent: two_stage (the cards before one_pass)
+FORMAT_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "two_stage": (CHUNK_TEMPLATE, SENTENCE_TEMPLATE),
+    "one_pass": (PASSAGE_TEMPLATE,),
+}
 RELEVANT = "Yes"
 IRRELEVANT = "No"
 CHUNK_LABELS = (RELEVANT, IRRELEVANT)
 NO_KEY_SENTENCES = "none"
-Task = Literal["chunk", "sentence"]
-TASKS: tuple[Task, ...] = ("chunk", "sentence")
+Task = Literal["chunk", "sentence", "passage"]
+TASKS: tuple[Task, ...] = ("chunk", "sentence", "passage")
+IGNORED = -100  # a position without a label in a training record's `labels`
 
 _SENTENCE_ANSWER = re.compile(r"[1-9][0-9]*(?:, [1-9][0-9]*)*")
 
@@ -130,6 +152,95 @@ def parse_sentence_answer(text: str, n_sentences: int) -> list[int]:
         raise FilterAnswerError(f"sentence answer {text!r} names sentence {numbers[-1]} but the "
                                 f"chunk has {n_sentences}")
     return [n - 1 for n in numbers]
+
+
+def card_format(card: Mapping[str, Any] | None) -> FilterFormat:
+    """The filter format a card was trained in (no card, or no key: two_stage)."""
+    value = (card or {}).get(FORMAT_KEY, "two_stage")
+    if value not in FORMAT_TEMPLATES:
+        raise FilterAnswerError(f"filter card names format {value!r}; this sieverag reads "
+                                f"{' and '.join(FORMAT_TEMPLATES)}: update sieverag")
+    return value
+
+
+def marked_sentences(sentences: Sequence[str], title: str = "") -> str:
+    """The sentences one per line, each followed by `LABEL_MARK` (marks already in the text
+    removed), after the title line (if any)."""
+    lines = [title.replace(LABEL_MARK, "")] if title else []
+    lines.extend(sentence.replace(LABEL_MARK, "").strip() + LABEL_MARK for sentence in sentences)
+    return "\n".join(lines)
+
+
+def passage_prompt(question: str, sentences: Sequence[str], title: str = "") -> Conversation:
+    """The one-pass prompt: instruction, question, the chunk's sentences with a label mark
+    after each."""
+    if not sentences:
+        raise ValueError("passage_prompt needs at least one sentence")
+    return load_template(PASSAGE_TEMPLATE).messages(
+        question=question, sentences=marked_sentences(sentences, title))
+
+
+def passage_verdicts(read: Sequence[Mapping[str, float]], n_sentences: int
+                     ) -> tuple[float, list[float | None]]:
+    """(the passage's s, each sentence's s) from one `marked_label_logprobs` result, where
+    s = log P("Yes") − log P("No"); sentences a context cut left unread are None."""
+    *sentence_reads, passage = read
+    if len(sentence_reads) > n_sentences:
+        raise FilterAnswerError(f"{len(sentence_reads)} sentence verdicts for {n_sentences} "
+                                "sentences")
+    scores: list[float | None] = [relevance_log_odds(r) for r in sentence_reads]
+    scores.extend([None] * (n_sentences - len(sentence_reads)))
+    return relevance_log_odds(passage), scores
+
+
+def passage_record(
+    *, question: str, sentences: Sequence[str], key_sentences: Iterable[int] | None,
+    relevant: bool, source: str, question_id: str, title: str = "",
+    evidence: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `passage` training record: the one-pass prompt → the passage's "Yes"/"No", with
+    `sentence_labels`: "Yes" for each of the 0-based `key_sentences`, else "No"; every entry
+    None (no sentence is taught, the passage's verdict is) when `key_sentences` is None."""
+    keys = None if key_sentences is None else set(key_sentences)
+    if keys and (min(keys) < 0 or max(keys) >= len(sentences)):
+        raise ValueError(f"key sentence indices {sorted(keys)} out of range for "
+                         f"{len(sentences)} sentences")
+    record = _record("passage", passage_prompt(question, sentences, title),
+                     chunk_answer(relevant), source, question_id, evidence or {})
+    record["sentence_labels"] = [None if keys is None else chunk_answer(i in keys)
+                                 for i in range(len(sentences))]
+    return record
+
+
+def passage_training_ids(tokenizer: Any, record: Mapping[str, Any]) -> dict[str, list[int]]:
+    """`input_ids` and `labels` of a `passage` record, as the trainer reads them: the ids a
+    backend's `marked_label_logprobs` runs, then the passage's label token; `labels` holds,
+    at the token after each read position (the causal shift), the verdict's token there, and
+    `IGNORED` everywhere else (and for a sentence whose label is None). The verdict tokens
+    are "Yes"/"No" as the model emits them after the assistant prefix."""
+    text = chat_prompt_text(tokenizer, record["prompt"])
+    ids, marks = marked_prompt_ids(tokenizer, text)
+    verdicts = [*record["sentence_labels"], record["completion"][0]["content"]]
+    if len(marks) != len(verdicts) - 1:
+        raise ValueError(f"passage record {record.get('question_id')!r}: {len(marks)} label "
+                         f"marks for {len(verdicts) - 1} sentence labels")
+    token = {label: _label_token(tokenizer, text, ids, label) for label in CHUNK_LABELS}
+    input_ids = [*ids, token[verdicts[-1]]]
+    labels = [IGNORED] * len(input_ids)
+    for position, verdict in zip([*marks, len(ids) - 1], verdicts, strict=True):
+        if verdict is not None:
+            labels[position + 1] = token[verdict]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def _label_token(tokenizer: Any, text: str, ids: list[int], label: str) -> int:
+    from sieverag.inference.llm.hf import reply_token_ids
+
+    label_ids = reply_token_ids(tokenizer, text, ids, label)
+    if len(label_ids) != 1:
+        raise ValueError(f"the one-pass filter reads one token per verdict; {label!r} is "
+                         f"{len(label_ids)} tokens in this tokenizer")
+    return label_ids[0]
 
 
 def _record(task: Task, prompt: Conversation, completion: str, source: str, question_id: str,

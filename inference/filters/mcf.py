@@ -2,7 +2,10 @@
 
 Two stages, both in the trained filter's contract (`inference/filters/filter_format.py`),
 so any backend serving the filter works: `hf` with the LoRA adapter in-process, or `openai`
-against a server that serves the adapter.
+against a server that serves the adapter. A one-pass filter (its card's `filter_format`)
+reads both granularities in one forward pass per chunk (`marked_label_logprobs`): the chunk
+stage gets each sentence's s with the chunk's, and its sentence stage only applies
+`sentence_p_min` to them, with no second call. A two-stage filter runs as below.
 
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; the filter's
   s = log P("Yes") − log P("No"). A chunk's score is, by default, the combined logit of
@@ -49,6 +52,8 @@ from sieverag.inference.filters.filter_format import (
     chunk_prompt,
     p_relevant,
     parse_sentence_answer,
+    passage_prompt,
+    passage_verdicts,
     relevance_log_odds,
     sentence_prompt,
 )
@@ -97,7 +102,12 @@ class MCFConfig:
                 "w > 0: z(s) + w·z(BM25), z over the round (the earlier fixed fusion; bar "
                 "adaptive or top_k)"})
     sentence_stage: bool = field(default=False, metadata={
-        "help": "narrow kept chunks to their key sentences"})
+        "help": "narrow kept chunks to their key sentences (a one-pass filter: those its "
+                "one pass scored at or above sentence_p_min; a two-stage filter: a second, "
+                "generating pass)"})
+    sentence_p_min: float = field(default=0.5, metadata={
+        "help": "a one-pass filter's sentence bar: keep the kept chunks' sentences whose "
+                "P(relevant) is at least this"})
     sentence_max_new_tokens: int = field(default=16, metadata={
         "help": "length cap of the sentence-number reply"})
     empty_sentence_answer: EmptySentenceAnswer = field(default="keep_chunk", metadata={
@@ -129,6 +139,9 @@ class MCFConfig:
         if self.lexical_weight and self.bar == "fixed":
             raise ConfigError("mcf.lexical_weight needs bar adaptive or top_k: a fused score "
                               "is relative to the round, a fixed threshold on it means nothing")
+        if not 0.0 < self.sentence_p_min < 1.0:
+            raise ConfigError(f"mcf.sentence_p_min must be a probability in (0, 1), got "
+                              f"{self.sentence_p_min}")
         if self.sentence_max_new_tokens < 1:
             raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
                               f"{self.sentence_max_new_tokens}")
@@ -189,13 +202,36 @@ class MultiGranularFilter:
         self.combination = combination if combination is not None else PRIORS_ONLY
         self.priors = priors
 
+    @property
+    def one_pass(self) -> bool:
+        """Whether the filter reads both granularities in one pass (its card says so)."""
+        return self.combination.filter_format == "one_pass"
+
     def chunk_scores(self, question: str, documents: Sequence[Document]) -> list[dict]:
         """s = log P("Yes") − log P("No") per document, with P("Yes") normalised over the two
-        labels, from one batched label_logprobs call (agent `filter_chunk`)."""
+        labels: a one-pass filter's from one batched marked_label_logprobs call (agent
+        `filter_passage`) that also gives each sentence's s (`sentence_scores`), a two-stage
+        filter's from one batched label_logprobs call (agent `filter_chunk`)."""
+        if self.one_pass:
+            return self.passage_scores(question, documents)
         prompts = [chunk_prompt(question, d.text, d.title) for d in documents]
         logprobs = self.backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
         scores = [relevance_log_odds(lp) for lp in logprobs]
         return [{"score": score, "p_yes": p_relevant(score)} for score in scores]
+
+    def passage_scores(self, question: str, documents: Sequence[Document]) -> list[dict]:
+        """The one-pass reading: per document its s, P("Yes") and each of its sentences' s
+        (`document_sentences` order; None where a context cut left one unread)."""
+        sentences = [document_sentences(d) or [d.text] for d in documents]
+        prompts = [passage_prompt(question, sents, d.title)
+                   for d, sents in zip(documents, sentences, strict=True)]
+        reads = self.backend.marked_label_logprobs(prompts, CHUNK_LABELS, agent="filter_passage")
+        scores = []
+        for read, sents in zip(reads, sentences, strict=True):
+            passage, per_sentence = passage_verdicts(read, len(sents))
+            scores.append({"score": passage, "p_yes": p_relevant(passage),
+                           "sentence_scores": per_sentence})
+        return scores
 
     def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:
         """Score every document and keep those at or above the bar, best first (full text)."""
@@ -215,7 +251,10 @@ class MultiGranularFilter:
                                                        tuple(dense)))
         details = [{"p_yes": round(s["p_yes"], 4), "filter_score": round(s["score"], 4),
                     "bm25": round(b, 4), "dense": round(d, 4),
-                    "p_relevant": round(p_relevant(c), 6)}
+                    "p_relevant": round(p_relevant(c), 6),
+                    **({"sentence_scores": [None if v is None else round(v, 4)
+                                            for v in s["sentence_scores"]]}
+                       if "sentence_scores" in s else {})}
                    for s, b, d, c in zip(scores, bm25, dense, combined, strict=True)]
         rule = self.config.score_rule
         values = (combined if rule == "combined" else log_odds if rule == "filter"
@@ -243,10 +282,13 @@ class MultiGranularFilter:
 
     def sentence_stage(self, question: str,
                        kept: Sequence[ScoredDocument]) -> list[ScoredDocument]:
-        """Each kept chunk narrowed to its key sentences (same order) from one batched
-        generation (agent `filter_sentence`); a chunk dropped on a "none" reply under
+        """Each kept chunk narrowed to its key sentences (same order): a one-pass filter's
+        from the sentence scores its chunk stage read, a two-stage filter's from one batched
+        generation (agent `filter_sentence`); a chunk with no key sentence under
         `drop_chunk` comes back with kept=False."""
         sentences = [document_sentences(s.document) for s in kept]
+        if self.one_pass:
+            return self._narrow_by_scores(question, kept, sentences)
         asked = [i for i, sents in enumerate(sentences) if len(sents) > 1]
         replies: dict[int, str] = {}
         if asked:
@@ -258,6 +300,44 @@ class MultiGranularFilter:
             replies = dict(zip(asked, answers, strict=True))
         return [self._narrow(scored, sentences[i], replies.get(i))
                 for i, scored in enumerate(kept)]
+
+    def _narrow_by_scores(self, question: str, kept: Sequence[ScoredDocument],
+                          sentences: Sequence[list[str]]) -> list[ScoredDocument]:
+        """A one-pass filter's sentence stage: the sentence scores its chunk stage read (one
+        batched call scores the chunks given without them)."""
+        unread = [i for i, s in enumerate(kept) if "sentence_scores" not in s.details]
+        if unread:
+            read = self.passage_scores(question, [kept[i].document for i in unread])
+            kept = list(kept)
+            for i, scores in zip(unread, read, strict=True):
+                kept[i] = replace(kept[i], details={**kept[i].details,
+                                                    "sentence_scores": scores["sentence_scores"]})
+        return [self._narrow_scored(scored, sents)
+                for scored, sents in zip(kept, sentences, strict=True)]
+
+    def _narrow_scored(self, scored: ScoredDocument, sentences: list[str]) -> ScoredDocument:
+        """A one-pass filter's kept chunk cut to the sentences at or above sentence_p_min."""
+        if len(sentences) <= 1:
+            return replace(scored, details={**scored.details, "sentence_status": "single",
+                                            "key_sentences": list(range(len(sentences)))})
+        scores = scored.details["sentence_scores"]
+        keys = [i for i, s in enumerate(scores)
+                if s is not None and p_relevant(s) >= self.config.sentence_p_min]
+        return self._with_keys(scored, sentences, keys, dict(scored.details))
+
+    def _with_keys(self, scored: ScoredDocument, sentences: list[str], keys: list[int],
+                   details: dict) -> ScoredDocument:
+        """The chunk narrowed to `keys` (none: whole, or dropped under drop_chunk)."""
+        every = list(range(len(sentences)))
+        if not keys:
+            if self.config.empty_sentence_answer == "drop_chunk":
+                return replace(scored, kept=False,
+                               details={**details, "sentence_status": "none_dropped",
+                                        "key_sentences": []})
+            return replace(scored, details={**details, "sentence_status": "none",
+                                            "key_sentences": every})
+        return replace(scored, document=narrowed(scored.document, sentences, keys),
+                       details={**details, "sentence_status": "parsed", "key_sentences": keys})
 
     def _narrow(self, scored: ScoredDocument, sentences: list[str],
                 reply: str | None) -> ScoredDocument:
@@ -271,15 +351,7 @@ class MultiGranularFilter:
         except FilterAnswerError:
             return replace(scored, details={**details, "sentence_status": "unparsed",
                                             "key_sentences": every})
-        if not keys:
-            if self.config.empty_sentence_answer == "drop_chunk":
-                return replace(scored, kept=False,
-                               details={**details, "sentence_status": "none_dropped",
-                                        "key_sentences": []})
-            return replace(scored, details={**details, "sentence_status": "none",
-                                            "key_sentences": every})
-        return replace(scored, document=narrowed(scored.document, sentences, keys),
-                       details={**details, "sentence_status": "parsed", "key_sentences": keys})
+        return self._with_keys(scored, sentences, keys, details)
 
     def select(self, question: str, documents: Sequence[Document]) -> FilterResult:
         chunks = self.chunk_stage(question, documents)

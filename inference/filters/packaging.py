@@ -42,6 +42,7 @@ from sieverag.inference.filters.adapters import (
     read_card,
     weights_sha256,
 )
+from sieverag.inference.filters.filter_format import FORMAT_KEY, card_format
 from sieverag.inference.io_utils import (
     atomic_directory,
     parse_json,
@@ -88,7 +89,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
     base_dir = resolve_model(base_model)
     base_sha = weights_sha256(base_dir)
     _same(run_dir, "base model weights sha256", metadata.get(BASE_SHA_KEY), base_sha)
-    templates = filter_template_hashes()
+    templates = filter_template_hashes(card_format(metadata))
     for template, sha in templates.items():
         _same(run_dir, f"prompt template {template} sha256",
               (metadata.get(TEMPLATES_KEY) or {}).get(template), sha)
@@ -118,6 +119,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
             "base_model_hub_name": hub_name,
             BASE_SHA_KEY: base_sha,
             TEMPLATES_KEY: templates,
+            FORMAT_KEY: card_format(metadata),
             **{key: _portable(metadata[key]) for key in CARRIED_KEYS if key in metadata},
             "dataset": _portable(dataset),
             "weights": {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
@@ -191,15 +193,15 @@ def _split_records(path: Path, keys: Sequence[str]) -> Iterator[dict[str, Any]]:
 
 
 def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[str, str]]]:
-    """Chunk-task prompts from the run's validation split (else its train split) for the
-    bf16-vs-float32 check: the passages the filter is meant to judge."""
+    """Chunk (or one-pass passage) prompts from the run's validation split (else its train
+    split) for the bf16-vs-float32 check: the passages the filter is meant to judge."""
     folder = Path(str((metadata.get("dataset") or {}).get("path", "")))
     for split in ("validation", "train"):
         path = folder / f"{split}.jsonl"
         if path.is_file():
             prompts = []
             for record in _split_records(path, ("task", "prompt")):
-                if record["task"] == "chunk":
+                if record["task"] in ("chunk", "passage"):
                     prompts.append(record["prompt"])
                 if len(prompts) == limit:
                     break
@@ -211,7 +213,8 @@ def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[s
 
 def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
                          prompts: Sequence[list[dict[str, str]]]) -> float:
-    """The largest |P(Yes)| difference between two adapters of one base over `prompts`."""
+    """The largest |P(Yes)| difference between two adapters of one base over `prompts`, at
+    every verdict each prompt asks for (a one-pass prompt's sentences too)."""
     from sieverag.inference.filters.filter_format import (
         CHUNK_LABELS,
         p_relevant,
@@ -222,8 +225,8 @@ def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
     def p_yes(adapter: Path) -> list[float]:
         backend = HFBackend(HFBackendConfig(model=base_dir, dtype="float32", device="cpu",
                                             adapter=str(adapter), prompt_cache_tokens=0))
-        scores = backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
-        return [p_relevant(relevance_log_odds(s)) for s in scores]
+        reads = backend.marked_label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
+        return [p_relevant(relevance_log_odds(s)) for read in reads for s in read]
 
     return max(abs(a - b) for a, b in zip(p_yes(reference), p_yes(candidate), strict=True))
 

@@ -6,7 +6,11 @@ Three batched operations serve every agent in sieverag:
 * `label_logprobs` — for each conversation, log P(label) of each given label string as the
   assistant's next output (e.g. "Yes"/"No"), tokenised as the model would emit it right after
   the chat template's assistant prefix;
-* `continuation_logprob` — the summed token log-probability of a given assistant reply.
+* `continuation_logprob` — the summed token log-probability of a given assistant reply;
+* `marked_label_logprobs` — log P(label) of each given single-token label read at every
+  `LABEL_MARK` in a conversation (the next-token distribution after the text before the
+  mark) and once more as the assistant's next output, all from one forward pass: how the
+  one-pass filter reads each sentence's and its passage's verdict.
 
 Before any of them runs, a backend passes its prompts through the one context guard
 (`llm.context.ContextGuard`): a prompt too long for the model is cut or refused, never run
@@ -124,6 +128,39 @@ def metered(operation: Operation) -> Operation:
     return timed  # type: ignore[return-value]
 
 
+# Where a prompt asks for a label mid-text (U+2063 INVISIBLE SEPARATOR, which no tokenizer
+# is fed: `marked_prompt_ids` splits at it and the model never reads it).
+LABEL_MARK = "\u2063"
+
+
+def marked_prompt_ids(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """The token ids the model reads for a chat-templated `text` holding `LABEL_MARK`s, and
+    the position of the token each mark follows (the last token before it).
+
+    The text between marks is tokenised piece by piece, so every mark falls on a token
+    boundary and training, every backend and the server read the same ids; a mark at the
+    very start of the text (no token before it) is an error."""
+    pieces = text.split(LABEL_MARK)
+    ids: list[int] = []
+    positions: list[int] = []
+    for number, piece in enumerate(pieces):
+        ids.extend(tokenizer(piece, add_special_tokens=False)["input_ids"])
+        if number < len(pieces) - 1:
+            if not ids:
+                raise ValueError("a label mark needs text before it")
+            positions.append(len(ids) - 1)
+    return ids, positions
+
+
+def check_single_token_labels(labels: Sequence[str], token_ids: Sequence[Sequence[int]]) -> None:
+    """Refuse labels that are not one token each (`marked_label_logprobs` reads one
+    next-token step per mark), naming them."""
+    long = [label for label, ids in zip(labels, token_ids, strict=True) if len(ids) != 1]
+    if long:
+        raise ValueError(f"marked_label_logprobs reads one token per label; {long!r} "
+                         "tokenise to more than one")
+
+
 @runtime_checkable
 class LLMBackend(Protocol):
     """What every agent needs from a language model. All operations are batched."""
@@ -154,6 +191,15 @@ class LLMBackend(Protocol):
         agent: str = "scorer",
     ) -> list[float]:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
+        ...
+
+    def marked_label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[list[dict[str, float]]]:
+        """For each conversation: {label: log P(label)} at each `LABEL_MARK` in its text, in
+        order, then one more as the assistant's next output (so len = marks + 1). Labels
+        must be one token each. A prompt cut to fit the context keeps the marks before the
+        cut only: its list is shorter, never misaligned."""
         ...
 
 

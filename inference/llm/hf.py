@@ -25,8 +25,10 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    check_single_token_labels,
     cut_at_stop,
     labels_as_replies,
+    marked_prompt_ids,
     metered,
 )
 from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
@@ -446,6 +448,44 @@ class HFBackend:
             for row, index in enumerate(batch):
                 results[index] = {label: logprobs[row, label_ids[index][k][0]].item()
                                   for k, label in enumerate(labels)}
+        self.record_usage(agent, fitted, sum(map(len, encoded)), 0)
+        return results
+
+    @_in_adapter_scope
+    @torch.inference_mode()
+    @metered
+    def marked_label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[list[dict[str, float]]]:
+        if not labels:
+            raise ValueError("marked_label_logprobs needs at least one label")
+        if not prompts:
+            return []
+        fitted = self.fit(prompts, 1, agent=agent, reserved_for="label token")
+        marked = [marked_prompt_ids(self.tokenizer, f.text) for f in fitted]
+        encoded = [ids for ids, _ in marked]
+        label_ids = [self.reply_ids(fitted[0].text, encoded[0], label) for label in labels]
+        check_single_token_labels(labels, label_ids)
+        wanted = torch.tensor([ids[0] for ids in label_ids], device=self.device)
+        results: list[list[dict[str, float]]] = [[] for _ in prompts]
+        for batch in self._batches(encoded):
+            spots = [[*marked[i][1], len(encoded[i]) - 1] for i in batch]
+            # The shared prefix ends before the first read position: logits come only from
+            # the tokens this batch runs.
+            inputs, full_ids = self._batch_inputs([encoded[i] for i in batch],
+                                                  prefix_limit=min(s[0] for s in spots))
+            run_start = full_ids.shape[1] - inputs["input_ids"].shape[1]
+            # Rows are left-padded: position p of a row's ids is column width - len(row) + p.
+            columns = [[full_ids.shape[1] - len(encoded[i]) + p - run_start for p in row_spots]
+                       for i, row_spots in zip(batch, spots, strict=True)]
+            keep = sorted({c for row in columns for c in row})
+            where = {c: k for k, c in enumerate(keep)}
+            logits = self.model(**inputs, logits_to_keep=torch.tensor(keep, device=self.device)
+                                ).logits
+            logprobs = torch.log_softmax(logits.float(), dim=-1)[..., wanted]
+            for row, (index, row_columns) in enumerate(zip(batch, columns, strict=True)):
+                results[index] = [dict(zip(labels, logprobs[row, where[c]].tolist(), strict=True))
+                                  for c in row_columns]
         self.record_usage(agent, fitted, sum(map(len, encoded)), 0)
         return results
 

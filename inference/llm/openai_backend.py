@@ -19,6 +19,12 @@ How each operation of the `LLMBackend` protocol maps onto the server:
   returns the log-prob of every prompt token; the tokens starting inside the continuation
   (by `text_offset`) are summed. max_tokens=1 is sent because some vLLM versions reject 0;
   the one generated token starts after the continuation, so it is never counted.
+* `marked_label_logprobs` — the conversation is rendered with the local chat template and
+  sent to POST /completions as token ids (`marked_prompt_ids`: what `HFBackend` reads), with
+  echo=true, max_tokens=1 and logprobs=K: each prompt token's top-k then the generated
+  token's. A mark's labels are read from the top-k of the token after it, the assistant's
+  from the generated token's, each label as its one token (by id where the server keys the
+  top-k by id, vLLM's `return_tokens_as_token_ids`, else by the token's decoded text).
 
 With `context_length` set (and `chat_template_model`, whose tokenizer counts the tokens),
 every prompt goes through the context guard (inference/llm/context.py) before it is sent;
@@ -57,7 +63,9 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    check_single_token_labels,
     cut_at_stop,
+    marked_prompt_ids,
     metered,
 )
 from sieverag.inference.llm.context import ContextGuard, check_context_settings
@@ -94,8 +102,8 @@ class OpenAIBackendConfig:
                 "smallest returned log-prob, an upper bound) or a fixed value <= 0."})
     chat_template_model: str | None = field(default=None, metadata={
         "help": "Local tokenizer folder whose chat template renders prompts for "
-                "/completions (needed by continuation_logprob, multi-token labels and "
-                "labels scored exactly)."})
+                "/completions (needed by continuation_logprob, marked_label_logprobs, "
+                "multi-token labels and labels scored exactly)."})
     context_length: int | None = field(default=None, metadata={
         "help": "The served model's context in tokens: prompts are fitted to it before they "
                 "are sent (needs chat_template_model to count tokens). Unset: not checked "
@@ -264,6 +272,75 @@ class OpenAIBackend:
         return [self._sum_span(reply, len(text), len(text) + len(continuation))
                 for reply, text, continuation in zip(replies, rendered, continuations,
                                                       strict=True)]
+
+    @metered
+    def marked_label_logprobs(
+        self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
+    ) -> list[list[dict[str, float]]]:
+        """For each conversation: {label: log P(label)} at each `LABEL_MARK` in its text, in
+        order, then one more as the assistant's next output (len = marks + 1), from one
+        POST /completions per conversation.
+
+        The conversation, rendered by `chat_template_model`'s chat template (`ConfigError`
+        when unset), is sent as the token ids `marked_prompt_ids` gives, so the server reads
+        what `HFBackend` reads. Labels must be one token each (`ValueError`). Each read is the
+        label token's own entry in the top-k, never a variant's: " Yes" is likely where a
+        sentence ends, "Yes" after the assistant prefix, and `label_logprobs`'s rule of
+        adding them up would read other numbers than `HFBackend` mid-text. The entry is found
+        by the token's id where the server keys the top-k so (vLLM honours the
+        `return_tokens_as_token_ids` sent), else by its decoded text, as the embedded server
+        and vLLM spell a byte-level BPE token. A label absent from a top-k gets
+        `missing_label_logprob`'s floor ("topk_min": the k-th best log-prob); under "exact"
+        it is scored exactly, one more request per missing (read, label) pair: the prompt up
+        to the read with the label token appended, echoed.
+        """
+        if not labels or any(not label.strip() for label in labels):
+            raise ValueError(f"labels must be non-blank strings, at least one, got {labels!r}")
+        tokenizer = self._load_tokenizer("marked_label_logprobs")
+        # Room for the generated token; under "exact", for a label appended before it too.
+        reserved = 2 if self.config.missing_label_logprob == "exact" else 1
+        fitted, dropped = self._fit(prompts, reserved, agent=agent, reserved_for="label token")
+        if not fitted:
+            return []
+        texts = [self._chat_text(prompt) for prompt in fitted]
+        # The whole rendered text, BOS included: a server adds nothing to a token-id prompt.
+        marked = [marked_prompt_ids(tokenizer, text) for text in texts]
+        # Imported here, as the tokenizer is: generate-only use should not load torch. Labels
+        # are tokenised as HFBackend tokenises them, after the first prompt.
+        from sieverag.inference.llm.hf import reply_token_ids
+
+        label_ids = [reply_token_ids(tokenizer, texts[0], marked[0][0], label)
+                     for label in labels]
+        check_single_token_labels(labels, label_ids)
+        # A Metaspace (SentencePiece) token's text is spelled with its leading space by vLLM
+        # and without by its decoding: keyed by id, vLLM's top-k needs no spelling.
+        keys = {label: (f"token_id:{ids[0]}", tokenizer.decode(ids))
+                for label, ids in zip(labels, label_ids, strict=True)}
+        payloads = [{"model": self.config.model, "prompt": ids, "max_tokens": 1,
+                     "temperature": 0.0, "echo": True, "logprobs": self.config.top_logprobs,
+                     "return_tokens_as_token_ids": True}
+                    for ids, _ in marked]
+        replies = self._post_all("completions", payloads, agent, dropped)
+        # The echoed table's entry i is the distribution token i was drawn from: a mark after
+        # token p reads entry p + 1, the assistant's reply the generated token's.
+        reads = [[*(p + 1 for p in positions), len(ids)] for ids, positions in marked]
+        scores = [[self._read_echoed(reply, index, keys) for index in row]
+                  for reply, row in zip(replies, reads, strict=True)]
+        unscored = [(row, read, label) for row, score_row in enumerate(scores)
+                    for read, score in enumerate(score_row) for label in labels
+                    if label not in score]
+        if unscored:
+            token = {label: ids[0] for label, ids in zip(labels, label_ids, strict=True)}
+            exact = self._post_all("completions", [
+                {"model": self.config.model,
+                 "prompt": marked[row][0][:reads[row][read]] + [token[label]], "max_tokens": 1,
+                 "temperature": 0.0, "echo": True, "logprobs": 1}
+                for row, read, label in unscored], agent)
+            for (row, read, label), reply in zip(unscored, exact, strict=True):
+                scores[row][read][label] = self._dig(reply, "choices", 0, "logprobs",
+                                                     "token_logprobs", reads[row][read])
+        return [[{label: score[label] for label in labels} for score in score_row]
+                for score_row in scores]
 
     def close(self) -> None:
         """Close the connections and stop the private event loop (a later call restarts it)."""
@@ -446,18 +523,42 @@ class OpenAIBackend:
         chosen = (self._dig(first, "token"), self._dig(first, "logprob"))
         if chosen not in top:
             top.append(chosen)
-        floor = self.config.missing_label_logprob
+        floor = self._floor(min(lp for _, lp in top))
         scores = {}
         for label in labels:
             matches = [logprob for token, logprob in top
                        if token.strip().lstrip(_WORD_MARKERS).strip() == label.strip()]
             if matches:
                 scores[label] = _logsumexp(matches)
-            elif floor == "topk_min":
-                scores[label] = min(lp for _, lp in top)
-            elif floor != "exact":
-                scores[label] = float(floor)
+            elif floor is not None:
+                scores[label] = floor
         return scores
+
+    def _read_echoed(self, reply: Any, index: int,
+                     keys: Mapping[str, tuple[str, str]]) -> dict[str, float]:
+        """Label log-probs from token `index`'s top-k in a /completions reply's legacy table,
+        each label's entry found by its token's `keys` (its id key, then its text); a label
+        absent from it gets the floor, or is left out under "exact" (to be scored exactly)."""
+        entry = self._dig(reply, "choices", 0, "logprobs", "top_logprobs", index)
+        # The entry holds the token drawn there too, below the k best when not among them.
+        best = sorted(entry.values(), reverse=True)[:self.config.top_logprobs]
+        floor = self._floor(best[-1])
+        scores = {}
+        for label, (by_id, by_text) in keys.items():
+            value = entry.get(by_id, entry.get(by_text))
+            if value is not None:
+                scores[label] = value
+            elif floor is not None:
+                scores[label] = floor
+        return scores
+
+    def _floor(self, lowest: float) -> float | None:
+        """The log-prob of a label absent from a top-k list whose k-th best is `lowest`, as
+        `missing_label_logprob` sets it; None under "exact" (it is scored exactly)."""
+        floor = self.config.missing_label_logprob
+        if floor == "exact":
+            return None
+        return lowest if floor == "topk_min" else float(floor)
 
     def _exact_needs_tokenizer(self, unscored: Sequence[tuple[int, str]],
                                n_prompts: int) -> ConfigError:
@@ -499,12 +600,14 @@ class OpenAIBackend:
             return 1
         return len(self._load_tokenizer().encode(label, add_special_tokens=False))
 
-    def _load_tokenizer(self) -> Any:
+    def _load_tokenizer(self, operation: str = "continuation_logprob") -> Any:
+        """The served model's tokenizer (`chat_template_model`), loaded once; `ConfigError`
+        when it is unusable, or unset (naming `operation`, which needs it)."""
         folder = self.config.chat_template_model
         if folder is None:
             raise ConfigError(
-                "continuation_logprob on the openai backend needs chat_template_model: the "
-                "local tokenizer folder of the served model, whose chat template renders prompts")
+                f"{operation} on the openai backend needs chat_template_model: the local "
+                "tokenizer folder of the served model, whose chat template renders prompts")
         with self._lock:
             if self._tokenizer is None:
                 if not Path(folder).is_dir():
