@@ -247,10 +247,12 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         backend = EngineBackend(engine, body.model)
         documents = as_documents(judged)
 
+        combination = combinations.get(body.model)
+
         def run() -> list[RerankResult]:
-            check_prompts_fit(backend, limits, config, body.query, documents)
-            return rank_by_filter(backend, config, body.query, judged,
-                                  combinations.get(body.model))
+            check_prompts_fit(backend, limits, config, body.query, documents,
+                              combination.filter_format if combination else "two_stage")
+            return rank_by_filter(backend, config, body.query, judged, combination)
 
         try:
             ranked = await asyncio.to_thread(run)

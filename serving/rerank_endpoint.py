@@ -29,9 +29,15 @@ from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from sieverag.inference.filters.filter_format import chunk_prompt, sentence_prompt
+from sieverag.inference.filters.filter_format import (
+    FilterFormat,
+    chunk_prompt,
+    passage_prompt,
+    sentence_prompt,
+)
 from sieverag.inference.filters.mcf import MCFConfig, document_sentences
 from sieverag.inference.filters.ranking import best_first
+from sieverag.inference.llm.base import marked_prompt_ids
 from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.engine_backend import EngineBackend
 from sieverag.serving.limits import PromptLimits
@@ -45,11 +51,18 @@ from sieverag.serving.responses import (
 
 
 def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFConfig,
-                      query: str, documents: Sequence[Document]) -> None:
-    """Refuse (400, naming the document by its position) a document whose chunk prompt, or
-    under the sentence stage its sentence prompt, leaves no room for its answer in the
-    context."""
+                      query: str, documents: Sequence[Document],
+                      filter_format: FilterFormat = "two_stage") -> None:
+    """Refuse (400, naming the document by its position) a document whose chunk prompt (a
+    one-pass filter's passage prompt), or under a two-stage filter's sentence stage its
+    sentence prompt, leaves no room for its answer in the context."""
     for index, document in enumerate(documents):
+        if filter_format == "one_pass":
+            prompt = passage_prompt(query, document_sentences(document) or [document.text],
+                                    document.title)
+            ids, _ = marked_prompt_ids(backend.tokenizer, backend.render(prompt))
+            limits.check_document_prompt(index, len(ids), 1, "chunk")
+            continue
         _, ids = backend.encode(chunk_prompt(query, document.text, document.title))
         limits.check_document_prompt(index, len(ids), 1, "chunk")
         sentences = document_sentences(document)

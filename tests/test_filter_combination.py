@@ -13,11 +13,12 @@ import random
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.filter_metrics import calibration_error, paired_f1_difference
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
     FEATURES,
+    PRIOR_FEATURES,
     PRIORS_ONLY,
     Combination,
     RoundScores,
@@ -291,3 +292,26 @@ def test_a_filter_that_only_helps_the_sources_it_was_fitted_on_is_left_out():
     combination = measure_combination(rounds, folds=3, min_gain=0.0, by_left_out_source=True)
     assert not combination.uses_filter
     assert combination.report["fit"]["filter_adds_nothing"]
+
+
+def test_mcf_runs_the_cards_priors_only_fit_by_name(tmp_path):
+    combination = measure_combination(synthetic_rounds(80, seed=10), folds=3)
+    assert combination.uses_filter
+    (tmp_path / CARD_FILE).write_text(json.dumps(
+        {"base_model": "tiny", "combination": combination.as_card()}), encoding="utf-8")
+    read = adapter_combination(tmp_path)
+    priors = read.priors_only_fit()
+    assert priors.fitted and not priors.uses_filter and 0 < priors.bar < 1
+    assert set(w for w, v in priors.weights.items() if v) <= set(PRIOR_FEATURES)
+    backend = ScriptedBackend(labels=lambda text: {"Yes": -0.1, "No": -2.3})
+    documents = [Document(id=str(i), text=f"passage {i} about bridges") for i in range(4)]
+    by_name = MultiGranularFilter(backend, MCFConfig(combination="priors_only"), read)
+    assert by_name.combination.weights == priors.weights
+    result = by_name.select("Who built the bridge?", documents)
+    probabilities = priors.probabilities(RoundScores(*(
+        tuple(s.details[k] for s in result.scored) for k in ("filter_score", "bm25", "dense"))))
+    # The details hold BM25 and dense rounded to 4 decimals: the probabilities agree to 1e-3.
+    assert [s.details["p_relevant"] for s in result.scored] == pytest.approx(probabilities,
+                                                                              abs=1e-3)
+    with pytest.raises(ConfigError, match="priors_only.*no priors-only fit"):
+        MultiGranularFilter(backend, MCFConfig(combination="priors_only"), PRIORS_ONLY)

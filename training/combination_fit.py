@@ -52,6 +52,7 @@ from sieverag.inference.filters.combination import (
     FEATURES,
     PRIOR_FEATURES,
     PRIORS_ONLY,
+    PRIORS_ONLY_KEY,
     Combination,
     RoundScores,
     describe_combination,
@@ -159,6 +160,8 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
     chosen = full_oof if uses_filter else priors_oof
     bar, bar_f1, bar_margin = best_bar(rounds, chosen)
     final = _fit(rounds, FEATURES if uses_filter else PRIOR_FEATURES)
+    priors_bar = best_bar(rounds, priors_oof)[0]
+    priors_fit = _fit(rounds, PRIOR_FEATURES)
     report = {"fit": {**_figures(rounds, full_oof, priors_oof, chosen, isotonic_oof),
                       "questions": len(rounds), "passages": sum(len(r.labels) for r in rounds),
                       "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not uses_filter,
@@ -169,6 +172,10 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                                     for source in sorted({r.source for r in rounds})}}}
     if left_out is not None:
         report["fit"]["leave_one_source_out"] = left_out
+    # The priors-only fit is kept whatever was chosen, so MCF can run it by name
+    # (`--mcf.combination priors_only`): what the filter adds is one flag away.
+    report[PRIORS_ONLY_KEY] = {"weights": dict(priors_fit.weights), "bias": priors_fit.bias,
+                               "bar": priors_bar}
     return replace(final, bar=bar, embedding_model=embedding_model, report=report)
 
 

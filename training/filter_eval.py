@@ -47,7 +47,12 @@ from sieverag.inference.eval.filter_metrics import (
     sentence_quality,
 )
 from sieverag.inference.filters.adapters import CARD_FILE
-from sieverag.inference.filters.combination import CARD_KEY, Combination, adapter_combination
+from sieverag.inference.filters.combination import (
+    CARD_KEY,
+    PRIORS_ONLY_KEY,
+    Combination,
+    adapter_combination,
+)
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.io_utils import (
     check_output_folder,
@@ -324,7 +329,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
         sections[name] = section
         outputs.append(DatasetDecisions(name, decisions, selection.examples, sentence_kept))
 
-    configs = mcf_configs(config)
+    configs = mcf_configs(config, combination)
     mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
     amber_default = methods.mcf_row_name(MCFConfig())
     report = {
@@ -360,7 +365,7 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
     """Every row on one dataset's selected questions: its report section, the chunk
     decisions and the sentence rows' kept sentences."""
     examples = selection.examples
-    configs = mcf_configs(config)
+    configs = mcf_configs(config, combination)
     decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
         mcf_backend, examples, c, combination=combination, progress=progress),
         methods.probability_key(c)) for c in configs]
@@ -475,18 +480,22 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
     }
 
 
-def mcf_configs(config: FilterEvalConfig) -> list[MCFConfig]:
+def mcf_configs(config: FilterEvalConfig, combination: Combination | None = None
+                ) -> list[MCFConfig]:
     """The MCF configs of the filter rows: amber's default (the combination at its calibrated
     bar), the fixed bar, top_k on the filter alone, top_k on the combination, then (when
     lexical_weight > 0) top_k with the fixed BM25 fusion, adaptive, then adaptive with the
-    fusion; every one with the given sentence settings and its sentence stage off (the
-    sentence-level rows turn it on)."""
+    fusion; the card's priors-only fit at its own bar right after the default where the card
+    holds one (what the filter adds); every one with the given sentence settings and its
+    sentence stage off (the sentence-level rows turn it on)."""
     sentences = {"sentence_max_new_tokens": config.sentence_max_new_tokens,
                  "empty_sentence_answer": config.empty_sentence_answer}
     top_k = {"bar": "top_k", "top_k": config.top_k, **sentences}
     adaptive = {"bar": "adaptive", "bar_n": config.bar_n, **sentences}
     with_prior = config.lexical_weight > 0
+    has_priors_fit = combination is not None and bool(combination.report.get(PRIORS_ONLY_KEY))
     return [MCFConfig(**sentences),
+            *([MCFConfig(combination="priors_only", **sentences)] if has_priors_fit else []),
             MCFConfig(bar="fixed", threshold=config.threshold, lexical_weight=0.0, **sentences),
             MCFConfig(**top_k, lexical_weight=0.0),
             MCFConfig(**top_k),

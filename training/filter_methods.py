@@ -69,7 +69,8 @@ def mcf_row_name(config: MCFConfig) -> str:
                           else "calibrated P>=card bar") + f", min {config.min_keep}",
            }[config.bar]
     score = {"filter": "", "fused": f" + BM25 prior w={config.prior_weight:g}",
-             "combined": " + combination"}[config.score_rule]
+             "combined": (" + combination" if config.combination == "card"
+                          else " + priors-only fit")}[config.score_rule]
     default = "default: " if _chunk_rule(config) == _chunk_rule(_DEFAULT) else ""
     return f"MCF {default}{bar}{score}"
 
@@ -77,7 +78,7 @@ def mcf_row_name(config: MCFConfig) -> str:
 def _chunk_rule(config: MCFConfig) -> tuple:
     """What decides MCF's chunk verdicts (not its sentence stage)."""
     return (config.bar, config.threshold, config.bar_n, config.top_k, config.p_min,
-            config.min_keep, config.lexical_weight)
+            config.min_keep, config.lexical_weight, config.combination)
 
 
 def probability_key(config: MCFConfig) -> str | None:

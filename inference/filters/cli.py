@@ -14,6 +14,7 @@ from pydantic_settings import CliPositionalArg
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, read_card
 from sieverag.inference.filters.combination import adapter_combination, describe_combination
+from sieverag.inference.filters.filter_format import FORMAT_KEY
 from sieverag.inference.settings import settings
 
 
@@ -73,12 +74,14 @@ def run_list(command: FilterListCommand) -> int:
     if not found:
         print(f"no filter adapters found (cache: {adapters_dir()})")
         return 0
-    print(f"{'name':24} {'source':8} {'by name':9} {'base model':24} {'held-out F1':11} path")
+    print(f"{'name':24} {'source':8} {'by name':9} {'base model':24} {'format':10} "
+          f"{'held-out F1':11} path")
     for adapter, picked in found:
         card = read_card(adapter.path)
         base = (card or {}).get("base_model", "–")
         print(f"{adapter.name:24} {adapter.source:8} {'yes' if picked else 'shadowed':9} "
-              f"{base:24} {_held_out_f1(card):11} {adapter.path}")
+              f"{base:24} {(card or {}).get(FORMAT_KEY, 'two_stage'):10} "
+              f"{_held_out_f1(card):11} {adapter.path}")
     print("\nHow MCF combines each filter's score with BM25 and dense (its card's "
           "combination):")
     for adapter, _ in found:
@@ -87,6 +90,8 @@ def run_list(command: FilterListCommand) -> int:
         except AdapterError as err:
             described = str(err)
         print(f"  {adapter.name} ({adapter.source}): " + described.replace("\n", "\n    "))
+    print("\nformat: one_pass reads each sentence's and the passage's verdict in one forward "
+          "pass; two_stage a chunk prompt, then a generating sentence prompt.")
     print(f"\nA name is looked up in the cache ({adapters_dir()}) first, then among the "
           f"shipped filters; MCF uses {DEFAULT_FILTER_NAME!r} unless given another.")
     return 0

@@ -45,6 +45,7 @@ FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
 FILTER_FEATURES = ("filter_log_odds", "filter_z")
 CARD_KEY = "combination"
+PRIORS_ONLY_KEY = "priors_only"  # the card section's fit of BM25 and dense alone
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 # s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
 LOG_ODDS_CLIP = 20.0
@@ -126,6 +127,18 @@ class Combination:
     def probabilities(self, scores: RoundScores) -> list[float]:
         """P(relevant) of each passage of the round (calibrated when `fitted`)."""
         return [p_relevant(v) for v in self.logits(scores)]
+
+    def priors_only_fit(self, where: str = "the card") -> Combination:
+        """The fit of BM25 and dense alone stored beside this one (same questions, its own
+        bar, calibrated): what MCF decides without the filter. `AdapterError` when the card
+        holds none (fitted before it was kept)."""
+        section = self.report.get(PRIORS_ONLY_KEY)
+        if not self.fitted or not section:
+            raise AdapterError(f"{where} holds no priors-only fit: refit its combination with "
+                               "`sieverag filter fit-combination`")
+        return replace(Combination.from_card({**section, "embedding_model":
+                                              self.embedding_model}, where),
+                       filter_format=self.filter_format)
 
     def as_card(self) -> dict[str, Any]:
         """The card's `combination` section."""

@@ -38,6 +38,7 @@ from dataclasses import field, replace
 from typing import Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.combination import (
     PRIORS_ONLY,
@@ -65,6 +66,7 @@ from sieverag.inference.types import Document
 
 ChunkBar = Literal["calibrated", "top_k", "fixed", "adaptive"]
 ScoreRule = Literal["combined", "filter", "fused"]
+CardFit = Literal["card", "priors_only"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
 DEFAULT_LEXICAL_WEIGHT = 1.0
 DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
@@ -101,6 +103,10 @@ class MCFConfig:
                 "(`sieverag filter list` shows it; under the fixed bar, s alone); 0: s alone; "
                 "w > 0: z(s) + w·z(BM25), z over the round (the earlier fixed fusion; bar "
                 "adaptive or top_k)"})
+    combination: CardFit = field(default="card", metadata={
+        "help": "card: the card's combination (the filter with BM25 and dense where it adds "
+                "to them); priors_only: the card's fit of BM25 and dense alone, with its own "
+                "bar (what the filter adds is the difference)"})
     sentence_stage: bool = field(default=False, metadata={
         "help": "narrow kept chunks to their key sentences (a one-pass filter: those its "
                 "one pass scored at or above sentence_p_min; a two-stage filter: a second, "
@@ -200,6 +206,11 @@ class MultiGranularFilter:
         self.backend = backend
         self.config = config if config is not None else MCFConfig()
         self.combination = combination if combination is not None else PRIORS_ONLY
+        if self.config.combination == "priors_only":
+            try:
+                self.combination = self.combination.priors_only_fit()
+            except AdapterError as err:
+                raise ConfigError(f"mcf.combination=priors_only: {err}") from None
         self.priors = priors
 
     @property
