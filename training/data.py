@@ -155,15 +155,23 @@ def content_fingerprint(splits: dict[str, Dataset]) -> str:
 
 
 def base_rate_loss(records: Dataset) -> float | None:
-    """The eval loss of a filter that learned only the share of "Yes" among a one-pass
-    split's verdicts (every sentence's and every passage's): the entropy of that share, in
-    nats per verdict. A one-pass run that ends near it learned nothing but the base rate.
-    None for a two-stage split (its loss also averages the completion's end token)."""
+    """The eval loss of a filter that learned only how often each kind of verdict is "Yes"
+    in a one-pass split (a sentence's, a passage's): the entropy of each kind's share of Yes,
+    averaged over the split's verdicts, in nats per verdict. A one-pass run that ends near it
+    learned nothing but the base rates. None for a two-stage split (its loss also averages
+    the completion's end token)."""
     if filter_format_of(records) != "one_pass" or not len(records):
         return None
-    verdicts = [v for labels in records[SENTENCE_LABELS] for v in labels if v is not None]
-    verdicts += [c[0]["content"] for c in records["completion"]]
-    share = sum(v == RELEVANT for v in verdicts) / len(verdicts)
+    kinds = {"sentence": [v for labels in records[SENTENCE_LABELS] for v in labels
+                          if v is not None],
+             "passage": [c[0]["content"] for c in records["completion"]]}
+    total = sum(len(verdicts) for verdicts in kinds.values())
+    return sum(len(verdicts) * _entropy(sum(v == RELEVANT for v in verdicts) / len(verdicts))
+               for verdicts in kinds.values() if verdicts) / total
+
+
+def _entropy(share: float) -> float:
+    """H(share) in nats (0 at 0 and 1)."""
     if share in (0.0, 1.0):
         return 0.0
     return -(share * math.log(share) + (1 - share) * math.log(1 - share))

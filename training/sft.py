@@ -139,7 +139,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     floor = data.base_rate_loss(used["eval"] if evaluate else used["train"])
     if floor is not None:
         print(f"base-rate loss {floor:.4f} nats per verdict: an eval loss near it means the "
-              "filter learned only the share of Yes")
+              "filter learned only how often each kind of verdict is Yes")
     trainer = SFTTrainer(
         model=str(base_dir),
         args=args,

@@ -114,6 +114,10 @@ class MCFConfig:
     sentence_p_min: float = field(default=0.5, metadata={
         "help": "a one-pass filter's sentence bar: keep the kept chunks' sentences whose "
                 "P(relevant) is at least this"})
+    sentence_min_keep: int = field(default=1, metadata={
+        "help": "a one-pass filter keeps at least this many sentences of each kept chunk (its "
+                "best); 0: only those at sentence_p_min (a chunk with none is whole, or "
+                "dropped under empty_sentence_answer=drop_chunk)"})
     sentence_max_new_tokens: int = field(default=16, metadata={
         "help": "length cap of the sentence-number reply"})
     empty_sentence_answer: EmptySentenceAnswer = field(default="keep_chunk", metadata={
@@ -148,6 +152,9 @@ class MCFConfig:
         if not 0.0 < self.sentence_p_min < 1.0:
             raise ConfigError(f"mcf.sentence_p_min must be a probability in (0, 1), got "
                               f"{self.sentence_p_min}")
+        if self.sentence_min_keep < 0:
+            raise ConfigError(f"mcf.sentence_min_keep must be >= 0, got "
+                              f"{self.sentence_min_keep}")
         if self.sentence_max_new_tokens < 1:
             raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
                               f"{self.sentence_max_new_tokens}")
@@ -173,6 +180,17 @@ def source_positions(document: Document) -> list[int]:
     if document.sentences:
         return [i for i, sentence in enumerate(document.sentences) if sentence.strip()]
     return list(range(len(split_sentences(document.text))))
+
+
+def key_sentence_indices(scores: Sequence[float | None], p_min: float, min_keep: int
+                         ) -> list[int]:
+    """A one-pass filter's key sentences, in order: those whose P(relevant) (the logistic of
+    their s) is at least `p_min`, and at least the `min_keep` best (ties to the earlier);
+    a sentence without a score (cut by the context) is never key."""
+    read = [i for i, s in enumerate(scores) if s is not None]
+    keys = {i for i in read if p_relevant(scores[i]) >= p_min}
+    keys.update(sorted(read, key=lambda i: -scores[i])[:min_keep])
+    return sorted(keys)
 
 
 def narrowed(document: Document, sentences: Sequence[str], keep: Sequence[int]) -> Document:
@@ -327,13 +345,12 @@ class MultiGranularFilter:
                 for scored, sents in zip(kept, sentences, strict=True)]
 
     def _narrow_scored(self, scored: ScoredDocument, sentences: list[str]) -> ScoredDocument:
-        """A one-pass filter's kept chunk cut to the sentences at or above sentence_p_min."""
+        """A one-pass filter's kept chunk cut to its key sentences (`key_sentence_indices`)."""
         if len(sentences) <= 1:
             return replace(scored, details={**scored.details, "sentence_status": "single",
                                             "key_sentences": list(range(len(sentences)))})
-        scores = scored.details["sentence_scores"]
-        keys = [i for i, s in enumerate(scores)
-                if s is not None and p_relevant(s) >= self.config.sentence_p_min]
+        keys = key_sentence_indices(scored.details["sentence_scores"],
+                                    self.config.sentence_p_min, self.config.sentence_min_keep)
         return self._with_keys(scored, sentences, keys, dict(scored.details))
 
     def _with_keys(self, scored: ScoredDocument, sentences: list[str], keys: list[int],
