@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend, UsageMeter
 from sieverag.inference.types import Conversation
@@ -59,36 +59,37 @@ class CachingBackend:
             return self.inner.generate(prompts, settings, agent=agent)
         detail = {"max_new_tokens": settings.max_new_tokens, "stop": list(settings.stop)}
         keys = [request_key(p, detail) for p in prompts]
-        missing = _first_occurrences(keys, self.replies)
-        if missing:
-            answers = self.inner.generate([prompts[i] for i in missing], settings, agent=agent)
-            self.replies.update(zip((keys[i] for i in missing), answers, strict=True))
+        _fill(self.replies, keys, prompts,
+              lambda asked: self.inner.generate(asked, settings, agent=agent))
         return [self.replies[k] for k in keys]
 
     def label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
                        agent: str = "scorer") -> list[dict[str, float]]:
         keys = [request_key(p, list(labels)) for p in prompts]
-        missing = _first_occurrences(keys, self.labels)
-        if missing:
-            answers = self.inner.label_logprobs([prompts[i] for i in missing], labels,
-                                                agent=agent)
-            self.labels.update(zip((keys[i] for i in missing), answers, strict=True))
+        _fill(self.labels, keys, prompts,
+              lambda asked: self.inner.label_logprobs(asked, labels, agent=agent))
         return [dict(self.labels[k]) for k in keys]
 
     def marked_label_logprobs(self, prompts: Sequence[Conversation], labels: Sequence[str], *,
                               agent: str = "scorer") -> list[list[dict[str, float]]]:
         keys = [request_key(p, list(labels)) for p in prompts]
-        missing = _first_occurrences(keys, self.marked)
-        if missing:
-            answers = self.inner.marked_label_logprobs([prompts[i] for i in missing], labels,
-                                                       agent=agent)
-            self.marked.update(zip((keys[i] for i in missing), answers, strict=True))
+        _fill(self.marked, keys, prompts,
+              lambda asked: self.inner.marked_label_logprobs(asked, labels, agent=agent))
         return [[dict(read) for read in self.marked[k]] for k in keys]
 
     def continuation_logprob(self, prompts: Sequence[Conversation],
                              continuations: Sequence[str], *, agent: str = "scorer"
                              ) -> list[float]:
         return self.inner.continuation_logprob(prompts, continuations, agent=agent)
+
+
+def _fill(table: dict, keys: Sequence[str], prompts: Sequence[Conversation],
+          ask: Callable[[list[Conversation]], list]) -> None:
+    """Answer into `table` the requests whose keys it lacks, in one call of `ask`."""
+    missing = _first_occurrences(keys, table)
+    if missing:
+        answers = ask([prompts[i] for i in missing])
+        table.update(zip((keys[i] for i in missing), answers, strict=True))
 
 
 def _first_occurrences(keys: Sequence[str], known: dict) -> list[int]:
