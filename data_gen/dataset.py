@@ -40,6 +40,7 @@ from sieverag.inference.filters.filter_format import (
     chunk_record,
     passage_record,
     sentence_record,
+    training_token_count,
 )
 from sieverag.inference.io_utils import check_output_folder
 from sieverag.inference.llm.models import DEFAULT_MODEL
@@ -325,9 +326,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
             sources[split][record["source"]] += 1
             disagreements.update(f"{record['task']}:{name}"
                                  for name in record["evidence"]["disagree"])
-            encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
-                                                    tokenize=True, return_dict=True)
-            lengths[record["task"]].append(len(encoded["input_ids"]))
+            lengths[record["task"]].append(training_token_count(tokenizer, record))
     summary.token_lengths = {task: _length_stats(values) for task, values in lengths.items()}
     summary.disagreements = dict(sorted(disagreements.items()))
     summary.sources = {split: dict(sorted(counts.items())) for split, counts in sources.items()}

@@ -22,6 +22,7 @@ from sieverag.inference.filters.filter_format import (
     RELEVANT,
     FilterFormat,
     passage_training_ids,
+    training_token_count,
 )
 
 if TYPE_CHECKING:
@@ -115,12 +116,8 @@ def filter_format_of(records: Dataset) -> FilterFormat:
 
 
 def record_length(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> int:
-    """Tokens of the chat-templated prompt plus completion (what the trainer sees)."""
-    if record.get("task") == "passage":
-        return len(passage_training_ids(tokenizer, record)["input_ids"])
-    encoded = tokenizer.apply_chat_template(record["prompt"] + record["completion"],
-                                            tokenize=True, return_dict=True)
-    return len(encoded["input_ids"])
+    """Tokens of the record as the trainer sees it (`filter_format.training_token_count`)."""
+    return training_token_count(tokenizer, record)
 
 
 def drop_long(records: Dataset, tokenizer: PreTrainedTokenizerBase,

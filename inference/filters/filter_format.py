@@ -233,6 +233,15 @@ def passage_training_ids(tokenizer: Any, record: Mapping[str, Any]) -> dict[str,
     return {"input_ids": input_ids, "labels": labels}
 
 
+def training_token_count(tokenizer: Any, record: Mapping[str, Any]) -> int:
+    """Tokens the trainer reads for a record: a passage record's `passage_training_ids`, a
+    chunk or sentence record's chat-templated prompt and completion."""
+    if record.get("task") == "passage":
+        return len(passage_training_ids(tokenizer, record)["input_ids"])
+    return len(tokenizer.apply_chat_template(list(record["prompt"]) + list(record["completion"]),
+                                             tokenize=True, return_dict=True)["input_ids"])
+
+
 def _label_token(tokenizer: Any, text: str, ids: list[int], label: str) -> int:
     from sieverag.inference.llm.hf import reply_token_ids
 
