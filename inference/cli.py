@@ -27,6 +27,7 @@ from sieverag.inference.config import (
 )
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.judge import DocumentOrder
+from sieverag.inference.in_flight import CONCURRENCY_HELP
 from sieverag.inference.pipelines.base import (
     PIPELINES,
     section_values,
@@ -46,6 +47,7 @@ class EvalCommand(RunConfig):
 
     out: str | None = field(default=None, metadata={
         "help": "run folder (default runs/eval-TIMESTAMP)"})
+    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
 
 
@@ -142,7 +144,8 @@ def run_eval(command: EvalCommand) -> int:
         raise ConfigError(f"unknown pipeline(s) {', '.join(unknown)} "
                           f"(known: {', '.join(sorted(PIPELINES))})")
     out = Path(command.out) if command.out else _default_out("eval")
-    summaries = run_evaluation(config, out, progress=not command.quiet)
+    summaries = run_evaluation(config, out, progress=not command.quiet,
+                               concurrency=command.concurrency)
     _print_summary(out, summaries)
     return 0
 

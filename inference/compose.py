@@ -16,6 +16,7 @@ in two steps:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_fil
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
+    from sieverag.inference.llm.batching import CallBatcher
     from sieverag.inference.retrieval.dense import Encoder
     from sieverag.inference.retrieval.index import Index
     from sieverag.inference.retrieval.rerank import Reranker
@@ -59,6 +61,23 @@ class RunPlan:
     def trained_filter(self) -> BackendSpec | None:
         """The filter role's spec where the run calls the trained filter."""
         return self.config.models.filter if "filter" in self.roles else None
+
+    def role_specs(self) -> list[BackendSpec]:
+        """The spec of every model the run calls: its roles', and the trust grader's."""
+        models = self.config.models
+        specs = [models.generator]
+        if "judge" in self.roles:
+            specs.append(models.judge_spec)
+        if "filter" in self.roles:
+            specs.append(models.filter)
+        if self.config.trust.enabled and self.config.trust.llm_grader:
+            specs.append(grader_spec(self.config))
+        return specs
+
+    @property
+    def all_served(self) -> bool:
+        """Every model the run calls is served (none runs in-process)."""
+        return all(spec.endpoint is not None for spec in self.role_specs())
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -96,12 +115,21 @@ class Roles:
         return backends
 
 
-def build_roles(models: ModelRoles, roles: frozenset[str]) -> Roles:
+def build_roles(models: ModelRoles, roles: frozenset[str],
+                batcher: CallBatcher | None = None) -> Roles:
     """One backend per role in `roles` (the generator always); the filter's adapter must be
-    resolved (`resolve_filter_role`)."""
-    return Roles(generator=build_backend(models.generator),
-                 judge=build_backend(models.judge_spec) if "judge" in roles else None,
-                 filter=build_backend(models.filter) if "filter" in roles else None)
+    resolved (`resolve_filter_role`). With `batcher`, in-process backends run their calls
+    on it, merged across the questions in flight (`llm.batching`)."""
+    build = functools.partial(role_backend, batcher=batcher)
+    return Roles(generator=build(models.generator),
+                 judge=build(models.judge_spec) if "judge" in roles else None,
+                 filter=build(models.filter) if "filter" in roles else None)
+
+
+def role_backend(spec: BackendSpec, batcher: CallBatcher | None = None) -> LLMBackend:
+    """The backend of one role (`build_backend`), on `batcher` when given and in-process."""
+    backend = build_backend(spec)
+    return batcher.wrap(backend) if batcher is not None and spec.endpoint is None else backend
 
 
 def _capped_documents(limit: int | None) -> DocumentSource:
@@ -163,11 +191,12 @@ def _router_encoder(config: RouterConfig) -> Encoder | None:
                           "`corpus-match`, which needs no encoder)") from None
 
 
-def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
-                  ) -> tuple[PipelineContext, Roles]:
+def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
+                  batcher: CallBatcher | None = None) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for a run's plan, and the role backends (for usage; with
     the LLM grader where `trust.llm_grader` asks for one). Over an index, what evidence hygiene
-    removes from each search is added to `removed` (a run takes it per question)."""
+    removes from each search is added to `removed` (a run takes it per question). `batcher`:
+    the in-process models' shared batcher, for many questions in flight."""
     config = plan.config
     index = None
     documents = _capped_documents(config.max_documents)
@@ -181,10 +210,10 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None
     routed = "auto" in plan.pipelines
     router_config = plan.settings(RouterConfig)
     router_encoder = _router_encoder(router_config) if routed else None  # before the models
-    roles = build_roles(config.models, plan.roles)
+    roles = build_roles(config.models, plan.roles, batcher)
     if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
-        roles = replace(roles, grader=build_backend(grader_spec(config)))
+        roles = replace(roles, grader=role_backend(grader_spec(config), batcher))
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,

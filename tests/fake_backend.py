@@ -58,6 +58,9 @@ def serve_every_role(monkeypatch, backend: object) -> None:
     """Composition builds `backend` for every role a run calls (no model loads)."""
     from sieverag.inference import compose
 
-    monkeypatch.setattr(compose, "build_roles", lambda models, roles: compose.Roles(
-        generator=backend, judge=backend if "judge" in roles else None,
-        filter=backend if "filter" in roles else None))
+    def build_roles(models, roles, batcher=None):
+        served = batcher.wrap(backend) if batcher is not None else backend
+        return compose.Roles(generator=served, judge=served if "judge" in roles else None,
+                             filter=served if "filter" in roles else None)
+
+    monkeypatch.setattr(compose, "build_roles", build_roles)

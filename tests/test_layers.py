@@ -4,7 +4,7 @@ wheel's package list.
 Inside `sieverag.inference` a module imports only its own layer or the layers below it
 (low → high):
 
-  shared base  types, errors, io_utils, prompt_templates, settings
+  shared base  types, errors, io_utils, prompt_templates, settings, in_flight
   data         inference.data (dataset loaders, the demo set)
   llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
   agents       filters, answers
@@ -70,7 +70,7 @@ class Layer:
 LAYERS = (
     Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
                              f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
-                             f"{INFERENCE}.settings")),
+                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight")),
     Layer("data", 1, (f"{INFERENCE}.data",)),
     Layer("llm", 2, (f"{INFERENCE}.llm",)),
     Layer("retrieval", 2, (f"{INFERENCE}.retrieval",)),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import random
+import sys
 import time
-from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,13 +31,15 @@ from sieverag.inference.eval.records import (
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.adapters import CARD_FILE
+from sieverag.inference.in_flight import default_concurrency, run_in_flight
 from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
     read_text,
     write_atomic,
 )
-from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.llm.base import question_usage
+from sieverag.inference.llm.batching import CallBatcher
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.retrieval.hygiene import HygieneLog
@@ -109,22 +112,19 @@ def _check_same_run(config: RunConfig, out_dir: Path) -> None:
         )
 
 
-def _merged_usage(
-    backends: Sequence[LLMBackend], before: Sequence[dict[str, Usage]]
-) -> dict[str, Usage]:
-    merged: dict[str, Usage] = {}
-    for backend, snapshot in zip(backends, before, strict=True):
-        for agent, usage in backend.meter.since(snapshot).items():
-            merged.setdefault(agent, Usage()).add(usage)
-    return merged
+def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True,
+                   concurrency: int | None = None) -> dict:
+    """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries.
 
-
-def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
-    """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries."""
+    `concurrency`: questions in flight (`inference.in_flight`; unset: 16 when every model is
+    served, 1 when any runs in-process); in-process models then batch the questions' calls
+    together (`llm.batching`). Records are appended as questions finish and the results come
+    out in dataset order, whatever the concurrency."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir)
     plan = plan_run(config)
     config = plan.config
+    concurrency = default_concurrency(concurrency, plan.all_served)
     examples = selected_examples(plan)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
@@ -138,6 +138,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                 for name, log in logs.items()}
     config = replace(config, provenance=provenance(plan))
     write_atomic(out_dir / "config.yaml", config.to_yaml())
+    warn_capped_requests(plan, concurrency)
 
     random.seed(config.seed)
     import torch
@@ -145,37 +146,47 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     torch.manual_seed(config.seed)
     hygiene = (HygieneLog() if config.retrieval is not None
                and config.retrieval.hygiene != "off" else None)
-    context, roles = build_context(plan, removed=hygiene)
-    backends = roles.distinct()
-    embed = None
-    if config.trust.enabled:
-        from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
+    in_process = not plan.all_served
+    with CallBatcher() if concurrency > 1 and in_process else nullcontext() as batcher:
+        context, roles = build_context(plan, removed=hygiene, batcher=batcher)
+        embed = None
+        if config.trust.enabled:
+            from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
-        embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
-    all_records: dict[str, list[EvalRecord]] = {}
-    for name in config.pipelines:
-        pipeline = build_pipeline(name, context)
-        log, records = logs[name], finished[name]
-        done = {r.id for r in records}
-        todo = [e for e in examples if e.id not in done]
-        for example in tqdm(
-            todo, desc=name, unit="q", disable=not progress, initial=len(done), total=len(examples)
-        ):
-            before = [b.meter.snapshot() for b in backends]
-            start = time.perf_counter()
-            output = pipeline.run(example)
-            record = build_record(
-                example, output, _merged_usage(backends, before), time.perf_counter() - start
-            )
-            if hygiene is not None:
-                record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)
-                                          for chunk_id, reason in hygiene.take()]
-            if config.trust.enabled:
-                record.trust = trust_metrics(example, output, embed, config.trust, roles.grader)
-            log.append(record.to_json())
-            records.append(record)
-        order = {example_id: i for i, example_id in enumerate(ids)}
-        all_records[name] = sorted(records, key=lambda r: order[r.id])
+            embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
+        all_records: dict[str, list[EvalRecord]] = {}
+        for name in config.pipelines:
+            pipeline = build_pipeline(name, context)
+            log, records = logs[name], finished[name]
+            done = {r.id for r in records}
+            todo = [e for e in examples if e.id not in done]
+
+            def answer(example: Example, pipeline=pipeline) -> EvalRecord:
+                """One question, in its own thread: its usage is its own (`question_usage`)."""
+                with question_usage() as usage:
+                    start = time.perf_counter()
+                    output = pipeline.run(example)
+                    seconds = time.perf_counter() - start
+                used = {agent: u for agent, u in usage.items() if u.calls}
+                record = build_record(example, output, used, seconds)
+                if hygiene is not None:  # what this thread's searches removed
+                    record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)
+                                              for chunk_id, reason in hygiene.take()]
+                if config.trust.enabled:
+                    record.trust = trust_metrics(example, output, embed, config.trust,
+                                                 roles.grader)
+                return record
+
+            def keep(example: Example, record: EvalRecord, log=log, records=records) -> None:
+                log.append(record.to_json())
+                records.append(record)
+
+            with tqdm(desc=name, unit="q", disable=not progress, initial=len(done),
+                      total=len(examples)) as bar:
+                run_in_flight(todo, answer, keep, concurrency=concurrency,
+                              name=lambda e: repr(e.id), bar=bar)
+            order = {example_id: i for i, example_id in enumerate(ids)}
+            all_records[name] = sorted(records, key=lambda r: order[r.id])
     summaries = {name: summarize(records) for name, records in all_records.items()}
     graded = ({"grader": {"model": grader_spec(config).model,
                           "self_graded": grader_spec(config) == config.models.generator}}
@@ -187,3 +198,15 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     )
     write_report(out_dir, config.dataset, summaries, all_records)
     return summaries
+
+
+def warn_capped_requests(plan: RunPlan, concurrency: int) -> None:
+    """Say so when a served model's `max_concurrency` holds fewer requests in flight than the
+    questions in flight: the server's batches then stay partly empty (not an error)."""
+    for spec in plan.role_specs():
+        if spec.endpoint is not None and spec.max_concurrency < concurrency:
+            print(f"note: {concurrency} questions in flight, but at most "
+                  f"{spec.max_concurrency} requests at a time to {spec.model} at "
+                  f"{spec.endpoint} (its max_concurrency); raise it to keep the server full",
+                  file=sys.stderr)
+            return

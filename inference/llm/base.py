@@ -19,12 +19,14 @@ past the context; the meter counts the cuts per agent.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -74,31 +76,119 @@ class Usage:
                                                            strict=True)))
 
 
+# One question's usage, by agent, while `question_usage()` is open in this context (a
+# question's thread): every meter records into it too, so questions that share backends
+# (`--concurrency`) keep their own counts.
+_question_tally: contextvars.ContextVar[dict[str, Usage] | None] = contextvars.ContextVar(
+    "sieverag_question_usage", default=None)
+# While a call that serves several questions at once runs (`llm.batching`): whose rows its
+# prompts are, in order, as (that question's tally, number of prompts).
+_row_owners: contextvars.ContextVar[Sequence[tuple[dict[str, Usage] | None, int]] | None] = (
+    contextvars.ContextVar("sieverag_row_owners", default=None))
+
+
+@contextlib.contextmanager
+def question_usage() -> Iterator[dict[str, Usage]]:
+    """Collect, by agent, the usage every backend records in this context while it is open:
+    one question's calls, tokens and seconds, however many questions share the backends."""
+    tally: dict[str, Usage] = defaultdict(Usage)
+    token = _question_tally.set(tally)
+    try:
+        yield tally
+    finally:
+        _question_tally.reset(token)
+
+
+@contextlib.contextmanager
+def rows_owned_by(owners: Sequence[tuple[dict[str, Usage] | None, int]]) -> Iterator[None]:
+    """Within: the prompts of each backend call belong, in order, to these questions' tallies
+    (`count` prompts each); `UsageMeter.record_rows` hands each its own rows' counts."""
+    token = _row_owners.set(tuple(owners))
+    try:
+        yield
+    finally:
+        _row_owners.reset(token)
+
+
+def current_question_usage() -> dict[str, Usage] | None:
+    """The tally `question_usage()` opened in this context, if any."""
+    return _question_tally.get()
+
+
+def add_question_seconds(agent: str, seconds: float) -> None:
+    """Add wall seconds to this context's question tally only (a batched call's wait)."""
+    tally = _question_tally.get()
+    if tally is not None:
+        tally[agent].seconds += seconds
+
+
 @dataclass
 class UsageMeter:
-    """Accumulates LLM usage by agent name; pipelines diff snapshots per question."""
+    """Accumulates LLM usage by agent name (thread-safe); a run reads each question's share
+    through `question_usage()`."""
 
     by_agent: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, agent: str, calls: int, prompt_tokens: int, completion_tokens: int, *,
                truncated_prompts: int = 0, tokens_dropped: int = 0) -> None:
-        self.by_agent[agent].add(Usage(calls, prompt_tokens, completion_tokens,
-                                       truncated_prompts, tokens_dropped))
+        """One call's counts in all. Inside a call serving several questions the counts are
+        shared out by prompts (a backend that knows each prompt's counts calls `record_rows`)."""
+        usage = Usage(calls, prompt_tokens, completion_tokens, truncated_prompts, tokens_dropped)
+        owners = _row_owners.get()
+        if owners is None or calls == 0:
+            self._add(agent, [(_question_tally.get(), usage)])
+            return
+        rows = [Usage(1, prompt_tokens // calls, completion_tokens // calls)] * calls
+        rows[0] = Usage(1, prompt_tokens - (calls - 1) * (prompt_tokens // calls),
+                        completion_tokens - (calls - 1) * (completion_tokens // calls),
+                        truncated_prompts, tokens_dropped)
+        self.record_rows(agent, rows)
+
+    def record_rows(self, agent: str, rows: Sequence[Usage]) -> None:
+        """One call's counts prompt by prompt (each row one prompt): the meter gets their sum,
+        each question its own rows (`rows_owned_by`), or this context's question all of them."""
+        owners = _row_owners.get()
+        if owners is None or sum(n for _, n in owners) != len(rows):
+            shares = [(_question_tally.get(), _summed(rows))]
+        else:
+            shares, start = [], 0
+            for tally, count in owners:
+                shares.append((tally, _summed(rows[start:start + count])))
+                start += count
+        self._add(agent, shares)
+
+    def _add(self, agent: str, shares: Sequence[tuple[dict[str, Usage] | None, Usage]]) -> None:
+        with self._lock:
+            for tally, usage in shares:
+                self.by_agent[agent].add(usage)
+                if tally is not None:
+                    tally[agent].add(usage)
 
     def add_seconds(self, agent: str, seconds: float) -> None:
-        self.by_agent[agent].seconds += seconds
+        with self._lock:
+            self.by_agent[agent].seconds += seconds
+        add_question_seconds(agent, seconds)
 
     def snapshot(self) -> dict[str, Usage]:
-        return {name: Usage(*astuple(u)) for name, u in self.by_agent.items()}
+        with self._lock:
+            return {name: Usage(*astuple(u)) for name, u in self.by_agent.items()}
 
     def since(self, earlier: dict[str, Usage]) -> dict[str, Usage]:
         """Usage recorded after `earlier` was taken, by agent (agents with no calls omitted)."""
         delta: dict[str, Usage] = {}
-        for name, now in self.by_agent.items():
+        for name, now in self.snapshot().items():
             diff = now.minus(earlier.get(name, Usage()))
             if diff.calls:
                 delta[name] = diff
         return delta
+
+
+def _summed(rows: Sequence[Usage]) -> Usage:
+    total = Usage()
+    for row in rows:
+        total.add(row)
+    return total
 
 
 Operation = TypeVar("Operation", bound=Callable[..., Any])

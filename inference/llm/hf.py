@@ -23,6 +23,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import (
     GenerationSettings,
+    Usage,
     UsageMeter,
     chat_prompt_text,
     check_single_token_labels,
@@ -225,12 +226,15 @@ class HFBackend:
         with `reserved` tokens left after each."""
         return self.context_guard.fit(prompts, reserved, agent=agent, reserved_for=reserved_for)
 
-    def record_usage(self, agent: str, fitted: Sequence[FittedPrompt], tokens: int,
-                     completion_tokens: int) -> None:
-        """Meter one call: its prompts, their `tokens` and the cuts the guard made."""
-        self.meter.record(agent, len(fitted), tokens, completion_tokens,
-                          truncated_prompts=sum(1 for f in fitted if f.tokens_dropped),
-                          tokens_dropped=sum(f.tokens_dropped for f in fitted))
+    def record_usage(self, agent: str, fitted: Sequence[FittedPrompt], tokens: Sequence[int],
+                     completion_tokens: Sequence[int] | None = None) -> None:
+        """Meter one call prompt by prompt: each prompt's `tokens` read, `completion_tokens`
+        written (none when not given) and the cut the guard made (so a call that serves
+        several questions gives each its own counts)."""
+        written = completion_tokens if completion_tokens is not None else [0] * len(fitted)
+        self.meter.record_rows(agent, [
+            Usage(1, read, wrote, 1 if f.tokens_dropped else 0, f.tokens_dropped)
+            for f, read, wrote in zip(fitted, tokens, written, strict=True)])
 
     def reply_ids(self, prompt_text: str, prompt_ids: list[int], reply: str) -> list[int]:
         """Token ids of `reply` as the model would emit it right after `prompt_text`."""
@@ -281,7 +285,7 @@ class HFBackend:
         fitted = self.fit(prompts, settings.max_new_tokens, agent=agent)
         encoded = [f.ids for f in fitted]
         replies: list[str] = [""] * len(prompts)
-        completion_tokens = 0
+        completion_tokens = [0] * len(prompts)
         eos_ids = self._stop_token_ids()
         # Greedy prompts that extend the last call's prompts (amber's memory agents: each
         # continues the conversation before it) run only their new tokens.
@@ -300,10 +304,10 @@ class HFBackend:
             else:
                 new_tokens = self._greedy(self._batch_inputs(rows)[0], settings, eos_ids, rows)
             for tokens, index in zip(new_tokens, batch, strict=True):
-                completion_tokens += len(tokens)
+                completion_tokens[index] = len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 replies[index] = cut_at_stop(text, settings.stop)
-        self.record_usage(agent, fitted, sum(map(len, encoded)), completion_tokens)
+        self.record_usage(agent, fitted, list(map(len, encoded)), completion_tokens)
         return replies
 
     def _greedy(self, inputs: dict[str, torch.Tensor], settings: GenerationSettings,
@@ -448,7 +452,7 @@ class HFBackend:
             for row, index in enumerate(batch):
                 results[index] = {label: logprobs[row, label_ids[index][k][0]].item()
                                   for k, label in enumerate(labels)}
-        self.record_usage(agent, fitted, sum(map(len, encoded)), 0)
+        self.record_usage(agent, fitted, list(map(len, encoded)))
         return results
 
     @_in_adapter_scope
@@ -486,7 +490,7 @@ class HFBackend:
             for row, (index, row_columns) in enumerate(zip(batch, columns, strict=True)):
                 results[index] = [dict(zip(labels, logprobs[row, where[c]].tolist(), strict=True))
                                   for c in row_columns]
-        self.record_usage(agent, fitted, sum(map(len, encoded)), 0)
+        self.record_usage(agent, fitted, list(map(len, encoded)))
         return results
 
     def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int]
@@ -550,7 +554,7 @@ class HFBackend:
                 steps = logprobs[row, -len(reply) - 1:-1, :]
                 target = torch.tensor(reply, device=steps.device).unsqueeze(1)
                 scores[index] = steps.gather(1, target).sum().item()
-        self.record_usage(agent, fitted, sum(map(len, sequences)), 0)
+        self.record_usage(agent, fitted, list(map(len, sequences)))
         return scores
 
     def continuation_lengths(self, continuations: Sequence[str]) -> list[int]:

@@ -24,6 +24,7 @@ preset removes, and stops at k kept. `HygieneLog` gathers a run's removals per q
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar, get_args
@@ -179,17 +180,26 @@ def search_with_hygiene(index: Index, query: str, k: int, mode: SearchMode,
 
 
 class HygieneLog:
-    """The chunks hygiene removed from searches since the last `take` (a run takes them after
-    each question), each chunk once with the reason it was first removed for."""
+    """The chunks hygiene removed from searches since the last `take`, each chunk once with
+    the reason it was first removed for. Kept per thread: a run takes them after each
+    question, in that question's thread, however many questions are in flight."""
 
     def __init__(self) -> None:
-        self._removed: dict[str, str] = {}
+        self._local = threading.local()
+
+    @property
+    def _removed(self) -> dict[str, str]:
+        if not hasattr(self._local, "removed"):
+            self._local.removed = {}
+        return self._local.removed
 
     def add(self, removed: Sequence[Removed[RetrievedDocument]]) -> None:
         for entry in removed:
             self._removed.setdefault(entry.item.document.id, entry.reason)
 
     def take(self) -> list[tuple[str, str]]:
-        """(chunk id, reason) of each removal since the last call, in the order removed."""
-        taken, self._removed = list(self._removed.items()), {}
+        """(chunk id, reason) of each removal since this thread's last call, in the order
+        removed."""
+        taken = list(self._removed.items())
+        self._local.removed = {}
         return taken
