@@ -111,6 +111,7 @@ class JudgeSweepCommand:
     order: DocumentOrder | None = field(default=None, metadata={
         "help": "read the kept documents in this order instead of the run's judge.order "
                 "(descending, ascending, random): the ordering ablation from the same scores"})
+    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
 
     def __post_init__(self) -> None:
@@ -266,7 +267,7 @@ def run_judge_sweep(command: JudgeSweepCommand) -> int:
            else sweep_folder(command.run, command.pipeline, command.order))
     ns = tuple(dict.fromkeys(command.bar_n))  # each n once, in the given order
     sweep = sweep_judge_bar(command.run, ns, command.pipeline, out, order=command.order,
-                            progress=not command.quiet)
+                            progress=not command.quiet, concurrency=command.concurrency)
     print(sweep_table(sweep))
     print(f"\nresults: {out}/summary.json, {out}/results/")
     return 0

@@ -250,3 +250,19 @@ def test_served_roles_run_sixteen_questions_by_default():
     local = runner.plan_run(RunConfig(dataset="x.jsonl", pipelines=("vanilla",),
                                       trust=TrustConfig(enabled=False)))
     assert not local.all_served
+
+
+def test_a_judge_sweep_gives_the_same_records_at_four_in_flight(tmp_path, monkeypatch):
+    from sieverag.inference.eval.judge_sweep import sweep_judge_bar
+
+    serve_every_role(monkeypatch, scripted())
+    out = run(tmp_path, "run", 1, pipelines=("main-rag",))
+    one = sweep_judge_bar(out, [0.0, 1.0], out=tmp_path / "one", progress=False, concurrency=1)
+    four = sweep_judge_bar(out, [0.0, 1.0], out=tmp_path / "four", progress=False,
+                           concurrency=4)
+    for label, summary in one["bars"].items():
+        assert {k: summary[k] for k in ("examples", "em", "f1", "accuracy")} == {
+            k: four["bars"][label][k] for k in ("examples", "em", "f1", "accuracy")}
+    for label in ("n=0", "n=1"):
+        assert ({r["id"]: comparable(r) for r in records(tmp_path / "one", label)}
+                == {r["id"]: comparable(r) for r in records(tmp_path / "four", label)})

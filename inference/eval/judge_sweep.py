@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from sieverag.inference.eval.report import comparison_table
 from sieverag.inference.eval.runner import selected_examples
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import DocumentOrder, judge_selection
+from sieverag.inference.in_flight import default_concurrency, run_in_flight
 from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
@@ -45,6 +47,8 @@ from sieverag.inference.io_utils import (
     read_text,
     write_atomic,
 )
+from sieverag.inference.llm.base import question_usage
+from sieverag.inference.llm.batching import CallBatcher
 from sieverag.inference.pipelines.base import (
     DocumentSource,
     PipelineOutput,
@@ -174,11 +178,12 @@ def _check_same_sweep(out: Path, identity: dict) -> None:
 
 def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "main-rag",
                     out: str | Path | None = None, *, order: DocumentOrder | None = None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, concurrency: int | None = None) -> dict:
     """Answer the run's questions again for each n in `ns`, reading the kept documents in
     `order` (default: the run's `judge.order`; see the module docstring); returns what
     OUT/summary.json holds: the run and pipeline, the `judge_order` used, the run's
-    `run_bar_n`, and each n's summary under `bars` by `bar_label`."""
+    `run_bar_n`, and each n's summary under `bars` by `bar_label`. `concurrency`: questions
+    in flight, as `sieverag eval` runs them (`inference.in_flight`)."""
     run_dir = Path(run_dir)
     config, records = load_run(run_dir, pipeline)
     if order is not None:
@@ -192,37 +197,47 @@ def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "m
     # Only the generator is needed: the judge's role shares its backend, so no judge loads.
     config = replace(config, pipelines=(pipeline,), models=replace(config.models, judge=None))
     plan = plan_run(config)
+    concurrency = default_concurrency(concurrency, plan.all_served)
     examples = selected_examples(plan)
-    context, roles = build_context(plan)
-    reader = Reader(context)
-    questions = judged_questions(config, records, examples, context.documents,
-                                 run_dir / "results" / f"{pipeline}.jsonl")
-    write_atomic(out / "sweep.json", json.dumps(identity, indent=2) + "\n")
     summaries: dict[str, dict] = {}
-    for n in ns:
-        label = bar_label(n)
-        log = JsonlLog(out / "results" / f"{label}.jsonl")
-        wanted = {q.example.id for q in questions}
-        finished = {r.id: r for r in log.read_records(EvalRecord) if r.id in wanted}
-        judge = replace(config.judge, bar_n=n)
-        for question in tqdm([q for q in questions if q.example.id not in finished], desc=label,
-                             unit="q", disable=not progress, initial=len(finished),
-                             total=len(questions)):
-            example = question.example
-            result = judge_selection(question_text(example), question.documents,
-                                     question.scores, question.details, judge)
-            before = roles.generator.meter.snapshot()
-            start = time.perf_counter()
-            kept = tuple(result.kept_documents)
-            answer, raw = reader.answer(example, kept)
-            record = build_record(example, PipelineOutput(answer=answer, raw_answer=raw,
-                                                          documents_read=kept,
-                                                          filter_result=result),
-                                  roles.generator.meter.since(before),
-                                  time.perf_counter() - start)
-            log.append(record.to_json())
-            finished[record.id] = record
-        summaries[label] = summarize([finished[q.example.id] for q in questions])
+    with CallBatcher() if concurrency > 1 and not plan.all_served else nullcontext() as batcher:
+        context, _ = build_context(plan, batcher=batcher)
+        reader = Reader(context)
+        questions = judged_questions(config, records, examples, context.documents,
+                                     run_dir / "results" / f"{pipeline}.jsonl")
+        write_atomic(out / "sweep.json", json.dumps(identity, indent=2) + "\n")
+        for n in ns:
+            label = bar_label(n)
+            log = JsonlLog(out / "results" / f"{label}.jsonl")
+            wanted = {q.example.id for q in questions}
+            finished = {r.id: r for r in log.read_records(EvalRecord) if r.id in wanted}
+            judge = replace(config.judge, bar_n=n)
+
+            def answer(question: JudgedQuestion, judge=judge) -> EvalRecord:
+                example = question.example
+                result = judge_selection(question_text(example), question.documents,
+                                         question.scores, question.details, judge)
+                with question_usage() as usage:
+                    start = time.perf_counter()
+                    kept = tuple(result.kept_documents)
+                    answer, raw = reader.answer(example, kept)
+                    seconds = time.perf_counter() - start
+                return build_record(example, PipelineOutput(answer=answer, raw_answer=raw,
+                                                            documents_read=kept,
+                                                            filter_result=result),
+                                    {agent: u for agent, u in usage.items() if u.calls}, seconds)
+
+            def keep(question: JudgedQuestion, record: EvalRecord, log=log,
+                     finished=finished) -> None:
+                log.append(record.to_json())
+                finished[record.id] = record
+
+            with tqdm(desc=label, unit="q", disable=not progress, initial=len(finished),
+                      total=len(questions)) as bar:
+                run_in_flight([q for q in questions if q.example.id not in finished], answer,
+                              keep, concurrency=concurrency,
+                              name=lambda q: repr(q.example.id), bar=bar)
+            summaries[label] = summarize([finished[q.example.id] for q in questions])
     sweep = {**identity, "run_bar_n": config.judge.bar_n, "bars": summaries}
     write_atomic(out / "summary.json", json.dumps(sweep, indent=2) + "\n")
     return sweep
