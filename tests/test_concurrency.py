@@ -266,3 +266,45 @@ def test_a_judge_sweep_gives_the_same_records_at_four_in_flight(tmp_path, monkey
     for label in ("n=0", "n=1"):
         assert ({r["id"]: comparable(r) for r in records(tmp_path / "one", label)}
                 == {r["id"]: comparable(r) for r in records(tmp_path / "four", label)})
+
+
+def test_a_tiny_model_answers_the_same_with_four_questions_in_flight(tmp_path, tiny_model_dir):
+    """Every pipeline kind on real (tiny, random) weights: greedy predictions and documents
+    read identical at N = 1 and N = 4, scores equal to 1e-4, usage counts per question."""
+    from dataclasses import replace
+
+    from tiny_adapter import make_lora_adapter
+
+    from sieverag.inference.pipelines.amber_config import AmberConfig
+    from sieverag.inference.pipelines.memory import MemoryConfig
+
+    adapter = make_lora_adapter(tiny_model_dir, tmp_path / "lora")
+    spec = BackendSpec(model=str(tiny_model_dir), batch_size=16)
+    roles = ModelRoles(generator=spec, filter=replace(spec, adapter=str(adapter)))
+    dataset = write_demo_dataset(tmp_path / "demo.jsonl")
+    amber = AmberConfig(max_iterations=2, k=5, memory=MemoryConfig(
+        review_max_new_tokens=8, refine_max_new_tokens=8))
+    pipelines = ("vanilla", "main-rag", "amber-mcf")
+    outs = {}
+    for n in (1, 4):
+        outs[n] = tmp_path / f"n{n}"
+        runner.run_evaluation(RunConfig(dataset=str(dataset), pipelines=pipelines, limit=4,
+                                        models=roles, amber=amber,
+                                        trust=TrustConfig(enabled=False)),
+                              outs[n], progress=False, concurrency=n)
+    for pipeline in pipelines:
+        one, four = records(outs[1], pipeline), records(outs[4], pipeline)
+        assert [r["id"] for r in one] != [] and {r["id"] for r in one} == {r["id"] for r in four}
+        four_by_id = {r["id"]: r for r in four}
+        for record in one:
+            other = four_by_id[record["id"]]
+            assert other["prediction"] == record["prediction"]
+            assert other["documents_read"] == record["documents_read"]
+            assert {a: (u["calls"], u["prompt_tokens"], u["completion_tokens"])
+                    for a, u in other["usage"].items()} == {
+                a: (u["calls"], u["prompt_tokens"], u["completion_tokens"])
+                for a, u in record["usage"].items()}
+            if record.get("filter"):
+                for mine, theirs in zip(record["filter"]["scores"], other["filter"]["scores"],
+                                        strict=True):
+                    assert theirs["score"] == pytest.approx(mine["score"], abs=1e-4)
