@@ -308,3 +308,67 @@ def test_a_tiny_model_answers_the_same_with_four_questions_in_flight(tmp_path, t
                 for mine, theirs in zip(record["filter"]["scores"], other["filter"]["scores"],
                                         strict=True):
                     assert theirs["score"] == pytest.approx(mine["score"], abs=1e-4)
+
+
+KILLED_RUN = """
+import sys
+from sieverag.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_served_run_killed_mid_flight_keeps_what_finished_and_resumes(tmp_path):
+    """`sieverag eval` against a server (16 questions in flight by default), killed with
+    SIGKILL: every question it wrote is whole, and the rerun asks only for the others."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from fake_openai_server import FakeOpenAIServer, Reply, chat_reply
+
+    repo = Path(__file__).resolve().parents[1]
+    dataset = tmp_path / "data.jsonl"
+    with dataset.open("w") as handle:
+        for q in range(24):
+            handle.write(json.dumps({"id": f"q{q}", "question": f"Who founded town {q}?",
+                                     "answers": [f"Founder {q}"], "ctxs": [
+                                         {"title": f"Town {q}", "text": f"Founder {q} did."}]})
+                         + "\n")
+
+    def reply(request) -> Reply:
+        question = request.json["messages"][-1]["content"].split("town ")[-1].split("?")[0]
+        return Reply(delay_s=0.4, body=chat_reply(f"Founder {question}"))
+
+    out = tmp_path / "run"
+    args = ["eval", "--dataset", str(dataset), "--pipelines", "vanilla", "--out", str(out),
+            "--no-trust.enabled", "--quiet", "--models.generator.model", "m",
+            "--models.generator.max-concurrency", "16"]
+    results = out / "results" / "vanilla.jsonl"
+    with FakeOpenAIServer(reply) as server:
+        args += ["--models.generator.endpoint", server.base_url]
+        env = {**os.environ, "PYTHONPATH": str(repo)}
+        process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *args], cwd=repo, env=env)
+        deadline = time.monotonic() + 120
+        while not (results.is_file() and len(results.read_text().splitlines()) >= 3):
+            assert process.poll() is None, "the run ended before it was killed"
+            assert time.monotonic() < deadline, "no record was written in 120 s"
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        kept = [json.loads(line)["id"] for line in results.read_text().splitlines()]
+        assert 3 <= len(kept) < 24
+        time.sleep(0.6)  # requests the killed run had in flight reach the log
+        asked_before = len(server.requests)
+        from sieverag.cli import main
+
+        assert main(args) == 0
+        asked_again = server.requests[asked_before:]
+    assert len(asked_again) == 24 - len(kept)  # nothing finished is asked again
+    done = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["id"] for r in done) == sorted(f"q{q}" for q in range(24))
+    assert all(r["metrics"]["accuracy"] == 1.0 for r in done)
+    report = (out / "report.md").read_text()
+    assert "| vanilla |" in report
