@@ -18,7 +18,14 @@ filter evaluation.
 * `filter_methods` — the trained filter's chunk and sentence stages and the baselines
   (MAIN-RAG judge, BM25 / dense top-k, keep-all) on the same passages;
 * `filter_eval` — `run_filter_eval`: held-out questions, chunk / sentence metrics, cache;
+* `caching_backend` — `CachingBackend`: each distinct filter request answered once for all
+  the MCF rows (its tables are eval-filter's cache);
 * `filter_report` — report.json, report.md, the precision–recall plot;
+* `questions_in_flight` — `--concurrency` for eval-filter and fit-combination: each
+  per-question model loop run N questions at once (`by_question`, results in dataset order),
+  in-process models on one `CallBatcher`;
+* `combination_fit` — `sieverag filter fit-combination`: MCF's combination of the filter's
+  score with BM25 and dense, fitted and measured on held-out questions, into the card;
 * `cli` — `sieverag train` (`plan_launch`: the checked launch) and `sieverag eval-filter`;
 * `recipes/` — `smollm2_filter_cpu.yaml` (2-core CPU, <= 60 min) and
   `llama3_8b_filter_zero2.yaml` (8 x A100 80 GB, DeepSpeed ZeRO-2).

@@ -9,6 +9,14 @@ Entries are keyed by a SHA-256 digest of the request (the conversation and the l
 the conversation and the decoding settings), so a changed prompt template or question is a
 new entry, never a stale answer. The tables (label log-probs, replies, and the reads of
 marked prompts) are plain JSON-ready dicts; `eval-filter` stores the first two between runs.
+
+Questions in flight: in-process, `eval-filter` wraps this backend (the outermost one) in a
+`CallBatcher`, so every call runs on its one worker thread and a merged call of several
+questions' prompts fills and reads the tables in one step (a request two questions share is
+asked once). Served, several threads call it at once; that is safe because each table read
+or write is one dict operation, and two questions asking the same new request at the same
+moment may both ask the model (one answer stays). A table is saved from a copy
+(`dict(table)`, one step) so no thread in flight changes it while it is written.
 """
 
 from __future__ import annotations

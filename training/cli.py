@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.in_flight import CONCURRENCY_HELP
 from sieverag.inference.settings import narrow, settings
 from sieverag.training.filter_eval import FilterEvalConfig
 from sieverag.training.launch import (
@@ -124,6 +125,7 @@ class EvalFilterCommand(FilterEvalConfig):
     base model, BM25 and dense top-k, and keep-all, on the same held-out questions of each
     dataset, with a per-dataset table. Reruns into the same --out reuse finished work."""
 
+    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bars"})
 
 
@@ -138,7 +140,8 @@ def run_eval_filter(command: EvalFilterCommand) -> int:
 
     config = narrow(command, FilterEvalConfig)
     invocation = "sieverag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report = run_filter_eval(config, progress=not command.quiet, command=invocation)
+    report = run_filter_eval(config, progress=not command.quiet, command=invocation,
+                             concurrency=command.concurrency)
     questions = report["questions"]
     print(f"{questions['evaluated']} questions ({questions['excluded_as_training']} left out "
           f"as training questions)\n\nchunk level:\n{table(report['chunk'], CHUNK_COLUMNS)}")

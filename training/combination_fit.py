@@ -6,8 +6,10 @@ The questions: the datasets' gold-marked rows minus the filter's training questi
 card's list), within a build-dataset folder's validation split when `--split-dir` is given
 (the filter's validation split), the first `--limit` of each dataset. Each question is one
 round: the filter scores its passages (one batched call), BM25 and dense score them against
-the question. The card records the questions used, and `eval-filter` leaves them out, as it
-leaves out training questions.
+the question; `--concurrency N` scores N questions at once, their calls merged on one
+in-process `CallBatcher` (the rounds, and so the fit, are the same in dataset order). The
+card records the questions used, and `eval-filter` leaves them out, as it leaves out
+training questions.
 
 What is measured, by K-fold cross-validation over questions (`measure_combination`):
 
@@ -36,7 +38,6 @@ from typing import Any
 
 import numpy as np
 from pydantic_settings import CliPositionalArg
-from tqdm.auto import tqdm
 
 from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
@@ -62,8 +63,15 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.filter_format import FilterFormat, card_format
 from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency, default_concurrency
 from sieverag.inference.settings import FileList, settings
 from sieverag.inference.types import Device, Example
+from sieverag.training.questions_in_flight import (
+    batched,
+    by_question,
+    load_priors_encoder,
+    question_batcher,
+)
 
 BAR_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))  # 0.05 … 0.95
 TOP_K = MCFConfig().top_k  # the k of the retrieval top-k the bar is measured against
@@ -95,11 +103,13 @@ class FitCombinationCommand:
     embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
         "help": "the dense prior's embedding model"})
     device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bars"})
 
     def __post_init__(self) -> None:
         if not self.dataset:
             raise ConfigError("--dataset: give at least one dataset file")
+        check_concurrency(self.concurrency)
         if self.folds < 2:
             raise ConfigError(f"--folds must be >= 2, got {self.folds}")
         if self.limit is not None and self.limit < 1:
@@ -358,26 +368,28 @@ def fitting_questions(command: FitCombinationCommand, card: dict[str, Any]
 
 
 def score_rounds(backend: Any, examples: Sequence[Example], embedding_model: str, *,
-                 filter_format: FilterFormat = "two_stage", progress: bool = True
-                 ) -> list[LabelledRound]:
+                 filter_format: FilterFormat = "two_stage", progress: bool = True,
+                 concurrency: int = 1) -> list[LabelledRound]:
     """Each question's passages scored by the filter (MCF's chunk scores, read in the
-    filter's format), BM25 and dense."""
+    filter's format), BM25 and dense; `concurrency` questions at once, the rounds in dataset
+    order."""
     from sieverag.inference.filters.mcf import MultiGranularFilter
 
     mcf = MultiGranularFilter(backend, combination=replace(PRIORS_ONLY,
                                                            filter_format=filter_format))
-    rounds = []
-    for example in tqdm(examples, desc="scoring passages", unit="question",
-                        disable=not progress):
+
+    def one_round(example: Example) -> LabelledRound:
         scores = mcf.chunk_scores(example.question, example.documents)
         bm25, dense = passage_priors(example.question,
                                      [d.as_context() for d in example.documents],
                                      embedding_model)
-        rounds.append(LabelledRound(
+        return LabelledRound(
             RoundScores(tuple(s["score"] for s in scores), tuple(bm25), tuple(dense)),
             tuple(bool(d.is_gold) for d in example.documents), example_source(example),
-            example.id))
-    return rounds
+            example.id)
+
+    return list(by_question(examples, one_round, concurrency=concurrency,
+                            desc="scoring passages", progress=progress).values())
 
 
 def run_fit_combination(command: FitCombinationCommand) -> int:
@@ -397,11 +409,15 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
                           "the filter first (`sieverag filter package`)")
     folder = resolve_filter(str(found.path), card["base_model"])
     by_dataset = fitting_questions(command, card)
-    backend = build_backend(BackendSpec(model=card["base_model"], adapter=str(folder),
-                                        device=command.device))
-    rounds = [r for examples in by_dataset.values()
-              for r in score_rounds(backend, examples, command.embedding_model,
-                                    filter_format=card_format(card), progress=not command.quiet)]
+    spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=command.device)
+    concurrency = default_concurrency(command.concurrency, spec.endpoint is not None)
+    load_priors_encoder(command.embedding_model, concurrency)
+    with question_batcher(concurrency, spec.endpoint is not None) as batcher:
+        backend = batched(build_backend(spec), spec, batcher)
+        rounds = [r for examples in by_dataset.values()
+                  for r in score_rounds(backend, examples, command.embedding_model,
+                                        filter_format=card_format(card),
+                                        progress=not command.quiet, concurrency=concurrency)]
     combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
                                       embedding_model=command.embedding_model,
                                       by_left_out_source=command.by_left_out_source)

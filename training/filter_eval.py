@@ -26,6 +26,13 @@ Model work is cached in `OUT/cache/` under a fingerprint of what decides it (mod
 content, and for the judge the questions and bar): the filter's answers per request
 (`filter-chunks.json`, `filter-sentences.json`, written after each stage) and the judge's
 decisions (`judge.json`), so a rerun after an interruption skips finished work.
+
+`concurrency` questions run at once in every per-question model loop (`--concurrency`, as
+`sieverag eval` runs them: `training.questions_in_flight`); in-process models (the filter,
+the judge) share one `CallBatcher`, which merges the questions' concurrent calls, and wraps
+the filter's `CachingBackend` itself, so merged calls fill and read its tables. Whatever
+order the questions finish in, the report and decisions are in dataset order and the cache
+tables are written sorted by request, the cache also after a failed question.
 """
 
 from __future__ import annotations
@@ -54,18 +61,22 @@ from sieverag.inference.filters.combination import (
     adapter_combination,
 )
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
+from sieverag.inference.in_flight import default_concurrency
 from sieverag.inference.io_utils import (
     check_output_folder,
     parse_json,
     read_text,
     write_atomic,
 )
+from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.batching import CallBatcher
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
+from sieverag.training.questions_in_flight import batched, load_priors_encoder, question_batcher
 
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
@@ -290,15 +301,22 @@ def _digest(fingerprint: Mapping[str, Any]) -> str:
 
 
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
-                    command: str | None = None) -> dict[str, Any]:
+                    command: str | None = None, concurrency: int | None = None
+                    ) -> dict[str, Any]:
     """Evaluate the filter and the baselines on each dataset; write report.json, report.md and
     the plot. The report's top-level figures are the first dataset's; `datasets` holds every
-    dataset's section and `by_dataset` the cross-dataset summary."""
+    dataset's section and `by_dataset` the cross-dataset summary.
+
+    `concurrency`: questions in flight in each model loop (unset: 16 when the filter, and the
+    judge where it runs, are served, else 1); the report is the same at any value."""
     from sieverag.training.filter_report import DatasetDecisions, write_report
 
     check_output_folder(config.out)
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked
     judge_role = _judge_role(config.models, filter_role)
+    all_served = filter_role.endpoint is not None and (not config.judge
+                                                       or judge_role.endpoint is not None)
+    concurrency = default_concurrency(concurrency, all_served)
     card_folder = filter_card_folder(filter_role)
     metadata = adapter_metadata(card_folder)
     combination = adapter_combination(card_folder)
@@ -316,18 +334,31 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     live = {"chunks": mcf_backend.labels, "sentences": mcf_backend.replies,
             "passages": mcf_backend.marked}
     stored = {name: len(table) for name, table in tables.items()}
-    sections, outputs = {}, []
-    for selection in selections:
-        section, decisions, sentence_kept = _evaluate(
-            config, selection, mcf_backend, judge_role, cache, filter_role.device, progress,
-            combination)
+
+    def store_tables() -> None:
         for kind, table in live.items():
             if len(table) > stored[kind]:
-                cache.store(f"filter-{kind}", filter_identity, table)
+                # A copy (one atomic step), sorted: the file is the same whatever order the
+                # questions finished in, and no thread still in flight changes it meanwhile.
+                cache.store(f"filter-{kind}", filter_identity, dict(sorted(dict(table).items())))
                 stored[kind] = len(table)
-        name = _section_name(selection.dataset, sections)
-        sections[name] = section
-        outputs.append(DatasetDecisions(name, decisions, selection.examples, sentence_kept))
+
+    load_priors_encoder(combination.embedding_model, concurrency)
+    sections, outputs = {}, []
+    with question_batcher(concurrency, all_served) as batcher:
+        # The outermost backend is batched: merged calls still fill and read its tables.
+        filter_backend = batched(mcf_backend, filter_role, batcher)
+        for selection in selections:
+            try:
+                section, decisions, sentence_kept = _evaluate(
+                    config, selection, filter_backend, judge_role, cache, filter_role.device,
+                    progress, combination, concurrency, batcher)
+            finally:  # what finished is kept, even when a question failed
+                store_tables()
+            name = _section_name(selection.dataset, sections)
+            sections[name] = section
+            outputs.append(DatasetDecisions(name, decisions, selection.examples,
+                                            sentence_kept))
 
     configs = mcf_configs(config, combination)
     mcf_rows = {methods.mcf_row_name(c): asdict(c) for c in configs}
@@ -357,25 +388,28 @@ def _section_name(dataset: str, taken: Mapping[str, Any]) -> str:
     return name if name not in taken else f"{name} ({len(taken) + 1})"
 
 
-def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: CachingBackend,
+def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: LLMBackend,
               judge_role: BackendSpec, cache: MethodCache, device: str, progress: bool,
-              combination: Combination | None = None
+              combination: Combination | None = None, concurrency: int = 1,
+              batcher: CallBatcher | None = None
               ) -> tuple[dict[str, Any], list[methods.ChunkDecisions],
                          dict[str, dict[str, set[tuple[str, int]]]]]:
-    """Every row on one dataset's selected questions: its report section, the chunk
-    decisions and the sentence rows' kept sentences."""
+    """Every row on one dataset's selected questions, `concurrency` at once: its report
+    section, the chunk decisions and the sentence rows' kept sentences. `mcf_backend`: the
+    filter's `CachingBackend` (or the batcher's wrapper of it); the judge's backend, built
+    here, joins `batcher` when it runs in-process."""
     examples = selection.examples
     configs = mcf_configs(config, combination)
     decisions = [methods.decisions_of(methods.mcf_row_name(c), methods.mcf_results(
-        mcf_backend, examples, c, combination=combination, progress=progress),
-        methods.probability_key(c)) for c in configs]
+        mcf_backend, examples, c, combination=combination, progress=progress,
+        concurrency=concurrency), methods.probability_key(c)) for c in configs]
     if config.judge:
         question_key = sorted(e.id for e in examples)
         judge_state = cache.get_or_compute(
             "judge", {"judge": settings_to_data(judge_role), "n": config.judge_n,
                       "questions": question_key},
-            lambda: _judge_state(build_backend(judge_role), examples, config.judge_n,
-                                 progress))
+            lambda: _judge_state(batched(build_backend(judge_role), judge_role, batcher),
+                                 examples, config.judge_n, progress, concurrency))
         decisions.append(methods.ChunkDecisions(
             JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},
             judge_state["scores"]))
@@ -397,7 +431,7 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: Cachi
     parse = {"answers": 0, "unparsed": 0, "none": 0}
     if with_facts:
         sentence_kept, parse = _sentence_level(configs, mcf_backend, with_facts, decisions,
-                                               progress, combination)
+                                               progress, combination, concurrency)
         sentence = {name: sentence_quality(with_facts, kept)
                     for name, kept in sentence_kept.items()}
     section = {
@@ -526,21 +560,24 @@ def _filter_identity(filter_role: BackendSpec) -> dict[str, Any]:
 
 
 def _judge_state(backend: Any, examples: Sequence[Example], bar_n: float,
-                 progress: bool) -> dict[str, Any]:
-    decisions = methods.judge_decisions(backend, examples, bar_n, progress=progress)
+                 progress: bool, concurrency: int = 1) -> dict[str, Any]:
+    decisions = methods.judge_decisions(backend, examples, bar_n, progress=progress,
+                                        concurrency=concurrency)
     return {"kept": {k: list(v) for k, v in decisions.kept.items()},
             "scores": decisions.scores}
 
 
-def _sentence_level(configs: Sequence[MCFConfig], backend: CachingBackend,
+def _sentence_level(configs: Sequence[MCFConfig], backend: LLMBackend,
                     examples: Sequence[Example], decisions: Sequence[methods.ChunkDecisions],
-                    progress: bool, combination: Combination | None = None
+                    progress: bool, combination: Combination | None = None,
+                    concurrency: int = 1
                     ) -> tuple[dict[str, dict[str, set[tuple[str, int]]]], dict[str, int]]:
     """Row name → example id → kept (passage id, sentence index) pairs: every method's kept
     passages whole, each MCF row also with MCF's sentence stage, and the oracle rows; with
     the counts of MCF's sentence replies (answers, unparsed, none)."""
     staged, oracle = methods.mcf_sentence_results(backend, examples, configs,
-                                                  combination=combination, progress=progress)
+                                                  combination=combination, progress=progress,
+                                                  concurrency=concurrency)
     by_row = {methods.mcf_row_name(c): (c, results)
               for c, results in zip(configs, staged, strict=True)}
     rows: dict[str, dict[str, set[tuple[str, int]]]] = {}

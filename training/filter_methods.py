@@ -18,7 +18,9 @@ passage (None for methods without one) and the ids of the passages kept.
 * `keep all` — every passage.
 
 MCF runs on a `CachingBackend` (`training.caching_backend`), so each passage is scored,
-and each sentence-stage reply generated, once for all the rows.
+and each sentence-stage reply generated, once for all the rows. The model-calling methods
+run `concurrency` questions at once (`training.questions_in_flight.by_question`); their
+results are by question id in dataset order, whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from tqdm.auto import tqdm
-
 from sieverag.inference.eval.filter_metrics import top_k_indices
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.types import Example
+from sieverag.training.questions_in_flight import by_question
 
 SentenceIds = set[tuple[str, int]]
 """(passage id, index in the passage's own sentence split) pairs."""
@@ -105,14 +106,13 @@ def _sentence_stage(config: MCFConfig) -> str:
 
 
 def mcf_results(backend: LLMBackend, examples: Sequence[Example], config: MCFConfig, *,
-                combination: Combination | None = None, progress: bool = True
-                ) -> dict[str, FilterResult]:
+                combination: Combination | None = None, progress: bool = True,
+                concurrency: int = 1) -> dict[str, FilterResult]:
     """Example id → `MultiGranularFilter(backend, config, combination).select` on its
-    passages."""
+    passages, `concurrency` questions at once."""
     mcf = MultiGranularFilter(backend, config, combination)
-    return {e.id: mcf.select(e.question, e.documents)
-            for e in tqdm(examples, desc=mcf_row_name(config), unit="question",
-                          disable=not progress)}
+    return by_question(examples, lambda e: mcf.select(e.question, e.documents),
+                       concurrency=concurrency, desc=mcf_row_name(config), progress=progress)
 
 
 def decisions_of(method: str, results: Mapping[str, FilterResult],
@@ -130,32 +130,36 @@ def decisions_of(method: str, results: Mapping[str, FilterResult],
 
 def mcf_sentence_results(backend: LLMBackend, examples: Sequence[Example],
                          configs: Sequence[MCFConfig], *,
-                         combination: Combination | None = None, progress: bool = True
+                         combination: Combination | None = None, progress: bool = True,
+                         concurrency: int = 1
                          ) -> tuple[list[dict[str, FilterResult]], dict[str, FilterResult]]:
     """MCF with its sentence stage on, per config (`select`, as amber runs it), and MCF's
     sentence stage alone on each question's gold passages (the oracle row, under the first
-    config's sentence settings).
+    config's sentence settings); `concurrency` questions at once.
 
-    `backend` should be a `CachingBackend`: per question, one sentence-stage batch over every
-    passage some config keeps (or that is gold) fills it, and the configs' own runs read it.
+    `backend` should be a `CachingBackend` (or one batching calls into it): per question, one
+    sentence-stage batch over every passage some config keeps (or that is gold) fills it, and
+    the configs' own runs read it.
     """
     filters = [MultiGranularFilter(backend, replace(c, sentence_stage=True), combination)
                for c in configs]
-    per_config: list[dict[str, FilterResult]] = [{} for _ in configs]
-    oracle: dict[str, FilterResult] = {}
-    for example in tqdm(examples, desc="MCF sentence stage", unit="question",
-                        disable=not progress):
+
+    def one_question(example: Example) -> tuple[list[FilterResult], FilterResult]:
         gold = [ScoredDocument(d, 0.0, True) for d in example.documents if d.is_gold]
         wanted = {s.document.id for f in filters
                   for s in f.chunk_stage(example.question, example.documents).kept}
         wanted |= {s.document.id for s in gold}
         filters[0].sentence_stage(example.question, [
             ScoredDocument(d, 0.0, True) for d in example.documents if d.id in wanted])
-        for results, mcf in zip(per_config, filters, strict=True):
-            results[example.id] = mcf.select(example.question, example.documents)
-        oracle[example.id] = filters[0].narrow(
+        staged = [mcf.select(example.question, example.documents) for mcf in filters]
+        return staged, filters[0].narrow(
             example.question, FilterResult(kept=tuple(gold), scored=tuple(gold), threshold=None))
-    return per_config, oracle
+
+    results = by_question(examples, one_question, concurrency=concurrency,
+                          desc="MCF sentence stage", progress=progress)
+    per_config = [{example_id: staged[i] for example_id, (staged, _) in results.items()}
+                  for i in range(len(configs))]
+    return per_config, {example_id: oracle for example_id, (_, oracle) in results.items()}
 
 
 def kept_sentences(result: FilterResult, example: Example) -> SentenceIds:
@@ -234,12 +238,12 @@ def dense_scores(examples: Sequence[Example], embedding_model: str,
 
 
 def judge_decisions(backend: LLMBackend, examples: Sequence[Example], bar_n: float, *,
-                    progress: bool = True) -> ChunkDecisions:
-    """The MAIN-RAG judge's keep decisions and scores r, question by question."""
+                    progress: bool = True, concurrency: int = 1) -> ChunkDecisions:
+    """The MAIN-RAG judge's keep decisions and scores r, question by question
+    (`concurrency` at once)."""
     from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 
     judge = MainRagJudge(backend, JudgeConfig(bar_n=bar_n))
-    results = {e.id: judge.select(e.question, e.documents)
-               for e in tqdm(examples, desc="MAIN-RAG judge", unit="question",
-                             disable=not progress)}
+    results = by_question(examples, lambda e: judge.select(e.question, e.documents),
+                          concurrency=concurrency, desc="MAIN-RAG judge", progress=progress)
     return decisions_of("MAIN-RAG judge", results)
