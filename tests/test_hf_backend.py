@@ -249,3 +249,21 @@ def test_the_memory_agents_read_the_evidence_once_through_the_prompt_cache(tiny_
             assert backend.prompt_cache.reused_tokens == 0
     # Reading the evidence once gives the same greedy replies as reading it three times.
     assert updates["cached"] == updates["uncached"]
+
+
+def test_replies_prefilled_in_several_passes_and_decoded_together_are_the_same(tiny_model_dir):
+    """A token budget of one prompt a pass prefills each prompt alone and joins their caches
+    for one batched decode: the replies of one wide pass, and scores to float rounding."""
+    wide = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=8,
+                                     batch_tokens=1 << 20, draft_tokens=0))
+    narrow = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=8,
+                                       batch_tokens=1, draft_tokens=0))
+    chunks = []
+    prefill = narrow._prefill
+    narrow._prefill = lambda inputs, rows: chunks.append(len(rows)) or prefill(inputs, rows)
+    settings = GenerationSettings(max_new_tokens=12)
+    assert narrow.generate(CONVERSATIONS, settings) == wide.generate(CONVERSATIONS, settings)
+    assert chunks == [1, 1, 1]  # three passes, one decode
+    for mine, theirs in zip(narrow.label_logprobs(CONVERSATIONS, ["Yes", "No"]),
+                            wide.label_logprobs(CONVERSATIONS, ["Yes", "No"]), strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-4)

@@ -89,13 +89,13 @@ def test_drafted_greedy_decoding_writes_what_token_by_token_decoding_writes(
     settings = GenerationSettings(max_new_tokens=24, stop=stop)
     plain, plain_widths = _backend(tiny_model_dir, 0)
     written: list[list[int]] = []  # each prompt and the ids the model writes after it
-    greedy = plain._greedy
+    decode = plain._decode
 
-    def recorded(inputs, settings, eos_ids, rows):
-        tokens = greedy(inputs, settings, eos_ids, rows)
+    def recorded(*prefilled_and_settings, rows):
+        tokens = decode(*prefilled_and_settings, rows)
         written.extend(row + new for row, new in zip(rows, tokens, strict=True))
         return tokens
-    plain._greedy = recorded
+    plain._decode = lambda *args: recorded(*args[:-1], rows=args[-1])
     expected = plain.generate(PROMPTS, settings)
     assert set(plain_widths) == {1} and len(written) == len(PROMPTS)
 

@@ -39,6 +39,13 @@ from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, agreed
 from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
 
+# Prompt tokens per prefill pass. On CPU a wide pass is slower per token than a narrow one
+# (activations spill out of the caches): 16 HotpotQA prompts of ~1,250 tokens prefilled at
+# 383 tokens/s in one pass, 938 one at a time (SmolLM2-135M, 2 cores); decoding, which is
+# bandwidth-bound, still gains from many rows, so greedy replies prefill in passes of this
+# budget and then decode together.
+PREFILL_TOKEN_BUDGET = 2048
+
 
 @dataclass(frozen=True)
 class HFBackendConfig:
@@ -48,6 +55,9 @@ class HFBackendConfig:
     dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on CPU"})
     device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    batch_tokens: int = field(default=PREFILL_TOKEN_BUDGET, metadata={
+        "help": "prompt tokens per prefill pass (rows x the longest, padding included; a longer "
+                "prompt runs alone); greedy replies of several passes then decode together"})
     adapter: str | None = field(default=None, metadata={"help": "PEFT LoRA adapter folder"})
     shared_prefix_min_tokens: int = field(default=32, metadata={
         "help": "a batch whose prompts share at least this many leading tokens computes them "
@@ -76,6 +86,8 @@ class HFBackendConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.shared_prefix_min_tokens < 0:
             raise ConfigError("shared_prefix_min_tokens must be >= 0, "
                               f"got {self.shared_prefix_min_tokens}")
@@ -84,6 +96,18 @@ class HFBackendConfig:
         if self.draft_tokens < 0:
             raise ConfigError(f"draft_tokens must be >= 0, got {self.draft_tokens}")
         check_context_settings(self.context_length, self.context_overflow)
+
+
+def _token_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive index ranges of rows whose `lengths` ascend, each at most `budget` padded
+    tokens (rows x its longest), at least one row."""
+    chunks: list[list[int]] = []
+    for index, length in enumerate(lengths):
+        if chunks and (len(chunks[-1]) + 1) * length <= budget:
+            chunks[-1].append(index)
+        else:
+            chunks.append([index])
+    return chunks
 
 
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -240,11 +264,22 @@ class HFBackend:
         """Token ids of `reply` as the model would emit it right after `prompt_text`."""
         return reply_token_ids(self.tokenizer, prompt_text, prompt_ids, reply)
 
-    def _batches(self, sequences: Sequence[list[int]]) -> Iterator[list[int]]:
-        """Indices of `sequences` grouped into batches of similar length (less padding)."""
+    def _batches(self, sequences: Sequence[list[int]], *, tokens: int | None = -1
+                 ) -> Iterator[list[int]]:
+        """Indices of `sequences` grouped into batches of similar length (less padding): at
+        most `batch_size` rows and `tokens` padded tokens (default `batch_tokens`; None: rows
+        only), at least one row."""
+        budget = self.config.batch_tokens if tokens == -1 else tokens
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-        for start in range(0, len(order), self.config.batch_size):
-            yield order[start:start + self.config.batch_size]
+        batch: list[int] = []
+        for index in order:  # ascending: the newest row is the batch's longest
+            if batch and (len(batch) == self.config.batch_size or (
+                    budget is not None and (len(batch) + 1) * len(sequences[index]) > budget)):
+                yield batch
+                batch = []
+            batch.append(index)
+        if batch:
+            yield batch
 
     def _batch_inputs(self, sequences: Sequence[list[int]], prefix_limit: int | None = None
                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -293,16 +328,20 @@ class HFBackend:
         extending = self.prompt_cache.lookup(encoded) if settings.temperature == 0 else {}
         self.prompt_cache.clear()
         fresh = [i for i in range(len(encoded)) if i not in extending]
+        sampled = settings.temperature > 0
+        # Greedy rows decode together in batches of rows only, each prefilled in passes of
+        # `batch_tokens` (`_prefilled`); sampled ones run through `generate` a batch at a time.
+        fresh_batches = self._batches_of(encoded, fresh, tokens=-1 if sampled else None)
         for batch, continued in itertools.chain(
                 self._continuation_batches(encoded, extending, previous),
-                ((b, None) for b in self._batches_of(encoded, fresh))):
+                ((b, None) for b in fresh_batches)):
             rows = [encoded[i] for i in batch]
             if continued is not None:
                 new_tokens = self._greedy(continued, settings, eos_ids, rows)
-            elif settings.temperature > 0:
+            elif sampled:
                 new_tokens = self._sample(*self._batch_inputs(rows), settings, eos_ids, rows)
             else:
-                new_tokens = self._greedy(self._batch_inputs(rows)[0], settings, eos_ids, rows)
+                new_tokens = self._decode(*self._prefilled(rows), settings, eos_ids, rows)
             for tokens, index in zip(new_tokens, batch, strict=True):
                 completion_tokens[index] = len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -312,17 +351,49 @@ class HFBackend:
 
     def _greedy(self, inputs: dict[str, torch.Tensor], settings: GenerationSettings,
                 eos_ids: Sequence[int], rows: Sequence[list[int]]) -> list[list[int]]:
-        """Greedy decoding of one batch: each row's new tokens, EOS excluded. A row leaves the
-        batch as soon as it ends (EOS, a stop string in its text, the length cap), so later
-        steps run only the rows still writing — on a CPU, where a decode step's cost grows
-        with its rows, a batch no longer pays for its longest reply in every row. A batch of
-        one prompt goes several tokens a step where its reply copies (`_greedy_drafted`)."""
+        """Greedy decoding of one batch from its model inputs (one prefill pass)."""
+        return self._decode(*self._prefill(inputs, rows), settings, eos_ids, rows)
+
+    def _prefill(self, inputs: dict[str, torch.Tensor], rows: Sequence[list[int]]
+                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One prefill pass: its growing cache (kept in the prompt cache first), attention
+        mask, each row's last position and last logits."""
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache = output.cache
         self.prompt_cache.keep(rows, cache, inputs["attention_mask"])
         kv.make_growing(cache)  # each step then writes its column in place
-        mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
-        logits = output.logits[:, -1, :]
+        return (cache, inputs["attention_mask"], inputs["position_ids"][:, -1:],
+                output.logits[:, -1, :])
+
+    def _prefilled(self, rows: Sequence[list[int]]
+                   ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`_prefill` of `rows` (ascending length) in passes of at most `batch_tokens` padded
+        tokens, joined in order into one left-padded cache that decodes them together."""
+        joined = None
+        for chunk in _token_chunks([len(r) for r in rows], self.config.batch_tokens):
+            part = [rows[i] for i in chunk]
+            prefilled = self._prefill(self._batch_inputs(part)[0], part)
+            if joined is None:
+                joined = prefilled
+                continue
+            cache, mask, positions, logits = joined
+            if not (kv.is_growing(cache) and kv.is_growing(prefilled[0])):
+                raise ConfigError(f"model {self.config.model!r} has a cache that cannot be "
+                                  "joined across prefill passes; raise batch_tokens")
+            mask = kv.join_rows(cache, prefilled[0], mask, prefilled[1])
+            joined = (cache, mask, torch.cat([positions, prefilled[2]]),
+                      torch.cat([logits, prefilled[3]]))
+        assert joined is not None
+        return joined
+
+    def _decode(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor,
+                logits: torch.Tensor, settings: GenerationSettings, eos_ids: Sequence[int],
+                rows: Sequence[list[int]]) -> list[list[int]]:
+        """Greedy decoding of prefilled rows: each row's new tokens, EOS excluded. A row leaves
+        the batch as soon as it ends (EOS, a stop string in its text, the length cap), so later
+        steps run only the rows still writing — on a CPU, where a decode step's cost grows
+        with its rows, a batch no longer pays for its longest reply in every row. A batch of
+        one prompt goes several tokens a step where its reply copies (`_greedy_drafted`)."""
         if len(rows) == 1 and self.config.draft_tokens and kv.is_growing(cache):
             return [self._greedy_drafted(rows[0], logits, cache, mask, positions, settings,
                                          eos_ids)]
@@ -493,10 +564,10 @@ class HFBackend:
         self.record_usage(agent, fitted, list(map(len, encoded)))
         return results
 
-    def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int]
-                    ) -> Iterator[list[int]]:
+    def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int], *,
+                    tokens: int | None = -1) -> Iterator[list[int]]:
         """`_batches` over a subset of `sequences` (indices into the whole list)."""
-        for batch in self._batches([sequences[i] for i in indices]):
+        for batch in self._batches([sequences[i] for i in indices], tokens=tokens):
             yield [indices[j] for j in batch]
 
     def _continuation_batches(self, sequences: Sequence[list[int]],
