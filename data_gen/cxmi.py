@@ -171,7 +171,7 @@ class SharedPrefixCXMI:
                 prefix_cache, prefix_length)
             for index, value in zip(batch, batch_scores, strict=True):
                 scores[index] = value
-        self.backend.record_usage(AGENT, fitted, sum(map(len, sequences)), 0)
+        self.backend.record_usage(AGENT, fitted, list(map(len, sequences)))
         return scores
 
     def _batches(self, suffixes: Sequence[list[int]]) -> list[list[int]]:

@@ -40,11 +40,12 @@ from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, 
 from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
 
 # Prompt tokens per prefill pass. On CPU a wide pass is slower per token than a narrow one
-# (activations spill out of the caches): 16 HotpotQA prompts of ~1,250 tokens prefilled at
-# 383 tokens/s in one pass, 938 one at a time (SmolLM2-135M, 2 cores); decoding, which is
-# bandwidth-bound, still gains from many rows, so greedy replies prefill in passes of this
-# budget and then decode together.
-PREFILL_TOKEN_BUDGET = 2048
+# (its activations spill out of the caches). SmolLM2-135M, float32, 2 cores, Yes/No reads of
+# 16 HotpotQA prompts of ~1,250 tokens / of 64 passage prompts of ~200 tokens, tokens/s:
+# budget 512: 900 / 1,065; 1,024: 925 / 1,088; 2,048: 900 / 1,009; 4,096: 745 / 946; no
+# budget (16 rows a pass): 311 / 688. Decoding, bandwidth-bound, still gains from many rows:
+# greedy replies prefill in passes of this budget, then decode together.
+PREFILL_TOKEN_BUDGET = 1024
 
 
 @dataclass(frozen=True)
