@@ -19,6 +19,11 @@ Three implementations give the same scores:
   `continuation_logprob` call per question, the no-context term once.
 * `naive_cxmi`: the reference — two single-prompt passes per context and alias, nothing
   shared; kept for the tests and the benchmark.
+
+`score_many` scores several questions in one call (`label --concurrency N`): their sequences
+fill the same batches (in-process, each row behind its own question's prefix cache; served,
+one request list), and the scores come back split per question, equal to `score`'s to float
+rounding.
 """
 
 from __future__ import annotations
@@ -50,8 +55,17 @@ class CXMIScore:
     logprob_without: float
 
 
+@dataclass(frozen=True)
+class CXMIQuestion:
+    """One question's part of a `score_many` call: its gold answers and the texts to score."""
+
+    question: str
+    answers: Sequence[str]
+    contexts: Sequence[str]
+
+
 class CXMIScorer(Protocol):
-    """Scores the contexts of one question on `backend` (whose meter counts the work)."""
+    """Scores the contexts of questions on `backend` (whose meter counts the work)."""
 
     backend: LLMBackend
 
@@ -59,6 +73,10 @@ class CXMIScorer(Protocol):
         self, question: str, answers: Sequence[str], contexts: Sequence[str]
     ) -> list[CXMIScore]:
         """One `CXMIScore` per context, in order."""
+        ...
+
+    def score_many(self, questions: Sequence[CXMIQuestion]) -> list[list[CXMIScore]]:
+        """`score` of each question, in order, computed in one call."""
         ...
 
 
@@ -103,8 +121,18 @@ def _unflatten(aliases: Sequence[str], n_contexts: int,
             for i in range(n_contexts)]
 
 
+def _split(values: Sequence[float], sizes: Sequence[int]) -> list[list[float]]:
+    """`values` cut into consecutive runs of `sizes`."""
+    runs, position = [], 0
+    for size in sizes:
+        runs.append(list(values[position:position + size]))
+        position += size
+    return runs
+
+
 class BatchedCXMI:
-    """CXMI on any backend: one batched `continuation_logprob` call per question."""
+    """CXMI on any backend: one batched `continuation_logprob` call per `score` or
+    `score_many`."""
 
     def __init__(self, backend: LLMBackend) -> None:
         self.backend = backend
@@ -112,10 +140,28 @@ class BatchedCXMI:
     def score(
         self, question: str, answers: Sequence[str], contexts: Sequence[str]
     ) -> list[CXMIScore]:
-        aliases = _check_answers(answers)
-        prompts, replies = _flatten(question, aliases, contexts)
-        logprobs = self.backend.continuation_logprob(prompts, replies, agent=AGENT)
-        return _unflatten(aliases, len(contexts), logprobs)
+        return self.score_many([CXMIQuestion(question, answers, contexts)])[0]
+
+    def score_many(self, questions: Sequence[CXMIQuestion]) -> list[list[CXMIScore]]:
+        aliases = [_check_answers(q.answers) for q in questions]
+        flat = [_flatten(q.question, a, q.contexts)
+                for q, a in zip(questions, aliases, strict=True)]
+        logprobs = self.backend.continuation_logprob(
+            [p for prompts, _ in flat for p in prompts],
+            [r for _, replies in flat for r in replies], agent=AGENT)
+        return [_unflatten(a, len(q.contexts), run) for q, a, run in zip(
+            questions, aliases, _split(logprobs, [len(p) for p, _ in flat]), strict=True)]
+
+
+@dataclass
+class _Prepared:
+    """One question's sequences for `SharedPrefixCXMI`, and its prefix run once."""
+
+    fitted: list[FittedPrompt]
+    sequences: list[list[int]]
+    reply_lengths: list[int]
+    prefix_length: int
+    prefix_cache: Cache | None
 
 
 class SharedPrefixCXMI:
@@ -137,9 +183,14 @@ class SharedPrefixCXMI:
     def score(
         self, question: str, answers: Sequence[str], contexts: Sequence[str]
     ) -> list[CXMIScore]:
-        aliases = _check_answers(answers)
-        prompts, replies = _flatten(question, aliases, contexts)
-        return _unflatten(aliases, len(contexts), self.continuation_logprob(prompts, replies))
+        return self.score_many([CXMIQuestion(question, answers, contexts)])[0]
+
+    def score_many(self, questions: Sequence[CXMIQuestion]) -> list[list[CXMIScore]]:
+        aliases = [_check_answers(q.answers) for q in questions]
+        flat = [_flatten(q.question, a, q.contexts)
+                for q, a in zip(questions, aliases, strict=True)]
+        return [_unflatten(a, len(q.contexts), logprobs) for q, a, logprobs in zip(
+            questions, aliases, self.grouped_logprobs(flat), strict=True)]
 
     def _encode(self, fitted: Sequence[FittedPrompt],
                 replies: Sequence[str]) -> tuple[list[list[int]], list[int]]:
@@ -149,11 +200,41 @@ class SharedPrefixCXMI:
         return ([f.ids + r for f, r in zip(fitted, reply_ids, strict=True)],
                 [len(r) for r in reply_ids])
 
-    @torch.inference_mode()
     def continuation_logprob(self, prompts: Sequence[Conversation],
                              replies: Sequence[str]) -> list[float]:
         """Summed reply log-probs, like `HFBackend.continuation_logprob`, prefix computed once
         (the prompts fitted to the context by the backend's guard first)."""
+        return self.grouped_logprobs([(prompts, replies)])[0]
+
+    @torch.inference_mode()
+    def grouped_logprobs(self, groups: Sequence[tuple[Sequence[Conversation], Sequence[str]]]
+                         ) -> list[list[float]]:
+        """`continuation_logprob` of each (prompts, replies) group, the groups' rows batched
+        together, each row behind its own group's prefix cache."""
+        prepared = [self._prepare(prompts, replies) for prompts, replies in groups]
+        rows = [(g, i) for g, p in enumerate(prepared) for i in range(len(p.sequences))]
+        suffixes = [prepared[g].sequences[i][prepared[g].prefix_length:] for g, i in rows]
+        # A cache that is not plain keys and values (linear attention) cannot be stacked row by
+        # row: such a model batches each group's rows alone.
+        stackable = all(p.prefix_cache is None or kv.cache_layers(p.prefix_cache) is not None
+                        for p in prepared)
+        scores = [[0.0] * len(p.sequences) for p in prepared]
+        for batch in self._batches(suffixes, None if stackable else [g for g, _ in rows]):
+            cache, prefix_mask = self._batch_prefix([prepared[rows[r][0]] for r in batch])
+            batch_scores = self._score_batch(
+                [suffixes[r] for r in batch],
+                [prepared[rows[r][0]].reply_lengths[rows[r][1]] for r in batch],
+                cache, prefix_mask)
+            for r, value in zip(batch, batch_scores, strict=True):
+                group, index = rows[r]
+                scores[group][index] = value
+        for p in prepared:
+            self.backend.record_usage(AGENT, p.fitted, list(map(len, p.sequences)))
+        return scores
+
+    def _prepare(self, prompts: Sequence[Conversation], replies: Sequence[str]) -> _Prepared:
+        """A group's prompts fitted and encoded, and the prefix all its sequences share run
+        once (stopping before the shortest prompt's last token, which predicts a reply)."""
         fitted = self.backend.fit(prompts, self.backend.continuation_lengths(replies),
                                   agent=AGENT, reserved_for="continuation tokens")
         sequences, reply_lengths = self._encode(fitted, replies)
@@ -163,45 +244,66 @@ class SharedPrefixCXMI:
         if prefix_length > 0:
             prefix_cache = kv.prefill(self.backend.model, sequences[0][:prefix_length],
                                       self.backend.device)
-        suffixes = [s[prefix_length:] for s in sequences]
-        scores = [0.0] * len(sequences)
-        for batch in self._batches(suffixes):
-            batch_scores = self._score_batch(
-                [suffixes[i] for i in batch], [reply_lengths[i] for i in batch],
-                prefix_cache, prefix_length)
-            for index, value in zip(batch, batch_scores, strict=True):
-                scores[index] = value
-        self.backend.record_usage(AGENT, fitted, list(map(len, sequences)))
-        return scores
+        return _Prepared(fitted, sequences, reply_lengths, prefix_length, prefix_cache)
 
-    def _batches(self, suffixes: Sequence[list[int]]) -> list[list[int]]:
-        """Indices grouped by length, at most `batch_size` rows and `batch_tokens` padded tokens.
+    def _batch_prefix(self, owners: Sequence[_Prepared]) -> tuple[Cache | None, torch.Tensor]:
+        """The prefix cache of a batch whose row i belongs to group `owners[i]`, and its
+        attention mask: one group's prefix repeated, or each row's own prefix left-padded
+        with masked zeros to the longest (positions then continue from each row's own)."""
+        rows, device = len(owners), self.backend.device
+        if all(owner is owners[0] for owner in owners):
+            owner = owners[0]
+            mask = torch.ones((rows, owner.prefix_length), dtype=torch.long, device=device)
+            cache = (None if owner.prefix_cache is None
+                     else kv.expand_cache(owner.prefix_cache, rows))
+            return cache, mask
+        width = max(owner.prefix_length for owner in owners)
+        mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+        for row, owner in enumerate(owners):
+            mask[row, width - owner.prefix_length:] = 1
+        if width == 0:
+            return None, mask
+        layers_of = [None if o.prefix_cache is None else kv.cache_layers(o.prefix_cache)
+                     for o in owners]
+        reference = next(layers for layers in layers_of if layers is not None)
+        stacked = []
+        for layer, (keys, values) in enumerate(reference):
+            stacked.append((
+                torch.cat([_left_pad_columns(None if layers is None else layers[layer][0],
+                                             keys, width) for layers in layers_of]),
+                torch.cat([_left_pad_columns(None if layers is None else layers[layer][1],
+                                             values, width) for layers in layers_of])))
+        return kv.cache_from_layers(stacked, self.backend.model.config), mask
+
+    def _batches(self, suffixes: Sequence[list[int]],
+                 groups: Sequence[int] | None = None) -> list[list[int]]:
+        """Indices grouped by length, at most `batch_size` rows and `batch_tokens` padded tokens;
+        with `groups` (each suffix's group), a batch holds one group's rows only.
 
         On CPU a batch of a few hundred tokens is as efficient as any larger one; bigger
         ones only slow down (their activations fall out of cache).
         """
         batches: list[list[int]] = []
+        open_batch: dict[int, list[int]] = {}  # the batch still filling, per group
         for index in sorted(range(len(suffixes)), key=lambda i: len(suffixes[i])):
-            batch = batches[-1] if batches else None
+            key = 0 if groups is None else groups[index]
+            batch = open_batch.get(key)
             if (batch is None or len(batch) >= self.batch_size
                     or (len(batch) + 1) * len(suffixes[index]) > self.batch_tokens):
-                batches.append([index])
+                batch = open_batch[key] = [index]
+                batches.append(batch)
             else:
                 batch.append(index)
         return batches
 
     def _score_batch(self, suffixes: list[list[int]], reply_lengths: list[int],
-                     prefix_cache: Cache | None, prefix_length: int) -> list[float]:
+                     cache: Cache | None, prefix_mask: torch.Tensor) -> list[float]:
         backend = self.backend
-        rows = len(suffixes)
-        # Positions continue from the prefix and skip the padding between prefix and suffix;
-        # each batch gets its own copy of the prefix cache (a forward pass appends to it).
-        inputs = kv.continue_inputs(
-            suffixes, backend.tokenizer.pad_token_id,
-            None if prefix_cache is None else kv.expand_cache(prefix_cache, rows),
-            torch.ones((rows, prefix_length), dtype=torch.long, device=backend.device))
+        # Positions continue from each row's prefix and skip the padding between prefix and
+        # suffix; `cache` is the batch's own (a forward pass appends to it).
+        inputs = kv.continue_inputs(suffixes, backend.tokenizer.pad_token_id, cache, prefix_mask)
         longest_reply = max(reply_lengths)
-        logits = backend.model(**inputs, use_cache=prefix_cache is not None,
+        logits = backend.model(**inputs, use_cache=cache is not None,
                                logits_to_keep=longest_reply + 1).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         scores = []
@@ -214,6 +316,19 @@ class SharedPrefixCXMI:
             target = torch.tensor(suffix[-n_reply:], device=steps.device).unsqueeze(1)
             scores.append(steps.gather(1, target).sum().item())
         return scores
+
+
+def _left_pad_columns(tensor: torch.Tensor | None, like: torch.Tensor,
+                      width: int) -> torch.Tensor:
+    """`tensor` (keys or values of one row: [1, heads, positions, size]) left-padded with
+    zeros to `width` positions; None (a row without prefix): all zeros, shaped as `like`."""
+    if tensor is None:
+        return like.new_zeros((1, like.shape[1], width, like.shape[3]))
+    missing = width - tensor.shape[-2]
+    if not missing:
+        return tensor
+    return torch.cat([tensor.new_zeros((*tensor.shape[:-2], missing, tensor.shape[-1])),
+                      tensor], dim=-2)
 
 
 def naive_cxmi(

@@ -10,6 +10,9 @@ Output folder:
 * `summary.json` — rewritten at the end of each run: counts, teacher and scorer usage, and the
   agreement of each signal with the data's gold marks (`data_gen.labels.gold_agreement`).
 
+`concurrency` questions at a time have their CXMI scored in one scorer call
+(`Labeller.label_many`); their records are those of one at a time, in the same order.
+
 A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 
     {"question_id", "source", "question", "answers": [...],
@@ -26,6 +29,8 @@ A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 from __future__ import annotations
 
 import json
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,7 +41,7 @@ from pydantic import BeforeValidator
 from tqdm import tqdm
 
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
-from sieverag.data_gen.cxmi import CXMIScore, CXMIScorer, cxmi_scorer
+from sieverag.data_gen.cxmi import CXMIQuestion, CXMIScore, CXMIScorer, cxmi_scorer
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
 from sieverag.data_gen.passages import with_borrowed_negatives
 from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
@@ -49,7 +54,8 @@ from sieverag.inference.data import (
     example_source,
     load_examples,
 )
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.errors import ConfigError, DatasetError, SieveragError
+from sieverag.inference.in_flight import InFlightProgress, QuestionFailedError
 from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
@@ -68,6 +74,12 @@ LABELS_FILE = "labels.jsonl"
 CONFIG_FILE = "label_config.json"
 TEACHER_CACHE_FILE = "teacher_cache.jsonl"
 SUMMARY_FILE = "summary.json"
+
+LABEL_CONCURRENCY_HELP = (
+    "questions whose CXMI is scored together, in one call of the in-process scorer (their "
+    "chunks and sentences fill the same batches; a step then holds at least this many "
+    "questions; the teacher has its own --teacher.max-concurrency); the labels are the same, "
+    "in dataset order")
 
 
 def _none_word(value: Any) -> Any:
@@ -106,12 +118,15 @@ class LabelRunConfig:
     questions_per_step: int = field(default=8,
                                     metadata={"help": "questions whose teacher requests go "
                                                       "out together"})
+    concurrency: int = field(default=1, metadata={"help": LABEL_CONCURRENCY_HELP})
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
         if self.batch_size < 1 or self.questions_per_step < 1:
             raise ConfigError("batch_size and questions_per_step must be >= 1")
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.max_documents is not None and self.max_documents < 1:
             raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
         if self.borrowed_negatives < 0:
@@ -172,8 +187,12 @@ class LabelRunSummary:
     gold_agreement: dict[str, Any] = field(default_factory=dict)
 
 
+# One question's CXMI: chunk scores, sentence scores per chunk, no-context log-prob per alias.
+_QuestionCXMI = tuple[list[CXMIScore], list[list[CXMIScore]], dict[str, float] | None]
+
+
 class Labeller:
-    """Computes the signals of one question at a time."""
+    """Computes the signals of questions, one at a time or several scored together."""
 
     def __init__(self, config: LabelRunConfig, scorer: CXMIScorer | None,
                  teacher: TeacherClient | None) -> None:
@@ -190,9 +209,22 @@ class Labeller:
 
     def label(self, example: Example,
               verdicts: Sequence[TeacherVerdict] | None) -> LabelRecord:
-        documents = self._documents(example)
-        split = [chunk_sentences(d) for d in documents]
-        chunk_scores, sentence_scores, no_context = self._cxmi(example, documents, split)
+        return self.label_many([example], [verdicts])[0]
+
+    def label_many(self, examples: Sequence[Example],
+                   verdicts: Sequence[Sequence[TeacherVerdict] | None]) -> list[LabelRecord]:
+        """One record per example, in order, each as `label` makes it; the CXMI of all their
+        chunks and sentences is scored in one scorer call (`CXMIScorer.score_many`)."""
+        documents = [self._documents(e) for e in examples]
+        splits = [[chunk_sentences(d) for d in docs] for docs in documents]
+        cxmi = self._cxmi(examples, documents, splits)
+        return [self._record(*parts) for parts in zip(
+            examples, documents, splits, cxmi, verdicts, strict=True)]
+
+    def _record(self, example: Example, documents: Sequence[Document],
+                split: Sequence[tuple[list[str], bool]], cxmi: _QuestionCXMI,
+                verdicts: Sequence[TeacherVerdict] | None) -> LabelRecord:
+        chunk_scores, sentence_scores, no_context = cxmi
         chunks = []
         for index, (document, (sentences, given)) in enumerate(zip(documents, split, strict=True)):
             gold_sentences = (list(document.supporting_sentences)
@@ -212,27 +244,32 @@ class Labeller:
                            question=example.question, answers=list(example.answers),
                            no_context_logprobs=no_context, chunks=chunks)
 
-    def _cxmi(self, example: Example, documents: Sequence[Document],
-              split: Sequence[tuple[list[str], bool]]
-              ) -> tuple[list[CXMIScore], list[list[CXMIScore]], dict[str, float] | None]:
+    def _cxmi(self, examples: Sequence[Example], documents: Sequence[Sequence[Document]],
+              splits: Sequence[Sequence[tuple[list[str], bool]]]) -> list[_QuestionCXMI]:
+        """Per example: its chunks' scores, its sentences' (per chunk), its no-context
+        log-probs; empty and None without a scorer."""
         if self.scorer is None:
-            return [], [], None
+            return [([], [], None) for _ in examples]
         level = self.config.cxmi_level
-        contexts = [d.as_context() for d in documents] if level != "sentence" else []
-        n_chunks = len(contexts)
-        if level != "chunk":
-            contexts += [s for sentences, _ in split for s in sentences]
-        scores = self.scorer.score(example.question, example.answers, contexts)
-        by_sentence: list[list[CXMIScore]] = []
-        if level != "chunk":
-            position = n_chunks
-            for sentences, _ in split:
-                by_sentence.append(scores[position:position + len(sentences)])
-                position += len(sentences)
-        no_context: dict[str, float] = {}
-        for score in scores:
-            no_context[score.alias] = round(score.logprob_without, 5)
-        return scores[:n_chunks], by_sentence, no_context
+        questions = []
+        for example, docs, split in zip(examples, documents, splits, strict=True):
+            contexts = [d.as_context() for d in docs] if level != "sentence" else []
+            if level != "chunk":
+                contexts += [s for sentences, _ in split for s in sentences]
+            questions.append(CXMIQuestion(example.question, example.answers, contexts))
+        results = []
+        for docs, split, scores in zip(documents, splits, self.scorer.score_many(questions),
+                                       strict=True):
+            n_chunks = len(docs) if level != "sentence" else 0
+            by_sentence: list[list[CXMIScore]] = []
+            if level != "chunk":
+                position = n_chunks
+                for sentences, _ in split:
+                    by_sentence.append(scores[position:position + len(sentences)])
+                    position += len(sentences)
+            no_context = {score.alias: round(score.logprob_without, 5) for score in scores}
+            results.append((scores[:n_chunks], by_sentence, no_context))
+        return results
 
 
 def _load(config: LabelRunConfig) -> tuple[list[Example], str]:
@@ -308,21 +345,66 @@ def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
 
 def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
                summary: LabelRunSummary, bar: tqdm) -> None:
-    """Label in steps; the teacher works on the next step while the scorer runs this one."""
-    steps = [todo[i:i + labeller.config.questions_per_step]
-             for i in range(0, len(todo), labeller.config.questions_per_step)]
+    """Label in steps; the teacher works on the next step while the scorer runs this one,
+    `concurrency` questions of it at a time (one scorer call each)."""
+    concurrency = labeller.config.concurrency
+    size = max(labeller.config.questions_per_step, concurrency)
+    steps = [todo[i:i + size] for i in range(0, len(todo), size)]
+    progress = InFlightProgress(bar)
+
+    def keep(record: LabelRecord) -> None:
+        writer.append(record.to_json())
+        summary.questions_labelled += 1
+        summary.chunks_labelled += len(record.chunks)
+        progress.done += 1
+        bar.update(1)
+
     with bar, ThreadPoolExecutor(1, thread_name_prefix="teacher-step") as background:
         upcoming = _ask_teacher(labeller, steps[0], background) if steps else None
         for number, step in enumerate(steps):
-            verdicts = upcoming.result() if upcoming is not None else None
+            verdicts = upcoming.result() if upcoming is not None else [None] * len(step)
             upcoming = (_ask_teacher(labeller, steps[number + 1], background)
                         if number + 1 < len(steps) else None)
-            for index, example in enumerate(step):
-                record = labeller.label(example, verdicts[index] if verdicts is not None else None)
-                writer.append(record.to_json())
-                summary.questions_labelled += 1
-                summary.chunks_labelled += len(record.chunks)
-                bar.update(1)
+            for start in range(0, len(step), concurrency):
+                group = step[start:start + concurrency]
+                progress.show(len(group))
+                bar.refresh()
+                _label_group(labeller, group, verdicts[start:start + concurrency], keep,
+                             summary)
+        progress.show(0)
+
+
+def _label_group(labeller: Labeller, group: list[Example],
+                 verdicts: Sequence[Sequence[TeacherVerdict] | None],
+                 keep: Callable[[LabelRecord], None], summary: LabelRunSummary) -> None:
+    """`keep` the group's records in order, their CXMI scored together. Where that fails the
+    questions are labelled one at a time: those before the failing one are kept, then one
+    `QuestionFailedError` names it."""
+    if len(group) > 1:
+        try:
+            records = labeller.label_many(group, verdicts)
+        except Exception:  # relabelled one at a time below, to find the question
+            records = None
+        if records is not None:
+            for record in records:
+                keep(record)
+            return
+    for example, verdict in zip(group, verdicts, strict=True):
+        try:
+            record = labeller.label(example, verdict)
+        except Exception as error:
+            raise _question_failed(example, error, summary.questions_labelled) from error
+        keep(record)
+
+
+def _question_failed(example: Example, error: Exception, kept: int) -> QuestionFailedError:
+    """One error naming the question, worded as `inference.in_flight` words it."""
+    if not isinstance(error, SieveragError):  # a fault, not bad input: keep its traceback
+        traceback.print_exception(error, file=sys.stderr)
+    what = str(error) if isinstance(error, SieveragError) else f"{type(error).__name__}: {error}"
+    return QuestionFailedError(
+        f"question {example.id!r} failed: {what} (the other {kept} question(s) labelled in "
+        f"this run are saved in {LABELS_FILE}; rerun the same command to resume)")
 
 
 def _ask_teacher(labeller: Labeller, step: list[Example],
