@@ -29,8 +29,6 @@ A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 from __future__ import annotations
 
 import json
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -54,8 +52,8 @@ from sieverag.inference.data import (
     example_source,
     load_examples,
 )
-from sieverag.inference.errors import ConfigError, DatasetError, SieveragError
-from sieverag.inference.in_flight import InFlightProgress, QuestionFailedError
+from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.in_flight import InFlightProgress, question_failure
 from sieverag.inference.io_utils import (
     JsonlLog,
     check_output_folder,
@@ -393,18 +391,9 @@ def _label_group(labeller: Labeller, group: list[Example],
         try:
             record = labeller.label(example, verdict)
         except Exception as error:
-            raise _question_failed(example, error, summary.questions_labelled) from error
+            raise question_failure(repr(example.id), error,
+                                   summary.questions_labelled) from error
         keep(record)
-
-
-def _question_failed(example: Example, error: Exception, kept: int) -> QuestionFailedError:
-    """One error naming the question, worded as `inference.in_flight` words it."""
-    if not isinstance(error, SieveragError):  # a fault, not bad input: keep its traceback
-        traceback.print_exception(error, file=sys.stderr)
-    what = str(error) if isinstance(error, SieveragError) else f"{type(error).__name__}: {error}"
-    return QuestionFailedError(
-        f"question {example.id!r} failed: {what} (the other {kept} question(s) labelled in "
-        f"this run are saved in {LABELS_FILE}; rerun the same command to resume)")
 
 
 def _ask_teacher(labeller: Labeller, step: list[Example],

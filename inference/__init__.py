@@ -9,9 +9,9 @@ of `inference`):
   dense, hybrid (no LLM);
 * `filters` — MCF (the trained filter), the MAIN-RAG judge, their stack, the shipped filter;
   `roles` — who runs each model role; `answers` — cutting the scored answer from a reply;
-* metrics — `eval.metrics` (answers, filter decisions), `eval.filter_metrics` (a filter
-  against gold passages and sentences), `eval.retrieval` (recall@k, MRR): every metric is
-  defined in `eval`, whichever command reports it.
+* `metrics` — `metrics.answers` (EM, F1, accuracy), `metrics.filter` (a filter against gold
+  passages and sentences), `metrics.retrieval` (recall@k, MRR): every metric is defined
+  there, whichever command reports it.
 
 Inference proper — answering and scoring questions:
 * `pipelines` — one module each: direct, vanilla, main-rag (and main-rag-naive), iter-retgen,

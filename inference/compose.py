@@ -26,6 +26,7 @@ from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.batching import CallBatcher, on_batcher
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.base import (
@@ -41,7 +42,6 @@ from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_fil
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
-    from sieverag.inference.llm.batching import CallBatcher
     from sieverag.inference.retrieval.dense import Encoder
     from sieverag.inference.retrieval.index import Index
     from sieverag.inference.retrieval.rerank import Reranker
@@ -128,8 +128,7 @@ def build_roles(models: ModelRoles, roles: frozenset[str],
 
 def role_backend(spec: BackendSpec, batcher: CallBatcher | None = None) -> LLMBackend:
     """The backend of one role (`build_backend`), on `batcher` when given and in-process."""
-    backend = build_backend(spec)
-    return batcher.wrap(backend) if batcher is not None and spec.endpoint is None else backend
+    return on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
 
 
 def _capped_documents(limit: int | None) -> DocumentSource:

@@ -87,11 +87,14 @@ def run_in_flight(
     concurrency: int,
     name: Callable[[Item], str],
     bar: Any | None = None,
+    resumable: bool = True,
 ) -> None:
     """`work(item)` for every item, up to `concurrency` at once; `on_finished(item, result)`
     in this thread as each finishes (in finishing order; the caller restores any order it
     needs). `bar`: a tqdm bar to advance. Raises `QuestionFailedError` naming `name(item)` of
-    the first failure, after handing back every item that finished."""
+    the first failure, after handing back every item that finished; its message says that a
+    rerun resumes (`resumable`: the caller saves what `on_finished` gets) or that nothing of
+    the run is kept."""
     check_concurrency(concurrency)
     todo: queue.SimpleQueue[Item] = queue.SimpleQueue()
     for item in items:
@@ -143,17 +146,23 @@ def run_in_flight(
         with lock:
             progress.show(started[0] - finished)
     if failed is not None:
-        raise _failure(name(failed.item), failed.error, progress.done)  # type: ignore[arg-type]
+        raise question_failure(name(failed.item), failed.error, progress.done, resumable)  # type: ignore[arg-type]
 
 
-def _failure(item: str, error: BaseException, kept: int) -> BaseException:
+def question_failure(item: str, error: BaseException, kept: int, resumable: bool = True
+                     ) -> BaseException:
+    """The one error a command raises for a failed question `item` (its name, e.g. an id's
+    repr): what went wrong (a fault's traceback printed first) and what the `kept` others
+    that finished became. A KeyboardInterrupt is handed back as it is."""
     if isinstance(error, KeyboardInterrupt):
         return error
     if not isinstance(error, SieveragError):  # a fault, not bad input: keep its traceback
         traceback.print_exception(error, file=sys.stderr)
     what = str(error) if isinstance(error, SieveragError) else f"{type(error).__name__}: {error}"
+    after = ("are saved; rerun the same command to resume" if resumable
+             else "are not kept: this command saves its results only once every question ran")
     failure = QuestionFailedError(
         f"question {item} failed: {what} (the other {kept} question(s) that finished in this "
-        "run are saved; rerun the same command to resume)")
+        f"run {after})")
     failure.__cause__ = error
     return failure

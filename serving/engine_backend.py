@@ -26,6 +26,8 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    check_continuations,
+    check_labels,
     check_single_token_labels,
     labels_as_replies,
     marked_prompt_ids,
@@ -94,8 +96,7 @@ class EngineBackend:
     ) -> list[dict[str, float]]:
         """For each conversation, {label: log P(label as the assistant's next output)}; a
         label of more than one token is scored as a whole reply (`continuation_logprob`)."""
-        if not labels:
-            raise ValueError("label_logprobs needs at least one label")
+        check_labels("label_logprobs", labels)
         encoded = [self.encode(prompt) for prompt in prompts]
         label_ids = [[reply_token_ids(self.tokenizer, text, ids, label) for label in labels]
                      for text, ids in encoded]
@@ -116,8 +117,7 @@ class EngineBackend:
         order, then one more as the assistant's next output (len = marks + 1), from one
         prefill of the ids `marked_prompt_ids` gives. Labels must be one token each
         (`ValueError`)."""
-        if not labels:
-            raise ValueError("marked_label_logprobs needs at least one label")
+        check_labels("marked_label_logprobs", labels)
         texts = [self.render(prompt) for prompt in prompts]
         marked = [marked_prompt_ids(self.tokenizer, text) for text in texts]
         if not marked:
@@ -142,8 +142,7 @@ class EngineBackend:
         agent: str = "scorer",
     ) -> list[float]:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
-        if len(prompts) != len(continuations):
-            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        check_continuations(prompts, continuations)
         encoded = [self.encode(prompt) for prompt in prompts]
         replies = [reply_token_ids(self.tokenizer, text, ids, reply)
                    for (text, ids), reply in zip(encoded, continuations, strict=True)]

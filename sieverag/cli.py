@@ -28,9 +28,9 @@ def _command(module: str, settings: str, run: str, help: str) -> Command:
     return Command(f"{module}:{settings}", f"{module}:{run}", help)
 
 
-_INFERENCE = "sieverag.inference.cli"
-_FILTERS = "sieverag.inference.filters.cli"
-_RETRIEVAL = "sieverag.inference.retrieval.cli"
+_INFERENCE = "sieverag.inference.cli.run"
+_FILTERS = "sieverag.inference.cli.filter"
+_RETRIEVAL = "sieverag.inference.cli.index"
 _DATA_GEN = "sieverag.data_gen.cli"
 _TRAINING = "sieverag.training.cli"
 _SERVING = "sieverag.serving.cli"
@@ -78,7 +78,7 @@ COMMANDS: dict[str, Command] = {
     "filter package": _command(_FILTERS, "FilterPackageCommand", "run_package",
                                "turn a training run into a shippable bf16 adapter with a card"),
     "filter fit-combination": _command(
-        "sieverag.training.combination_fit", "FitCombinationCommand", "run_fit_combination",
+        _TRAINING, "FitCombinationCommand", "run_fit_combination",
         "fit MCF's combination of the filter with BM25 and dense into the card"),
     "serve": _command(_SERVING, "ServeCommand", "run_serve",
                       "serve a model and LoRA adapters over an OpenAI-compatible API"),

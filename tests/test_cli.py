@@ -63,7 +63,7 @@ def test_flags_the_command_line_cannot_read_are_one_clear_error(capsys, tmp_path
 
 
 def test_none_is_a_choice_and_None_is_no_value_on_the_command_line():
-    from sieverag.inference.cli import EvalCommand
+    from sieverag.inference.cli.run import EvalCommand
     from sieverag.inference.settings import parse_settings
 
     command = parse_settings(EvalCommand, ["--dataset", "d.jsonl", "--amber.filter", "none",

@@ -17,9 +17,11 @@ from sieverag.inference.config import ModelRoles
 from sieverag.inference.errors import SieveragError
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.in_flight import QuestionFailedError
+from sieverag.inference.llm import batching
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.batching import CallBatcher
 from sieverag.inference.llm.registry import BackendSpec
+from sieverag.training import cli as training_cli
 from sieverag.training import combination_fit, filter_eval, questions_in_flight
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
@@ -93,7 +95,7 @@ def batchers(monkeypatch) -> list[CallBatcher]:
             super().__init__(*args, **kwargs)
             opened.append(self)
 
-    monkeypatch.setattr(questions_in_flight, "CallBatcher", Noted)
+    monkeypatch.setattr(batching, "CallBatcher", Noted)
     return opened
 
 
@@ -217,10 +219,10 @@ def fit(tmp_path: Path, books: Path, concurrency: int | None, monkeypatch,
     monkeypatch.setattr(adapters, "read_card", lambda path: card)
     monkeypatch.setattr(adapters, "resolve_filter", lambda path, base: folder)
     monkeypatch.setattr(registry, "build_backend", lambda spec: model)
-    command = combination_fit.FitCombinationCommand(
+    command = training_cli.FitCombinationCommand(
         adapter="scripted", dataset=(str(books),), folds=2, quiet=True,
         concurrency=concurrency)
-    assert combination_fit.run_fit_combination(command) == 0
+    assert training_cli.run_fit_combination(command) == 0
     return json.loads((folder / adapters.CARD_FILE).read_text(encoding="utf-8"))
 
 
@@ -258,7 +260,7 @@ def test_scored_rounds_come_in_dataset_order_and_a_failing_question_is_named(tmp
 
 def test_a_bad_concurrency_fails_before_any_work(tmp_path, model):
     with pytest.raises(SieveragError, match="--concurrency must be >= 1, got 0"):
-        combination_fit.FitCombinationCommand(adapter="x", dataset=("d.jsonl",),
+        training_cli.FitCombinationCommand(adapter="x", dataset=("d.jsonl",),
                                                concurrency=0)
     with pytest.raises(SieveragError, match="--concurrency must be >= 1, got 0"):
         evaluate(tmp_path / "out", books_dataset(tmp_path), 0)

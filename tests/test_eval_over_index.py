@@ -15,7 +15,7 @@ from fake_backend import ScriptedBackend, serve_every_role
 from test_retrieval import FAKE_DENSE, fake_encoder
 
 from sieverag.cli import main
-from sieverag.inference.cli import EvalCommand
+from sieverag.inference.cli.run import EvalCommand
 from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval import runner

@@ -14,7 +14,6 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.filter_metrics import calibration_error, paired_f1_difference
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
     FEATURES,
@@ -29,6 +28,7 @@ from sieverag.inference.filters.combination import (
     round_features,
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.metrics.filter import calibration_error, paired_f1_difference
 from sieverag.inference.types import Document
 from sieverag.training.combination_fit import LabelledRound, best_bar, measure_combination
 from sieverag.training.filter_methods import mcf_row_name

@@ -12,7 +12,7 @@ import pytest
 from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
-from sieverag.inference.cli import JudgeSweepCommand
+from sieverag.inference.cli.run import JudgeSweepCommand
 from sieverag.inference.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.errors import ConfigError

@@ -11,8 +11,10 @@ Inside `sieverag.inference` a module imports only its own layer or the layers be
   pipelines    inference.pipelines (with amber's memory and collector agents and the router)
   composition | integrations   side by side: config, compose (build the roles and pipelines
                for every command) | the framework adapters (the rerank endpoint's clients)
-  evaluation   inference.eval (runner, metrics, reports, trace rendering)
-  command line every `cli.py`: anything in its own part
+  metrics      inference.metrics (every metric's definition)
+  evaluation   inference.eval (runner, records, reports, trace rendering)
+  command line every part's `cli` module or package (at the part's top, never inside a
+               layer's folder): anything in its own part
 
 Between the parts (the folders pyproject.toml maps to `sieverag.*`, see PART_IMPORTS):
 `inference` imports none of the others; data_gen, training and serving import `inference` and
@@ -77,8 +79,7 @@ LAYERS = (
     Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles")),
     # Every metric's definition (the runner, reports and trust metrics sit above, in
     # evaluation): pure functions of answers, decisions and gold.
-    Layer("metrics", 3, (f"{INFERENCE}.eval.metrics", f"{INFERENCE}.eval.filter_metrics",
-                         f"{INFERENCE}.eval.retrieval")),
+    Layer("metrics", 3, (f"{INFERENCE}.metrics",)),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
     Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
     Layer("integrations", 5, (f"{INFERENCE}.integrations",)),
@@ -163,7 +164,7 @@ def _within(module: str, package: str) -> bool:
 
 def layer_of(module: str) -> Layer | None:
     """The inference layer of a module; None for a module no layer claims."""
-    if module.rsplit(".", 1)[-1] == "cli":
+    if "cli" in module.split(".")[1:]:  # a part's `cli` module or package
         return COMMAND_LINE
     claims = [(len(member), layer) for layer in LAYERS for member in layer.members
               if _within(module, member)]
@@ -250,6 +251,14 @@ def test_the_parts_are_found_and_each_has_its_rules() -> None:
     assert "sieverag.cli" in MODULES and f"{INFERENCE}.cli" in MODULES
 
 
+def test_command_modules_sit_at_a_parts_top_never_in_a_layers_folder() -> None:
+    """A `cli` module or package is a part's own (sieverag/cli.py, inference/cli/,
+    training/cli.py, ...): no layer folder holds one."""
+    misplaced = sorted(name for name in MODULES if "cli" in name.split(".")[1:]
+                       and name.split(".").index("cli") != len(part_of(name).split(".")))
+    assert not misplaced, f"command modules inside a layer's folder: {misplaced}"
+
+
 def test_every_inference_module_has_a_layer() -> None:
     unplaced = [f"{m.shown} ({m.name})" for m in MODULES.values()
                 if part_of(m.name) == INFERENCE and layer_of(m.name) is None]
@@ -267,7 +276,7 @@ def test_no_import_runs_up_the_layers() -> None:
 @pytest.mark.parametrize(("importer", "target", "reason"), [
     ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.runner",
      "retrieval imports evaluation, a layer above it"),
-    ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.metrics",
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.metrics.answers",
      "retrieval imports metrics, a layer above it"),
     ("sieverag.training.filter_eval", "sieverag.inference.compose",
      "sieverag.training imports `inference`'s shared core only, not its composition layer"),
@@ -281,18 +290,18 @@ def test_no_import_runs_up_the_layers() -> None:
      "data imports retrieval, a layer above it"),
     ("sieverag.inference.types", "sieverag.inference.data",
      "shared base imports data, a layer above it"),
-    ("sieverag.inference.filters.judge", "sieverag.inference.cli",
+    ("sieverag.inference.filters.judge", "sieverag.inference.cli.run",
      "agents imports command line, a layer above it"),
     ("sieverag.inference.pipelines.base", "sieverag.inference.config",
      "pipelines imports composition, a layer above it"),
     ("sieverag.inference.eval.runner", "sieverag.data_gen.cxmi", "`inference` imports none of"),
-    ("sieverag.inference.cli", "sieverag.accelerate_configs", "`inference` imports none of"),
+    ("sieverag.inference.cli.run", "sieverag.accelerate_configs", "`inference` imports none of"),
     ("sieverag.serving.cli", "sieverag.accelerate_configs", "sieverag.serving does not import"),
     ("sieverag.training.sft", "sieverag.serving.config", "sieverag.training does not import"),
     ("sieverag.serving.app", "sieverag.training.data", "sieverag.serving does not import"),
     ("sieverag.data_gen.labelling", "sieverag.training.data", "sieverag.data_gen does not"),
     ("sieverag.cli", "sieverag.serving.cli", "the command line root imports only"),
-    ("sieverag.inference.cli", "sieverag.cli", "nothing imports the `sieverag` command line"),
+    ("sieverag.inference.cli.run", "sieverag.cli", "nothing imports the `sieverag` command line"),
 ])
 def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: str) -> None:
     found = violation(importer, target)
@@ -305,10 +314,10 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.data.loading", "sieverag.inference.errors"),
     ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
     ("sieverag.inference.pipelines.collector", "sieverag.inference.pipelines.memory"),
-    ("sieverag.inference.retrieval.cli", "sieverag.inference.llm.models"),
-    ("sieverag.inference.cli", "sieverag.inference.retrieval.cli"),
+    ("sieverag.inference.cli.index", "sieverag.inference.llm.models"),
+    ("sieverag.inference.cli.run", "sieverag.inference.cli.index"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
-    ("sieverag.training.filter_eval", "sieverag.inference.eval.metrics"),
+    ("sieverag.training.filter_eval", "sieverag.inference.metrics.answers"),
     ("sieverag.training.cli", "sieverag.accelerate_configs"),
     ("sieverag.cli", "sieverag.inference.settings"),
     ("sieverag.__main__", "sieverag.cli"),
@@ -332,18 +341,18 @@ def test_imports_are_read_everywhere_in_a_file_and_resolved(tmp_path: Path) -> N
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "from . import bm25, missing_name\n"
-        "from ..eval import metrics\n"
+        "from ..metrics import answers\n"
         "if TYPE_CHECKING:\n"
         "    from sieverag.inference.llm.base import LLMBackend\n"
         "def later():\n"
         "    import transformers\n", encoding="utf-8")
     module = SourceModule("sieverag.inference.retrieval.probe", source, is_package=False)
-    known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.eval.metrics",
+    known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.metrics.answers",
              "sieverag.inference.llm.base"}
     assert {(found.target, found.line) for found in imports_of(module, known)} == {
         ("typing", 1),
         ("sieverag.inference.retrieval.bm25", 2), ("sieverag.inference.retrieval", 2),
-        ("sieverag.inference.eval.metrics", 3),
+        ("sieverag.inference.metrics.answers", 3),
         ("sieverag.inference.llm.base", 5),
         ("transformers", 7),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.eval.metrics import (
+from sieverag.inference.metrics.answers import (
     answer_accuracy,
     asqa_string_scores,
     choice_accuracy,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.retrieval import (
+from sieverag.inference.metrics.retrieval import (
     ranked_sources,
     recall_at_k,
     reciprocal_rank,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sieverag.cli import main
-from sieverag.inference.retrieval.cli import DATA_DIR_ENV, EVAL_CORPORA
+from sieverag.inference.cli.index import DATA_DIR_ENV, EVAL_CORPORA
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE
 
 SQUAD = {"version": "1.1", "data": [{"title": "T", "paragraphs": [

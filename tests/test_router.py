@@ -16,7 +16,7 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference import compose
-from sieverag.inference.cli import EvalCommand
+from sieverag.inference.cli.run import EvalCommand
 from sieverag.inference.compose import build_context, plan_run
 from sieverag.inference.config import (
     ModelRoles,

@@ -217,7 +217,7 @@ def test_unknown_config_keys_and_flags_are_refused_by_name(tmp_path, demo_file, 
 
 
 def test_a_preset_supplies_defaults_that_flags_override():
-    from sieverag.inference.cli import EvalCommand
+    from sieverag.inference.cli.run import EvalCommand
     from sieverag.inference.settings import parse_settings
 
     command = parse_settings(EvalCommand, ["--preset", "amber-smollm2", "--dataset", "d.jsonl",

@@ -9,9 +9,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic_settings import CliPositionalArg
+
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.in_flight import CONCURRENCY_HELP
-from sieverag.inference.settings import narrow, settings
+from sieverag.inference.filters.combination import (
+    CARD_KEY,
+    DEFAULT_EMBEDDING_MODEL,
+    describe_combination,
+)
+from sieverag.inference.filters.filter_format import card_format
+from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency, default_concurrency
+from sieverag.inference.llm.batching import on_batcher, question_batcher
+from sieverag.inference.settings import FileList, narrow, settings
+from sieverag.inference.types import Device
+from sieverag.training.combination_fit import (
+    fitting_questions,
+    measure_combination,
+    score_rounds,
+)
 from sieverag.training.filter_eval import FilterEvalConfig
 from sieverag.training.launch import (
     LaunchConfig,
@@ -22,6 +37,7 @@ from sieverag.training.launch import (
     resolve_accelerate_config,
     shipped_names,
 )
+from sieverag.training.questions_in_flight import load_priors_encoder
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -151,4 +167,86 @@ def run_eval_filter(command: EvalFilterCommand) -> int:
     if len(report["datasets"]) > 1:
         print(f"\nby dataset:\n{summary_table(report['by_dataset'])}")
     print(f"\nreport: {config.out}/report.md, {config.out}/report.json")
+    return 0
+
+
+@settings
+class FitCombinationCommand:
+    """Fit MCF's combination of the filter's score with BM25 and dense (logistic regression,
+    calibrated), its calibrated bar, and what the filter adds over the priors alone, on
+    held-out questions; write them into the adapter's card (`filter list` shows them)."""
+
+    adapter: CliPositionalArg[str] = field(metadata={
+        "help": "the filter: an adapter folder, or a name (an installed or shipped filter; "
+                "its folder's card is rewritten)"})
+    dataset: FileList = field(metadata={
+        "help": "gold-marked dataset file(s) (as eval-filter reads them), comma-separated"})
+    split_dir: str | None = field(default=None, metadata={
+        "help": "a build-dataset folder: fit only on its validation questions (the filter's "
+                "validation split)"})
+    limit: int | None = field(default=None, metadata={
+        "help": "first N eligible questions of each dataset"})
+    folds: int = field(default=5, metadata={"help": "cross-validation folds (by question)"})
+    min_gain: float = field(default=0.005, metadata={
+        "help": "AUROC the filter must add over the priors alone to be used"})
+    by_left_out_source: bool = field(default=False, metadata={
+        "help": "fit on all sources but one and measure on the one left out, for each in "
+                "turn; use the filter only if that makes its worst left-out source better "
+                "than the priors alone (needs 2 datasets or more)"})
+    embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
+        "help": "the dense prior's embedding model"})
+    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
+    quiet: bool = field(default=False, metadata={"help": "no progress bars"})
+
+    def __post_init__(self) -> None:
+        if not self.dataset:
+            raise ConfigError("--dataset: give at least one dataset file")
+        check_concurrency(self.concurrency)
+        if self.folds < 2:
+            raise ConfigError(f"--folds must be >= 2, got {self.folds}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if not 0 <= self.min_gain < 1:
+            raise ConfigError(f"--min-gain must be in [0, 1), got {self.min_gain}")
+
+
+
+
+def run_fit_combination(command: FitCombinationCommand) -> int:
+    from sieverag.inference.filters.adapters import (
+        CARD_FILE,
+        find_adapter,
+        read_card,
+        resolve_filter,
+    )
+    from sieverag.inference.io_utils import write_json_atomic
+    from sieverag.inference.llm.registry import BackendSpec, build_backend
+
+    found = find_adapter(command.adapter)
+    card = read_card(found.path)
+    if card is None or "base_model" not in card:
+        raise ConfigError(f"{found.path} has no {CARD_FILE} naming its base model: package "
+                          "the filter first (`sieverag filter package`)")
+    folder = resolve_filter(str(found.path), card["base_model"])
+    by_dataset = fitting_questions(command.dataset, card, adapter=command.adapter,
+                                   split_dir=command.split_dir, limit=command.limit)
+    spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=command.device)
+    concurrency = default_concurrency(command.concurrency, spec.endpoint is not None)
+    load_priors_encoder(command.embedding_model, concurrency)
+    with question_batcher(concurrency, spec.endpoint is not None) as batcher:
+        backend = on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
+        rounds = [r for examples in by_dataset.values()
+                  for r in score_rounds(backend, examples, command.embedding_model,
+                                        filter_format=card_format(card),
+                                        progress=not command.quiet, concurrency=concurrency)]
+    combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
+                                      embedding_model=command.embedding_model,
+                                      by_left_out_source=command.by_left_out_source)
+    section = {**combination.as_card(),
+               "datasets": [Path(d).name for d in by_dataset],
+               "questions": sorted([r.source, r.question_id] for r in rounds)}
+    write_json_atomic(folder / CARD_FILE, {**card, CARD_KEY: section})
+    print(describe_combination(combination))
+    print(f"written into {folder / CARD_FILE}")
     return 0

@@ -33,22 +33,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.filter_metrics import (
-    auroc,
-    calibration_error,
-    decision_quality,
-    top_k_indices,
-)
 from sieverag.inference.filters.combination import (
-    CARD_KEY,
     DEFAULT_EMBEDDING_MODEL,
     FEATURES,
     PRIOR_FEATURES,
@@ -56,66 +47,23 @@ from sieverag.inference.filters.combination import (
     PRIORS_ONLY_KEY,
     Combination,
     RoundScores,
-    describe_combination,
     fit_combination,
     passage_priors,
     probability_bar,
 )
-from sieverag.inference.filters.filter_format import FilterFormat, card_format
+from sieverag.inference.filters.filter_format import FilterFormat
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency, default_concurrency
-from sieverag.inference.settings import FileList, settings
-from sieverag.inference.types import Device, Example
-from sieverag.training.questions_in_flight import (
-    batched,
-    by_question,
-    load_priors_encoder,
-    question_batcher,
+from sieverag.inference.metrics.filter import (
+    auroc,
+    calibration_error,
+    decision_quality,
+    top_k_indices,
 )
+from sieverag.inference.types import Example
+from sieverag.training.questions_in_flight import by_question
 
 BAR_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))  # 0.05 … 0.95
 TOP_K = MCFConfig().top_k  # the k of the retrieval top-k the bar is measured against
-
-
-@settings
-class FitCombinationCommand:
-    """Fit MCF's combination of the filter's score with BM25 and dense (logistic regression,
-    calibrated), its calibrated bar, and what the filter adds over the priors alone, on
-    held-out questions; write them into the adapter's card (`filter list` shows them)."""
-
-    adapter: CliPositionalArg[str] = field(metadata={
-        "help": "the filter: an adapter folder, or a name (an installed or shipped filter; "
-                "its folder's card is rewritten)"})
-    dataset: FileList = field(metadata={
-        "help": "gold-marked dataset file(s) (as eval-filter reads them), comma-separated"})
-    split_dir: str | None = field(default=None, metadata={
-        "help": "a build-dataset folder: fit only on its validation questions (the filter's "
-                "validation split)"})
-    limit: int | None = field(default=None, metadata={
-        "help": "first N eligible questions of each dataset"})
-    folds: int = field(default=5, metadata={"help": "cross-validation folds (by question)"})
-    min_gain: float = field(default=0.005, metadata={
-        "help": "AUROC the filter must add over the priors alone to be used"})
-    by_left_out_source: bool = field(default=False, metadata={
-        "help": "fit on all sources but one and measure on the one left out, for each in "
-                "turn; use the filter only if that makes its worst left-out source better "
-                "than the priors alone (needs 2 datasets or more)"})
-    embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
-        "help": "the dense prior's embedding model"})
-    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
-    concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
-    quiet: bool = field(default=False, metadata={"help": "no progress bars"})
-
-    def __post_init__(self) -> None:
-        if not self.dataset:
-            raise ConfigError("--dataset: give at least one dataset file")
-        check_concurrency(self.concurrency)
-        if self.folds < 2:
-            raise ConfigError(f"--folds must be >= 2, got {self.folds}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
-        if not 0 <= self.min_gain < 1:
-            raise ConfigError(f"--min-gain must be in [0, 1), got {self.min_gain}")
 
 
 @dataclass(frozen=True)
@@ -332,27 +280,28 @@ def _logit(probability: float) -> float:
 # ----- the command: questions, the filter's scores, the card ---------------------------------
 
 
-def fitting_questions(command: FitCombinationCommand, card: dict[str, Any]
+def fitting_questions(datasets: Sequence[str], card: dict[str, Any], *, adapter: str,
+                      split_dir: str | None = None, limit: int | None = None
                       ) -> dict[str, list[Example]]:
-    """Dataset → its questions to fit on (gold-marked, not training questions, within the
-    split's validation questions when given, limited)."""
+    """Dataset → its questions to fit on (gold-marked, not training questions of the card of
+    `adapter`, within `split_dir`'s validation questions when given, the first `limit`)."""
     from sieverag.inference.data import load_examples
 
     trained = {tuple(q) for q in (card.get("dataset") or {}).get("train_questions") or ()}
     validation = None
-    if command.split_dir is not None:
+    if split_dir is not None:
         from sieverag.training.data import question_ids
 
-        validation = question_ids(command.split_dir, "validation")
+        validation = question_ids(split_dir, "validation")
         if not validation:
-            raise DatasetError(f"{command.split_dir} has no validation questions: build it "
+            raise DatasetError(f"{split_dir} has no validation questions: build it "
                                "with --validation-fraction > 0, or leave out --split-dir")
     elif not trained:
-        raise ConfigError(f"the card of {command.adapter} lists no training questions: pass "
+        raise ConfigError(f"the card of {adapter} lists no training questions: pass "
                           "--split-dir (its build-dataset folder) so only validation "
                           "questions are fitted on")
     chosen = {}
-    for dataset in command.dataset:
+    for dataset in datasets:
         eligible = [e for e in load_examples(dataset)
                     if any(d.is_gold for d in e.documents)
                     and not all(d.is_gold for d in e.documents)
@@ -361,9 +310,9 @@ def fitting_questions(command: FitCombinationCommand, card: dict[str, Any]
         if not eligible:
             raise DatasetError(f"{dataset}: no question to fit on (each needs gold and "
                                "non-gold passages, outside the filter's training questions"
-                               + (f", inside {command.split_dir}'s validation split"
+                               + (f", inside {split_dir}'s validation split"
                                   if validation is not None else "") + ")")
-        chosen[dataset] = eligible[:command.limit]
+        chosen[dataset] = eligible[:limit]
     return chosen
 
 
@@ -389,42 +338,5 @@ def score_rounds(backend: Any, examples: Sequence[Example], embedding_model: str
             example.id)
 
     return list(by_question(examples, one_round, concurrency=concurrency,
-                            desc="scoring passages", progress=progress).values())
-
-
-def run_fit_combination(command: FitCombinationCommand) -> int:
-    from sieverag.inference.filters.adapters import (
-        CARD_FILE,
-        find_adapter,
-        read_card,
-        resolve_filter,
-    )
-    from sieverag.inference.io_utils import write_json_atomic
-    from sieverag.inference.llm.registry import BackendSpec, build_backend
-
-    found = find_adapter(command.adapter)
-    card = read_card(found.path)
-    if card is None or "base_model" not in card:
-        raise ConfigError(f"{found.path} has no {CARD_FILE} naming its base model: package "
-                          "the filter first (`sieverag filter package`)")
-    folder = resolve_filter(str(found.path), card["base_model"])
-    by_dataset = fitting_questions(command, card)
-    spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=command.device)
-    concurrency = default_concurrency(command.concurrency, spec.endpoint is not None)
-    load_priors_encoder(command.embedding_model, concurrency)
-    with question_batcher(concurrency, spec.endpoint is not None) as batcher:
-        backend = batched(build_backend(spec), spec, batcher)
-        rounds = [r for examples in by_dataset.values()
-                  for r in score_rounds(backend, examples, command.embedding_model,
-                                        filter_format=card_format(card),
-                                        progress=not command.quiet, concurrency=concurrency)]
-    combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
-                                      embedding_model=command.embedding_model,
-                                      by_left_out_source=command.by_left_out_source)
-    section = {**combination.as_card(),
-               "datasets": [Path(d).name for d in by_dataset],
-               "questions": sorted([r.source, r.question_id] for r in rounds)}
-    write_json_atomic(folder / CARD_FILE, {**card, CARD_KEY: section})
-    print(describe_combination(combination))
-    print(f"written into {folder / CARD_FILE}")
-    return 0
+                            desc="scoring passages", progress=progress,
+                            resumable=False).values())

@@ -10,7 +10,7 @@ built from (read from the `sieverag build-dataset` output, default: the dataset 
 adapter's metadata), matched by (source, question id) — so a source left out of training is
 evaluated whole. Questions without a gold passage are left out (counted).
 
-Metrics (defined in `inference.eval.filter_metrics`, with every other metric):
+Metrics (defined in `inference.metrics.filter`, with every other metric):
 
 * chunk level, against the gold passages (`is_gold`): per-question precision / recall / F1
   of the kept passage ids, averaged over questions (macro); the same pooled over all
@@ -47,12 +47,6 @@ from typing import Any
 
 from sieverag.inference.data import example_source
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.filter_metrics import (
-    chunk_quality,
-    has_supporting_facts,
-    paired_f1_difference,
-    sentence_quality,
-)
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.combination import (
     CARD_KEY,
@@ -69,14 +63,25 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.batching import CallBatcher
+from sieverag.inference.llm.batching import (
+    CallBatcher,
+    on_batcher,
+    question_batcher,
+    warn_capped_requests,
+)
 from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.metrics.filter import (
+    chunk_quality,
+    has_supporting_facts,
+    paired_f1_difference,
+    sentence_quality,
+)
 from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
-from sieverag.training.questions_in_flight import batched, load_priors_encoder, question_batcher
+from sieverag.training.questions_in_flight import load_priors_encoder
 
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
@@ -317,6 +322,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     all_served = filter_role.endpoint is not None and (not config.judge
                                                        or judge_role.endpoint is not None)
     concurrency = default_concurrency(concurrency, all_served)
+    warn_capped_requests([filter_role, *([judge_role] if config.judge else [])], concurrency)
     card_folder = filter_card_folder(filter_role)
     metadata = adapter_metadata(card_folder)
     combination = adapter_combination(card_folder)
@@ -347,7 +353,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
     sections, outputs = {}, []
     with question_batcher(concurrency, all_served) as batcher:
         # The outermost backend is batched: merged calls still fill and read its tables.
-        filter_backend = batched(mcf_backend, filter_role, batcher)
+        filter_backend = on_batcher(mcf_backend, filter_role.endpoint is not None, batcher)
         for selection in selections:
             try:
                 section, decisions, sentence_kept = _evaluate(
@@ -405,10 +411,11 @@ def _evaluate(config: FilterEvalConfig, selection: Selection, mcf_backend: LLMBa
         concurrency=concurrency), methods.probability_key(c)) for c in configs]
     if config.judge:
         question_key = sorted(e.id for e in examples)
+        served = judge_role.endpoint is not None
         judge_state = cache.get_or_compute(
             "judge", {"judge": settings_to_data(judge_role), "n": config.judge_n,
                       "questions": question_key},
-            lambda: _judge_state(batched(build_backend(judge_role), judge_role, batcher),
+            lambda: _judge_state(on_batcher(build_backend(judge_role), served, batcher),
                                  examples, config.judge_n, progress, concurrency))
         decisions.append(methods.ChunkDecisions(
             JUDGE, {k: tuple(v) for k, v in judge_state["kept"].items()},

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sieverag.inference.eval.filter_metrics import top_k_indices
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.metrics.filter import top_k_indices
 from sieverag.inference.types import Example
 from sieverag.training.questions_in_flight import by_question
 
@@ -245,5 +245,6 @@ def judge_decisions(backend: LLMBackend, examples: Sequence[Example], bar_n: flo
 
     judge = MainRagJudge(backend, JudgeConfig(bar_n=bar_n))
     results = by_question(examples, lambda e: judge.select(e.question, e.documents),
-                          concurrency=concurrency, desc="MAIN-RAG judge", progress=progress)
+                          concurrency=concurrency, desc="MAIN-RAG judge", progress=progress,
+                          resumable=False)
     return decisions_of("MAIN-RAG judge", results)

@@ -9,34 +9,14 @@ order the questions finish in, so every report reads the same at any `--concurre
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
 from tqdm.auto import tqdm
 
 from sieverag.inference.in_flight import run_in_flight
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.batching import CallBatcher
-from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.types import Example
 
 Result = TypeVar("Result")
-
-
-def question_batcher(concurrency: int, all_served: bool
-                     ) -> AbstractContextManager[CallBatcher | None]:
-    """The run's one `CallBatcher` when several questions are in flight and some model runs
-    in-process (a served model batches on its server); else a context giving None."""
-    return CallBatcher() if concurrency > 1 and not all_served else nullcontext()
-
-
-def batched(backend: LLMBackend, spec: BackendSpec, batcher: CallBatcher | None
-            ) -> LLMBackend:
-    """`backend` (built from `spec`) with its calls merged on `batcher` when it runs
-    in-process; as it is when served or without a batcher."""
-    if batcher is None or spec.endpoint is not None:
-        return backend
-    return batcher.wrap(backend)
 
 
 def load_priors_encoder(embedding_model: str, concurrency: int) -> None:
@@ -49,9 +29,11 @@ def load_priors_encoder(embedding_model: str, concurrency: int) -> None:
 
 
 def by_question(examples: Sequence[Example], work: Callable[[Example], Result], *,
-                concurrency: int = 1, desc: str, progress: bool = True) -> dict[str, Result]:
+                concurrency: int = 1, desc: str, progress: bool = True,
+                resumable: bool = True) -> dict[str, Result]:
     """Example id → `work(example)` for every example, `concurrency` at once, in dataset
-    order. A failing question raises `QuestionFailedError` naming its id."""
+    order. A failing question raises `QuestionFailedError` naming its id (`resumable`: whether
+    what finished is kept for a rerun, as a `CachingBackend` keeps the filter's reads)."""
     finished: dict[str, Result] = {}
 
     def keep(example: Example, result: Result) -> None:
@@ -59,5 +41,5 @@ def by_question(examples: Sequence[Example], work: Callable[[Example], Result], 
 
     with tqdm(total=len(examples), desc=desc, unit="question", disable=not progress) as bar:
         run_in_flight(examples, work, keep, concurrency=concurrency,
-                      name=lambda e: repr(e.id), bar=bar)
+                      name=lambda e: repr(e.id), bar=bar, resumable=resumable)
     return {e.id: finished[e.id] for e in examples}

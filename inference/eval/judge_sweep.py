@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.base import question_usage
-from sieverag.inference.llm.batching import CallBatcher
+from sieverag.inference.llm.batching import question_batcher
 from sieverag.inference.pipelines.base import (
     DocumentSource,
     PipelineOutput,
@@ -200,7 +199,7 @@ def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "m
     concurrency = default_concurrency(concurrency, plan.all_served)
     examples = selected_examples(plan)
     summaries: dict[str, dict] = {}
-    with CallBatcher() if concurrency > 1 and not plan.all_served else nullcontext() as batcher:
+    with question_batcher(concurrency, plan.all_served) as batcher:
         context, _ = build_context(plan, batcher=batcher)
         reader = Reader(context)
         questions = judged_questions(config, records, examples, context.documents,

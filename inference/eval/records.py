@@ -18,7 +18,12 @@ from pydantic import (
 
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
-from sieverag.inference.eval.metrics import (
+from sieverag.inference.eval.migration import migrate_trust
+from sieverag.inference.eval.trust import Embed, GraderItem, grade_answers, trust_report
+from sieverag.inference.filters.base import ScoredDocumentRecord
+from sieverag.inference.io_utils import JsonlRecord
+from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.metrics.answers import (
     answer_accuracy,
     asqa_string_scores,
     choice_accuracy,
@@ -26,11 +31,6 @@ from sieverag.inference.eval.metrics import (
     filter_scores,
     token_f1,
 )
-from sieverag.inference.eval.migration import migrate_trust
-from sieverag.inference.eval.trust import Embed, GraderItem, grade_answers, trust_report
-from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.io_utils import JsonlRecord
-from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.pipelines.amber_trace import AmberTrace
 from sieverag.inference.pipelines.base import PipelineOutput, question_text
 from sieverag.inference.pipelines.router import RouteDecision
@@ -38,7 +38,7 @@ from sieverag.inference.types import Example
 
 
 class AnswerMetrics(JsonlRecord):
-    """The answer against the gold aliases (inference/eval/metrics.py)."""
+    """The answer against the gold aliases (inference/metrics/answers.py)."""
 
     em: float = Field(description="exact match after normalisation")
     f1: float = Field(description="token F1, best over the aliases")

@@ -10,9 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import random
-import sys
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +37,7 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.base import question_usage
-from sieverag.inference.llm.batching import CallBatcher
+from sieverag.inference.llm.batching import question_batcher, warn_capped_requests
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.retrieval.hygiene import HygieneLog
@@ -138,7 +136,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                 for name, log in logs.items()}
     config = replace(config, provenance=provenance(plan))
     write_atomic(out_dir / "config.yaml", config.to_yaml())
-    warn_capped_requests(plan, concurrency)
+    warn_capped_requests(plan.role_specs(), concurrency)
 
     random.seed(config.seed)
     import torch
@@ -146,8 +144,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     torch.manual_seed(config.seed)
     hygiene = (HygieneLog() if config.retrieval is not None
                and config.retrieval.hygiene != "off" else None)
-    in_process = not plan.all_served
-    with CallBatcher() if concurrency > 1 and in_process else nullcontext() as batcher:
+    with question_batcher(concurrency, plan.all_served) as batcher:
         context, roles = build_context(plan, removed=hygiene, batcher=batcher)
         embed = None
         if config.trust.enabled:
@@ -198,15 +195,3 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     )
     write_report(out_dir, config.dataset, summaries, all_records)
     return summaries
-
-
-def warn_capped_requests(plan: RunPlan, concurrency: int) -> None:
-    """Say so when a served model's `max_concurrency` holds fewer requests in flight than the
-    questions in flight: the server's batches then stay partly empty (not an error)."""
-    for spec in plan.role_specs():
-        if spec.endpoint is not None and spec.max_concurrency < concurrency:
-            print(f"note: {concurrency} questions in flight, but at most "
-                  f"{spec.max_concurrency} requests at a time to {spec.model} at "
-                  f"{spec.endpoint} (its max_concurrency); raise it to keep the server full",
-                  file=sys.stderr)
-            return

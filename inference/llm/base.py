@@ -293,6 +293,22 @@ class LLMBackend(Protocol):
         ...
 
 
+def check_labels(operation: str, labels: Sequence[str]) -> None:
+    """Every backend's rule for the labels a scoring call reads: at least one, each a
+    non-blank string (`ValueError` naming the operation)."""
+    if not labels or any(not isinstance(label, str) or not label.strip() for label in labels):
+        raise ValueError(f"{operation} needs labels that are non-blank strings, at least one, "
+                         f"got {list(labels)!r}")
+
+
+def check_continuations(prompts: Sequence[Conversation], continuations: Sequence[str]
+                        ) -> None:
+    """Every backend's rule for `continuation_logprob`: one continuation per prompt."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"continuation_logprob needs one continuation per prompt, got "
+                         f"{len(continuations)} for {len(prompts)} prompts")
+
+
 def chat_prompt_text(tokenizer: Any, conversation: Conversation) -> str:
     """The prompt a chat model reads for `conversation`: its chat template rendered as text,
     ending with the assistant prefix (every backend and the server render prompts so)."""

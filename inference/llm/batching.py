@@ -22,23 +22,29 @@ prompts fail gets the error.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sieverag.inference.llm.base import (
     GenerationSettings,
     LLMBackend,
     Usage,
     add_question_seconds,
+    check_continuations,
     current_question_usage,
     rows_owned_by,
 )
 from sieverag.inference.types import Conversation
+
+if TYPE_CHECKING:
+    from sieverag.inference.llm.registry import BackendSpec
 
 _DEFAULT_SETTINGS = GenerationSettings()
 # How long the idle worker waits after a call arrives for the others of the same moment (the
@@ -183,6 +189,32 @@ def _run_merged(batch: Sequence[_Call]) -> list[list[Any]]:
     return split
 
 
+def question_batcher(concurrency: int, all_served: bool
+                     ) -> AbstractContextManager[CallBatcher | None]:
+    """A run's one `CallBatcher` when several questions are in flight and some model runs
+    in-process (a served model batches on its server); else a context giving None."""
+    return CallBatcher() if concurrency > 1 and not all_served else nullcontext()
+
+
+def on_batcher(backend: LLMBackend, served: bool, batcher: CallBatcher | None) -> LLMBackend:
+    """`backend` with its calls merged on `batcher` when it runs in-process; as it is when
+    `served` (its server batches) or without a batcher."""
+    return backend if batcher is None or served else batcher.wrap(backend)
+
+
+def warn_capped_requests(specs: Sequence[BackendSpec], concurrency: int) -> None:
+    """Say so (stderr) when a served model's `max_concurrency` holds fewer requests in flight
+    than the questions in flight: the server's batches then stay partly empty (not an
+    error)."""
+    for spec in specs:
+        if spec.endpoint is not None and spec.max_concurrency < concurrency:
+            print(f"note: {concurrency} questions in flight, but at most "
+                  f"{spec.max_concurrency} requests at a time to {spec.model} at "
+                  f"{spec.endpoint} (its max_concurrency); raise it to keep the server full",
+                  file=sys.stderr)
+            return
+
+
 class BatchedBackend:
     """An `LLMBackend` whose calls run on a `CallBatcher`, merged with other questions'.
     Anything else (the tokenizer, `render`, the config) is the wrapped backend's."""
@@ -230,8 +262,6 @@ class BatchedBackend:
     def continuation_logprob(self, prompts: Sequence[Conversation],
                              continuations: Sequence[str], *, agent: str = "scorer"
                              ) -> list[float]:
-        if len(continuations) != len(prompts):
-            raise ValueError(f"continuation_logprob needs one continuation per prompt, got "
-                             f"{len(continuations)} for {len(prompts)}")
+        check_continuations(prompts, continuations)
         return self._call("continuation_logprob", prompts, agent=agent,
                           per_prompt=continuations)

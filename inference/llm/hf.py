@@ -26,6 +26,8 @@ from sieverag.inference.llm.base import (
     Usage,
     UsageMeter,
     chat_prompt_text,
+    check_continuations,
+    check_labels,
     check_single_token_labels,
     cut_at_stop,
     labels_as_replies,
@@ -370,22 +372,17 @@ class HFBackend:
                    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`_prefill` of `rows` (ascending length) in passes of at most `batch_tokens` padded
         tokens, joined in order into one left-padded cache that decodes them together."""
-        joined = None
+        parts = []
         for chunk in _token_chunks([len(r) for r in rows], self.config.batch_tokens):
             part = [rows[i] for i in chunk]
-            prefilled = self._prefill(self._batch_inputs(part)[0], part)
-            if joined is None:
-                joined = prefilled
-                continue
-            cache, mask, positions, logits = joined
-            if not (kv.is_growing(cache) and kv.is_growing(prefilled[0])):
-                raise ConfigError(f"model {self.config.model!r} has a cache that cannot be "
-                                  "joined across prefill passes; raise batch_tokens")
-            mask = kv.join_rows(cache, prefilled[0], mask, prefilled[1])
-            joined = (cache, mask, torch.cat([positions, prefilled[2]]),
-                      torch.cat([logits, prefilled[3]]))
-        assert joined is not None
-        return joined
+            parts.append(self._prefill(self._batch_inputs(part)[0], part))
+        if len(parts) == 1:
+            return parts[0]
+        if not all(kv.is_growing(cache) for cache, *_ in parts):
+            raise ConfigError(f"model {self.config.model!r} has a cache that cannot be joined "
+                              "across prefill passes; raise batch_tokens")
+        cache, mask = kv.join_all([p[0] for p in parts], [p[1] for p in parts])
+        return (cache, mask, torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts]))
 
     def _decode(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor,
                 logits: torch.Tensor, settings: GenerationSettings, eos_ids: Sequence[int],
@@ -502,8 +499,7 @@ class HFBackend:
     def label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
     ) -> list[dict[str, float]]:
-        if not labels:
-            raise ValueError("label_logprobs needs at least one label")
+        check_labels("label_logprobs", labels)
         fitted = self.fit(prompts, 1, agent=agent, reserved_for="label token")
         texts = [f.text for f in fitted]
         encoded = [f.ids for f in fitted]
@@ -533,8 +529,7 @@ class HFBackend:
     def marked_label_logprobs(
         self, prompts: Sequence[Conversation], labels: Sequence[str], *, agent: str = "scorer"
     ) -> list[list[dict[str, float]]]:
-        if not labels:
-            raise ValueError("marked_label_logprobs needs at least one label")
+        check_labels("marked_label_logprobs", labels)
         if not prompts:
             return []
         fitted = self.fit(prompts, 1, agent=agent, reserved_for="label token")
@@ -599,8 +594,7 @@ class HFBackend:
         self, prompts: Sequence[Conversation], continuations: Sequence[str], *,
         agent: str = "scorer",
     ) -> list[float]:
-        if len(prompts) != len(continuations):
-            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        check_continuations(prompts, continuations)
         fitted = self.fit(prompts, self.continuation_lengths(continuations), agent=agent,
                           reserved_for="continuation tokens")
         texts = [f.text for f in fitted]

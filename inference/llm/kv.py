@@ -215,6 +215,21 @@ def join_rows(cache: DynamicCache, other: DynamicCache, mask: torch.Tensor,
     return torch.cat([_pad_columns(mask, width), _pad_columns(other_mask, width)])
 
 
+def join_all(caches: Sequence[DynamicCache], masks: Sequence[torch.Tensor]
+             ) -> tuple[DynamicCache, torch.Tensor]:
+    """The rows of every cache in `caches` (`growing_cache`s) in one cache, in order, each
+    left-padded with masked zeros to the widest: one copy of each row, where joining them
+    two at a time (`join_rows`) would copy the first rows once per join. Returns the first
+    cache (changed in place) and the joint attention mask."""
+    width = max(mask.shape[1] for mask in masks)
+    first = caches[0]
+    for index, layer in enumerate(first.layers):
+        parts = [cache.layers[index] for cache in caches]
+        layer.replace(torch.cat([_pad_columns(part.keys, width) for part in parts]),
+                      torch.cat([_pad_columns(part.values, width) for part in parts]))
+    return first, torch.cat([_pad_columns(mask, width) for mask in masks])
+
+
 def drop_padding_columns(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     """Drop the leading columns that are padding in every row from `cache` (a
     `growing_cache`; in place) and from `mask`; returns the trimmed mask."""

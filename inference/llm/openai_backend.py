@@ -63,6 +63,8 @@ from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
+    check_continuations,
+    check_labels,
     check_single_token_labels,
     cut_at_stop,
     marked_prompt_ids,
@@ -225,8 +227,7 @@ class OpenAIBackend:
         `continuation_logprob` too. Raises `ConfigError` when a label must be scored exactly
         and `chat_template_model` is unset.
         """
-        if not labels or any(not label.strip() for label in labels):
-            raise ValueError(f"labels must be non-blank strings, at least one, got {labels!r}")
+        check_labels("label_logprobs", labels)
         multi_token = [label for label in labels if self._token_count(label) > 1]
         single_token = [label for label in labels if label not in multi_token]
         scores: list[dict[str, float]] = [{} for _ in prompts]
@@ -257,8 +258,7 @@ class OpenAIBackend:
         agent: str = "scorer",
     ) -> list[float]:
         """For each (conversation, reply) pair, the summed log-prob of the reply's tokens."""
-        if len(prompts) != len(continuations):
-            raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        check_continuations(prompts, continuations)
         # Room for the continuation and the one token the request generates.
         reserved = ([self._token_count(c) + 1 for c in continuations]
                     if self.config.context_length is not None else 0)
@@ -294,8 +294,7 @@ class OpenAIBackend:
         it is scored exactly, one more request per missing (read, label) pair: the prompt up
         to the read with the label token appended, echoed.
         """
-        if not labels or any(not label.strip() for label in labels):
-            raise ValueError(f"labels must be non-blank strings, at least one, got {labels!r}")
+        check_labels("marked_label_logprobs", labels)
         tokenizer = self._load_tokenizer("marked_label_logprobs")
         # Room for the generated token; under "exact", for a label appended before it too.
         reserved = 2 if self.config.missing_label_logprob == "exact" else 1

@@ -53,12 +53,12 @@ from sieverag.inference.config import (  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.records import EvalRecord  # noqa: E402
 from sieverag.inference.eval.report import delta_table  # noqa: E402
-from sieverag.inference.eval.retrieval import spread_subset  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.eval.summary import summarize  # noqa: E402
 from sieverag.inference.io_utils import JsonlLog, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
+from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
 from sieverag.inference.pipelines.router import RouterConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import ensure_index  # noqa: E402

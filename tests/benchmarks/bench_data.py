@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sieverag.inference.retrieval.cli import DATA_DIR_ENV
+from sieverag.inference.cli.index import DATA_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or ROOT.parent / "shared" / "data")

@@ -7,7 +7,9 @@ shipped filter's training questions) run through vanilla, main-rag and amber-mcf
   in-process  the models in this process (N = 16: the questions' calls batched together on
               one worker, `llm.batching.CallBatcher`);
   embedded    `sieverag serve --engine local` in its own process (its batching engine);
-  vllm        vLLM's CPU build through sieverag's launcher (`--enforce-eager`).
+  vllm        vLLM's CPU build through sieverag's launcher (`--enforce-eager`, prefix
+              caching off: the N = 16 run reads the questions N = 1 just read, and a cache
+              would hand it their prompts; the embedded server keeps no prefix cache).
 
 Each way is warmed up on one other question first (models loaded, connections open), then
 every pipeline runs N = 1, then N = 16, into fresh run folders; questions/s is the number of
@@ -53,6 +55,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench_data import HOTPOT  # noqa: E402
 from bench_engines import (  # noqa: E402
+    ADAPTERS,
+    VLLM_ACCESS_LOG_OFF,
+    VLLM_EAGER,
+    VLLM_MAX_MODEL_LEN,
     concurrent_posts,
     cpu_features,
     embedded_engine,
@@ -60,9 +66,9 @@ from bench_engines import (  # noqa: E402
     held_out,
     log,
     served_roles,
-    vllm_engine,
     write_ids,
 )
+from bench_filter_anywhere import free_port  # noqa: E402
 
 from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
@@ -71,6 +77,8 @@ from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
+from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
+from sieverag.serving.vllm_launcher import VLLMServer  # noqa: E402
 
 WAYS = ("in-process", "embedded", "vllm")
 PIPELINES = ("vanilla", "main-rag", "amber-mcf")
@@ -205,6 +213,7 @@ def measure_way(way: str, base_url: str | None, pipelines: Sequence[str],
         log(f"{way} {pipeline}: {row['qps_1']:.3f} -> {row['qps_16']:.3f} q/s "
             f"({row['ratio']:.2f}x), limit {limit:.3f} q/s, share {row['share_16']:.0%}")
         figures[pipeline] = row
+        log(json.dumps({"way": way, "pipeline": pipeline, **row}))  # kept if a later way fails
     return figures
 
 
@@ -216,8 +225,14 @@ def engine(way: str) -> Iterator[str | None]:
         with embedded_engine("float32") as base_url:
             yield base_url
     else:
-        with vllm_engine("float32", compiled=False) as base_url:
-            yield base_url
+        # Prefix caching off: the N = 16 run reads the same questions right after N = 1, and
+        # a cache would serve it their prompts for free.
+        config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=ADAPTERS, port=free_port(),
+                                  dtype="float32", max_model_len=VLLM_MAX_MODEL_LEN,
+                                  extra_args=f"{VLLM_EAGER} {VLLM_ACCESS_LOG_OFF}",
+                                  cpu_cores="all", prefix_caching=False)
+        with VLLMServer(config) as server:
+            yield server.base_url
 
 
 def print_table(results: dict[str, dict[str, Any]], pipelines: Sequence[str]) -> None:

@@ -64,13 +64,13 @@ import httpx  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402
 
 from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.eval.metrics import answer_accuracy  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.filters.ranking import rank_by_filter  # noqa: E402
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402

@@ -48,7 +48,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sieverag.data_gen.strinc import strinc  # noqa: E402
-from sieverag.inference.eval.filter_metrics import auroc, decision_quality  # noqa: E402
 from sieverag.inference.filters.adapters import resolve_filter  # noqa: E402
 from sieverag.inference.filters.base import ScoredDocument  # noqa: E402
 from sieverag.inference.filters.combination import passage_priors  # noqa: E402
@@ -68,6 +67,7 @@ from sieverag.inference.filters.mcf import (  # noqa: E402
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.metrics.filter import auroc, decision_quality  # noqa: E402
 from sieverag.inference.types import Document, Example  # noqa: E402
 
 # The one-pass sentence rules measured: (sentence_p_min, sentence_min_keep).

@@ -30,7 +30,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from sieverag.inference.cli import EvalCommand  # noqa: E402
+from sieverag.inference.cli.run import EvalCommand  # noqa: E402
 from sieverag.inference.compose import plan_run  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402

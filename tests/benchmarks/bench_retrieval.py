@@ -44,13 +44,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench_data import DATA_DIR  # noqa: E402
 
-from sieverag.inference.eval.retrieval import evaluate_retrieval, format_table, spread_subset  # noqa: E402
-from sieverag.inference.io_utils import cache_root  # noqa: E402
-from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
-from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
-from sieverag.inference.retrieval.cli import (  # noqa: E402
+from sieverag.inference.cli.index import (  # noqa: E402
     default_eval_index_dir,
 )
+from sieverag.inference.io_utils import cache_root  # noqa: E402
+from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset  # noqa: E402
+from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
+from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
 from sieverag.inference.retrieval.index import ensure_index  # noqa: E402

@@ -50,11 +50,11 @@ from sieverag.inference.config import (  # noqa: E402
     TrustConfig,
 )
 from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.eval.retrieval import spread_subset  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.io_utils import cache_root, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
+from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
 from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402

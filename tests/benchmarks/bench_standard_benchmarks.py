@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: standard
 
 from standard_exports import EXPORTS, read_jsonl, write_jsonl  # noqa: E402
 
-from sieverag.inference.cli import EvalCommand  # noqa: E402
+from sieverag.inference.cli.run import EvalCommand  # noqa: E402
 from sieverag.inference.config import RunConfig  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.judge_sweep import bar_label, sweep_judge_bar  # noqa: E402

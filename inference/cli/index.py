@@ -18,8 +18,8 @@ from typing import Literal, get_args
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.io_utils import cache_root, write_json_atomic
+from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
 from sieverag.inference.retrieval.chunking import ChunkingConfig, ChunkStrategy
