@@ -106,13 +106,6 @@ class Roles:
     filter: LLMBackend | None = None
     grader: LLMBackend | None = None
 
-    def distinct(self) -> list[LLMBackend]:
-        """Each pipeline role's backend once (roles may share one), for usage accounting."""
-        backends: list[LLMBackend] = []
-        for backend in (self.generator, self.judge, self.filter):
-            if backend is not None and all(backend is not b for b in backends):
-                backends.append(backend)
-        return backends
 
 
 def build_roles(models: ModelRoles, roles: frozenset[str],

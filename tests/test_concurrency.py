@@ -219,6 +219,27 @@ def test_merged_calls_give_each_question_its_own_answers_and_usage(tiny):
             assert usage[agent].seconds > 0
 
 
+def test_labels_scored_as_whole_replies_keep_each_questions_usage(tiny):
+    """A label of several tokens is scored as a reply (k rows a prompt): each question still
+    gets exactly its own calls and tokens, not the merged call's."""
+    labels = ["Yes indeed", "No"]
+
+    def alone(i: int):
+        with question_usage() as usage:
+            tiny.label_logprobs([conversation(i)], labels, agent="judge")
+        return dict(usage)
+
+    expected = [alone(i) for i in range(4)]
+    with CallBatcher() as batcher:
+        shared = batcher.wrap(tiny)
+        got = in_threads(4, lambda i: shared.label_logprobs([conversation(i)], labels,
+                                                            agent="judge"))
+        assert max(batcher.merged_sizes) > 1
+    for (_, usage), want in zip(got, expected, strict=True):
+        assert (usage["judge"].calls, usage["judge"].prompt_tokens) == (
+            want["judge"].calls, want["judge"].prompt_tokens)
+
+
 def test_a_merged_call_that_fails_fails_only_the_question_whose_prompt_fails():
     def reply(text: str) -> str:
         if "poison" in text:

@@ -37,7 +37,6 @@ from sieverag.training.launch import (
     resolve_accelerate_config,
     shipped_names,
 )
-from sieverag.training.questions_in_flight import load_priors_encoder
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -233,7 +232,6 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
                                    split_dir=command.split_dir, limit=command.limit)
     spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=command.device)
     concurrency = default_concurrency(command.concurrency, spec.endpoint is not None)
-    load_priors_encoder(command.embedding_model, concurrency)
     with question_batcher(concurrency, spec.endpoint is not None) as batcher:
         backend = on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
         rounds = [r for examples in by_dataset.values()

@@ -81,7 +81,6 @@ from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
-from sieverag.training.questions_in_flight import load_priors_encoder
 
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
@@ -349,7 +348,6 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                 cache.store(f"filter-{kind}", filter_identity, dict(sorted(dict(table).items())))
                 stored[kind] = len(table)
 
-    load_priors_encoder(combination.embedding_model, concurrency)
     sections, outputs = {}, []
     with question_batcher(concurrency, all_served) as batcher:
         # The outermost backend is batched: merged calls still fill and read its tables.

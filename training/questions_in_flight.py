@@ -19,15 +19,6 @@ from sieverag.inference.types import Example
 Result = TypeVar("Result")
 
 
-def load_priors_encoder(embedding_model: str, concurrency: int) -> None:
-    """Load MCF's dense prior's model now when several questions would otherwise each load it
-    at their first prior, at the same moment (the loader's cache has no lock)."""
-    if concurrency > 1:
-        from sieverag.inference.retrieval.dense import load_embedding_model
-
-        load_embedding_model(embedding_model)
-
-
 def by_question(examples: Sequence[Example], work: Callable[[Example], Result], *,
                 concurrency: int = 1, desc: str, progress: bool = True,
                 resumable: bool = True) -> dict[str, Result]:

@@ -22,7 +22,6 @@ alone; trust metrics are not computed.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,7 +45,7 @@ from sieverag.inference.io_utils import (
     read_text,
     write_atomic,
 )
-from sieverag.inference.llm.base import question_usage
+from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher
 from sieverag.inference.pipelines.base import (
     DocumentSource,
@@ -216,15 +215,12 @@ def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "m
                 example = question.example
                 result = judge_selection(question_text(example), question.documents,
                                          question.scores, question.details, judge)
-                with question_usage() as usage:
-                    start = time.perf_counter()
-                    kept = tuple(result.kept_documents)
-                    answer, raw = reader.answer(example, kept)
-                    seconds = time.perf_counter() - start
+                kept = tuple(result.kept_documents)
+                (answer, raw), used, seconds = measured(lambda: reader.answer(example, kept))
                 return build_record(example, PipelineOutput(answer=answer, raw_answer=raw,
                                                             documents_read=kept,
                                                             filter_result=result),
-                                    {agent: u for agent, u in usage.items() if u.calls}, seconds)
+                                    used, seconds)
 
             def keep(question: JudgedQuestion, record: EvalRecord, log=log,
                      finished=finished) -> None:

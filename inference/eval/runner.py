@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import random
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from sieverag.inference.io_utils import (
     read_text,
     write_atomic,
 )
-from sieverag.inference.llm.base import question_usage
+from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher, warn_capped_requests
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
@@ -160,11 +159,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
 
             def answer(example: Example, pipeline=pipeline) -> EvalRecord:
                 """One question, in its own thread: its usage is its own (`question_usage`)."""
-                with question_usage() as usage:
-                    start = time.perf_counter()
-                    output = pipeline.run(example)
-                    seconds = time.perf_counter() - start
-                used = {agent: u for agent, u in usage.items() if u.calls}
+                output, used, seconds = measured(lambda: pipeline.run(example))
                 record = build_record(example, output, used, seconds)
                 if hygiene is not None:  # what this thread's searches removed
                     record.hygiene_removed = [HygieneRemoval(id=chunk_id, reason=reason)

@@ -32,6 +32,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sieverag.inference.types import Conversation
 
+Result = TypeVar("Result")
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -110,6 +112,16 @@ def rows_owned_by(owners: Sequence[tuple[dict[str, Usage] | None, int]]) -> Iter
         _row_owners.reset(token)
 
 
+def measured(work: Callable[[], Result]) -> tuple[Result, dict[str, Usage], float]:
+    """`work()`'s result, the usage it recorded (by agent, the agents that sent prompts) and
+    its wall seconds: one question's, however many questions share the backends."""
+    with question_usage() as usage:
+        started = time.perf_counter()
+        result = work()
+        seconds = time.perf_counter() - started
+    return result, {agent: u for agent, u in usage.items() if u.calls}, seconds
+
+
 def current_question_usage() -> dict[str, Usage] | None:
     """The tally `question_usage()` opened in this context, if any."""
     return _question_tally.get()
@@ -132,31 +144,19 @@ class UsageMeter:
 
     def record(self, agent: str, calls: int, prompt_tokens: int, completion_tokens: int, *,
                truncated_prompts: int = 0, tokens_dropped: int = 0) -> None:
-        """One call's counts in all. Inside a call serving several questions the counts are
-        shared out by prompts (a backend that knows each prompt's counts calls `record_rows`)."""
-        usage = Usage(calls, prompt_tokens, completion_tokens, truncated_prompts, tokens_dropped)
-        owners = _row_owners.get()
-        if owners is None or calls == 0:
-            self._add(agent, [(_question_tally.get(), usage)])
-            return
-        rows = [Usage(1, prompt_tokens // calls, completion_tokens // calls)] * calls
-        rows[0] = Usage(1, prompt_tokens - (calls - 1) * (prompt_tokens // calls),
-                        completion_tokens - (calls - 1) * (completion_tokens // calls),
-                        truncated_prompts, tokens_dropped)
-        self.record_rows(agent, rows)
+        """One call's counts in all (a backend that knows each prompt's counts calls
+        `record_rows`, so that a call serving several questions gives each its own)."""
+        self.record_rows(agent, [Usage(calls, prompt_tokens, completion_tokens,
+                                       truncated_prompts, tokens_dropped)])
 
     def record_rows(self, agent: str, rows: Sequence[Usage]) -> None:
-        """One call's counts prompt by prompt (each row one prompt): the meter gets their sum,
-        each question its own rows (`rows_owned_by`), or this context's question all of them."""
+        """One call's counts, a row per prompt: the meter gets their sum, and each question its
+        share (`rows_owned_by`, else this context's question all of them)."""
         owners = _row_owners.get()
-        if owners is None or sum(n for _, n in owners) != len(rows):
-            shares = [(_question_tally.get(), _summed(rows))]
+        if owners is None:
+            self._add(agent, [(_question_tally.get(), _summed(rows))])
         else:
-            shares, start = [], 0
-            for tally, count in owners:
-                shares.append((tally, _summed(rows[start:start + count])))
-                start += count
-        self._add(agent, shares)
+            self._add(agent, _owned_shares(owners, rows))
 
     def _add(self, agent: str, shares: Sequence[tuple[dict[str, Usage] | None, Usage]]) -> None:
         with self._lock:
@@ -182,6 +182,28 @@ class UsageMeter:
             if diff.calls:
                 delta[name] = diff
         return delta
+
+
+def _owned_shares(owners: Sequence[tuple[dict[str, Usage] | None, int]], rows: Sequence[Usage]
+                  ) -> list[tuple[dict[str, Usage] | None, Usage]]:
+    """Each owner's part of a call's rows. Rows a prompt each, or k a prompt in prompt order
+    (a label scored as k whole replies), go to the prompts' owners exactly; counts given for
+    the whole call (one row) are shared out by the owners' prompts, the remainder to the
+    first."""
+    prompts = sum(count for _, count in owners)
+    if prompts and len(rows) % prompts == 0:
+        per_prompt, start, shares = len(rows) // prompts, 0, []
+        for tally, count in owners:
+            shares.append((tally, _summed(rows[start:start + count * per_prompt])))
+            start += count * per_prompt
+        return shares
+    total = _summed(rows)
+    fields = astuple(total)
+    shares = [(tally, Usage(*(type(v)(v * count / prompts) for v in fields)))
+              for tally, count in owners]
+    rest = Usage(*(a - sum(astuple(u)[i] for _, u in shares) for i, a in enumerate(fields)))
+    shares[0][1].add(rest)
+    return shares
 
 
 def _summed(rows: Sequence[Usage]) -> Usage:

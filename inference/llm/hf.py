@@ -101,18 +101,6 @@ class HFBackendConfig:
         check_context_settings(self.context_length, self.context_overflow)
 
 
-def _token_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive index ranges of rows whose `lengths` ascend, each at most `budget` padded
-    tokens (rows x its longest), at least one row."""
-    chunks: list[list[int]] = []
-    for index, length in enumerate(lengths):
-        if chunks and (len(chunks[-1]) + 1) * length <= budget:
-            chunks[-1].append(index)
-        else:
-            chunks.append([index])
-    return chunks
-
-
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     """Leading tokens common to every sequence, leaving each at least one token of its own."""
     limit = min(len(s) for s in sequences) - 1
@@ -267,12 +255,12 @@ class HFBackend:
         """Token ids of `reply` as the model would emit it right after `prompt_text`."""
         return reply_token_ids(self.tokenizer, prompt_text, prompt_ids, reply)
 
-    def _batches(self, sequences: Sequence[list[int]], *, tokens: int | None = -1
+    def _batches(self, sequences: Sequence[list[int]], *, rows_only: bool = False
                  ) -> Iterator[list[int]]:
-        """Indices of `sequences` grouped into batches of similar length (less padding): at
-        most `batch_size` rows and `tokens` padded tokens (default `batch_tokens`; None: rows
-        only), at least one row."""
-        budget = self.config.batch_tokens if tokens == -1 else tokens
+        """Indices of `sequences` grouped into batches of similar length (less padding), in
+        ascending length: at most `batch_size` rows and (unless `rows_only`) `batch_tokens`
+        padded tokens, at least one row."""
+        budget = None if rows_only else self.config.batch_tokens
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         batch: list[int] = []
         for index in order:  # ascending: the newest row is the batch's longest
@@ -333,8 +321,8 @@ class HFBackend:
         fresh = [i for i in range(len(encoded)) if i not in extending]
         sampled = settings.temperature > 0
         # Greedy rows decode together in batches of rows only, each prefilled in passes of
-        # `batch_tokens` (`_prefilled`); sampled ones run through `generate` a batch at a time.
-        fresh_batches = self._batches_of(encoded, fresh, tokens=-1 if sampled else None)
+        # `batch_tokens` (`_greedy_rows`); sampled ones run through `generate` a batch at a time.
+        fresh_batches = self._batches_of(encoded, fresh, rows_only=not sampled)
         for batch, continued in itertools.chain(
                 self._continuation_batches(encoded, extending, previous),
                 ((b, None) for b in fresh_batches)):
@@ -344,7 +332,7 @@ class HFBackend:
             elif sampled:
                 new_tokens = self._sample(*self._batch_inputs(rows), settings, eos_ids, rows)
             else:
-                new_tokens = self._decode(*self._prefilled(rows), settings, eos_ids, rows)
+                new_tokens = self._greedy_rows(rows, settings, eos_ids)
             for tokens, index in zip(new_tokens, batch, strict=True):
                 completion_tokens[index] = len(tokens)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -368,21 +356,21 @@ class HFBackend:
         return (cache, inputs["attention_mask"], inputs["position_ids"][:, -1:],
                 output.logits[:, -1, :])
 
-    def _prefilled(self, rows: Sequence[list[int]]
-                   ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`_prefill` of `rows` (ascending length) in passes of at most `batch_tokens` padded
-        tokens, joined in order into one left-padded cache that decodes them together."""
-        parts = []
-        for chunk in _token_chunks([len(r) for r in rows], self.config.batch_tokens):
-            part = [rows[i] for i in chunk]
-            parts.append(self._prefill(self._batch_inputs(part)[0], part))
-        if len(parts) == 1:
-            return parts[0]
-        if not all(kv.is_growing(cache) for cache, *_ in parts):
-            raise ConfigError(f"model {self.config.model!r} has a cache that cannot be joined "
-                              "across prefill passes; raise batch_tokens")
-        cache, mask = kv.join_all([p[0] for p in parts], [p[1] for p in parts])
-        return (cache, mask, torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts]))
+    def _greedy_rows(self, rows: Sequence[list[int]], settings: GenerationSettings,
+                     eos_ids: Sequence[int]) -> list[list[int]]:
+        """Greedy decoding of `rows` (ascending length): prefilled in passes of at most
+        `batch_tokens` padded tokens (`_batches`), then decoded together from their caches
+        joined into one (`kv.join_all`); a model whose cache cannot be joined decodes each
+        pass's rows on their own."""
+        passes = [[rows[i] for i in batch] for batch in self._batches(rows)]
+        prefilled = [self._prefill(self._batch_inputs(part)[0], part) for part in passes]
+        if len(prefilled) > 1 and all(kv.is_growing(p[0]) for p in prefilled):
+            cache, mask = kv.join_all([p[0] for p in prefilled], [p[1] for p in prefilled])
+            positions = torch.cat([p[2] for p in prefilled])
+            logits = torch.cat([p[3] for p in prefilled])
+            return self._decode(cache, mask, positions, logits, settings, eos_ids, rows)
+        return [tokens for part, state in zip(passes, prefilled, strict=True)
+                for tokens in self._decode(*state, settings, eos_ids, part)]
 
     def _decode(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor,
                 logits: torch.Tensor, settings: GenerationSettings, eos_ids: Sequence[int],
@@ -561,9 +549,9 @@ class HFBackend:
         return results
 
     def _batches_of(self, sequences: Sequence[list[int]], indices: Sequence[int], *,
-                    tokens: int | None = -1) -> Iterator[list[int]]:
+                    rows_only: bool = False) -> Iterator[list[int]]:
         """`_batches` over a subset of `sequences` (indices into the whole list)."""
-        for batch in self._batches([sequences[i] for i in indices], tokens=tokens):
+        for batch in self._batches([sequences[i] for i in indices], rows_only=rows_only):
             yield [indices[j] for j in batch]
 
     def _continuation_batches(self, sequences: Sequence[list[int]],

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, field
 from pathlib import Path
@@ -85,10 +86,18 @@ def _load_model(path: str, device: str | None) -> SentenceTransformer:
     return SentenceTransformer(path, device=device)
 
 
+# Questions in flight (`--concurrency`) load and run the encoders from several threads: one
+# load at a time (the first loads, the others then find it), and one encode at a time per
+# model (a fast tokenizer must not be used by two threads at once).
+_LOADING = threading.Lock()
+_ENCODING: dict[int, threading.Lock] = {}
+
+
 def load_embedding_model(name: str, device: Device = "auto") -> SentenceTransformer:
     """The sentence-transformers model for `name`, loaded once per process."""
-    return _load_model(str(resolve_embedding_model(name).resolve()),
-                       None if device == "auto" else device)
+    with _LOADING:
+        return _load_model(str(resolve_embedding_model(name).resolve()),
+                           None if device == "auto" else device)
 
 
 @settings
@@ -113,11 +122,14 @@ class DenseConfig:
 def make_encoder(config: DenseConfig) -> Encoder:
     """A function texts → float32 unit vectors (one row per text) using the config's model."""
     model = load_embedding_model(config.model, config.device)
+    with _LOADING:
+        lock = _ENCODING.setdefault(id(model), threading.Lock())
 
     def encode(texts: Sequence[str]) -> np.ndarray:
-        vectors = model.encode(list(texts), batch_size=config.batch_size,
-                               normalize_embeddings=True, convert_to_numpy=True,
-                               show_progress_bar=False)
+        with lock:
+            vectors = model.encode(list(texts), batch_size=config.batch_size,
+                                   normalize_embeddings=True, convert_to_numpy=True,
+                                   show_progress_bar=False)
         return np.asarray(vectors, dtype=np.float32)
     return encode
 
