@@ -3,15 +3,16 @@
 One place decides who runs what, for every command (`eval`, `ask`, `demo`, `judge-sweep`),
 in two steps:
 * `plan_run(config)` reads the config once, with what each pipeline declares
-  (`pipelines.base.register_pipeline`): the pipelines the run runs (and `auto`'s routed one),
-  the model roles they call, whether they read the dataset's own documents, and the trained
+  (`pipelines.base.register_pipeline`): the pipelines the run runs (and those they run inside
+  them), the model roles they call, whether they read the dataset's own documents, and the trained
   filter's adapter found by path or name (installed, else shipped) and checked against its
   base model and prompts — so the run's config.yaml names the adapter folder it used;
 * `build_context(plan)` builds what the plan says: one backend per role the run calls (roles
   with equal specs share one backend and one loaded model, `llm.registry.build_backend`), the
   document source (the dataset's own documents or an index: fused, reranked and
   hygiene-filtered as `retrieval` says, one search rule for the question and for later
-  queries), and for a run with `auto` its router (with the knowledge rule's sentence encoder).
+  queries), and the part each pipeline declares it needs (auto: its router), begun before the
+  models load so that a part that cannot load fails first.
 """
 
 from __future__ import annotations
@@ -25,24 +26,24 @@ from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.combination import adapter_combination
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import CallBatcher, on_batcher
 from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.base import (
     DocumentSource,
+    PartInputs,
     PipelineSettings,
     QuerySearch,
     pipeline_entry,
     pipeline_settings,
+    pipelines_run,
 )
-from sieverag.inference.pipelines.router import Router, RouterConfig
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.dense import Encoder
     from sieverag.inference.retrieval.index import Index
     from sieverag.inference.retrieval.rerank import Reranker
 
@@ -52,7 +53,7 @@ class RunPlan:
     """What a run needs, decided once from its config (`plan_run`)."""
 
     config: RunConfig  # the filter role's adapter resolved where the run calls the filter
-    pipelines: frozenset[str]  # those it names, and for `auto` the pipeline it routes to
+    pipelines: frozenset[str]  # those it names, and those they run inside them
     settings: PipelineSettings  # the pipelines' settings sections
     roles: frozenset[str]  # the model roles its pipelines call
     reads_given_documents: bool  # no index, and some pipeline reads documents
@@ -82,11 +83,9 @@ class RunPlan:
 
 def plan_run(config: RunConfig) -> RunPlan:
     """The plan of a run: what its pipelines declare they need, for this config."""
-    names = set(config.pipelines)
-    if "auto" in names:
-        names.add(config.routed_pipeline)
-    entries = [pipeline_entry(name) for name in sorted(names)]
     settings = pipeline_settings(config)
+    names = pipelines_run(config.pipelines, settings)
+    entries = [pipeline_entry(name) for name in sorted(names)]
     roles = frozenset().union(*(entry.roles_in(settings) for entry in entries))
     if "filter" in roles:
         models = replace(config.models, filter=resolve_filter_role(config.models.filter))
@@ -168,21 +167,6 @@ def _reranker(config: RetrievalConfig) -> Reranker | None:
                           "sentence-transformers cross-encoder)") from None
 
 
-def _router_encoder(config: RouterConfig) -> Encoder | None:
-    """The sentence encoder of the knowledge rule, for a run with `auto` under that rule.
-    The model loads once per process per name, so the trust metrics' encoder of the same
-    model (the runner's) shares it."""
-    if config.rule != "knowledge":
-        return None
-    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
-
-    try:
-        return make_encoder(DenseConfig(model=config.embedding_model))
-    except ModelNotFoundError as error:
-        raise ConfigError(f"router.embedding_model: {error} (or choose router.rule "
-                          "`corpus-match`, which needs no encoder)") from None
-
-
 def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
                   batcher: CallBatcher | None = None) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for a run's plan, and the role backends (for usage; with
@@ -199,9 +183,11 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
         index = Index.load(config.retrieval.index, search_config=config.retrieval.search)
         search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)
         documents = _retrieved_documents(search, config.retrieval.k)
-    routed = "auto" in plan.pipelines
-    router_config = plan.settings(RouterConfig)
-    router_encoder = _router_encoder(router_config) if routed else None  # before the models
+    # Each pipeline's own part, begun before the models load (a part that cannot load fails
+    # first) and finished with the run's generator.
+    inputs = PartInputs(settings=plan.settings, index=index)
+    finish_part = {name: entry.part(inputs) for name in sorted(plan.pipelines)
+                   if (entry := pipeline_entry(name)).part is not None}
     roles = build_roles(config.models, plan.roles, batcher)
     if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
@@ -209,17 +195,14 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,
-        generation=GenerationSettings(max_new_tokens=config.generation.max_new_tokens),
+        generation=config.generation,
         answer_extraction=config.answer_extraction,
         documents=documents,
-        routed_pipeline=config.routed_pipeline,
-        router=(Router(router_config, index=index, embed=router_encoder,
-                       backend=roles.generator if router_config.self_check else None)
-                if routed else None),
         mcf_backend=roles.filter,
         filter_combination=(adapter_combination(filter_card_folder(config.models.filter))
                             if roles.filter is not None else None),
         settings=plan.settings,
         search=search,
+        parts={name: finish(roles.generator) for name, finish in finish_part.items()},
     )
     return context, roles

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
 from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.pipelines.base import PIPELINES, with_pipeline_sections
+from sieverag.inference.pipelines.base import (
+    PIPELINES,
+    default_pipeline,
+    with_pipeline_sections,
+)
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
@@ -20,17 +26,6 @@ from sieverag.inference.settings import (
     settings,
     settings_to_yaml,
 )
-
-
-@settings
-class GenerationConfig:
-    """Decoding of the final answer."""
-
-    max_new_tokens: int = field(default=32, metadata={"help": "answer length cap in tokens"})
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 @settings
@@ -164,7 +159,7 @@ class RunConfig:
 
     dataset: str = field(metadata={"help": "dataset: a file, a save_to_disk FOLDER[:SPLIT] or "
                                          "hf:NAME[:CONFIG]:SPLIT (see docs/data-formats.md)"})
-    pipelines: tuple[str, ...] = field(default=("vanilla",), metadata={
+    pipelines: tuple[str, ...] = field(default=(default_pipeline(),), metadata={
         "help": "pipeline names: " + ", ".join(sorted(PIPELINES))})
     dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
     limit: int | None = field(default=None, metadata={"help": "first N examples only"})
@@ -175,13 +170,13 @@ class RunConfig:
     max_documents: int | None = field(default=None,
                                       metadata={"help": "read at most N documents per example"})
     models: ModelRoles = models_field()
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    generation: GenerationSettings = field(
+        default_factory=lambda: GenerationSettings(max_new_tokens=32),
+        metadata={"help": "decoding of the generator's answers"})
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})
     retrieval: RetrievalConfig | None = field(
         default=None, metadata={"help": "retrieve from an index; default: given documents"})
-    routed_pipeline: str = field(default="vanilla",
-                                 metadata={"help": "what `auto` runs when it retrieves"})
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = field(default=0, metadata={"help": "seed for any sampling"})
     provenance: dict = field(default_factory=dict,
@@ -205,3 +200,12 @@ class RunConfig:
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config YAML strictly (unknown keys and bad values are errors)."""
     return load_settings(RunConfig, path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GenerationConfig":  # the run config's `generation:` section, until one name
+        warnings.warn("sieverag.inference.config.GenerationConfig is "
+                      "sieverag.inference.llm.base.GenerationSettings", DeprecationWarning,
+                      stacklevel=2)
+        return GenerationSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

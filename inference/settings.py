@@ -87,11 +87,33 @@ class Section:
     key: str
     cls: type
     help: str
+    # Keys of the command's own config that moved into this section (read there still).
+    moved_keys: tuple[str, ...] = ()
+
+
+def _reads_moved_keys(sections: Sequence[Section]) -> Any:
+    """A before-validator reading a config's old top-level keys into the sections they moved to
+    (a key given in its section wins)."""
+    moved = {key: section.key for section in sections for key in section.moved_keys}
+
+    def read_moved_keys(data: Any) -> Any:
+        if not isinstance(data, Mapping) or not moved.keys() & data.keys():
+            return data
+        data = dict(data)
+        for key in moved.keys() & data.keys():
+            section = data.get(moved[key])
+            section = dict(section) if isinstance(section, Mapping) else {}
+            section.setdefault(key, data.pop(key))
+            data[moved[key]] = section
+        return data
+
+    return model_validator(mode="before")(read_moved_keys)
 
 
 def with_sections(cls: type[T], sections: Sequence[Section]) -> type[T]:
     """`cls` (not yet a `@settings` class) with one field per section, after its own fields,
-    each defaulting to its class's defaults."""
+    each defaulting to its class's defaults; a mapping given to it reads each section's
+    `moved_keys` at the top level into the section."""
     annotations = cls.__dict__.get("__annotations__", {})
     for section in sections:
         if section.key in annotations:
@@ -101,6 +123,8 @@ def with_sections(cls: type[T], sections: Sequence[Section]) -> type[T]:
         setattr(cls, section.key, dataclasses.field(default_factory=section.cls,
                                                     metadata={"help": section.help}))
     cls.__annotations__ = annotations
+    if any(section.moved_keys for section in sections):
+        cls._read_moved_keys = _reads_moved_keys(sections)
     return cls
 
 

@@ -13,7 +13,8 @@ it ran a wandb run, and (rank 0) the logged losses and the wall time of every lo
 `--kill-after-save STEP` SIGKILLs every rank once the checkpoint of STEP is saved (a crash
 after a checkpoint); `--unsafe-save-dir` has rank 0 save the adapter at the end of training
 with PEFT's own `save_pretrained`, which does not gather ZeRO-3's shards (the empty-adapter
-trap). Used by tests/test_train_multiprocess.py and tests/benchmarks/bench_train_processes.py.
+trap). Used by tests/training/test_train_multiprocess.py and
+tests/benchmarks/bench_train_processes.py.
 """
 
 from __future__ import annotations

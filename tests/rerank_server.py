@@ -1,5 +1,5 @@
 """The embedded server on the tiny model with a random filter adapter, behind an API key, as
-tests/test_serving_rerank.py starts it, for the rerank endpoint's clients (the framework
+tests/serving/test_rerank.py starts it, for the rerank endpoint's clients (the framework
 adapters); a small corpus to retrieve from, and the endpoint's own answer to compare with.
 tests/conftest.py's `filter_url` fixture wraps `serving_filter`."""
 

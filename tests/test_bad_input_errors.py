@@ -5,7 +5,7 @@ YAML at all (line and column, without PyYAML's caret picture), a corrupt label_c
 run's results read by `trace`, an adapter's JSON files and safetensors header read by `filter
 install`, and an --out that names a file. Each fails before any model loads, so no loading
 output reaches stderr either. (`filter package` and eval-filter's cache: test_filter_adapters
-and test_training_eval.)"""
+and training/test_filter_eval.)"""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ Inside `sieverag.inference` a module imports only its own layer or the layers be
   data         inference.data (dataset loaders, the demo set)
   llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
   agents       filters, answers
-  pipelines    inference.pipelines (with amber's memory and collector agents and the router)
+  pipelines    inference.pipelines (a pipeline is a module, or a package with its parts:
+               amber/, auto/; the shared modules name no pipeline)
   composition | integrations   side by side: config, compose (build the roles and pipelines
                for every command) | the framework adapters (the rerank endpoint's clients)
   metrics      inference.metrics (every metric's definition)
@@ -313,7 +314,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.eval.runner", "sieverag.inference.data"),
     ("sieverag.inference.data.loading", "sieverag.inference.errors"),
     ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
-    ("sieverag.inference.pipelines.collector", "sieverag.inference.pipelines.memory"),
+    ("sieverag.inference.pipelines.amber.collector", "sieverag.inference.pipelines.amber.memory"),
     ("sieverag.inference.cli.index", "sieverag.inference.llm.models"),
     ("sieverag.inference.cli.run", "sieverag.inference.cli.index"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
@@ -439,3 +440,106 @@ def test_each_framework_is_imported_by_its_adapter_alone() -> None:
                              "framework adapter is imported by its users only")
     assert set(FRAMEWORK_MODULES.values()) <= known
     assert not found, "framework imports outside their adapters:\n" + "\n".join(found)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the first-party modules it imports (an import of a package it sits in is the
+    package's own business, not an edge)."""
+    known = set(MODULES)
+    return {name: {i.target for i in imports_of(module, known)
+                   if i.target != name and not _within(name, i.target)}
+            for name, module in MODULES.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's cycles: each strongly connected set of two or more modules (Tarjan's)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            members = [stack.pop()]
+            while members[-1] != module:
+                members.append(stack.pop())
+            if len(members) > 1:
+                cycles.append(sorted(members))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_modules_import_each_other() -> None:
+    """No import cycle, also none hidden by an import inside a function."""
+    assert import_cycles(import_graph()) == []
+
+
+def test_a_cycle_is_found_however_long() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+PIPELINES_DIR = REPO / PART_FOLDERS[INFERENCE] / "pipelines"
+# The modules every pipeline shares, which must name none of them: composition, the run config,
+# the pipelines' shared context and registry, the package's door and its round-by-round source.
+PIPELINE_NEUTRAL = ("compose.py", "config.py", "pipelines/__init__.py", "pipelines/base.py",
+                    "pipelines/rounds.py")
+# A string there that equals a pipeline's name but means something else, with what it means.
+NOT_A_PIPELINE = {("config.py", "auto"): "dataset_format's loader detection"}
+
+
+def registered_pipeline_names() -> set[str]:
+    """The names the pipeline modules register: `register_pipeline("name")` and a module's
+    `NAME = "..."` constant (read with `ast`), and amber's `amber-<variant>` by prefix."""
+    names = set()
+    for path in PIPELINES_DIR.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "register_pipeline"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and any(getattr(t, "id", "") == "NAME" for t in node.targets)):
+                names.add(node.value.value)
+    return names
+
+
+def code_strings(path: Path) -> Iterator[ast.Constant]:
+    """The string constants of a file's code: not its docstrings, not a field's help text."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
+            prose.add(id(body[0].value))
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == "help":
+                    prose.update(id(n) for n in ast.walk(value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            yield node
+
+
+def test_no_pipeline_is_named_outside_its_own_package() -> None:
+    """What a pipeline needs built, it declares (`register_pipeline`: `inner`, `part`), so the
+    shared modules decide nothing by a pipeline's name."""
+    names = registered_pipeline_names()
+    assert {"vanilla", "auto", "amber", "main-rag"} <= names
+    named = [f"{file}:{node.lineno} names {node.value!r}"
+             for file in PIPELINE_NEUTRAL
+             for node in code_strings(REPO / PART_FOLDERS[INFERENCE] / file)
+             if (node.value in names or node.value.startswith("amber-"))
+             and (file, node.value) not in NOT_A_PIPELINE]
+    assert named == []

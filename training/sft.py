@@ -87,7 +87,7 @@ def score_positions(*, label_only: bool) -> None:
     shapes stay fixed for compiling backends. On a CPU that is the vocabulary (49,152 rows for
     SmolLM2) at all ~200 positions of a filter record, for the 1–3 completion tokens it
     trains. The loss, entropy and accuracy are the same either way (unlabelled positions are
-    zeroed), which tests/test_training_sft.py checks. TRL takes that choice in one helper of
+    zeroed), which tests/training/test_sft.py checks. TRL takes that choice in one helper of
     `trl.trainer.utils`; this sets it."""
     import trl.trainer.utils as trl_utils
     from trl.kernels.chunked_logprob import _use_triton

@@ -221,7 +221,7 @@ def _gold_first_line(results: Path) -> str:
     parts = {"the filter alone": "filter_score", "BM25 alone": "bm25", "the fused score": "score"}
     from sieverag.inference.eval.records import EvalRecord
     from sieverag.inference.io_utils import JsonlLog
-    from sieverag.inference.pipelines.amber_trace import AmberTrace
+    from sieverag.inference.pipelines.amber.trace import AmberTrace
 
     graded = 0
     for record in JsonlLog(results).read_records(EvalRecord):

@@ -31,9 +31,9 @@ from sieverag.inference.metrics.answers import (
     filter_scores,
     token_f1,
 )
-from sieverag.inference.pipelines.amber_trace import AmberTrace
+from sieverag.inference.pipelines.amber.trace import AmberTrace
+from sieverag.inference.pipelines.auto.router import RouteDecision
 from sieverag.inference.pipelines.base import PipelineOutput, question_text
-from sieverag.inference.pipelines.router import RouteDecision
 from sieverag.inference.types import Example
 
 

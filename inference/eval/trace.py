@@ -14,7 +14,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import parse_json, validated_record
-from sieverag.inference.pipelines.amber_trace import AmberRound, AmberTrace
+from sieverag.inference.pipelines.amber.trace import AmberRound, AmberTrace
 
 WIDTH = 100
 SNIPPET = 240

@@ -30,24 +30,29 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from sieverag.inference.errors import ConfigError
+from sieverag.inference.settings import settings
 from sieverag.inference.types import Conversation
 
 Result = TypeVar("Result")
 
 
-@dataclass(frozen=True)
+@settings
 class GenerationSettings:
-    """Decoding settings shared by all backends."""
+    """Decoding settings shared by all backends; also a run config's `generation:` section
+    (the generator's answers; `--generation.max-new-tokens`)."""
 
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0 means greedy decoding
-    stop: tuple[str, ...] = ()
+    max_new_tokens: int = field(default=64, metadata={"help": "reply length cap in tokens"})
+    temperature: float = field(default=0.0, metadata={
+        "help": "sampling temperature; 0 decodes greedily (with `seed` for sampling)"})
+    stop: tuple[str, ...] = field(default=(), metadata={
+        "help": "strings that end a reply (not included in it)"})
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass

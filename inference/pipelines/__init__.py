@@ -2,12 +2,13 @@
 `main-rag-naive`, `iter-retgen`, `amber` and its `amber-<filter>` and ablation variants,
 `auto`), built from a shared PipelineContext.
 
-A pipeline is one module of this package that registers itself (`base.register_pipeline`,
-declaring what it needs and the settings it reads); importing this package imports every
-module in it, so adding a pipeline is adding its module. `build_pipeline(name, context)` makes
-one. Beside the pipelines sit the agents only they use: amber's memory updater (`memory`, AMU)
-and information collector (`collector`, AIC), amber's settings (`amber_config`) and typed
-trace (`amber_trace`), and the retrieve-or-not `router` of `auto`.
+A pipeline is one module of this package, or one package when it has parts: `amber/` (the
+loop, its memory updater AMU and information collector AIC, its settings and its trace) and
+`auto/` (the router and its settings). It registers itself (`base.register_pipeline`,
+declaring what it needs, the settings it reads, the pipelines it runs inside it and the part
+composition builds for it); importing this package imports every module and package in it, so
+adding a pipeline is adding its module. `build_pipeline(name, context)` makes one. `rounds`
+holds the round-by-round document source of the pipelines that search more than once.
 """
 
 import importlib
@@ -22,8 +23,14 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
 )
 
+# Old paths of modules now inside a pipeline's package (each warns when imported; kept for one
+# release), not imported here.
+MOVED = {"amber_config": "amber.settings", "amber_trace": "amber.trace",
+         "memory": "amber.memory", "collector": "amber.collector", "router": "auto.router"}
+
 for _module in pkgutil.iter_modules(__path__):  # registration on import
-    importlib.import_module(f"{__name__}.{_module.name}")
+    if _module.name not in MOVED:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["PIPELINES", "Pipeline", "PipelineContext", "PipelineOutput", "PipelineSettings",
            "build_pipeline"]

@@ -1,58 +1,11 @@
-"""The typed settings of the `amber` pipeline (run config section `amber`)."""
+"""Moved to `sieverag.inference.pipelines.amber.settings` (this path is kept for one release)."""
 
-from __future__ import annotations
+import sys
+import warnings
 
-from dataclasses import field
-from typing import Literal
+from sieverag.inference.pipelines.amber import settings as _moved
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.registry import FilterName
-from sieverag.inference.filters.stack import StackConfig
-from sieverag.inference.pipelines.collector import CollectorConfig
-from sieverag.inference.pipelines.memory import MemoryConfig
-from sieverag.inference.settings import Section, settings
-
-AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
-
-
-@settings
-class AmberConfig:
-    """The loop: documents per round, the filter stage, its length, what the answer reads."""
-
-    filter: FilterName = field(default="mcf", metadata={
-        "help": "filter stage of `amber`: mcf, judge, stack or none (amber-<filter> "
-                "pipelines fix it)"})
-    # Defaults: the settings that measured best on HotpotQA (README "Measured results").
-    k: int = field(default=10, metadata={"help": "unseen documents taken per round"})
-    max_iterations: int = field(default=3, metadata={"help": "rounds at most"})
-    answer_from: AnswerFrom = field(default="evidence", metadata={
-        "help": "what the final answer reads: the memory, the memory and the kept evidence, "
-                "or the kept evidence only (the memory then only steers the loop; the default: "
-                "a generator as small as SmolLM2 garbles its notes)"})
-    min_evidence: int = field(default=1, metadata={
-        "help": "when the loop ends with fewer kept chunks than this, the best-scored chunks "
-                "the filter dropped are read too (whole), so the answer is never written blind "
-                "while documents were seen; 0 turns this off"})
-    amu: bool = field(default=True, metadata={
-        "help": "run the memory agents (AMU); off (the paper's -AMU ablation): the memory is "
-                "the kept evidence itself, cut to amber.memory.max_chars"})
-    aic: bool = field(default=True, metadata={
-        "help": "run the collector (AIC); off (the paper's -AIC ablation): no sufficiency "
-                "check and no new query, each round takes the next unseen documents for the "
-                "question until max_iterations"})
-    stack: StackConfig = field(default_factory=StackConfig,
-                               metadata={"help": "how `stack` combines MCF and the judge"})
-    memory: MemoryConfig = field(default_factory=MemoryConfig,
-                                 metadata={"help": "the memory updater (AMU)"})
-    collector: CollectorConfig = field(default_factory=CollectorConfig,
-                                       metadata={"help": "the information collector (AIC)"})
-
-    def __post_init__(self) -> None:
-        if self.min_evidence < 0:
-            raise ConfigError(f"amber.min_evidence must be >= 0, got {self.min_evidence}")
-        if self.k < 1 or self.max_iterations < 1:
-            raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
-                              f"{self.k} and {self.max_iterations}")
-
-
-AMBER_SECTION = Section("amber", AmberConfig, "the `amber` loop")
+warnings.warn("sieverag.inference.pipelines.amber_config moved to "
+              "sieverag.inference.pipelines.amber.settings",
+              DeprecationWarning, stacklevel=2)
+sys.modules[__name__] = _moved

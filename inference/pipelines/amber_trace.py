@@ -1,104 +1,11 @@
-"""The typed trace of `amber` (`PipelineOutput.trace`, and a result record's `trace`): every
-round's query, documents, scores, memory agents, memory, sufficiency verdict and next query;
-the evidence read; why the loop stopped."""
+"""Moved to `sieverag.inference.pipelines.amber.trace` (this path is kept for one release)."""
 
-from __future__ import annotations
+import sys
+import warnings
 
-from typing import Literal, get_args
+from sieverag.inference.pipelines.amber import trace as _moved
 
-from pydantic import Field
-
-from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.filters.registry import FilterName
-from sieverag.inference.io_utils import JsonlRecord
-from sieverag.inference.pipelines.amber_config import AnswerFrom
-from sieverag.inference.pipelines.router import RouteDecision
-
-# Why a question's loop ended (amber's module docstring says when).
-StopReason = Literal["sufficient", "max_iterations", "no_progress", "no_new_query",
-                     "pool_exhausted"]
-STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
-
-
-class MemoryUpdateEntry(JsonlRecord):
-    """The memory agents' replies in one round (`MemoryUpdate.to_dict()`)."""
-
-    reviewer: str = Field(description="the Reviewer's reply")
-    challenger: str = Field(description="the Challenger's reply")
-    refiner: str = Field(description="the Refiner's reply (the new memory before the cap)")
-    truncated: bool = Field(description="whether the memory was cut to its cap")
-
-
-class SufficiencyEntry(JsonlRecord):
-    """The collector's verdict on the memory (`Sufficiency.to_dict()`)."""
-
-    p_yes: float = Field(description="P(Yes) that the memory answers the question")
-    sufficient: bool = Field(description="whether P(Yes) reached the bar")
-
-
-class BridgeCandidate(JsonlRecord):
-    """One bridge candidate the collector scored."""
-
-    name: str = Field(description="a name read off the kept evidence")
-    p_yes: float = Field(description="P(Yes) that a search about it finds what is missing")
-
-
-class NextQueryEntry(JsonlRecord):
-    """The next search the collector made (`NextQuery.to_dict()`)."""
-
-    query: str | None = Field(description="the new query; None when there is no new one")
-    source: Literal["bridge", "writer", "variation", "none"] = Field(
-        description="how it was made")
-    written: str = Field(description="the query writer's raw reply ('' when it did not run)")
-    candidates: list[BridgeCandidate] = Field(
-        default_factory=list, description="bridge: every candidate scored, in order")
-
-
-class AmberRound(JsonlRecord):
-    """One round of the loop."""
-
-    round: int = Field(description="1-based round number")
-    query: str = Field(description="the round's search query")
-    retrieved: list[str] = Field(description="ids of the unseen documents fetched")
-    skipped_seen: int = Field(description="seen documents ranked above them, skipped")
-    threshold: float | None = Field(description="the filter's bar; None without one")
-    scored: list[ScoredDocumentRecord] = Field(description="every fetched document's score")
-    kept: list[str] = Field(description="ids the filter kept, best first")
-    memory_update: MemoryUpdateEntry | None = Field(
-        description="the memory agents' replies; None when they did not run")
-    memory: str = Field(description="the memory after the round")
-    sufficiency: SufficiencyEntry | None = Field(
-        description="the sufficiency verdict; None when not asked")
-    next_query: NextQueryEntry | None = Field(
-        description="the next query; None when none was asked for")
-
-
-class EvidenceEntry(JsonlRecord):
-    """A chunk the generator read, with the round that found it."""
-
-    round: int = Field(description="the round that kept it (or a fallback's round)")
-    id: str = Field(description="the document's id")
-    title: str = Field(description="the document's title")
-    score: float = Field(description="the filter's score, 4 decimals")
-    text: str = Field(description="the text read (MCF: the key sentences only)")
-    key_sentences: list[int] | None = Field(description="MCF's 0-based key sentences")
-
-
-class AmberTrace(JsonlRecord):
-    """An amber question's whole loop."""
-
-    pipeline: str = Field(
-        description="the pipeline name (amber, amber-<filter>, amber-no-amu or amber-no-aic)")
-    filter: FilterName = Field(description="the filter stage that ran")
-    queries: list[str] = Field(description="every query searched, the question first")
-    rounds: list[AmberRound] = Field(description="the rounds, in order")
-    evidence: list[EvidenceEntry] = Field(description="what the generator read, in order")
-    memory: str = Field(description="the final memory")
-    stop_reason: StopReason = Field(description="why the loop ended")
-    answer_from: AnswerFrom = Field(description="what the final answer read")
-    fallback_evidence: list[str] = Field(
-        default_factory=list,
-        description="ids of dropped chunks read to reach `min_evidence` (absent in runs made "
-                    "before it existed)")
-    route: RouteDecision | None = Field(
-        None, description="`auto`'s routing decision, when `auto` ran amber (absent otherwise)")
+warnings.warn("sieverag.inference.pipelines.amber_trace moved to "
+              "sieverag.inference.pipelines.amber.trace",
+              DeprecationWarning, stacklevel=2)
+sys.modules[__name__] = _moved

@@ -1,15 +1,17 @@
 """What every pipeline shares: its output record, its context, the registry and the reader.
 
-A pipeline is one module of this package: its class, registered with `register_pipeline`,
-which declares what it needs — whether it reads documents, its filter stage, the model roles
-it calls and the settings sections it reads (each nested under the run config by its key).
-Composition and the commands read these declarations; importing the package imports every
-module in it, so a new pipeline module needs no other file changed.
+A pipeline is one module of this package, or one package when it has parts (`amber/`,
+`auto/`): its class, registered with `register_pipeline`, which declares what it needs —
+whether it reads documents, its filter stage, the model roles it calls, the settings sections
+it reads (each nested under the run config by its key), the other pipelines it runs inside it
+and the part composition must build for it (auto: its router). Composition and the commands
+read these declarations and name no pipeline; importing the package imports every module in
+it, so a new pipeline module needs no other file changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
@@ -19,7 +21,6 @@ from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.registry import FILTER_ROLES
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.pipelines.router import Router
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import Section, with_sections
 from sieverag.inference.types import Document, Example
@@ -72,12 +73,22 @@ class PipelineContext:
     generation: GenerationSettings = GenerationSettings(max_new_tokens=32)
     answer_extraction: AnswerExtraction = "first_sentence"
     documents: DocumentSource = given_documents
-    router: Router | None = None
-    routed_pipeline: str = "vanilla"
     mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up
     filter_combination: Combination | None = None  # its card's combination (MCF's score)
     settings: PipelineSettings = field(default_factory=PipelineSettings)
     search: QuerySearch | None = None  # query-based search where an index is used
+    # The parts composition built for the run's pipelines, by pipeline name (`register_pipeline`
+    # `part=`; auto: its router).
+    parts: Mapping[str, object] = field(default_factory=dict)
+
+    def part(self, pipeline: str, what: str = "part") -> object:
+        """The part built for `pipeline` (`what` it is, for the error); a ConfigError where the
+        context was made without it."""
+        if pipeline not in self.parts:
+            raise ConfigError(f"the {pipeline!r} pipeline needs its {what} in the context "
+                              "(`inference.compose.build_context` builds it; in code, pass "
+                              f"`parts={{{pipeline!r}: ...}}` to PipelineContext)")
+        return self.parts[pipeline]
 
 
 class Pipeline(Protocol):
@@ -95,6 +106,30 @@ def _no_filter(settings: PipelineSettings) -> str | None:
     return None
 
 
+# The other registered pipelines a pipeline runs inside it, given the run's settings (auto: the
+# routed pipeline its own section names); composition plans and builds them with the run's.
+InnerPipelines = Callable[[PipelineSettings], Iterable[str]]
+
+
+def _no_inner(settings: PipelineSettings) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class PartInputs:
+    """What composition hands a pipeline's part builder: the run's settings sections, and its
+    index (a `retrieval.index.Index`; None over the dataset's own documents)."""
+
+    settings: PipelineSettings
+    index: object | None = None
+
+
+# Builds a pipeline's own part for a run (auto: its router). Composition calls it before any
+# model loads, so a part that cannot load fails first; it returns the step that finishes the
+# part once the run's generator exists.
+PartBuilder = Callable[[PartInputs], Callable[[LLMBackend], object]]
+
+
 @dataclass(frozen=True)
 class PipelineEntry:
     """A registered pipeline: how it is built, and what it declares it needs (composition
@@ -105,6 +140,8 @@ class PipelineEntry:
     filter_stage: FilterStage  # its filter; one that needs training loads the trained filter
     roles: frozenset[Role]  # the model roles it calls itself, besides its filter's
     sections: tuple[Section, ...]  # the settings sections it reads
+    inner: InnerPipelines = _no_inner  # the pipelines it runs inside it
+    part: PartBuilder | None = None  # what composition builds for it (context.part(name))
 
     def roles_in(self, settings: PipelineSettings) -> frozenset[str]:
         """The model roles it calls in a run with these settings: its own and its filter's."""
@@ -113,6 +150,7 @@ class PipelineEntry:
 
 
 PIPELINES: dict[str, PipelineEntry] = {}
+DEFAULT: list[str] = []  # the pipeline registered with `default=True`
 # Every declared section by key; pipelines sharing a section (amber's variants) declare the
 # same one.
 SECTIONS: dict[str, Section] = {}
@@ -122,8 +160,12 @@ def register_pipeline(name: str, *, reads_documents: bool = True,
                       filter_stage: FilterStage = _no_filter,
                       roles: Iterable[Role] = ("generator",),
                       sections: Sequence[Section] = (),
+                      inner: InnerPipelines = _no_inner,
+                      part: PartBuilder | None = None,
+                      default: bool = False,
                       ) -> Callable[[PipelineFactory], PipelineFactory]:
-    """Class decorator adding a pipeline to the registry under `name`, with what it needs."""
+    """Class decorator adding a pipeline to the registry under `name`, with what it needs;
+    `default`: the pipeline a run runs when its config names none (one pipeline says so)."""
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ConfigError(f"pipeline {name!r} declares unknown role(s) {sorted(unknown)} "
@@ -136,11 +178,24 @@ def register_pipeline(name: str, *, reads_documents: bool = True,
                               f"{known.cls.__name__}")
 
     def add(factory: PipelineFactory) -> PipelineFactory:
+        if default and DEFAULT and DEFAULT[0] != name:
+            raise ConfigError(f"pipelines {DEFAULT[0]!r} and {name!r} both declare "
+                              "themselves the default")
         PIPELINES[name] = PipelineEntry(factory, reads_documents, filter_stage,
-                                        frozenset(roles), tuple(sections))
+                                        frozenset(roles), tuple(sections), inner, part)
+        if default:
+            DEFAULT[:] = [name]
         return factory
 
     return add
+
+
+def default_pipeline() -> str:
+    """The pipeline a run runs when its config names none."""
+    if not DEFAULT:
+        raise ConfigError("no pipeline is registered as the default (import "
+                          "`sieverag.inference.pipelines`, the package, first)")
+    return DEFAULT[0]
 
 
 def pipeline_entry(name: str) -> PipelineEntry:
@@ -148,6 +203,19 @@ def pipeline_entry(name: str) -> PipelineEntry:
     if name not in PIPELINES:
         raise ConfigError(f"unknown pipeline {name!r} (known: {', '.join(sorted(PIPELINES))})")
     return PIPELINES[name]
+
+
+def pipelines_run(names: Iterable[str], settings: PipelineSettings) -> frozenset[str]:
+    """`names` and every pipeline they run inside them, with these settings (an unknown name:
+    the ConfigError of `pipeline_entry`)."""
+    found: set[str] = set()
+    pending = list(names)
+    while pending:
+        name = pending.pop()
+        if name not in found:
+            found.add(name)
+            pending.extend(pipeline_entry(name).inner(settings))
+    return frozenset(found)
 
 
 def with_pipeline_sections(cls: type[T]) -> type[T]:

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import field
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.pipelines.amber import RoundDocuments
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
     Reader,
     register_pipeline,
 )
+from sieverag.inference.pipelines.rounds import RoundDocuments
 from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Document, Example
 

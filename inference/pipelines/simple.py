@@ -25,7 +25,7 @@ class DirectPipeline:
         return PipelineOutput(answer=answer, raw_answer=raw, documents_read=())
 
 
-@register_pipeline("vanilla")
+@register_pipeline("vanilla", default=True)
 class VanillaPipeline:
     """Read every document the source gives, in its order."""
 

@@ -59,7 +59,7 @@ from sieverag.inference.io_utils import JsonlLog, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
-from sieverag.inference.pipelines.router import RouterConfig  # noqa: E402
+from sieverag.inference.pipelines.auto.router import RouterConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import ensure_index  # noqa: E402
 

@@ -1,0 +1,218 @@
+"""Amber's loop: the `amber` pipeline and its variants, registered here (the package's
+docstring tells the loop step by step)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from sieverag.inference.answers import extract_answer
+from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
+from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig
+from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
+from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
+from sieverag.inference.pipelines.amber.collector import InformationCollector
+from sieverag.inference.pipelines.amber.memory import MemoryUpdater, cap_memory, shown_memory
+from sieverag.inference.pipelines.amber.settings import AMBER_SECTION, AmberConfig
+from sieverag.inference.pipelines.amber.trace import (
+    AmberRound,
+    AmberTrace,
+    EvidenceEntry,
+    StopReason,
+)
+from sieverag.inference.pipelines.base import (
+    PipelineContext,
+    PipelineOutput,
+    PipelineSettings,
+    format_documents,
+    question_text,
+    register_pipeline,
+)
+from sieverag.inference.pipelines.rounds import RoundDocuments
+from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.types import Document, Example
+
+# Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
+AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
+                                          **{f"amber-{f}": f for f in FILTER_NAMES}}
+# Ablation pipeline name → the loop part it switches off (the paper's -AMU and -AIC rows;
+# -MCF is `amber-none`). They run `amber.filter`'s filter stage.
+AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic"}
+AMBER_PIPELINES.update(dict.fromkeys(AMBER_ABLATIONS))
+# What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
+ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
+                    "evidence": "answer_with_documents"}
+
+
+def _configured_filter(settings: PipelineSettings) -> str:
+    """The filter stage of `amber` and its ablations: the run's `amber.filter`."""
+    return settings(AmberConfig).filter
+
+
+# Every amber pipeline reads the loop's settings and its filters' rules.
+SECTIONS = [AMBER_SECTION, MCF_SECTION, JUDGE_SECTION]
+
+
+@dataclass
+class _Evidence:
+    """Kept documents in the order found, each with its round."""
+
+    items: list[tuple[int, ScoredDocument]] = field(default_factory=list)
+
+    @property
+    def documents(self) -> list[Document]:
+        return [s.document for _, s in self.items]
+
+    def trace(self) -> list[EvidenceEntry]:
+        return [EvidenceEntry(round=r, id=s.document.id, title=s.document.title,
+                              score=round(s.score, 4), text=s.document.text,
+                              key_sentences=s.details.get("key_sentences"))
+                for r, s in self.items]
+
+
+def _scored_entry(scored: ScoredDocument) -> ScoredDocumentRecord:
+    return ScoredDocumentRecord(id=scored.document.id, title=scored.document.title,
+                                score=round(scored.score, 4), kept=scored.kept,
+                                is_gold=scored.document.is_gold, **scored.details)
+
+
+def _combined(results: Sequence[FilterResult]) -> FilterResult:
+    """All rounds' filter results as one (the bar only where every round used the same)."""
+    bars = {r.threshold for r in results if r.threshold is not None}
+    return FilterResult(kept=tuple(s for r in results for s in r.kept),
+                        scored=tuple(s for r in results for s in r.scored),
+                        threshold=bars.pop() if len(bars) == 1 else None)
+
+
+@register_pipeline("amber", filter_stage=_configured_filter, sections=SECTIONS)
+class AmberPipeline:
+    """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
+
+    def __init__(self, context: PipelineContext, filter_name: str | None = None,
+                 name: str = "amber") -> None:
+        self.context = context
+        self.config = context.settings(AmberConfig)
+        if name in AMBER_ABLATIONS:
+            self.config = replace(self.config, **{AMBER_ABLATIONS[name]: False})
+        self.filter_name = filter_name or self.config.filter
+        self.name = name if filter_name is None else f"amber-{filter_name}"
+        self.filter = build_filter(self.filter_name, FilterSetup(
+            judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
+            combination=context.filter_combination,
+            judge=context.settings(JudgeConfig), mcf=context.settings(MCFConfig),
+            stack=self.config.stack))
+        self.memory_updater = MemoryUpdater(context.generator, self.config.memory)
+        self.collector = InformationCollector(context.generator, self.config.collector)
+        self.answer_prompt = load_template(ANSWER_TEMPLATES[self.config.answer_from])
+        self.direct_prompt = load_template("answer_direct")
+
+    def run(self, example: Example) -> PipelineOutput:
+        question = question_text(example)
+        documents = RoundDocuments(self.context, example, self.config.k)
+        evidence = _Evidence()
+        results: list[FilterResult] = []
+        rounds: list[AmberRound] = []
+        queries = [example.question]
+        memory = ""
+        stop_reason: StopReason = "max_iterations"
+        for number in range(1, self.config.max_iterations + 1):
+            fresh, skipped = documents.fetch(queries[-1])
+            result = (self.filter.select(question, fresh) if fresh
+                      else FilterResult(kept=(), scored=(), threshold=None))
+            results.append(result)
+            evidence.items.extend((number, s) for s in result.kept)
+            exhausted = documents.exhausted
+            last_round = number == self.config.max_iterations or exhausted
+            # An answer from the evidence alone reads no memory: after the last round, nobody
+            # would read its update.
+            memory_read = self.config.answer_from != "evidence" or not last_round
+            update = (self.memory_updater.update(question, memory,
+                                                 format_documents(result.kept_documents))
+                      if result.kept and memory_read and self.config.amu else None)
+            # The memory only changes with new evidence, so a round without any adds nothing.
+            progressed = bool(result.kept)
+            if update is not None:
+                memory = update.memory
+            elif result.kept and not self.config.amu:  # -AMU: the evidence is the memory
+                # newest first: the cap then drops the oldest rounds, not the new ones
+                memory = cap_memory(format_documents(evidence.documents[::-1]),
+                                    self.config.memory.max_chars)[0]
+            entry = AmberRound(
+                round=number, query=queries[-1], retrieved=[d.id for d in fresh],
+                skipped_seen=skipped, threshold=result.threshold,
+                scored=[_scored_entry(s) for s in result.scored],
+                kept=[s.document.id for s in result.kept],
+                memory_update=update.to_dict() if update is not None else None,
+                memory=memory, sufficiency=None, next_query=None)
+            rounds.append(entry)
+            if not progressed:
+                stop_reason = "no_progress"
+                break
+            if number == self.config.max_iterations:
+                break
+            if exhausted:  # no further query could bring anything new
+                stop_reason = "pool_exhausted"
+                break
+            if not self.config.aic:  # -AIC: the next unseen documents for the question
+                queries.append(example.question)
+                continue
+            verdict = self.collector.sufficiency(question, memory)
+            entry.sufficiency = verdict.to_dict()
+            if verdict.sufficient:
+                stop_reason = "sufficient"
+                break
+            following = self.collector.next_query(question, memory, queries,
+                                                  evidence.documents)
+            entry.next_query = following.to_dict()
+            if following.query is None:
+                stop_reason = "no_new_query"
+                break
+            queries.append(following.query)
+        fallback = self._fallback(results, evidence)
+        raw = self._generate_answer(question, memory, evidence.documents)
+        trace = AmberTrace(pipeline=self.name, filter=self.filter_name, queries=queries,
+                           rounds=rounds, evidence=evidence.trace(), memory=memory,
+                           stop_reason=stop_reason, answer_from=self.config.answer_from,
+                           fallback_evidence=fallback)
+        return PipelineOutput(
+            answer=extract_answer(raw, example.question, self.context.answer_extraction),
+            raw_answer=raw, documents_read=tuple(evidence.documents),
+            filter_result=_combined(results), trace=trace.to_json())
+
+    def _fallback(self, results: Sequence[FilterResult], evidence: _Evidence) -> list[str]:
+        """Top up the evidence to `min_evidence` chunks with the best-scored dropped ones
+        (whole chunks, any round); returns their ids."""
+        missing = self.config.min_evidence - len(evidence.items)
+        if missing <= 0:
+            return []
+        dropped = [(number, s) for number, result in enumerate(results, start=1)
+                   for s in result.scored if not s.kept]
+        best = sorted(dropped, key=lambda item: -item[1].score)[:missing]
+        evidence.items.extend(best)
+        return [s.document.id for _, s in best]
+
+    def _generate_answer(self, question: str, memory: str, documents: Sequence[Document]) -> str:
+        evidence = format_documents(documents)
+        # Template inputs besides the question, and whether each has anything to read.
+        readable = {"memory": (shown_memory(memory), bool(memory)),
+                    "evidence": (evidence, bool(documents)),
+                    "documents": (evidence, bool(documents))}
+        inputs = [name for name in self.answer_prompt.inputs if name != "question"]
+        if any(readable[name][1] for name in inputs):
+            prompt = self.answer_prompt.messages(
+                question=question, **{name: readable[name][0] for name in inputs})
+        else:
+            prompt = self.direct_prompt.messages(question=question)
+        return self.context.generator.generate([prompt], self.context.generation,
+                                               agent="generator")[0]
+
+
+for _name, _filter in AMBER_PIPELINES.items():
+    if _filter is not None:
+        register_pipeline(_name, filter_stage=lambda settings, fixed=_filter: fixed,
+                          sections=SECTIONS)(
+            functools.partial(AmberPipeline, filter_name=_filter))
+for _name in AMBER_ABLATIONS:
+    register_pipeline(_name, filter_stage=_configured_filter, sections=SECTIONS)(
+        functools.partial(AmberPipeline, name=_name))

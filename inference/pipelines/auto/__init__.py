@@ -1,0 +1,21 @@
+"""`auto`: a retrieve-or-not router in front of another pipeline (the Auto-RAG study's
+conditional routing). `pipeline` holds the pipeline, its `auto` section (`AutoConfig`: what it
+routes to) and what composition builds for it; `router` the rule and its `router` section.
+"""
+
+from sieverag.inference.pipelines.auto.pipeline import (
+    AUTO_SECTION,
+    AutoConfig,
+    AutoPipeline,
+    build_router,
+    router_encoder,
+)
+from sieverag.inference.pipelines.auto.router import (
+    ROUTER_SECTION,
+    RouteDecision,
+    Router,
+    RouterConfig,
+)
+
+__all__ = ["AUTO_SECTION", "ROUTER_SECTION", "AutoConfig", "AutoPipeline", "RouteDecision",
+           "Router", "RouterConfig", "build_router", "router_encoder"]
