@@ -62,7 +62,6 @@ from sieverag.inference.io_utils import (
     write_atomic,
 )
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.inference.settings import settings
 from sieverag.inference.types import Device, Document, Example
@@ -132,7 +131,7 @@ class LabelRunConfig:
 
     def fingerprint(self, source: str) -> dict[str, Any]:
         """The settings that decide the labels (a resumed run must match them)."""
-        templates = [load_template("teacher_label"),
+        templates = [load_data_gen_template("teacher_label"),
                      load_data_gen_template("cxmi_with_context"),
                      load_data_gen_template("cxmi_without_context")]
         return {

@@ -1,7 +1,8 @@
 """Teacher labels from a strong model over any OpenAI-compatible chat API, cached on disk.
 
 For one question and one chunk (split into numbered sentences) the teacher is asked, with the
-`teacher_label` prompt, for one JSON object `{"relevant": bool, "key_sentences": [numbers]}`.
+`teacher_label` prompt (data_gen/prompts), for one JSON object
+`{"relevant": bool, "key_sentences": [numbers]}`.
 A reply is valid when it parses (a Markdown code fence around it is tolerated), `relevant` is
 a boolean and every key sentence number names a sentence of the chunk. An invalid reply is
 answered once with the `teacher_correction` prompt; a second invalid reply is recorded as
@@ -37,7 +38,6 @@ from sieverag.inference.filters.filter_format import numbered_sentences
 from sieverag.inference.io_utils import JsonlLog, parse_json
 from sieverag.inference.llm.base import GenerationSettings, Usage
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import settings
 from sieverag.inference.types import Conversation
 
@@ -83,7 +83,7 @@ class TeacherRequest:
     title: str = ""
 
     def messages(self) -> Conversation:
-        return load_template("teacher_label").messages(
+        return load_data_gen_template("teacher_label").messages(
             question=self.question, sentences=numbered_sentences(self.sentences, self.title))
 
 

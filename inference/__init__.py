@@ -1,27 +1,9 @@
-"""sieverag's runtime, by layer (tests/test_layers.py keeps imports pointing down).
+"""sieverag's runtime: the filter and the other agents, the pipelines that use them, their
+composition and their evaluation.
 
-The shared core — what `data_gen`, `training` and `serving` build on (they import nothing else
-of `inference`):
-* shared by all: `types`, `errors`, `io_utils`, `prompt_templates` (+ `prompts/`), `settings`
-  (the one configuration system);
-* `data` — dataset loaders and the demo set;
-* `llm` — backends (in-process transformers, OpenAI-compatible servers); `retrieval` — BM25,
-  dense, hybrid (no LLM);
-* `filters` — MCF (the trained filter), the MAIN-RAG judge, their stack, the shipped filter;
-  `roles` — who runs each model role; `answers` — cutting the scored answer from a reply;
-* `metrics` — `metrics.answers` (EM, F1, accuracy), `metrics.filter` (a filter against gold
-  passages and sentences), `metrics.retrieval` (recall@k, MRR): every metric is defined
-  there, whichever command reports it.
-
-Inference proper — answering and scoring questions:
-* `pipelines` — one module each: direct, vanilla, main-rag (and main-rag-naive), iter-retgen,
-  amber (with its memory and collector agents), auto (with its router);
-* `config` (a run's settings, `presets/`) and `compose` (plan a run, build its roles and
-  context);
-* `integrations` — the filter inside LangChain and LlamaIndex pipelines, through the rerank
-  endpoint (each framework imported by its own module only, behind its extra);
-* `eval` — the runner, reports, trust metrics, trace rendering, the judge-bar sweep; `cli` —
-  eval, ask, demo, trace, judge-sweep.
-
-`inference` imports none of the parts built on it.
+Its modules are layers, and imports point down them: the map (each layer's rank, modules and
+role, and which layers the other parts may import) is docs/architecture.md, "The parts and
+their layers", generated from the declaration tests/test_layers.py checks. `data_gen`,
+`training` and `serving` build on its shared core only; `inference` imports none of the parts
+built on it.
 """

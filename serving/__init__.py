@@ -26,4 +26,7 @@ inference side's `openai` backend:
 `config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`) and the
 proxy's (`ProxyOptions`); `adapters` parses `--adapter NAME=PATH` arguments for both
 (content-hashed default names).
+
+Where serving sits among the parts (it imports `inference`'s shared core only) is on
+docs/architecture.md's map, generated from tests/test_layers.py.
 """

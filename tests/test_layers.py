@@ -1,21 +1,10 @@
 """The import layers, checked on the source (parsed with `ast`, nothing imported), and the
 wheel's package list.
 
-Inside `sieverag.inference` a module imports only its own layer or the layers below it
-(low → high):
-
-  shared base  types, errors, io_utils, prompt_templates, settings, in_flight
-  data         inference.data (dataset loaders, the demo set)
-  llm | retrieval   side by side, neither imports the other: retrieval runs no LLM
-  agents       filters, answers
-  pipelines    inference.pipelines (a pipeline is a module, or a package with its parts:
-               amber/, auto/; the shared modules name no pipeline)
-  composition | integrations   side by side: config, compose (build the roles and pipelines
-               for every command) | the framework adapters (the rerank endpoint's clients)
-  metrics      inference.metrics (every metric's definition)
-  evaluation   inference.eval (runner, records, reports, trace rendering)
-  command line every part's `cli` module or package (at the part's top, never inside a
-               layer's folder): anything in its own part
+Inside `sieverag.inference` a module imports only its own layer or the layers below it:
+`LAYERS` below, each with its rank, modules and role (layers of one rank sit side by side and
+import neither of each other). docs/architecture.md shows them, generated from this file by
+docs/hooks/layers.py, so the declaration here is the one map of the modules.
 
 Between the parts (the folders pyproject.toml maps to `sieverag.*`, see PART_IMPORTS):
 `inference` imports none of the others; data_gen, training and serving import `inference` and
@@ -68,25 +57,44 @@ class Layer:
     rank: int
     members: tuple[str, ...]
     """Modules, or packages standing for every module inside them."""
+    role: str = ""
+    """What the layer holds, in a line (docs/architecture.md shows it)."""
 
 
 LAYERS = (
     Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
                              f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
-                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight")),
-    Layer("data", 1, (f"{INFERENCE}.data",)),
-    Layer("llm", 2, (f"{INFERENCE}.llm",)),
-    Layer("retrieval", 2, (f"{INFERENCE}.retrieval",)),
-    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles")),
+                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight"),
+          role="shared types and errors, file I/O, the prompt templates (`prompts/`), the one "
+               "configuration system, many questions in flight"),
+    Layer("data", 1, (f"{INFERENCE}.data",), role="dataset loaders and the demo set"),
+    Layer("llm", 2, (f"{INFERENCE}.llm",),
+          role="the backends: in-process transformers, OpenAI-compatible servers"),
+    Layer("retrieval", 2, (f"{INFERENCE}.retrieval",),
+          role="BM25, dense and hybrid retrieval, indexes; runs no LLM"),
+    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles"),
+          role="the filters (MCF, the MAIN-RAG judge, their stack, the shipped filter), who "
+               "runs each model role, cutting the scored answer from a reply"),
     # Every metric's definition (the runner, reports and trust metrics sit above, in
     # evaluation): pure functions of answers, decisions and gold.
-    Layer("metrics", 3, (f"{INFERENCE}.metrics",)),
-    Layer("pipelines", 4, (f"{INFERENCE}.pipelines",)),
-    Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose")),
-    Layer("integrations", 5, (f"{INFERENCE}.integrations",)),
-    Layer("evaluation", 6, (f"{INFERENCE}.eval",)),
+    Layer("metrics", 3, (f"{INFERENCE}.metrics",),
+          role="every metric's definition: answers (EM, F1, accuracy), a filter against gold "
+               "passages and sentences, retrieval (recall@k, MRR)"),
+    Layer("pipelines", 4, (f"{INFERENCE}.pipelines",),
+          role="a pipeline is a module, or a package with its parts (`amber/`, `auto/`); the "
+               "shared modules name no pipeline"),
+    Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose"),
+          role="a run's settings (`presets/`); plan a run, build its roles and pipelines"),
+    Layer("integrations", 5, (f"{INFERENCE}.integrations",),
+          role="the filter inside LangChain and LlamaIndex, through the rerank endpoint or in "
+               "process"),
+    Layer("evaluation", 6, (f"{INFERENCE}.eval",),
+          role="the runner, records, reports, trust metrics, trace rendering, the judge-bar "
+               "sweep"),
 )
-COMMAND_LINE = Layer("command line", 7, ())
+COMMAND_LINE = Layer("command line", 7, (),
+                     role="every part's `cli` module or package, at the part's top (never "
+                          "inside a layer's folder): it may import anything in its own part")
 # The shared core: the layers the parts built on `inference` (data_gen, training, serving) may
 # import. The layers above — pipelines, composition, integrations, evaluation, the command
 # line — are inference proper: answering and scoring questions.

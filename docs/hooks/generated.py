@@ -1,7 +1,8 @@
 """MkDocs hook: the pages' generated parts, written at build time so they cannot drift.
 
 Each module beside this one generates one part — `cli_reference` (every command's `--help`),
-`presets` (the shipped presets), `benchmarks` (each benchmark script's docstring) — for its
+`presets` (the shipped presets), `benchmarks` (each benchmark script's docstring), `layers`
+(the parts and layers tests/test_layers.py declares) — for its
 `PAGE`, which holds its `MARKER` line; the build replaces the line with `generate()`.
 """
 
@@ -14,7 +15,7 @@ from types import ModuleType
 from mkdocs.exceptions import PluginError
 
 HERE = Path(__file__).parent
-PARTS = ("cli_reference", "presets", "benchmarks")
+PARTS = ("cli_reference", "presets", "benchmarks", "layers")
 
 
 def _load(name: str) -> ModuleType:

@@ -2,6 +2,9 @@
 
 * `rerank_client` — `RerankEndpoint`: POST {base_url}/rerank (the embedded server's
   `/v1/rerank`) and the documents it keeps, best first; framework-free (httpx only).
+* `in_process` — `InProcessFilter`: the same ranking with the filter loaded in this process.
+* `selection` — what both share: which documents to keep (`Keep`, `choose`), at which
+  granularity, and the `Ranker` protocol the adapters take.
 * `langchain` — `SieveragCompressor`, a LangChain document compressor, and
   `FilteredRetriever`, a retriever whose documents pass it (`pip install "sieverag[langchain]"`).
 * `llamaindex` — `SieveragPostprocessor`, a LlamaIndex node post-processor

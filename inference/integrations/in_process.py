@@ -20,7 +20,7 @@ from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_fil
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import best_first, rank_by_filter
-from sieverag.inference.integrations.rerank_client import (
+from sieverag.inference.integrations.selection import (
     Granularity,
     Keep,
     check_selection,

@@ -5,30 +5,32 @@ instead (`in_process.InProcessFilter`), with the same selection.
 
 The server runs the trained filter (MCF) on the documents and answers in the Cohere/Jina
 schema with sieverag's `kept` verdicts (README, "Reranking with the filter"); each result is
-read as a `RerankResult` (inference/types.py), the shape the server writes. `keep` says
-which results a caller gets:
-
-* `"kept"` — the documents the server's bar keeps, best first, at most `top_n`;
-* `"top_n"` — the `top_n` best by `relevance_score`, kept or not (all, best first, without
-  `top_n`): a plain reranker, which also works against any Cohere/Jina-schema reranker.
+read as a `RerankResult` (inference/types.py), the shape the server writes. Which results a
+caller gets (`keep`, `top_n`) is `selection`'s, shared with the in-process filter;
+`keep="top_n"` also works against any Cohere/Jina-schema reranker. `Keep`, `Granularity`,
+`Ranker`, `check_selection` and `choose` are importable from here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from sieverag.inference.errors import ConfigError, SieveragError, validation_problems
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.integrations.selection import (
+    Granularity,
+    Keep,
+    Ranker,
+    check_selection,
+    choose,
+)
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.types import RerankResult
-
-Keep = Literal["kept", "top_n"]
-Granularity = Literal["chunk", "sentence"]
 
 # What each refused status most likely means for a caller of this client.
 _ADVICE = {
@@ -43,34 +45,6 @@ _ADVICE = {
 class RerankEndpointError(SieveragError):
     """The rerank endpoint cannot be reached, refused the request, or sent a reply that is not
     a rerank response."""
-
-
-class Ranker(Protocol):
-    """What the adapters call: the results to keep for `texts` (by their `index` there), best
-    first. `RerankEndpoint` (over HTTP) and `in_process.InProcessFilter` are rankers."""
-
-    def select(self, query: str, texts: Sequence[str]) -> list[RerankResult]: ...
-
-    async def aselect(self, query: str, texts: Sequence[str]) -> list[RerankResult]: ...
-
-
-def check_selection(keep: str, top_n: int | None, granularity: str) -> None:
-    """Refuse (ConfigError) a `keep`, `top_n` or `granularity` a ranker cannot use."""
-    if keep not in get_args(Keep):
-        raise ConfigError(f"keep must be one of {get_args(Keep)}, got {keep!r}")
-    if granularity not in get_args(Granularity):
-        raise ConfigError(f"granularity must be one of {get_args(Granularity)}, got "
-                          f"{granularity!r}")
-    if top_n is not None and top_n < 1:
-        raise ConfigError(f"top_n must be >= 1 or None, got {top_n}")
-
-
-def choose(best_first: Sequence[RerankResult], keep: Keep, top_n: int | None
-           ) -> list[RerankResult]:
-    """What a caller gets of results ordered best first: the kept ones (`keep="kept"`) or
-    all, then at most `top_n`."""
-    chosen = [r for r in best_first if r.kept] if keep == "kept" else list(best_first)
-    return chosen[:top_n]
 
 
 @dataclass(frozen=True)
@@ -221,7 +195,8 @@ class RerankSettings(BaseModel):
             return RerankEndpoint(base_url=self.base_url, model=self.model, keep=self.keep,
                                   top_n=self.top_n, granularity=self.granularity,
                                   timeout_s=self.timeout_s, api_key=api_key)
-        # Imported here: it loads torch and transformers, which the endpoint client never needs.
+        # Imported here: it loads torch and transformers, which the endpoint client never needs
+        # (no cycle: in_process imports `selection`, not this module).
         from sieverag.inference.integrations.in_process import InProcessFilter
 
         return InProcessFilter(self.filter, base_model=self.base_model, keep=self.keep,

@@ -23,6 +23,7 @@ from sieverag.inference.filters.adapters import (
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
 from sieverag.inference.types import Document
+from sieverag.training.filter_methods import mcf_row_name
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +49,9 @@ def test_the_shipped_filter_is_small_bf16_package_data_with_a_card():
     assert card["weights"]["dtype"] == "bfloat16"
     assert card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] <= 1e-2
     assert card["dataset"]["train_questions"] and card["dataset"]["fingerprint"]
+    # The row the card calls amber's default is the chunk rule MCF runs by default today.
     default_rule = card["held_out"]["amber_default_row"]
-    assert default_rule == "MCF top_k=2 + BM25 prior w=1"
+    assert default_rule == mcf_row_name(MCFConfig())
     assert card["held_out"]["chunk"][default_rule]["f1"] > card["held_out"]["chunk"][
         "BM25 top-2"]["f1"]
 
