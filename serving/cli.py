@@ -81,6 +81,6 @@ def run_serve(command: ServeCommand) -> int:
         logging.getLogger(__name__).info("loading %s ...", config.model)
         LocalServer(config).run()
         return 0
-    from sieverag.serving.vllm_launcher import VLLMServer
+    from sieverag.serving.vllm.launcher import VLLMServer
 
     return VLLMServer(config).run()

@@ -26,14 +26,14 @@ from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
+from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.app import create_app
-from sieverag.serving.auth import read_api_key
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import BatchingEngine
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
-from sieverag.serving.proxy import ProxyTarget
-from sieverag.serving.served_model import load_served_model
-from sieverag.serving.upstream import Upstream
+from sieverag.serving.proxy.chat_proxy import ProxyTarget
+from sieverag.serving.proxy.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import BatchingEngine
+from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.local_server import LocalServer
 
 

@@ -104,7 +104,7 @@ from sieverag.inference.llm.openai_backend import (  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
-from sieverag.serving.vllm_launcher import VLLMServer  # noqa: E402
+from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 from sieverag.training.filter_eval import (  # noqa: E402
     FilterEvalConfig,
     run_filter_eval,

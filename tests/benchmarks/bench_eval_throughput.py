@@ -78,7 +78,7 @@ from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
-from sieverag.serving.vllm_launcher import VLLMServer  # noqa: E402
+from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 
 WAYS = ("in-process", "embedded", "vllm")
 PIPELINES = ("vanilla", "main-rag", "amber-mcf")

@@ -74,9 +74,9 @@ from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
 from sieverag.inference.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
-from sieverag.serving.engine_backend import EngineBackend  # noqa: E402
+from sieverag.serving.engine.backend import EngineBackend  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402
-from sieverag.serving.marked_documents import Passage, documents_block  # noqa: E402
+from sieverag.serving.proxy.marked_documents import Passage, documents_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION_IDS = ROOT / "runs" / "dataset-hotpot" / "validation_ids.txt"

@@ -51,7 +51,7 @@ from sieverag.inference.llm.openai_backend import (  # noqa: E402
     OpenAIBackendConfig,
 )
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
-from sieverag.serving.vllm_launcher import VLLMServer  # noqa: E402
+from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 
 HELD_OUT = TESTS / "data" / "hotpotqa_heldout_sample.jsonl"
 FILTER = "filter"

@@ -14,24 +14,26 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 
-from sieverag.serving import app as app_module
+from sieverag.serving.api.chat import serving as chat_serving
+from sieverag.serving.api.completions import serving as completions_serving
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import (
+from sieverag.serving.engine.batching import (
     BatchingEngine,
     SequenceRequest,
     SequenceResult,
     TokenListener,
 )
+from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.served_model import load_served_model
 
 LONG = 900  # max_tokens no test waits for: only cancellation ends these sequences early
-DISCONNECT_LOGGER = "sieverag.serving.disconnect"
+DISCONNECT_LOGGER = "sieverag.serving.api.middleware.disconnect"
 
 
 def decode_steps(engine: BatchingEngine) -> int:
@@ -231,20 +233,20 @@ def test_a_client_gone_mid_stream_leaves_no_sequence_in_the_engine(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/completions", {"prompt": "Tokenise me", "max_tokens": LONG}),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                           "max_tokens": LONG}),
+@pytest.mark.parametrize(("endpoint", "path", "body"), [
+    (completions_serving, "/completions", {"prompt": "Tokenise me", "max_tokens": LONG}),
+    (chat_serving, "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                         "max_tokens": LONG}),
 ])
 def test_a_client_gone_while_its_prompt_is_tokenised_submits_nothing(
     server: LocalServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    path: str, body: dict[str, Any]
+    endpoint: ModuleType, path: str, body: dict[str, Any]
 ) -> None:
     """The tokenising thread cannot be stopped, but what it returns after its client went away
     is dropped: no sequence is submitted for it."""
     caplog.set_level(logging.INFO, logger=DISCONNECT_LOGGER)
     entered, release, returned = threading.Event(), threading.Event(), threading.Event()
-    real = app_module.encode_text
+    real = endpoint.encode_text
 
     def held(*args: Any, **kwargs: Any) -> Any:
         entered.set()
@@ -254,14 +256,14 @@ def test_a_client_gone_while_its_prompt_is_tokenised_submits_nothing(
         finally:
             returned.set()
 
-    monkeypatch.setattr(app_module, "encode_text", held)
+    monkeypatch.setattr(endpoint, "encode_text", held)
     submitted = record_submits(monkeypatch, server.engine)
     with send_and_keep_open(server, path, body):
         assert entered.wait(timeout=60)
     wait_for(lambda: disconnect_records(caplog), "the server to notice the disconnect")
     release.set()
     assert returned.wait(timeout=60)
-    monkeypatch.setattr(app_module, "encode_text", real)
+    monkeypatch.setattr(endpoint, "encode_text", real)
     served = httpx.post(server.base_url + "/completions", timeout=60, json={
         "model": server.engine.served.name, "prompt": "After", "max_tokens": 1})
     assert served.status_code == 200
@@ -274,7 +276,7 @@ def test_a_long_prefill_stops_between_slices_once_its_client_is_gone(
 ) -> None:
     """A prompt of three slices whose request is cancelled during the first slice's forward
     pass runs no further slice, and leaves the engine."""
-    from sieverag.serving import engine as engine_module
+    from sieverag.serving.engine import batching as engine_module
 
     monkeypatch.setattr(engine_module, "PROMPT_SLICE", 16)
     request = prompt(engine, " ".join(f"word{i}" for i in range(16)), LONG)

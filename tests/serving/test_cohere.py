@@ -18,10 +18,10 @@ from sieverag.inference.filters.ranking import rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.types import RerankResult
+from sieverag.serving.api.field_policy import IGNORED_HEADER
+from sieverag.serving.api.rerank.serving import cut_to_tokens
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.field_policy import IGNORED_HEADER
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.rerank_endpoint import cut_to_tokens
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The field policy of the embedded server (serving/field_policy.py), against requests as the
+"""The field policy of the embedded server (serving/api/field_policy.py), against requests as the
 real clients send them: fields that change nothing are accepted silently, fields that cannot
 be honoured get a 400 naming them, unknown ones are accepted and named in a header; and the
 documentation lists exactly the fields the request models declare."""
@@ -13,18 +13,15 @@ import pytest
 from repo_paths import REPO
 from tiny_server import model
 
-from sieverag.serving.field_policy import (
+from sieverag.serving.api.chat.protocol import ChatCompletionRequest
+from sieverag.serving.api.completions.protocol import CompletionRequest
+from sieverag.serving.api.field_policy import (
     IGNORED_HEADER,
     MAX_HEADER_NAMES,
     markdown_table,
 )
+from sieverag.serving.api.rerank.protocol import RerankRequest, RerankV2Request
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    RerankRequest,
-    RerankV2Request,
-)
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
 pytest_plugins = ["tiny_server"]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPResponse
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -19,10 +20,11 @@ import pytest
 from tiny_server import model
 
 from sieverag.inference.errors import ConfigError
-from sieverag.serving import app as app_module
-from sieverag.serving import tokens
+from sieverag.serving.api.chat import serving as chat_serving
+from sieverag.serving.api.completions import serving as completions_serving
+from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.limits import PromptLimits
+from sieverag.serving.engine import tokens
 from sieverag.serving.local_server import LocalServer
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
@@ -54,16 +56,22 @@ def raw_exchange(server: LocalServer, request: bytes) -> tuple[int, dict[str, An
         return response.status, json.loads(response.read())
 
 
+ENDPOINT_MODULES = (completions_serving, chat_serving)
+
+
 def calls_of(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
-    """Record each call of `app_module.<name>` (still calling it)."""
+    """Record each call of `<name>` by the completions and chat endpoints (still calling it)."""
     calls: list[object] = []
-    real = getattr(app_module, name)
+    for module in ENDPOINT_MODULES:
+        if not hasattr(module, name):
+            continue
+        real = getattr(module, name)
 
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return real(*args, **kwargs)
+        def recorded(*args: Any, real: Any = real, **kwargs: Any) -> Any:
+            calls.append(args)
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(app_module, name, recorded)
+        monkeypatch.setattr(module, name, recorded)
     return calls
 
 
@@ -220,20 +228,21 @@ def test_text_that_is_not_utf8_is_refused_without_a_traceback(
 
 # ----- CPU work off the event loop -----
 
-@pytest.mark.parametrize(("slow_step", "path", "body"), [
-    ("encode_text", "/chat/completions", {"messages": CONVERSATION, "max_tokens": 2}),
-    ("completion_body", "/completions", {"prompt": "Score me", "max_tokens": 2, "logprobs": 1,
-                                         "echo": True}),
+@pytest.mark.parametrize(("endpoint", "slow_step", "path", "body"), [
+    (chat_serving, "encode_text", "/chat/completions", {"messages": CONVERSATION,
+                                                        "max_tokens": 2}),
+    (completions_serving, "completion_body", "/completions", {
+        "prompt": "Score me", "max_tokens": 2, "logprobs": 1, "echo": True}),
 ])
 def test_health_answers_while_a_request_works(
-    server: LocalServer, monkeypatch: pytest.MonkeyPatch, slow_step: str, path: str,
-    body: dict[str, Any]
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch, endpoint: ModuleType,
+    slow_step: str, path: str, body: dict[str, Any]
 ) -> None:
     """A request held inside tokenising or building its response does not hold the server:
     /health answers before that step is let go (on the event loop it would answer after)."""
     entered, release = threading.Event(), threading.Event()
     order: list[str] = []
-    real = getattr(app_module, slow_step)
+    real = getattr(endpoint, slow_step)
 
     def held(*args: Any, **kwargs: Any) -> Any:
         entered.set()
@@ -241,7 +250,7 @@ def test_health_answers_while_a_request_works(
         order.append(slow_step)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(app_module, slow_step, held)
+    monkeypatch.setattr(endpoint, slow_step, held)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, server.base_url + path,
                               json={"model": model(server), **body}, timeout=60)

@@ -27,7 +27,7 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.marked_documents import Passage, documents_block
+from sieverag.serving.proxy.marked_documents import Passage, documents_block
 
 KEY_ENV, KEY = "SIEVERAG_PROXY_TEST_KEY", "sk-proxy"
 UPSTREAM_KEY_ENV, UPSTREAM_KEY = "SIEVERAG_PROXY_TEST_UPSTREAM_KEY", "sk-upstream"

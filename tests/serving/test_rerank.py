@@ -21,9 +21,9 @@ from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine_backend import EngineBackend
+from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.tokens import max_token_chars
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.tokens import max_token_chars
 
 KEY_ENV = "SIEVERAG_RERANK_TEST_KEY"
 KEY = "sk-rerank-test"

@@ -28,9 +28,9 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import BatchingEngine, EngineClosedError, SequenceRequest
+from sieverag.serving.engine.batching import BatchingEngine, EngineClosedError, SequenceRequest
+from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.served_model import load_served_model
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
 pytest_plugins = ["tiny_server"]

@@ -18,10 +18,10 @@ from tiny_server import fail_next_decode_step, model
 from transformers import AutoTokenizer
 
 from sieverag.inference.llm.base import first_stop
-from sieverag.serving.engine import TokenEvent, TokenLogprob
+from sieverag.serving.api.streaming import StreamedText
+from sieverag.serving.engine.batching import TokenEvent, TokenLogprob
+from sieverag.serving.engine.tokens import prefix_offsets
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.streaming import StreamedText
-from sieverag.serving.tokens import prefix_offsets
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
 pytest_plugins = ["tiny_server"]

@@ -15,12 +15,12 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import parse_settings
-from sieverag.serving import vllm_launcher
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.cli import ServeCommand, engine_config
 from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig
 from sieverag.serving.errors import AdapterError, ServerStartError
-from sieverag.serving.vllm_launcher import (
+from sieverag.serving.vllm import launcher as vllm_launcher
+from sieverag.serving.vllm.launcher import (
     INSTALL_HINT,
     VLLM_SERVER_MODULE,
     VLLM_SITE,
@@ -139,7 +139,7 @@ def test_the_docs_show_the_command_the_launcher_builds_for_the_shipped_filter() 
     adapters = resolve_adapters(config.adapters, base_name=config.model)
     built = build_vllm_command(config, adapters, python="<vllm env>/bin/python",
                                model="<model folder>", served_model_name=config.model)
-    package = str(Path(vllm_launcher.__file__).resolve().parents[1])
+    package = str(Path(vllm_launcher.__file__).resolve().parents[2])
     assert shown == " ".join(built).replace(package, "<sieverag>").split()
 
 

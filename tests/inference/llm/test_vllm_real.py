@@ -54,8 +54,8 @@ from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.local_server import LocalServer
-from sieverag.serving.marked_documents import Passage, documents_block
-from sieverag.serving.vllm_launcher import VLLMServer, find_vllm_python
+from sieverag.serving.proxy.marked_documents import Passage, documents_block
+from sieverag.serving.vllm.launcher import VLLMServer, find_vllm_python
 
 sys.path.insert(0, str(TESTS / "gpu"))
 from gpu_check import compare_filter, compare_judge  # noqa: E402

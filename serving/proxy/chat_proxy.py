@@ -1,7 +1,7 @@
 """POST /v1/chat/completions as a filtering proxy (`sieverag serve --proxy-to URL`).
 
 A request that marks documents (`marked_documents`) has them filtered by MCF's own code on
-the served filter adapter (`EngineBackend`, as /v1/rerank runs it, under the same rules,
+the served filter adapter (`serving.filtering`, as /v1/rerank runs it, under the same rules,
 `--local.rerank.*`, and the same limits), its prompt rewritten to hold only the kept passages
 (or, at sentence granularity, their key sentences), and is forwarded upstream (`upstream`).
 The upstream's answer comes back with a `sieverag` field (and the same object, as compact
@@ -36,17 +36,17 @@ from starlette.responses import JSONResponse, Response
 from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.serving.engine import BatchingEngine
-from sieverag.serving.engine_backend import EngineBackend
-from sieverag.serving.limits import PromptLimits
-from sieverag.serving.marked_documents import (
+from sieverag.serving.api.limits import PromptLimits
+from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.filtering import run_filter
+from sieverag.serving.proxy.marked_documents import (
     MarkedRequest,
     Passage,
     documents_block,
     find_marked,
 )
-from sieverag.serving.rerank_endpoint import check_prompts_fit
-from sieverag.serving.upstream import Upstream, UpstreamClient, UpstreamError
+from sieverag.serving.proxy.upstream import Upstream, UpstreamClient, UpstreamError
 
 INFO_FIELD = "sieverag"
 INFO_HEADER = "x-sieverag"
@@ -138,11 +138,10 @@ class ChatProxy:
         documents = [p.document for p in marked.passages]
         if documents:  # none (an empty list or block) is no work, not an error
             self.limits.check_documents([d.text for d in documents])
-        backend = EngineBackend(self.engine, self.filter_model)
+        combination = self.combination
 
-        def run() -> tuple[dict[str, Any], dict[str, Any]]:
-            check_prompts_fit(backend, self.limits, rules, marked.question, documents)
-            result = MultiGranularFilter(backend, rules, self.combination).select(
+        def select(backend: EngineBackend) -> tuple[dict[str, Any], dict[str, Any]]:
+            result = MultiGranularFilter(backend, rules, combination).select(
                 marked.question, documents)
             kept = kept_passages(marked.passages, result)
             saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
@@ -154,11 +153,10 @@ class ChatProxy:
                     "prompt_tokens_saved": saved}
             return info, marked.forwarded_body(kept)
 
-        try:
-            return await asyncio.to_thread(run)
-        except asyncio.CancelledError:  # the client went away: so do its sequences
-            backend.cancel()
-            raise
+        answer, _ = await run_filter(
+            self.engine, self.filter_model, self.limits, rules, marked.question, documents,
+            select, filter_format=combination.filter_format if combination else "two_stage")
+        return answer
 
     def _block_tokens(self, passages: Sequence[Passage]) -> int:
         block = documents_block(passages)

@@ -27,7 +27,18 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from sieverag.serving.engine import (
+from sieverag.serving.api.chat.protocol import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+from sieverag.serving.api.completions.protocol import Completion, CompletionChoice
+from sieverag.serving.api.errors import error_body
+from sieverag.serving.api.generation_protocol import FinishReason
+from sieverag.serving.api.openai_format import (
+    chat_id,
+    chat_logprobs,
+    completion_id,
+    legacy_logprobs,
+    usage,
+)
+from sieverag.serving.engine.batching import (
     BatchingEngine,
     SequenceRequest,
     SequenceResult,
@@ -35,23 +46,7 @@ from sieverag.serving.engine import (
     TokenListener,
     TokenLogprob,
 )
-from sieverag.serving.openai_format import (
-    chat_id,
-    chat_logprobs,
-    completion_id,
-    legacy_logprobs,
-    usage,
-)
-from sieverag.serving.protocol import error_body
-from sieverag.serving.responses import (
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    FinishReason,
-)
-from sieverag.serving.tokens import EncodedPrompt
+from sieverag.serving.engine.tokens import EncodedPrompt
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the embedded server does with each request field it is sent, decided in one place.
 
-Every request body (`protocol`) sorts its fields into four kinds:
+Every request body (each endpoint's `protocol`) sorts its fields into four kinds:
 
 * honoured — the fields the server implements (a plain model field);
 * ignored — fields that change nothing here (`Ignored`, with the reason): accepted and

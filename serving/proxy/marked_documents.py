@@ -30,7 +30,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from sieverag.inference.types import Document
-from sieverag.serving.protocol import APIError, Text
+from sieverag.serving.api.errors import APIError
+from sieverag.serving.api.request_fields import Text
 
 OPEN_TAG = "<documents>"
 CLOSE_TAG = "</documents>"

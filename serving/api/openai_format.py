@@ -1,5 +1,6 @@
-"""Engine results as OpenAI response bodies (`responses`): text completions (legacy log-prob
-format) and chat completions (the `content[{token, logprob, bytes, top_logprobs}]` format).
+"""Engine results as OpenAI response bodies (`completions.protocol`, `chat.protocol`): text
+completions (legacy log-prob format) and chat completions (the
+`content[{token, logprob, bytes, top_logprobs}]` format).
 
 Legacy `top_logprobs` dicts hold the requested alternatives plus the chosen token (as vLLM's
 do), so `logprobs=0` still reports the chosen token's log-prob.
@@ -13,20 +14,22 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from sieverag.serving.engine import SequenceResult, TokenLogprob
-from sieverag.serving.responses import (
+from sieverag.serving.api.chat.protocol import (
     ChatChoice,
     ChatCompletion,
     ChatLogprobs,
     ChatMessage,
     ChatTokenLogprob,
+    TopLogprob,
+)
+from sieverag.serving.api.completions.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    TopLogprob,
-    Usage,
 )
-from sieverag.serving.tokens import EncodedPrompt, prefix_offsets, token_text
+from sieverag.serving.api.generation_protocol import Usage
+from sieverag.serving.engine.batching import SequenceResult, TokenLogprob
+from sieverag.serving.engine.tokens import EncodedPrompt, prefix_offsets, token_text
 
 
 def completion_id() -> str:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sieverag.serving.protocol import APIError
-from sieverag.serving.tokens import EncodedPrompt
+from sieverag.serving.api.errors import APIError
+from sieverag.serving.engine.tokens import EncodedPrompt
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ import torch
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import first_stop
 from sieverag.inference.llm.decode_step import Decoder
-from sieverag.serving.decode_batch import RunningBatch
-from sieverag.serving.sampling import Sampling, choose_tokens
-from sieverag.serving.served_model import ServedModel
+from sieverag.serving.engine.decode_batch import RunningBatch
+from sieverag.serving.engine.sampling import Sampling, choose_tokens
+from sieverag.serving.engine.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from sieverag.inference.llm.base import (
 )
 from sieverag.inference.llm.hf import reply_token_ids
 from sieverag.inference.types import Conversation
-from sieverag.serving.engine import BatchingEngine, SequenceRequest, SequenceResult
+from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest, SequenceResult
 
 _DEFAULT_SETTINGS = GenerationSettings()
 

@@ -1,0 +1,77 @@
+"""What every endpoint class is built on (`ServingContext`): the engine and its served model,
+the server's request limits and rules, each adapter's filter combination, and the steps every
+endpoint shares — the `model` check, running sequences on the engine (cancelled together),
+and sending a typed body built off the event loop with the header naming ignored fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from sieverag.inference.filters.combination import Combination
+from sieverag.serving.api.bodies import to_json
+from sieverag.serving.api.errors import APIError
+from sieverag.serving.api.field_policy import ignored_header, unknown_fields
+from sieverag.serving.api.limits import PromptLimits
+from sieverag.serving.api.streaming import MEDIA_TYPE as STREAM_MEDIA_TYPE
+from sieverag.serving.config import LocalOptions
+from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest, SequenceResult
+from sieverag.serving.engine.tokens import max_token_chars
+
+
+@dataclass
+class ServingContext:
+    """The engine (which the caller starts and closes) and the rules its endpoints serve by.
+    `combinations`: each served adapter's combination (from its card), by served name."""
+
+    engine: BatchingEngine
+    options: LocalOptions
+    combinations: Mapping[str, Combination] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        served = self.engine.served
+        self.served = served
+        self.tokenizer = served.tokenizer
+        self.limits = PromptLimits(
+            max_model_len=served.max_model_len, vocabulary_size=len(self.tokenizer),
+            max_token_chars=max_token_chars(self.tokenizer),
+            max_prompts_per_request=self.options.max_prompts_per_request,
+            default_chat_max_tokens=self.options.default_chat_max_tokens,
+            max_rerank_documents=self.options.max_rerank_documents)
+
+    def check_model(self, name: str) -> None:
+        """Refuse (404) a `model` this server does not serve."""
+        if name not in self.served.names:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                           f"{', '.join(self.served.names)}", param="model",
+                           code="model_not_found")
+
+    async def run_all(self, requests: list[SequenceRequest]) -> list[SequenceResult]:
+        """Every sequence's result; all are cancelled if one fails or the client goes away."""
+        futures = [self.engine.submit(request) for request in requests]
+        try:
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        except BaseException:
+            self.engine.cancel(futures)
+            raise
+
+    async def respond(self, body: BaseModel, build: Callable[[], BaseModel]) -> Response:
+        """The response to request `body`, built and serialised off the event loop (tokenising
+        and log-prob tables take CPU time the event loop must not wait for), with the header
+        naming the fields of `body` that were ignored."""
+        content = await asyncio.to_thread(lambda: to_json(build()))
+        return Response(content, media_type="application/json",
+                        headers=ignored_header(unknown_fields(body)))
+
+    def stream(self, body: BaseModel, events: AsyncIterator[bytes]) -> StreamingResponse:
+        """The streamed response to request `body` (see `streaming`)."""
+        return StreamingResponse(events, media_type=STREAM_MEDIA_TYPE,
+                                 headers=ignored_header(unknown_fields(body)))
+

@@ -1,0 +1,3 @@
+"""The embedded server's ASGI middleware, each checking every request before any route runs:
+`auth` (the bearer key), `body_limit` (the body's size), `disconnect` (a client that goes
+away cancels its request)."""

@@ -1,0 +1,27 @@
+"""The rerank endpoints' routes: POST /v1/rerank (and /rerank, as on vLLM) and POST
+/v2/rerank, each handed to the app's `Reranker`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sieverag.serving.api.rerank.protocol import RerankRequest, RerankV2Request
+from sieverag.serving.api.rerank.serving import Reranker
+
+router = APIRouter()
+
+
+def reranker(request: Request) -> Reranker:
+    return request.app.state.reranker
+
+
+@router.post("/v1/rerank")
+@router.post("/rerank")
+async def rerank(body: RerankRequest, request: Request) -> Response:
+    return await reranker(request).rerank(body)
+
+
+@router.post("/v2/rerank")
+async def rerank_v2(body: RerankV2Request, request: Request) -> Response:
+    return await reranker(request).rerank_v2(body)
