@@ -25,6 +25,7 @@ from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.metrics.answers import (
     answer_accuracy,
+    asqa_rouge_l,
     asqa_string_scores,
     choice_accuracy,
     exact_match,
@@ -49,6 +50,8 @@ class AnswerMetrics(JsonlRecord):
         None, description="share of the disambiguations answered (ASQA examples only)")
     str_hit: float | None = Field(
         None, description="every disambiguation answered (ASQA examples only)")
+    rouge_l: float | None = Field(
+        None, description="ROUGE-L (Lsum F) against the best long answer (ASQA examples only)")
 
 
 class ReadScores(JsonlRecord):
@@ -124,7 +127,12 @@ class TrustMetrics(JsonlRecord):
     context_precision: float | None = Field(description="share of the context read used")
     evidence_noise: float | None = Field(description="share of the context read off the "
                                                      "question; lower is better")
-    taas: float | None = Field(description="trust-aware answer score (AQS when not retrieved)")
+    taas: float | None = Field(description="the study's trust-aware answer score: AQS when "
+                                           "not retrieved, else AQS, faithfulness and "
+                                           "1 − hallucination rate weighed equally")
+    sentence_taas: float | None = Field(None, description="ours: TAAS over sentence "
+                                                          "similarity and sentence support "
+                                                          "(absent in runs before it)")
     lexical_context_use: float | None = Field(description="ours: share of the documents read "
                                                           "sharing a content token with the "
                                                           "answer")
@@ -219,7 +227,8 @@ class EvalRecord(JsonlRecord):
 
 def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
     """EM, token F1 and accuracy against the gold aliases; choice accuracy for MC examples;
-    STR-EM and STR-Hit for ASQA's (their `qa_pairs` metadata)."""
+    STR-EM and STR-Hit for ASQA's (their `qa_pairs` metadata), and ROUGE-L against their
+    `long_answers`."""
     metrics = AnswerMetrics(em=exact_match(answer, example.answers),
                             f1=token_f1(answer, example.answers),
                             accuracy=answer_accuracy(answer, example.answers))
@@ -228,6 +237,9 @@ def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
     short_answers = [pair["short_answers"] for pair in example.metadata.get("qa_pairs", ())]
     if any(short_answers):
         metrics.str_em, metrics.str_hit = asqa_string_scores(answer, short_answers)
+    long_answers = [a for a in example.metadata.get("long_answers", ()) if a and a.strip()]
+    if long_answers:
+        metrics.rouge_l = asqa_rouge_l(answer, long_answers)
     return metrics
 
 

@@ -18,6 +18,7 @@ TABLE_COLUMNS = (
     ("choice_accuracy", "MC acc"),
     ("str_em", "STR-EM"),
     ("str_hit", "STR-Hit"),
+    ("rouge_l", "ROUGE-L"),
     ("read_precision", "Read P"),
     ("read_recall", "Read R"),
     ("read_f1", "Read F1"),
@@ -38,6 +39,7 @@ PAPER_METRICS = (
     ("choice_accuracy", "Multiple-choice accuracy"),
     ("str_em", "STR-EM (ASQA)"),
     ("str_hit", "STR-Hit (ASQA)"),
+    ("rouge_l", "ROUGE-L (ASQA)"),
     ("generator_input_tokens_per_question", "Generator input tokens per question"),
     ("seconds_per_question", "Seconds per question"),
 )
@@ -45,6 +47,7 @@ TRUST_COLUMNS = (
     ("retrieval_usage_rate", "Retrieval usage"),
     ("answer_quality", "AQS"),
     ("taas", "TAAS"),
+    ("sentence_taas", "Sentence TAAS"),
     ("faithfulness", "Faithfulness"),
     ("hallucination_rate", "Hallucination ↓"),
     ("sentence_similarity", "Sentence similarity"),

@@ -14,18 +14,20 @@ are shared by several metrics:
   cos(embed(a), embed(c)) ≥ τ (`support_threshold`, 0.5 by default). Sentences are the
   data's own split where a Document has one, else `split_sentences`.
 
-The study's metrics: AQS (`answer_quality`), TAAS (`taas`), `faithfulness` (share of the
-answer's tokens found in the context), `hallucination_rate` (1 − faithfulness),
-`sentence_support_rate`, `context_precision`, `evidence_noise` and the six-criterion LLM grader
-(the study's LLM-as-a-judge; not the MAIN-RAG judge, which scores documents).
-Ours, named for what they compute: `sentence_similarity` (mean best cosine of the answer's
-sentences to the context), `unsupported_sentence_rate` (1 − sentence support rate),
-`lexical_context_use` and `context_precision_gold`.
+The study's metrics: AQS (`answer_quality`), TAAS (`taas`, its Eq. 11: AQS, faithfulness and
+hallucination control), `faithfulness` (share of the answer's tokens found in the context),
+`hallucination_rate` (1 − faithfulness), `sentence_support_rate`, `context_precision`,
+`evidence_noise` and the six-criterion LLM grader (the study's LLM-as-a-judge; not the
+MAIN-RAG judge, which scores documents).
+Ours, named for what they compute: `sentence_taas` (TAAS over the sentence-level grounding
+terms, sieverag's TAAS before it took the study's definition), `sentence_similarity` (mean
+best cosine of the answer's sentences to the context), `unsupported_sentence_rate`
+(1 − sentence support rate), `lexical_context_use` and `context_precision_gold`.
 
-Grounding metrics (all but AQS, TAAS and the gold context precision) are not applicable when
-r(q) = 0: they are None in the record and left out of the means, which say how many answers
-they cover. An answer with no sentence (or no content token), a metric with no input (no
-reference, no context sentence) is None too, never a guess.
+Grounding metrics (all but AQS, the two TAAS and the gold context precision) are not
+applicable when r(q) = 0: they are None in the record and left out of the means, which say
+how many answers they cover. An answer with no sentence (or no content token), a metric with
+no input (no reference, no context sentence) is None too, never a guess.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -254,21 +257,50 @@ def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
     return max(s for s in scores if s is not None)
 
 
-DEFAULT_TAAS = TAASWeights()
+# The study's Eq. 11 names TAAS's three terms for r(q) = 1 but gives them no weights:
+# sieverag weighs them equally.
+STUDY_TAAS_WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {"quality": 1.0, "faithfulness": 1.0, "hallucination_control": 1.0})
 
 
-def taas(quality: float | None, retrieved: bool, similarity: float | None = None,
-         support: float | None = None, weights: TAASWeights = DEFAULT_TAAS) -> float | None:
-    """TAAS, the trust-aware answer score, with the study's r(q) switch.
+def taas(quality: float | None, retrieved: bool, *, faithfulness: float | None = None,
+         hallucination_rate: float | None = None) -> float | None:
+    """TAAS, the trust-aware answer score, as the Auto-RAG study defines it (its Eq. 11).
 
     r(q) = 0 (answered without retrieval): TAAS = AQS — grounding is not applicable, so an
     answer the router rightly kept from retrieval is not penalised for reading nothing.
-    r(q) = 1: TAAS = (0.5·AQS + 0.25·sentence similarity + 0.25·sentence support rate) / Σ
-    weights of the terms defined (a None term is left out, the weights renormalised). Its
-    grounding terms are the sentence-level ones (sentence support rate = 1 − unsupported
-    sentence rate), not the study's token faithfulness and its complement, the hallucination
-    rate, which together would weigh one figure twice. Quality weighs half: a grounded wrong
-    answer is still wrong. None when AQS is None (no reference).
+    r(q) = 1: TAAS combines AQS, faithfulness and hallucination control
+    (1 − hallucination rate). The study leaves the weights open; sieverag weighs the three
+    equally (`STUDY_TAAS_WEIGHTS`): TAAS = (AQS + faithfulness + (1 − hallucination rate)) / 3.
+    With the study's hallucination rate (1 − faithfulness) the last two terms are equal, so
+    token faithfulness weighs 2/3 — the study's definition, kept as it is. A None term is left
+    out and the weights renormalised (nothing read, no content token: TAAS = AQS). None when
+    AQS is None (no reference). The grounding terms are keyword-only so that a call written
+    for `sentence_taas`'s positional terms fails at once.
+    """
+    if quality is None:
+        return None
+    if not retrieved:
+        return quality
+    control = None if hallucination_rate is None else 1.0 - hallucination_rate
+    return _weighted_mean({"quality": quality, "faithfulness": faithfulness,
+                           "hallucination_control": control}, STUDY_TAAS_WEIGHTS)
+
+
+DEFAULT_TAAS = TAASWeights()
+
+
+def sentence_taas(quality: float | None, retrieved: bool, similarity: float | None = None,
+                  support: float | None = None, weights: TAASWeights = DEFAULT_TAAS
+                  ) -> float | None:
+    """Sentence TAAS (ours; sieverag's `taas` before it took the study's definition): TAAS
+    with sentence-level grounding terms in place of the study's token ones.
+
+    r(q) = 0: AQS, as TAAS. r(q) = 1: (0.5·AQS + 0.25·sentence similarity + 0.25·sentence
+    support rate) / Σ weights of the terms defined (`trust.taas` weights; a None term is left
+    out, the weights renormalised). Its two grounding terms are distinct figures, where the
+    study's faithfulness and 1 − hallucination rate are one figure twice. Quality weighs
+    half: a grounded wrong answer is still wrong. None when AQS is None (no reference).
     """
     if quality is None:
         return None
@@ -292,6 +324,7 @@ class TrustReport:
     context_precision: float | None
     evidence_noise: float | None
     taas: float | None
+    sentence_taas: float | None
     lexical_context_use: float | None
     context_precision_gold: float | None
 
@@ -309,7 +342,8 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
     """Every trust metric of one answer. `retrieved` is r(q) (default: `documents`, what the
     generator read, is not empty); the grounding metrics are None when it is false, and when
     nothing was read. Without `embed` the embedding metrics are None (the token ones remain:
-    faithfulness, hallucination rate, lexical context use)."""
+    faithfulness, hallucination rate, lexical context use). `taas_weights` weigh
+    `sentence_taas` (the study's TAAS has fixed weights: `STUDY_TAAS_WEIGHTS`)."""
     retrieved = bool(documents) if retrieved is None else retrieved
     quality = similarity = supported = unsupported = precision = noise = None
     if embed is not None:
@@ -321,14 +355,16 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
             unsupported = unsupported_sentence_rate(support, support_threshold)
             precision = context_precision(support, support_threshold)
             noise = evidence_noise(question, documents, embed, noise_threshold)
+    # (the token metrics are None when nothing was read)
+    faithful = faithfulness(answer, documents) if retrieved else None
+    hallucination = hallucination_rate(answer, documents) if retrieved else None
     return TrustReport(
-        retrieved=retrieved, answer_quality=quality,
-        # (the token metrics are None when nothing was read)
-        faithfulness=faithfulness(answer, documents) if retrieved else None,
-        hallucination_rate=hallucination_rate(answer, documents) if retrieved else None,
-        sentence_similarity=similarity, sentence_support_rate=supported,
-        unsupported_sentence_rate=unsupported, context_precision=precision,
-        evidence_noise=noise, taas=taas(quality, retrieved, similarity, supported, taas_weights),
+        retrieved=retrieved, answer_quality=quality, faithfulness=faithful,
+        hallucination_rate=hallucination, sentence_similarity=similarity,
+        sentence_support_rate=supported, unsupported_sentence_rate=unsupported,
+        context_precision=precision, evidence_noise=noise,
+        taas=taas(quality, retrieved, faithfulness=faithful, hallucination_rate=hallucination),
+        sentence_taas=sentence_taas(quality, retrieved, similarity, supported, taas_weights),
         lexical_context_use=lexical_context_use(answer, documents) if retrieved else None,
         context_precision_gold=context_precision_gold(documents),
     )

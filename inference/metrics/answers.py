@@ -1,5 +1,5 @@
-"""Answer metrics (EM, token F1, accuracy, multiple choice, ASQA's STR-EM / STR-Hit) and
-filter precision / recall / F1.
+"""Answer metrics (EM, token F1, accuracy, multiple choice, ASQA's STR-EM / STR-Hit and
+ROUGE-L) and filter precision / recall / F1.
 
 Answer metrics compare a prediction with a list of gold aliases and keep the best alias,
 after `normalize_answer`. Each metric's definition is in its docstring.
@@ -12,7 +12,12 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import cache
 from typing import TypedDict
+
+from rouge_score import rouge_scorer
+
+from sieverag.inference.retrieval.sentences import split_sentences
 
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -143,6 +148,24 @@ def asqa_string_scores(prediction: str, short_answers: Sequence[Sequence[str]]
     present = [answer_accuracy(prediction, answers) for answers in answered]
     str_em = sum(present) / len(present)
     return str_em, float(str_em == 1.0)
+
+
+@cache
+def _rouge_lsum() -> rouge_scorer.RougeScorer:
+    return rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=True)
+
+
+def asqa_rouge_l(prediction: str, long_answers: Sequence[str]) -> float:
+    """ASQA's ROUGE-L as ALCE computes it: the ROUGE-Lsum F-measure (`rouge-score`, Porter
+    stemming, one sentence a line) of the prediction against each annotator's long answer,
+    the best one kept. In [0, 1] (ALCE prints it ×100). Empty long answers are left out;
+    raises ValueError when none is left. An empty prediction scores 0.0."""
+    references = [answer for answer in long_answers if answer.strip()]
+    if not references:
+        raise ValueError("ASQA's ROUGE-L needs at least one non-empty long answer")
+    hypothesis = "\n".join(split_sentences(prediction))
+    return max(float(_rouge_lsum().score("\n".join(split_sentences(reference)), hypothesis)
+               ["rougeLsum"].fmeasure) for reference in references)
 
 
 def extract_choice(prediction: str, choices: Mapping[str, str]) -> str | None:

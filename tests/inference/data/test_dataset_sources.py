@@ -290,9 +290,11 @@ def test_asqa_answers_are_all_short_answers(tmp_path, monkeypatch, source):
 
     metrics = answer_metrics(example, "Cammie King, as a child.")
     assert (metrics.str_em, metrics.str_hit) == (1.0, 1.0)
+    # ROUGE-L against the long answer: LCS "cammie king" of 5 and 6 tokens, F = 2·2/11
+    assert metrics.rouge_l == pytest.approx(4 / 11)
     metrics = answer_metrics(example, "Eleanore Cammack King")  # only the second pair's
     assert (metrics.str_em, metrics.str_hit) == (0.5, 0.0)
-    assert {"str_em", "str_hit"} <= set(ANSWER_METRICS)
+    assert {"str_em", "str_hit", "rouge_l"} <= set(ANSWER_METRICS)
 
 
 def test_flashrag_rows_are_questions_without_documents(tmp_path):

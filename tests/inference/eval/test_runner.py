@@ -234,12 +234,13 @@ def test_a_preset_supplies_defaults_that_flags_override():
     assert command.amber.k * command.amber.max_iterations == 6
     assert command.iter_retgen.k * command.iter_retgen.iterations == 6
     assert {"vanilla", "iter-retgen", "amber-no-amu", "amber-no-aic"} <= set(command.pipelines)
-    # The papers' protocols: MAIN-RAG reads 20 documents under the mean bar; Amber runs the
+    # The papers' protocols: MAIN-RAG reads 20 documents under the mean bar, beside the
+    # paper's naive multi-agent row (generated verdicts, no bar); Amber runs the
     # filter at both granularities, the agents, the written query, and answers from memory.
     command = parse_settings(EvalCommand, ["--preset", "main-rag-paper", "--dataset", "d.jsonl"],
                              "sieverag eval")
     assert command.max_documents == 20 and command.judge.bar_n == 0.0
-    assert set(command.pipelines) == {"direct", "vanilla", "main-rag"}
+    assert command.pipelines == ("direct", "vanilla", "main-rag-naive", "main-rag")
     command = parse_settings(EvalCommand, ["--preset", "amber-paper", "--dataset", "d.jsonl"],
                              "sieverag eval")
     assert command.mcf.sentence_stage and command.amber.answer_from == "memory"
@@ -278,15 +279,21 @@ def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
     for record in direct:
         trust = record["trust"]
         assert trust["retrieved"] is False and trust["taas"] == trust["answer_quality"]
+        assert trust["sentence_taas"] == trust["answer_quality"]
         assert trust["faithfulness"] is None and trust["hallucination_rate"] is None
         assert trust["llm_grader"]["evidence_grounding"] is None
     for record in vanilla:
-        assert record["trust"]["retrieved"] is True
-        assert 0.0 <= record["trust"]["faithfulness"] <= 1.0
+        trust = record["trust"]
+        assert trust["retrieved"] is True
+        assert 0.0 <= trust["faithfulness"] <= 1.0
+        # the study's TAAS: AQS, faithfulness and 1 − hallucination rate weighed equally
+        assert trust["taas"] == pytest.approx((trust["answer_quality"] + trust["faithfulness"]
+                                               + 1 - trust["hallucination_rate"]) / 3)
         assert record["contexts"] == ["C\nVitamin C prevents scurvy. Sailors ate limes."]
     assert summaries["direct"]["faithfulness"] is None
     assert summaries["direct"]["trust_counts"]["faithfulness"] == 0
     assert summaries["vanilla"]["trust_counts"]["faithfulness"] == 3
+    assert summaries["vanilla"]["trust_counts"]["sentence_taas"] == 3
     assert summaries["direct"]["retrieval_usage_rate"] == 0.0
     assert set(summaries["vanilla"]["by_kind"]) == {"factual", "conceptual"}
     # the random tiny model writes no verdict: every reply counted invalid, none guessed

@@ -28,6 +28,7 @@ from sieverag.inference.eval.trust import (
     parse_grader_reply,
     sentence_similarity,
     sentence_support_rate,
+    sentence_taas,
     taas,
     trust_report,
     unsupported_sentence_rate,
@@ -140,16 +141,30 @@ def test_answer_quality_combines_similarity_and_keywords() -> None:
                           weights=QualityWeights(similarity=1, keywords=0)) == pytest.approx(0.6)
 
 
-def test_taas_switches_on_retrieval() -> None:
+def test_taas_is_the_studys_eq_11() -> None:
     # r(q) = 0: AQS alone, grounding not applicable
-    assert taas(0.6, retrieved=False, similarity=0.1, support=0.1) == 0.6
+    assert taas(0.6, retrieved=False, faithfulness=0.1, hallucination_rate=0.9) == 0.6
+    # r(q) = 1: AQS, faithfulness and 1 − hallucination rate, equal weights:
+    # (0.6 + 0.8 + (1 − 0.2)) / 3 = 0.7333
+    assert taas(0.6, True, faithfulness=0.8, hallucination_rate=0.2) == pytest.approx(2.2 / 3)
+    # nothing read (no faithfulness, no hallucination rate): AQS alone
+    assert taas(0.6, True) == 0.6
+    assert taas(None, True, faithfulness=0.8, hallucination_rate=0.2) is None
+    # a call written for sentence_taas's positional terms fails at once
+    with pytest.raises(TypeError):
+        taas(0.6, True, 0.7, 1.0)  # type: ignore[misc]
+
+
+def test_sentence_taas_switches_on_retrieval() -> None:
+    # r(q) = 0: AQS alone, grounding not applicable
+    assert sentence_taas(0.6, retrieved=False, similarity=0.1, support=0.1) == 0.6
     # r(q) = 1: 0.5·0.6 + 0.25·0.7 (sentence similarity) + 0.25·1 (sentence support) = 0.725
-    assert taas(0.6, True, 0.7, 1.0) == pytest.approx(0.725)
+    assert sentence_taas(0.6, True, 0.7, 1.0) == pytest.approx(0.725)
     # a term undefined (no answer sentence) is left out, the weights renormalised
-    assert taas(0.6, True, 0.7, None) == pytest.approx((0.3 + 0.175) / 0.75)
-    assert taas(None, True, 0.7, 1.0) is None
+    assert sentence_taas(0.6, True, 0.7, None) == pytest.approx((0.3 + 0.175) / 0.75)
+    assert sentence_taas(None, True, 0.7, 1.0) is None
     no_grounding = TAASWeights(quality=1, sentence_similarity=0, sentence_support=0)
-    assert taas(0.6, True, 0.7, 1.0, no_grounding) == pytest.approx(0.6)
+    assert sentence_taas(0.6, True, 0.7, 1.0, no_grounding) == pytest.approx(0.6)
     with pytest.raises(ConfigError, match="trust.taas weights"):
         TAASWeights(quality=-1)
     with pytest.raises(ConfigError, match="trust.quality weights"):
@@ -169,10 +184,11 @@ def test_trust_report_with_and_without_retrieval() -> None:
     assert report.sentence_support_rate == 1.0 and report.unsupported_sentence_rate == 0.0
     assert report.context_precision == pytest.approx(1 / 3)
     assert report.evidence_noise == pytest.approx(2 / 3)
-    assert report.taas == pytest.approx(0.5 * 0.688 + 0.25 * 0.7 + 0.25 * 1.0)
+    assert report.taas == pytest.approx((0.688 + 2 / 3 + (1 - 1 / 3)) / 3)
+    assert report.sentence_taas == pytest.approx(0.5 * 0.688 + 0.25 * 0.7 + 0.25 * 1.0)
     alone = trust_report(QUESTION, "Paris", [], ["Paris, France"], fake_embed)
     assert alone.retrieved is False and alone.answer_quality == pytest.approx(0.56)
-    assert alone.taas == alone.answer_quality
+    assert alone.taas == alone.sentence_taas == alone.answer_quality
     assert (alone.faithfulness, alone.hallucination_rate, alone.sentence_similarity,
             alone.sentence_support_rate, alone.unsupported_sentence_rate,
             alone.context_precision, alone.evidence_noise,

@@ -69,6 +69,20 @@ def test_grounding_means_leave_out_answers_without_retrieval_and_say_how_many() 
     assert "auto: 1 of 3" in trust_counts_line({"auto": summary})
 
 
+def test_the_sentence_taas_is_its_own_mean_beside_the_studys_taas() -> None:
+    """Records written before sentence TAAS hold none: its mean covers the others only."""
+    sentence = [record("q1", "factual", trust(True, 0.8, 0.7, 0.6).model_copy(
+                    update={"sentence_taas": 0.75})),
+                record("q2", "factual", trust(False, 0.5, 0.5).model_copy(
+                    update={"sentence_taas": 0.5})),
+                record("q3", "conceptual", trust(False, 0.2, 0.2))]
+    summary = summarize(sentence)
+    assert summary["taas"] == round((0.7 + 0.5 + 0.2) / 3, 4)
+    assert summary["sentence_taas"] == 0.625
+    assert summary["trust_counts"]["sentence_taas"] == 2
+    assert summarize(AUTO)["sentence_taas"] is None
+
+
 def test_every_grader_criterion_is_aggregated_with_its_invalid_replies() -> None:
     summary = summarize(AUTO)
     assert summary["grader_correctness"] == 4.0

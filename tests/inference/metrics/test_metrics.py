@@ -6,6 +6,7 @@ import pytest
 
 from sieverag.inference.metrics.answers import (
     answer_accuracy,
+    asqa_rouge_l,
     asqa_string_scores,
     choice_accuracy,
     exact_match,
@@ -136,6 +137,19 @@ def test_asqa_string_scores_by_hand() -> None:
     assert asqa_string_scores("Cammies", pairs) == (0.0, 0.0)  # whole words only
     with pytest.raises(ValueError, match="short answer"):
         asqa_string_scores("x", [[], []])
+
+
+def test_asqa_rouge_l_by_hand() -> None:
+    """ROUGE-Lsum F against the best long answer: "the cat sat" against "the cat sat on the
+    mat" has LCS 3, P = 3/3, R = 3/6, F = 2/3; stemming counts "sitting" as "sit"; empty long
+    answers are left out."""
+    long_answers = ["The cat sat on the mat.", "A dog ran.", " "]
+    assert asqa_rouge_l("The cat sat.", long_answers) == pytest.approx(2 / 3)
+    assert asqa_rouge_l("A dog ran.", long_answers) == pytest.approx(1.0)
+    assert asqa_rouge_l("Dogs running", ["the dog runs"]) == pytest.approx(2 * 2 / 5)
+    assert asqa_rouge_l("", long_answers) == 0.0
+    with pytest.raises(ValueError, match="long answer"):
+        asqa_rouge_l("x", ["", "  "])
 
 
 def test_extract_choice_prefers_the_longest_contained_choice_and_refuses_ties() -> None:
