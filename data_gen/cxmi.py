@@ -130,12 +130,13 @@ def _split(values: Sequence[float], sizes: Sequence[int]) -> list[list[float]]:
     return runs
 
 
-class BatchedCXMI:
-    """CXMI on any backend: one batched `continuation_logprob` call per `score` or
-    `score_many`."""
+Groups = Sequence[tuple[Sequence[Conversation], Sequence[str]]]  # (prompts, replies) each
 
-    def __init__(self, backend: LLMBackend) -> None:
-        self.backend = backend
+
+class _CXMIScorer:
+    """What both scorers share: a question's (or many questions') prompts and replies, and the
+    best alias per context from their log-probabilities (`grouped_logprobs`, each scorer's
+    own)."""
 
     def score(
         self, question: str, answers: Sequence[str], contexts: Sequence[str]
@@ -146,11 +147,25 @@ class BatchedCXMI:
         aliases = [_check_answers(q.answers) for q in questions]
         flat = [_flatten(q.question, a, q.contexts)
                 for q, a in zip(questions, aliases, strict=True)]
+        return [_unflatten(a, len(q.contexts), logprobs) for q, a, logprobs in zip(
+            questions, aliases, self.grouped_logprobs(flat), strict=True)]
+
+    def grouped_logprobs(self, groups: Groups) -> list[list[float]]:
+        raise NotImplementedError
+
+
+class BatchedCXMI(_CXMIScorer):
+    """CXMI on any backend: one batched `continuation_logprob` call per `score` or
+    `score_many`."""
+
+    def __init__(self, backend: LLMBackend) -> None:
+        self.backend = backend
+
+    def grouped_logprobs(self, groups: Groups) -> list[list[float]]:
         logprobs = self.backend.continuation_logprob(
-            [p for prompts, _ in flat for p in prompts],
-            [r for _, replies in flat for r in replies], agent=AGENT)
-        return [_unflatten(a, len(q.contexts), run) for q, a, run in zip(
-            questions, aliases, _split(logprobs, [len(p) for p, _ in flat]), strict=True)]
+            [p for prompts, _ in groups for p in prompts],
+            [r for _, replies in groups for r in replies], agent=AGENT)
+        return _split(logprobs, [len(p) for p, _ in groups])
 
 
 @dataclass
@@ -164,7 +179,7 @@ class _Prepared:
     prefix_cache: Cache | None
 
 
-class SharedPrefixCXMI:
+class SharedPrefixCXMI(_CXMIScorer):
     """CXMI on an in-process transformers model, reusing the question's prefix KV cache.
 
     Token sequences are built exactly as `HFBackend.continuation_logprob` builds them; the
@@ -179,18 +194,6 @@ class SharedPrefixCXMI:
         self.backend = backend
         self.batch_size = batch_size or backend.config.batch_size
         self.batch_tokens = batch_tokens
-
-    def score(
-        self, question: str, answers: Sequence[str], contexts: Sequence[str]
-    ) -> list[CXMIScore]:
-        return self.score_many([CXMIQuestion(question, answers, contexts)])[0]
-
-    def score_many(self, questions: Sequence[CXMIQuestion]) -> list[list[CXMIScore]]:
-        aliases = [_check_answers(q.answers) for q in questions]
-        flat = [_flatten(q.question, a, q.contexts)
-                for q, a in zip(questions, aliases, strict=True)]
-        return [_unflatten(a, len(q.contexts), logprobs) for q, a, logprobs in zip(
-            questions, aliases, self.grouped_logprobs(flat), strict=True)]
 
     def _encode(self, fitted: Sequence[FittedPrompt],
                 replies: Sequence[str]) -> tuple[list[list[int]], list[int]]:
@@ -207,8 +210,7 @@ class SharedPrefixCXMI:
         return self.grouped_logprobs([(prompts, replies)])[0]
 
     @torch.inference_mode()
-    def grouped_logprobs(self, groups: Sequence[tuple[Sequence[Conversation], Sequence[str]]]
-                         ) -> list[list[float]]:
+    def grouped_logprobs(self, groups: Groups) -> list[list[float]]:
         """`continuation_logprob` of each (prompts, replies) group, the groups' rows batched
         together, each row behind its own group's prefix cache."""
         prepared = [self._prepare(prompts, replies) for prompts, replies in groups]

@@ -82,8 +82,9 @@ _OLD_TAAS_KEYS = {"faithfulness": "sentence_similarity", "grounding": "sentence_
 
 @settings
 class TAASWeights:
-    """Weights of TAAS when the answer retrieved (r(q) = 1); the old keys `faithfulness` and
-    `grounding` are read as `sentence_similarity` and `sentence_support`."""
+    """Weights of sentence TAAS (`sentence_taas`, ours) when the answer retrieved (r(q) = 1);
+    the study's TAAS has fixed weights (`trust.STUDY_TAAS_WEIGHTS`). The old keys
+    `faithfulness` and `grounding` are read as `sentence_similarity` and `sentence_support`."""
 
     quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
     sentence_similarity: float = field(default=0.25, metadata={
@@ -118,7 +119,8 @@ class TrustConfig:
     quality: QualityWeights = field(default_factory=QualityWeights,
                                     metadata={"help": "AQS weights"})
     taas: TAASWeights = field(default_factory=TAASWeights, metadata={
-        "help": "TAAS weights when the answer retrieved"})
+        "help": "sentence TAAS weights when the answer retrieved (the study's TAAS has fixed "
+                "weights)"})
     llm_grader: bool = field(default=False,
                              metadata={"help": "also grade answers 1-5 with an LLM grader"})
     grader_model: BackendSpec | None = field(default=None, metadata={

@@ -1,7 +1,7 @@
-"""Run folders written before two renames, read under today's names (docs/compatibility.md):
-a record's trust metrics (`records.TrustMetrics` applies `migrate_trust` to every line it
-reads) and a pipeline's summary.json figures (`report.read_run_summary` applies
-`migrate_summary`). Values are never changed by a rename.
+"""Run folders written before two renames and a redefinition, read under today's names
+(docs/compatibility.md): a record's trust metrics (`records.TrustMetrics` applies
+`migrate_trust` to every line it reads) and a pipeline's summary.json figures
+(`report.read_run_summary` applies `migrate_summary`). Values are never changed by a rename.
 
 The trust metrics took the Auto-RAG study's names (`RENAMED`):
 
@@ -18,6 +18,12 @@ judge): a record's `llm_judge` grades are `llm_grader`, a summary's `llm_judge_<
 and `llm_judge_invalid` are `grader_<criterion>` and `grader_invalid` (`GRADER_RENAMED`).
 No key of today's holds an old grader name, so these are renamed wherever they appear.
 
+TAAS took the study's definition (`trust.taas`): what was written as `taas` before is the
+sentence score, `sentence_taas`. A record written without `sentence_taas` gets it from its
+`taas`, and its TAAS is computed from its stored AQS, faithfulness and hallucination rate; a
+summary's mean TAAS cannot be recomputed from means, so there it is None (`sieverag report`
+on the records gives it).
+
 Anything else is returned as it is.
 """
 
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from sieverag.inference.eval.trust import taas
 
 RENAMED = {"faithfulness": "sentence_similarity",
            "hallucination_rate": "unsupported_sentence_rate",
@@ -45,17 +53,28 @@ def _complement(faithful: float | None) -> float | None:
     return None if faithful is None else 1.0 - faithful
 
 
+def _study_taas(trust: dict[str, Any]) -> dict[str, Any]:
+    """A record's trust written before TAAS took the study's definition: its `taas` (the
+    sentence score) is `sentence_taas`, and TAAS is computed from its stored terms."""
+    if "taas" not in trust or "sentence_taas" in trust:
+        return trust
+    return {**trust, "sentence_taas": trust["taas"],
+            "taas": taas(trust.get("answer_quality"), bool(trust.get("retrieved", True)),
+                         faithfulness=trust.get("faithfulness"),
+                         hallucination_rate=trust.get("hallucination_rate"))}
+
+
 def migrate_trust(values: Any) -> Any:
     """A record's trust metrics (a results line's `trust` object) under today's names, with
-    `hallucination_rate` = 1 − faithfulness; any other value unchanged."""
+    `hallucination_rate` = 1 − faithfulness and the study's TAAS; any other value
+    unchanged."""
     if not isinstance(values, Mapping):
         return values
     migrated = _renamed(values, GRADER_RENAMED)
-    if OLD_MARK not in migrated:
-        return migrated
-    migrated = _renamed(migrated)
-    migrated["hallucination_rate"] = _complement(migrated["faithfulness"])
-    return migrated
+    if OLD_MARK in migrated:
+        migrated = _renamed(migrated)
+        migrated["hallucination_rate"] = _complement(migrated["faithfulness"])
+    return _study_taas(migrated)
 
 
 def migrate_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,8 +84,27 @@ def migrate_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     tables held no token faithfulness: there `faithfulness` and `hallucination_rate` are
     None."""
     graded = _renamed(summary, GRADER_RENAMED)
-    if OLD_MARK not in graded:
-        return graded
+    return _summary_taas(_summary_names(summary, graded) if OLD_MARK in graded else graded)
+
+
+def _summary_taas(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary written before TAAS took the study's definition: its mean `taas` was the
+    sentence score (now `sentence_taas`); the study's mean cannot be recomputed from means, so
+    it is None, in the per-kind tables too, and counted for no answer."""
+    if "taas" not in summary or "sentence_taas" in summary:
+        return summary
+    migrated = {**summary, "sentence_taas": summary["taas"], "taas": None}
+    if isinstance(summary.get("trust_counts"), Mapping):
+        counts = summary["trust_counts"]
+        migrated["trust_counts"] = {**counts, "sentence_taas": counts.get("taas"), "taas": 0}
+    if isinstance(summary.get("by_kind"), Mapping):
+        migrated["by_kind"] = {kind: {**figures, "taas": None}
+                               for kind, figures in summary["by_kind"].items()}
+    return migrated
+
+
+def _summary_names(summary: Mapping[str, Any], graded: Mapping[str, Any]) -> dict[str, Any]:
+    """The trust metrics' renames in a summary written before them."""
     migrated = _renamed(graded)
     hallucinated = _complement(migrated["faithfulness"])
     migrated["hallucination_rate"] = None if hallucinated is None else round(hallucinated, 4)

@@ -270,8 +270,9 @@ def taas(quality: float | None, retrieved: bool, *, faithfulness: float | None =
     r(q) = 0 (answered without retrieval): TAAS = AQS — grounding is not applicable, so an
     answer the router rightly kept from retrieval is not penalised for reading nothing.
     r(q) = 1: TAAS combines AQS, faithfulness and hallucination control
-    (1 − hallucination rate). The study leaves the weights open; sieverag weighs the three
-    equally (`STUDY_TAAS_WEIGHTS`): TAAS = (AQS + faithfulness + (1 − hallucination rate)) / 3.
+    (1 − hallucination rate). The weights were not read from the study (its text was not
+    available offline): sieverag weighs the three equally (`STUDY_TAAS_WEIGHTS`):
+    TAAS = (AQS + faithfulness + (1 − hallucination rate)) / 3.
     With the study's hallucination rate (1 − faithfulness) the last two terms are equal, so
     token faithfulness weighs 2/3 — the study's definition, kept as it is. A None term is left
     out and the weights renormalised (nothing read, no content token: TAAS = AQS). None when

@@ -102,7 +102,11 @@ def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> No
     assert trust.hallucination_rate == pytest.approx(0.25)  # the study's: 1 − faithfulness
     assert trust.sentence_similarity == 0.7  # the old cosine "faithfulness"
     assert trust.unsupported_sentence_rate == 0.5  # the old "hallucination_rate"
-    assert (trust.sentence_support_rate, trust.taas) == (0.5, 0.6)  # unchanged
+    assert trust.sentence_support_rate == 0.5  # unchanged
+    # The old `taas` was the sentence score; TAAS is the study's, from the stored terms:
+    # (AQS + faithfulness + (1 − hallucination rate)) / 3.
+    assert trust.sentence_taas == 0.6
+    assert trust.taas == pytest.approx((0.6 + 0.75 + 0.75) / 3)
     assert trust.llm_grader == GraderGrades(**OLD_GRADES)
     assert {"lexical_faithfulness", "llm_judge"}.isdisjoint(record.to_json()["trust"])
     summary = summarize([record])
@@ -131,6 +135,10 @@ def test_an_old_summary_reports_and_collates_under_the_new_names(
     assert summary["hallucination_rate"] == 0.3333  # rounded as means are
     assert summary["sentence_similarity"] == 0.7 and summary["unsupported_sentence_rate"] == 0.5
     assert "lexical_faithfulness" not in summary
+    # Its mean `taas` was the sentence score; the study's mean is not recomputed from means.
+    assert (summary["sentence_taas"], summary["taas"]) == (0.6, None)
+    assert summary["trust_counts"]["sentence_taas"] == 1 and summary["trust_counts"]["taas"] == 0
+    assert summary["by_kind"]["factual"]["taas"] is None
     counts = summary["trust_counts"]
     assert counts["faithfulness"] == counts["hallucination_rate"] == 1
     assert counts["sentence_similarity"] == counts["unsupported_sentence_rate"] == 1

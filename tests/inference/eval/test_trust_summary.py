@@ -19,7 +19,8 @@ def trust(retrieved: bool, quality: float, taas: float, faithful: float | None =
           graded: GraderGrades | None = None) -> TrustMetrics:
     grounding = faithful if retrieved else None
     return TrustMetrics(
-        retrieved=retrieved, answer_quality=quality, taas=taas, faithfulness=grounding,
+        retrieved=retrieved, answer_quality=quality, taas=taas, sentence_taas=taas,
+        faithfulness=grounding,
         hallucination_rate=None if grounding is None else 1 - grounding,
         sentence_similarity=grounding, sentence_support_rate=grounding,
         unsupported_sentence_rate=None if grounding is None else 1 - grounding,
@@ -70,17 +71,17 @@ def test_grounding_means_leave_out_answers_without_retrieval_and_say_how_many() 
 
 
 def test_the_sentence_taas_is_its_own_mean_beside_the_studys_taas() -> None:
-    """Records written before sentence TAAS hold none: its mean covers the others only."""
+    """An answer without a sentence TAAS (no reference) is left out of its mean, not 0."""
     sentence = [record("q1", "factual", trust(True, 0.8, 0.7, 0.6).model_copy(
                     update={"sentence_taas": 0.75})),
                 record("q2", "factual", trust(False, 0.5, 0.5).model_copy(
                     update={"sentence_taas": 0.5})),
-                record("q3", "conceptual", trust(False, 0.2, 0.2))]
+                record("q3", "conceptual", trust(False, 0.2, 0.2).model_copy(
+                    update={"sentence_taas": None}))]
     summary = summarize(sentence)
     assert summary["taas"] == round((0.7 + 0.5 + 0.2) / 3, 4)
     assert summary["sentence_taas"] == 0.625
     assert summary["trust_counts"]["sentence_taas"] == 2
-    assert summarize(AUTO)["sentence_taas"] is None
 
 
 def test_every_grader_criterion_is_aggregated_with_its_invalid_replies() -> None:
