@@ -29,6 +29,8 @@ from sieverag.serving.api.middleware.disconnect import CancelOnDisconnect
 from sieverag.serving.api.models import ModelListing
 from sieverag.serving.api.rerank.router import router as rerank_router
 from sieverag.serving.api.rerank.serving import Reranker
+from sieverag.serving.api.score.router import router as score_router
+from sieverag.serving.api.score.serving import Scorer
 from sieverag.serving.config import LocalOptions
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.proxy.chat_proxy import ChatProxy, ProxyTarget
@@ -62,10 +64,12 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     app.state.models = ModelListing(context)
     app.state.completions = Completions(context)
     app.state.reranker = Reranker(context)
+    app.state.scorer = Scorer(context, app.state.reranker)
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(completions_router)
     app.include_router(rerank_router)
+    app.include_router(score_router)
     if proxy is None or upstream is None:
         app.state.chat = Chat(context)
         app.include_router(chat_router)

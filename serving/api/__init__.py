@@ -1,7 +1,7 @@
 """The embedded server's OpenAI-compatible endpoints, one module or folder each, as vLLM's
-`entrypoints` lays them out: `health`, `models`, `completions/`, `chat/`, `rerank/` (each
-folder: `router` the thin routes, `protocol` that endpoint's request and response bodies,
-`serving` the one class that owns its work).
+`entrypoints` lays them out: `health`, `models`, `completions/`, `chat/`, `rerank/`, `score/`
+(each folder: `router` the thin routes, `protocol` that endpoint's request and response
+bodies, `serving` the one class that owns its work).
 
 What they share: `context` (`ServingContext`: the engine, the limits, the model check, typed
 responses), `generation_protocol` (the sampling fields of completions and chat),

@@ -1,10 +1,11 @@
 """How a response body is sent (`to_json`): JSON, nulls included as OpenAI sends them, except
-for a `SparseBody` (the rerank and score bodies), sent without its None fields, for a
-client such as LiteLLM refuses `"document": null` where it asked for no document."""
+for a `SparseBody` (the rerank and score bodies) and a bare list (TEI's rerank answer), sent
+without their None fields, for a client such as LiteLLM refuses `"document": null` where it
+asked for no document."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 
 class SparseBody(BaseModel):
@@ -14,4 +15,5 @@ class SparseBody(BaseModel):
 def to_json(response: BaseModel) -> bytes:
     """A response body as sent (a log-prob that is not finite is sent as null: JSON has no
     spelling for it)."""
-    return response.model_dump_json(exclude_none=isinstance(response, SparseBody)).encode()
+    sparse = isinstance(response, SparseBody | RootModel)
+    return response.model_dump_json(exclude_none=sparse).encode()

@@ -48,30 +48,33 @@ class PromptLimits:
                            f"at most {self.max_prompts_per_request} per request: split it",
                            param="prompt")
 
-    def check_documents(self, texts: Sequence[str]) -> None:
-        """Refuse a rerank request with no document or more than the cap, and any document
-        whose text alone cannot fit the context (in time linear in its length)."""
+    def check_documents(self, texts: Sequence[str], *, param: str = "documents",
+                        remedy: str | None = None, sizes: bool = True) -> None:
+        """Refuse a rerank request with no document or more than the cap, and (with `sizes`:
+        unless the documents are to be cut to fit) any document whose text alone cannot fit
+        the context (in time linear in its length)."""
         if not texts:
-            raise APIError(400, "documents is an empty list: send at least one document to "
-                           "rerank", param="documents")
+            raise APIError(400, f"{param} is an empty list: send at least one document to "
+                           "rerank", param=param)
         if len(texts) > self.max_rerank_documents:
             raise APIError(400, f"the request holds {len(texts)} documents; this server reranks "
                            f"at most {self.max_rerank_documents} per request: split it",
-                           param="documents")
-        for index, text in enumerate(texts):
+                           param=param)
+        for index, text in enumerate(texts if sizes else ()):
             fewest = -(-len(text) // self.max_token_chars)
             if fewest >= self.max_model_len:
-                raise self._document_too_long(index, f"its text alone has at least {fewest} "
-                                              f"tokens ({len(text)} characters)")
+                raise self.document_too_long(index, f"its text alone has at least {fewest} "
+                                             f"tokens ({len(text)} characters)", param, remedy)
 
     def check_document_prompt(self, index: int, prompt_tokens: int, answer_tokens: int,
-                              prompt_name: str) -> None:
+                              prompt_name: str, *, param: str = "documents",
+                              remedy: str | None = None) -> None:
         """Refuse document `index` when its filter prompt (`prompt_name`) with the tokens
         of its answer overflows the context."""
         if prompt_tokens + answer_tokens > self.max_model_len:
-            raise self._document_too_long(
+            raise self.document_too_long(
                 index, f"its {prompt_name} prompt has {prompt_tokens} tokens and the answer "
-                f"needs {answer_tokens} more")
+                f"needs {answer_tokens} more", param, remedy)
 
     def check_before_encoding(self, prompt: str | Sequence[int], max_tokens: int,
                               param: str) -> None:
@@ -101,11 +104,14 @@ class PromptLimits:
             return requested
         return max(1, min(self.default_chat_max_tokens, self.max_model_len - prompt_tokens))
 
-    def _document_too_long(self, index: int, counted: str) -> APIError:
+    def document_too_long(self, index: int, counted: str, param: str = "documents",
+                          remedy: str | None = None) -> APIError:
+        """The refusal of document `index` (of the field `param`), too long for the context."""
+        advice = "shorten it (split it into chunks) or the query" + (
+            f", or {remedy}" if remedy else "")
         return APIError(400, f"document {index} does not fit this model's maximum context "
-                        f"length of {self.max_model_len} tokens: {counted}; shorten it (split "
-                        "it into chunks) or the query", param="documents",
-                        code="context_length_exceeded")
+                        f"length of {self.max_model_len} tokens: {counted}; {advice}",
+                        param=param, code="context_length_exceeded")
 
     def _check_fit(self, prompt_tokens: int, max_tokens: int, param: str, counted: str) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:

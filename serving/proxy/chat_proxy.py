@@ -36,10 +36,11 @@ from starlette.responses import JSONResponse, Response
 from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.types import Document
 from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.batching import BatchingEngine
-from sieverag.serving.filtering import run_filter
+from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.proxy.marked_documents import (
     MarkedRequest,
     Passage,
@@ -140,22 +141,24 @@ class ChatProxy:
             self.limits.check_documents([d.text for d in documents])
         combination = self.combination
 
-        def select(backend: EngineBackend) -> tuple[dict[str, Any], dict[str, Any]]:
+        def select(backend: EngineBackend, judged: list[Document]
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
             result = MultiGranularFilter(backend, rules, combination).select(
-                marked.question, documents)
+                marked.question, judged)
             kept = kept_passages(marked.passages, result)
             saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
             kept_indices = [int(p.document.id) for p in kept]
             info = {"kept": kept_indices,
-                    "dropped": sorted(set(range(len(documents))) - set(kept_indices)),
-                    "documents_in": len(documents), "documents_kept": len(kept),
+                    "dropped": sorted(set(range(len(judged))) - set(kept_indices)),
+                    "documents_in": len(judged), "documents_kept": len(kept),
                     "granularity": "sentence" if rules.sentence_stage else "chunk",
                     "prompt_tokens_saved": saved}
             return info, marked.forwarded_body(kept)
 
-        answer, _ = await run_filter(
-            self.engine, self.filter_model, self.limits, rules, marked.question, documents,
-            select, filter_format=combination.filter_format if combination else "two_stage")
+        request = FilterRequest(
+            self.filter_model, rules, marked.question, documents,
+            combination.filter_format if combination else "two_stage")
+        answer, _ = await run_filter(self.engine, self.limits, request, select)
         return answer
 
     def _block_tokens(self, passages: Sequence[Passage]) -> int:

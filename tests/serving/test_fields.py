@@ -21,6 +21,7 @@ from sieverag.serving.api.field_policy import (
     markdown_table,
 )
 from sieverag.serving.api.rerank.protocol import RerankRequest, RerankV2Request
+from sieverag.serving.api.score.protocol import ScoreRequest
 from sieverag.serving.local_server import LocalServer
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
@@ -133,7 +134,7 @@ def test_the_header_spells_every_name_in_ascii_and_stays_short(server: LocalServ
 # ----- the documentation -----
 
 @pytest.mark.parametrize("request_model", [ChatCompletionRequest, CompletionRequest,
-                                           RerankRequest, RerankV2Request])
+                                           RerankRequest, RerankV2Request, ScoreRequest])
 def test_the_documentation_shows_each_requests_fields_by_kind(request_model: type) -> None:
     table = markdown_table(request_model)
     assert table in DOCS.read_text(), f"docs/server-api.md lacks this table:\n{table}"

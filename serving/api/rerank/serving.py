@@ -32,10 +32,14 @@ from dataclasses import dataclass, replace
 from fastapi.responses import Response
 from transformers import PreTrainedTokenizerBase
 
+from sieverag.inference.filters.combination import logit_of
 from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
 from sieverag.inference.types import RerankResult
 from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.rerank.protocol import (
+    InfinityRerankResponse,
+    InfinityResult,
     MetaTokens,
     RerankBody,
     RerankMeta,
@@ -44,8 +48,15 @@ from sieverag.serving.api.rerank.protocol import (
     RerankUsage,
     RerankV2Request,
     RerankV2Response,
+    TEIRerankResponse,
+    TEIResult,
+    VoyageRerankResponse,
+    VoyageResult,
 )
-from sieverag.serving.filtering import run_filter
+from sieverag.serving.filtering import DocumentRefusal, FilterRequest, run_filter
+
+# The probabilities raw_score reads are kept this far from 0 and 1.
+_EPSILON = 1e-12
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,15 @@ class Ranking:
     """The filter's ranking of a request's documents, their texts (as the request sent them)
     and the prompt and completion tokens the filter used."""
 
+    model: str
     results: list[RerankResult]
     texts: list[str]
     prompt_tokens: int
     completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class Reranker:
@@ -66,12 +82,28 @@ class Reranker:
         self.context = context
 
     async def rerank(self, body: RerankRequest) -> Response:
-        """POST /v1/rerank."""
+        """POST /v1/rerank, answered in the request's dialect."""
+        dialect = body.dialect()
         ranking = await self.rank(body)
+        results = ranking.results
+        if body.raw_scores:
+            results = [replace(r, relevance_score=raw_score(r.relevance_score))
+                       for r in results]
+        top, documents = body.result_count(), body.wants_documents()
+        if dialect == "tei":
+            return await self.context.respond(body, lambda: tei_response(
+                results, ranking.texts, top_n=top, return_text=documents))
+        if dialect == "infinity":
+            return await self.context.respond(body, lambda: infinity_response(
+                ranking.model, results, ranking.texts, top_n=top, return_documents=documents,
+                total_tokens=ranking.total_tokens))
+        if dialect == "voyage":
+            return await self.context.respond(body, lambda: voyage_response(
+                ranking.model, results, ranking.texts, top_k=top, return_documents=documents,
+                total_tokens=ranking.total_tokens))
         return await self.context.respond(body, lambda: rerank_response(
-            body.model, ranking.results, ranking.texts, top_n=body.top_n,
-            return_documents=body.return_documents,
-            total_tokens=ranking.prompt_tokens + ranking.completion_tokens))
+            ranking.model, results, ranking.texts, top_n=top, return_documents=documents,
+            total_tokens=ranking.total_tokens))
 
     async def rerank_v2(self, body: RerankV2Request) -> Response:
         """POST /v2/rerank."""
@@ -80,28 +112,57 @@ class Reranker:
             ranking.results, top_n=body.top_n, input_tokens=ranking.prompt_tokens,
             output_tokens=ranking.completion_tokens))
 
+    def model_of(self, name: str | None) -> str:
+        """The served model a request names; without one (TEI names none), the one adapter
+        served."""
+        served = self.context.served
+        if name is not None:
+            self.context.check_model(name)
+            return name
+        adapters = served.names[1:]
+        if len(adapters) != 1:
+            raise APIError(400, "model is missing and this server serves "
+                           f"{len(adapters)} adapters: name the filter to rank with, one of "
+                           f"{', '.join(served.names)}", param="model")
+        return adapters[0]
+
     async def rank(self, body: RerankBody) -> Ranking:
         """The filter's ranking of the documents of `body`."""
         context = self.context
-        context.check_model(body.model)
-        texts = body.texts()
-        judged = texts
+        model = self.model_of(body.model)
+        body.check_documents_given()
+        texts = body.texts_sent()
+        refusal = DocumentRefusal(body.documents_field(), body.oversize_remedy())
+        cut_rule = body.cut_rule()
+        query, judged = body.query, texts
+        if isinstance(body, RerankRequest) and body.max_tokens_per_query is not None:
+            (query,) = await asyncio.to_thread(cut_to_tokens, context.tokenizer, [query],
+                                               body.max_tokens_per_query)
         if body.max_tokens_per_doc is not None and texts:
             judged = await asyncio.to_thread(cut_to_tokens, context.tokenizer, texts,
                                              body.max_tokens_per_doc)
-        context.limits.check_documents(judged)
+        context.limits.check_documents(judged, param=refusal.param, remedy=refusal.remedy,
+                                       sizes=cut_rule is None)
         rules = context.options.rerank
         if body.granularity is not None:
             rules = dataclasses.replace(rules, sentence_stage=body.granularity == "sentence")
-        combination = context.combinations.get(body.model)
+        combination = context.combinations.get(model)
+        request = FilterRequest(model, rules, query, as_documents(judged),
+                                combination.filter_format if combination else "two_stage",
+                                cut_rule, refusal)
         ranked, backend = await run_filter(
-            context.engine, body.model, context.limits, rules, body.query,
-            as_documents(judged),
-            lambda backend: rank_by_filter(backend, rules, body.query, judged, combination),
-            filter_format=combination.filter_format if combination else "two_stage")
+            context.engine, context.limits, request,
+            lambda backend, documents: rank_by_filter(
+                backend, rules, query, [d.text for d in documents], combination))
         usage = backend.meter.by_agent.values()
-        return Ranking(ranked, texts, sum(u.prompt_tokens for u in usage),
+        return Ranking(model, ranked, texts, sum(u.prompt_tokens for u in usage),
                        sum(u.completion_tokens for u in usage))
+
+
+def raw_score(probability: float) -> float:
+    """A P(relevant) as the combined logit it is the sigmoid of (TEI's and Infinity's
+    `raw_scores`), finite however close to 0 or 1."""
+    return logit_of(min(max(probability, _EPSILON), 1.0 - _EPSILON))
 
 
 def cut_to_tokens(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_tokens: int
@@ -125,6 +186,40 @@ def rerank_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[
                else result for result in best_first(ranked)[:top_n or None]]
     return RerankResponse(id=rerank_id(), model=model,
                           usage=RerankUsage(total_tokens=total_tokens), results=results)
+
+
+def infinity_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[str], *,
+                      top_n: int | None, return_documents: bool, total_tokens: int
+                      ) -> InfinityRerankResponse:
+    """Infinity's answer: the Cohere body, each document the string."""
+    return InfinityRerankResponse(
+        id=rerank_id(), model=model, usage=RerankUsage(total_tokens=total_tokens), results=[
+            InfinityResult(index=r.index, relevance_score=r.relevance_score,
+                           document=texts[r.index] if return_documents else None,
+                           kept=r.kept, key_sentences=r.key_sentences)
+            for r in best_first(ranked)[:top_n or None]])
+
+
+def voyage_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[str], *,
+                    top_k: int | None, return_documents: bool, total_tokens: int
+                    ) -> VoyageRerankResponse:
+    """Voyage's answer: `data` best first, cut to `top_k`, each document the string."""
+    return VoyageRerankResponse(model=model, usage=RerankUsage(total_tokens=total_tokens), data=[
+        VoyageResult(index=r.index, relevance_score=r.relevance_score,
+                     document=texts[r.index] if return_documents else None, kept=r.kept,
+                     key_sentences=r.key_sentences)
+        for r in best_first(ranked)[:top_k or None]])
+
+
+def tei_response(ranked: Sequence[RerankResult], texts: Sequence[str], *, top_n: int | None,
+                 return_text: bool) -> TEIRerankResponse:
+    """TEI's answer: a bare array, best first, of every document (cut to `top_n`, which
+    LiteLLM sends TEI)."""
+    return TEIRerankResponse([
+        TEIResult(index=r.index, score=r.relevance_score,
+                  text=texts[r.index] if return_text else None, kept=r.kept,
+                  key_sentences=r.key_sentences)
+        for r in best_first(ranked)[:top_n or None]])
 
 
 def rerank_v2_response(ranked: Sequence[RerankResult], *, top_n: int | None,

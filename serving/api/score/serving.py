@@ -1,0 +1,71 @@
+"""POST /v1/score's work (`Scorer`): each (query, document) pair scored by the filter.
+
+The documents of one query are ranked together, as one /v1/rerank request of that query
+ranks them (`Reranker.rank`'s code: `run_filter` and `rank_by_filter`), so a pair's `score`
+equals that document's `relevance_score` there; pairs of different queries are ranked per
+query. The documents' count and sizes are checked over the whole request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+
+from fastapi.responses import Response
+
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter
+from sieverag.inference.types import RerankResult
+from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.generation_protocol import Usage
+from sieverag.serving.api.rerank.serving import Reranker
+from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
+from sieverag.serving.filtering import DocumentRefusal, FilterRequest, Truncation, run_filter
+
+
+class Scorer:
+    """The score endpoint on the context's engine."""
+
+    def __init__(self, context: ServingContext, reranker: Reranker) -> None:
+        self.context = context
+        self.reranker = reranker
+
+    async def score(self, body: ScoreRequest) -> Response:
+        context = self.context
+        model = self.reranker.model_of(body.model)
+        pairs = body.pairs()
+        field = body.document_field()
+        limit = body.truncate_prompt_tokens
+        cut_rule = None if limit is None else Truncation(None if limit == -1 else limit)
+        refusal = DocumentRefusal(field, "send truncate_prompt_tokens: -1 to cut it")
+        context.limits.check_documents([document for _, document in pairs], param=field,
+                                       remedy=refusal.remedy, sizes=cut_rule is None)
+        by_query: dict[str, list[int]] = defaultdict(list)
+        for index, (query, _) in enumerate(pairs):
+            by_query[query].append(index)
+        rules = context.options.rerank
+        combination = context.combinations.get(model)
+        filter_format = combination.filter_format if combination else "two_stage"
+
+        async def rank(query: str, indices: list[int]) -> tuple[list[RerankResult], Usage]:
+            request = FilterRequest(model, rules, query,
+                                    as_documents([pairs[i][1] for i in indices]),
+                                    filter_format, cut_rule, refusal)
+            ranked, backend = await run_filter(
+                context.engine, context.limits, request,
+                lambda backend, documents: rank_by_filter(
+                    backend, rules, query, [d.text for d in documents], combination))
+            usage = backend.meter.by_agent.values()
+            return ranked, Usage.of(sum(u.prompt_tokens for u in usage),
+                                    sum(u.completion_tokens for u in usage))
+
+        ranked = await asyncio.gather(*(rank(q, ix) for q, ix in by_query.items()))
+        data = [ScoreData(index=indices[r.index], score=r.relevance_score, kept=r.kept)
+                for indices, (results, _) in zip(by_query.values(), ranked, strict=True)
+                for r in results]
+        usage = Usage.of(sum(u.prompt_tokens for _, u in ranked),
+                         sum(u.completion_tokens for _, u in ranked))
+        return await context.respond(body, lambda: ScoreResponse(
+            id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=model,
+            data=sorted(data, key=lambda d: d.index), usage=usage))
