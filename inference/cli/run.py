@@ -188,8 +188,9 @@ BRIDGE_DEMO_SUFFICIENCY = 1.0
 
 
 def _bridge_demo(command: DemoCommand, out: Path) -> str:
-    """One two-hop question over a small BM25 index: amber-mcf takes 2 documents a round for
-    2 rounds, the second round's query led by a name the first round kept (bridge queries);
+    """One two-hop question over a small BM25 index: amber-mcf, on the paper's loop, takes 2
+    documents a round for 2 rounds, the second round's query led by a name the first round kept
+    (bridge queries);
     returns its trace, as `sieverag trace` shows it."""
     from sieverag.inference.data.demo import write_bridge_demo
     from sieverag.inference.eval.runner import run_evaluation
@@ -201,8 +202,10 @@ def _bridge_demo(command: DemoCommand, out: Path) -> str:
     build_index(corpus, index, IndexConfig(dense=None), overwrite=True, show_progress=False)
     collector = replace(command.amber.collector, query_source="bridge",
                         sufficiency_threshold=BRIDGE_DEMO_SUFFICIENCY)
+    # The paper's loop (adaptive off): the demo shows the second round, which the adaptive
+    # loop skips whenever round 1 kept strong evidence.
     sections = {**section_values(command), "amber": replace(
-        command.amber, k=2, max_iterations=2, collector=collector)}
+        command.amber, k=2, max_iterations=2, collector=collector, adaptive=False)}
     config = RunConfig(dataset=str(dataset), pipelines=("amber-mcf",), limit=1,
                        retrieval=RetrievalConfig(index=str(index), mode="bm25", k=2),
                        models=command.models, trust=TrustConfig(enabled=False), **sections)

@@ -86,9 +86,14 @@ def _round_lines(entry: AmberRound) -> list[str]:
              f"{entry.skipped_seen} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
     for scored in entry.scored:
         lines += _document_lines(scored)
+    branch = entry.branch
+    if branch is not None:
+        lines += _wrap("Branch:     ", f"{branch.branch} — {branch.reason}")
     update = entry.memory_update
     if update is None:
         lines.append("  memory agents: not run (" + (
+            "the kept evidence is strong enough to answer" if branch is not None
+            and branch.branch == "answer" else
             "the answer reads the evidence, not the memory" if entry.kept
             else "nothing new kept") + ")")
     else:

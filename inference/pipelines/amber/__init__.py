@@ -14,6 +14,14 @@ Each round:
    reading order.
 3. AMU (`memory`) revises the memory with the new evidence (skipped
    when nothing new was kept, and in the last round when the answer reads the evidence alone).
+   The adaptive loop (`amber.adaptive`, the default) decides here first: when the kept
+   evidence (every round's so far) is strong enough — its strength under
+   `amber.evidence_signal`, the sum (or the best) of MCF's calibrated P(relevant) of the kept
+   chunks, reaches `amber.answer_at` — it answers now from that evidence (`strong_evidence`),
+   with no memory agent and no collector; otherwise it runs the memory agents and the
+   collector's next query, the evidence signal standing in for the sufficiency prompt. The
+   round's trace says which branch it took and why (`branch`). A filter that gives no
+   calibrated P(relevant) (the judge, `none`) runs the paper's loop, with a warning.
 4. Stop when the round added nothing (no new evidence, memory unchanged: `no_progress`), at
    `max_iterations` (`max_iterations`), when the question's given pool has no unseen
    document left (`pool_exhausted`: e.g. `k` ≥ the given documents, so round 1 filters them
@@ -30,8 +38,10 @@ The trace (`trace.AmberTrace`, dumped to JSON-ready data) holds every round: que
 documents, scores and sentence choices, the three memory agents' replies, the memory after the
 round, the sufficiency verdict, the next query, and the stop reason. `amber-mcf`,
 `amber-judge`, `amber-stack` and `amber-none` are `amber` with the filter fixed, so one run can
-compare them; `amber-no-amu` and `amber-no-aic` are `amber` with the memory agents or the
-collector switched off (`amber.amu`, `amber.aic`), so one run gives the paper's ablation table
+compare them; `amber-paper` is `amber` with the adaptive loop off (`amber.adaptive`: every
+round through the memory agents and the sufficiency check, the paper's loop); `amber-no-amu`
+and `amber-no-aic` are `amber` with the memory agents or the collector switched off
+(`amber.amu`, `amber.aic`), so one run gives the paper's ablation table
 (-MCF is `amber-none`). Without the AMU the memory is the kept evidence itself; without the
 AIC each round takes the next unseen documents for the question, with no sufficiency check.
 

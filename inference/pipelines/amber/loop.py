@@ -4,6 +4,7 @@ docstring tells the loop step by step)."""
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -18,6 +19,7 @@ from sieverag.inference.pipelines.amber.settings import AMBER_SECTION, AmberConf
 from sieverag.inference.pipelines.amber.trace import (
     AmberRound,
     AmberTrace,
+    BranchEntry,
     EvidenceEntry,
     StopReason,
 )
@@ -36,9 +38,11 @@ from sieverag.inference.types import Document, Example
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
                                           **{f"amber-{f}": f for f in FILTER_NAMES}}
-# Ablation pipeline name → the loop part it switches off (the paper's -AMU and -AIC rows;
-# -MCF is `amber-none`). They run `amber.filter`'s filter stage.
-AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic"}
+# Variant pipeline name → the loop switch it turns off: the paper's -AMU and -AIC rows (-MCF
+# is `amber-none`), and `amber-paper`, the paper's loop (every round through the memory agents
+# and the sufficiency check, not the adaptive one). They run `amber.filter`'s filter stage.
+AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic",
+                                   "amber-paper": "adaptive"}
 AMBER_PIPELINES.update(dict.fromkeys(AMBER_ABLATIONS))
 # What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
 ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
@@ -106,6 +110,7 @@ class AmberPipeline:
         self.collector = InformationCollector(context.generator, self.config.collector)
         self.answer_prompt = load_template(ANSWER_TEMPLATES[self.config.answer_from])
         self.direct_prompt = load_template("answer_direct")
+        self._warned_uncalibrated = False
 
     def run(self, example: Example) -> PipelineOutput:
         question = question_text(example)
@@ -123,7 +128,9 @@ class AmberPipeline:
             results.append(result)
             evidence.items.extend((number, s) for s in result.kept)
             exhausted = documents.exhausted
-            last_round = number == self.config.max_iterations or exhausted
+            branch = self._branch(evidence) if self.config.adaptive else None
+            answer_now = branch is not None and branch.branch == "answer"
+            last_round = number == self.config.max_iterations or exhausted or answer_now
             # An answer from the evidence alone reads no memory: after the last round, nobody
             # would read its update.
             memory_read = self.config.answer_from != "evidence" or not last_round
@@ -144,10 +151,13 @@ class AmberPipeline:
                 scored=[_scored_entry(s) for s in result.scored],
                 kept=[s.document.id for s in result.kept],
                 memory_update=update.to_dict() if update is not None else None,
-                memory=memory, sufficiency=None, next_query=None)
+                memory=memory, sufficiency=None, next_query=None, branch=branch)
             rounds.append(entry)
             if not progressed:
                 stop_reason = "no_progress"
+                break
+            if answer_now:
+                stop_reason = "strong_evidence"
                 break
             if number == self.config.max_iterations:
                 break
@@ -157,11 +167,13 @@ class AmberPipeline:
             if not self.config.aic:  # -AIC: the next unseen documents for the question
                 queries.append(example.question)
                 continue
-            verdict = self.collector.sufficiency(question, memory)
-            entry.sufficiency = verdict.to_dict()
-            if verdict.sufficient:
-                stop_reason = "sufficient"
-                break
+            if branch is None or branch.strength is None:  # the paper's loop: the collector
+                # judges the memory (the adaptive loop's evidence signal replaces it)
+                verdict = self.collector.sufficiency(question, memory)
+                entry.sufficiency = verdict.to_dict()
+                if verdict.sufficient:
+                    stop_reason = "sufficient"
+                    break
             following = self.collector.next_query(question, memory, queries,
                                                   evidence.documents)
             entry.next_query = following.to_dict()
@@ -179,6 +191,31 @@ class AmberPipeline:
             answer=extract_answer(raw, example.question, self.context.answer_extraction),
             raw_answer=raw, documents_read=tuple(evidence.documents),
             filter_result=_combined(results), trace=trace.to_json())
+
+    def _branch(self, evidence: _Evidence) -> BranchEntry:
+        """The adaptive loop's choice after a round's filter: answer now when the kept
+        evidence's strength reaches `answer_at`, else loop (memory agents, next query). A
+        filter that gives no calibrated P(relevant) (the judge, `none`) always loops, and says
+        so once."""
+        config = self.config
+        p = [s.details.get("p_relevant") for _, s in evidence.items]
+        if any(value is None for value in p):
+            if not self._warned_uncalibrated:
+                warnings.warn(f"{self.name}: amber.adaptive reads MCF's calibrated "
+                              f"P(relevant), which the {self.filter_name!r} filter does not "
+                              "give; its rounds run the paper's loop (memory agents and the "
+                              "sufficiency check)", stacklevel=2)
+                self._warned_uncalibrated = True
+            return BranchEntry(branch="loop", strength=None, bar=config.answer_at,
+                               reason=f"the {self.filter_name} filter gives no calibrated "
+                                      "P(relevant)")
+        strength = (max(p, default=0.0) if config.evidence_signal == "max_p" else sum(p))
+        strong = strength >= config.answer_at
+        word = "reaches" if strong else "is below"
+        return BranchEntry(branch="answer" if strong else "loop", strength=round(strength, 6),
+                           bar=config.answer_at,
+                           reason=f"{config.evidence_signal} of the kept evidence {strength:.3f} "
+                                  f"{word} amber.answer_at {config.answer_at}")
 
     def _fallback(self, results: Sequence[FilterResult], evidence: _Evidence) -> list[str]:
         """Top up the evidence to `min_evidence` chunks with the best-scored dropped ones

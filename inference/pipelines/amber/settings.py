@@ -13,6 +13,11 @@ from sieverag.inference.pipelines.amber.memory import MemoryConfig
 from sieverag.inference.settings import Section, settings
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
+# What the adaptive loop does after a round's filter.
+Branch = Literal["answer", "loop"]
+# How strong the kept evidence is, from the filter's calibrated P(relevant) of each kept chunk
+# (every round's so far): the best one, or their sum (the expected number of relevant chunks).
+EvidenceSignal = Literal["max_p", "sum_p"]
 
 
 @settings
@@ -40,6 +45,19 @@ class AmberConfig:
         "help": "run the collector (AIC); off (the paper's -AIC ablation): no sufficiency "
                 "check and no new query, each round takes the next unseen documents for the "
                 "question until max_iterations"})
+    adaptive: bool = field(default=True, metadata={
+        "help": "answer from the kept evidence as soon as it is strong enough (its strength "
+                "under evidence_signal >= answer_at), and run the memory agents and the "
+                "collector's next query only when it is not; off: the paper's loop, every round "
+                "through the memory agents and the sufficiency check (preset amber-paper)"})
+    # Signal and bar: fitted on 30 training questions over the three-source index
+    # (tests/benchmarks/bench_amber_adaptive.py; docs/results/pipelines.md, "Amber pays its way").
+    evidence_signal: EvidenceSignal = field(default="max_p", metadata={
+        "help": "the adaptive loop's evidence strength, from MCF's calibrated P(relevant) of "
+                "the kept chunks: max_p (the best) or sum_p (their sum)"})
+    answer_at: float = field(default=0.289462, metadata={
+        "help": "the adaptive loop answers once the evidence strength reaches this (chosen on "
+                "training questions: docs/results/pipelines.md, 'Amber pays its way')"})
     stack: StackConfig = field(default_factory=StackConfig,
                                metadata={"help": "how `stack` combines MCF and the judge"})
     memory: MemoryConfig = field(default_factory=MemoryConfig,
@@ -50,6 +68,8 @@ class AmberConfig:
     def __post_init__(self) -> None:
         if self.min_evidence < 0:
             raise ConfigError(f"amber.min_evidence must be >= 0, got {self.min_evidence}")
+        if self.answer_at < 0:
+            raise ConfigError(f"amber.answer_at must be >= 0, got {self.answer_at}")
         if self.k < 1 or self.max_iterations < 1:
             raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
                               f"{self.k} and {self.max_iterations}")

@@ -11,12 +11,12 @@ from pydantic import Field
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.io_utils import JsonlRecord
-from sieverag.inference.pipelines.amber.settings import AnswerFrom
+from sieverag.inference.pipelines.amber.settings import AnswerFrom, Branch
 from sieverag.inference.pipelines.auto.router import RouteDecision
 
 # Why a question's loop ended (amber's module docstring says when).
 StopReason = Literal["sufficient", "max_iterations", "no_progress", "no_new_query",
-                     "pool_exhausted"]
+                     "pool_exhausted", "strong_evidence"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 
@@ -54,6 +54,18 @@ class NextQueryEntry(JsonlRecord):
         default_factory=list, description="bridge: every candidate scored, in order")
 
 
+class BranchEntry(JsonlRecord):
+    """The adaptive loop's choice after a round's filter (`amber.adaptive`)."""
+
+    branch: Branch = Field(description="answer: from the kept evidence now; loop: run the memory "
+                                       "agents and the collector's next query")
+    strength: float | None = Field(
+        description="the kept evidence's strength under `amber.evidence_signal` (None: the "
+                    "filter gives no calibrated P(relevant))")
+    bar: float = Field(description="`amber.answer_at`: a strength at or above it answers now")
+    reason: str = Field(description="why, in words")
+
+
 class AmberRound(JsonlRecord):
     """One round of the loop."""
 
@@ -71,6 +83,9 @@ class AmberRound(JsonlRecord):
         description="the sufficiency verdict; None when not asked")
     next_query: NextQueryEntry | None = Field(
         description="the next query; None when none was asked for")
+    branch: BranchEntry | None = Field(
+        None, description="the adaptive loop's choice after the filter; None when "
+                          "`amber.adaptive` is off (or in runs made before it existed)")
 
 
 class EvidenceEntry(JsonlRecord):
@@ -88,7 +103,8 @@ class AmberTrace(JsonlRecord):
     """An amber question's whole loop."""
 
     pipeline: str = Field(
-        description="the pipeline name (amber, amber-<filter>, amber-no-amu or amber-no-aic)")
+        description="the pipeline name (amber, amber-<filter>, amber-paper, amber-no-amu or "
+                    "amber-no-aic)")
     filter: FilterName = Field(description="the filter stage that ran")
     queries: list[str] = Field(description="every query searched, the question first")
     rounds: list[AmberRound] = Field(description="the rounds, in order")

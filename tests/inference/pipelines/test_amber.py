@@ -10,6 +10,7 @@ from fake_backend import ScriptedBackend
 from scripted_amber import EXAMPLE, POOL, Agents
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.eval.trace import render_loop
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.collector import CollectorConfig, normalise_query
@@ -19,12 +20,14 @@ from sieverag.inference.pipelines.amber.settings import AmberConfig
 def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amber):
     backend = ScriptedBackend(reply=agents.reply, labels=agents.labels)
     # A fixed bar, so the scripted Yes/No verdicts alone decide what the filter keeps; both
-    # MCF stages and the memory in the answer, so every agent of the loop runs.
+    # MCF stages and the memory in the answer, so every agent of the loop runs; the paper's
+    # loop unless a test asks for the adaptive one.
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
                               settings=PipelineSettings([
                                   MCFConfig(bar="fixed", sentence_stage=True),
-                                  replace(AmberConfig(k=3, answer_from="memory_and_evidence"),
-                                          **amber)]), search=search)
+                                  replace(AmberConfig(k=3, answer_from="memory_and_evidence",
+                                                      adaptive=False), **amber)]),
+                              search=search)
     return build_pipeline(pipeline, context).run(EXAMPLE), backend
 
 
@@ -215,3 +218,53 @@ def test_bridge_queries_lead_with_a_name_from_the_kept_evidence_and_are_traced()
     assert following["query"] == f"{kept_titles[0]} {EXAMPLE.question}"  # a tie: the first
     assert output.trace["queries"][1] == following["query"]
     assert "bridge_scorer" in usage(backend) and "query_writer" not in usage(backend)
+
+
+def kept_p(round_: dict) -> list[float]:
+    return [s["p_relevant"] for s in round_["scored"] if s["id"] in round_["kept"]]
+
+
+def test_the_adaptive_loop_answers_at_once_from_strong_evidence():
+    output, backend = run_amber(Agents(), adaptive=True, answer_at=0.0, answer_from="evidence",
+                                evidence_signal="sum_p")
+    trace = output.trace
+    (first,) = trace["rounds"]
+    assert trace["stop_reason"] == "strong_evidence"
+    branch = first["branch"]
+    assert branch["branch"] == "answer" and branch["bar"] == 0.0
+    assert branch["strength"] == pytest.approx(sum(kept_p(first)), abs=1e-5)
+    assert "sum_p of the kept evidence" in branch["reason"] and "reaches" in branch["reason"]
+    # No memory agent, no sufficiency check, no query: the filter, then the answer.
+    assert first["memory_update"] is None and first["sufficiency"] is None
+    assert set(usage(backend)) <= {"filter_chunk", "filter_sentence", "generator"}
+    assert [d.id for d in output.documents_read] == first["kept"]
+    shown = render_loop(trace)
+    assert "stopped (strong_evidence) after 1 round(s)" in shown
+    assert "Branch:     answer — sum_p of the kept evidence" in shown
+    assert "memory agents: not run (the kept evidence is strong enough to answer)" in shown
+
+
+def test_the_adaptive_loop_runs_the_memory_agents_and_a_new_query_when_evidence_is_weak():
+    output, backend = run_amber(Agents(), adaptive=True, answer_at=100.0, max_iterations=2,
+                                evidence_signal="max_p")
+    first, second = output.trace["rounds"]
+    assert first["branch"]["branch"] == "loop" and "is below" in first["branch"]["reason"]
+    assert first["branch"]["strength"] == pytest.approx(max(kept_p(first)), abs=1e-5)
+    # The evidence signal replaces the sufficiency prompt; the memory agents and the query
+    # writer still run, and round 2 searches the new query.
+    assert first["sufficiency"] is None and first["memory_update"] is not None
+    assert first["next_query"]["query"] == second["query"] == "search number 1"
+    assert "sufficiency" not in usage(backend) and usage(backend)["query_writer"] == 1
+    assert output.trace["stop_reason"] == "max_iterations"
+
+
+def test_a_filter_without_calibrated_probabilities_runs_the_papers_loop_and_says_so():
+    with pytest.warns(UserWarning, match="amber-none: amber.adaptive reads MCF's calibrated"):
+        output, backend = run_amber(Agents(sufficient_when="Notes after update 1."),
+                                    pipeline="amber-none", adaptive=True, answer_at=0.0)
+    (first,) = output.trace["rounds"]
+    assert first["branch"] == {"branch": "loop", "strength": None, "bar": 0.0,
+                               "reason": "the none filter gives no calibrated P(relevant)"}
+    assert output.trace["stop_reason"] == "sufficient" and usage(backend)["sufficiency"] == 1
+    with pytest.raises(ConfigError, match="answer_at"):
+        AmberConfig(answer_at=-0.5)
