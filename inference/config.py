@@ -12,6 +12,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines.base import (
+    ANSWER_GENERATION,
     PIPELINES,
     default_pipeline,
     with_pipeline_sections,
@@ -173,7 +174,7 @@ class RunConfig:
                                       metadata={"help": "read at most N documents per example"})
     models: ModelRoles = models_field()
     generation: GenerationSettings = field(
-        default_factory=lambda: GenerationSettings(max_new_tokens=32),
+        default=ANSWER_GENERATION,
         metadata={"help": "decoding of the generator's answers"})
     answer_extraction: AnswerExtraction = field(
         default="first_sentence", metadata={"help": "none, first_line, first_sentence"})

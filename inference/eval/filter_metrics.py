@@ -1,10 +1,5 @@
 """Moved to `sieverag.inference.metrics.filter` (this path is kept for one release)."""
 
-import sys
-import warnings
+from sieverag.inference.moved import alias_moved
 
-from sieverag.inference.metrics import filter as _moved
-
-warnings.warn("sieverag.inference.eval.filter_metrics moved to sieverag.inference.metrics.filter",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _moved
+alias_moved(__name__, "sieverag.inference.metrics.filter")

@@ -23,10 +23,9 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
 )
 
-# Old paths of modules now inside a pipeline's package (each warns when imported; kept for one
-# release), not imported here.
-MOVED = {"amber_config": "amber.settings", "amber_trace": "amber.trace",
-         "memory": "amber.memory", "collector": "amber.collector", "router": "auto.router"}
+# Old paths of modules now inside a pipeline's package (each warns when imported and names
+# where it went; kept for one release), not imported here.
+MOVED = frozenset({"amber_config", "amber_trace", "memory", "collector", "router"})
 
 for _module in pkgutil.iter_modules(__path__):  # registration on import
     if _module.name not in MOVED:

@@ -29,6 +29,11 @@ T = TypeVar("T")
 Role = Literal["generator", "judge", "filter"]
 ROLES: tuple[Role, ...] = ("generator", "judge", "filter")
 
+# How the generator writes an answer unless the run says otherwise (a run config's
+# `generation:` section defaults to it too).
+ANSWER_GENERATION = GenerationSettings(max_new_tokens=32)
+
+
 @dataclass(frozen=True)
 class PipelineOutput:
     """One question's result: the scored answer, the raw reply, what the generator read, and
@@ -70,7 +75,7 @@ class PipelineContext:
 
     generator: LLMBackend
     judge_backend: LLMBackend | None = None  # the MAIN-RAG judge's model, where a pipeline uses it
-    generation: GenerationSettings = GenerationSettings(max_new_tokens=32)
+    generation: GenerationSettings = ANSWER_GENERATION
     answer_extraction: AnswerExtraction = "first_sentence"
     documents: DocumentSource = given_documents
     mcf_backend: LLMBackend | None = None  # the trained filter; None where none is set up

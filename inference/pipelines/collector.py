@@ -1,11 +1,5 @@
 """Moved to `sieverag.inference.pipelines.amber.collector` (this path is kept for one release)."""
 
-import sys
-import warnings
+from sieverag.inference.moved import alias_moved
 
-from sieverag.inference.pipelines.amber import collector as _moved
-
-warnings.warn("sieverag.inference.pipelines.collector moved to "
-              "sieverag.inference.pipelines.amber.collector",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _moved
+alias_moved(__name__, "sieverag.inference.pipelines.amber.collector")

@@ -1,11 +1,5 @@
 """Moved to `sieverag.inference.pipelines.amber.memory` (this path is kept for one release)."""
 
-import sys
-import warnings
+from sieverag.inference.moved import alias_moved
 
-from sieverag.inference.pipelines.amber import memory as _moved
-
-warnings.warn("sieverag.inference.pipelines.memory moved to "
-              "sieverag.inference.pipelines.amber.memory",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _moved
+alias_moved(__name__, "sieverag.inference.pipelines.amber.memory")

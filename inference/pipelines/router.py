@@ -1,11 +1,5 @@
 """Moved to `sieverag.inference.pipelines.auto.router` (this path is kept for one release)."""
 
-import sys
-import warnings
+from sieverag.inference.moved import alias_moved
 
-from sieverag.inference.pipelines.auto import router as _moved
-
-warnings.warn("sieverag.inference.pipelines.router moved to "
-              "sieverag.inference.pipelines.auto.router",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _moved
+alias_moved(__name__, "sieverag.inference.pipelines.auto.router")

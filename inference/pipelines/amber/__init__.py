@@ -16,7 +16,7 @@ Each round:
    when nothing new was kept, and in the last round when the answer reads the evidence alone).
    The adaptive loop (`amber.adaptive`, the default) decides here first: when the kept
    evidence (every round's so far) is strong enough — its strength under
-   `amber.evidence_signal`, the sum (or the best) of MCF's calibrated P(relevant) of the kept
+   `amber.evidence_signal`, the best (or the sum) of MCF's calibrated P(relevant) of the kept
    chunks, reaches `amber.answer_at` — it answers now from that evidence (`strong_evidence`),
    with no memory agent and no collector; otherwise it runs the memory agents and the
    collector's next query, the evidence signal standing in for the sufficiency prompt. The
