@@ -65,6 +65,25 @@ class Example:
 
 
 @pydantic_dataclass(frozen=True)
+class SentenceSpan:
+    """One sentence of a ranked document as the filter read it: where it lies in the
+    document's text as the request sent it (`start`, `end`: character offsets, Python string
+    indices, so `text[start:end]` is the sentence), whether it is a key sentence the filter
+    passes on (`kept`), and the filter's P(relevant) of it (`score`; None from a filter that
+    names its key sentences rather than scoring each: a two-stage filter)."""
+
+    start: StrictInt
+    end: StrictInt
+    kept: StrictBool
+    score: FiniteFloat | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"a sentence span needs 0 <= start <= end, got {self.start}, "
+                             f"{self.end}")
+
+
+@pydantic_dataclass(frozen=True)
 class RerankResult:
     """One document of a rerank request (query + documents → results, best first) as it was
     ranked: the one shape of a `/v1/rerank` result, which the embedded server writes, its
@@ -76,6 +95,11 @@ class RerankResult:
     * `kept` — the filter's verdict; None from a reranker that gives none;
     * `key_sentences` — at sentence granularity, the kept document's key sentences ([] for
       one not kept); None at chunk granularity;
+    * `pruned_text` — at sentence granularity, the text the filter passes on: exactly what
+      the filtering proxy forwards for the document ("" for one not kept); None at chunk
+      granularity;
+    * `spans` — at sentence granularity (unless the request declined them), every sentence
+      of the document as a `SentenceSpan`, in order; None otherwise;
     * `document` — `{"text": ...}` where the request asked for the texts back.
     """
 
@@ -83,6 +107,8 @@ class RerankResult:
     relevance_score: FiniteFloat
     kept: StrictBool | None = None
     key_sentences: tuple[StrictStr, ...] | None = None
+    pruned_text: StrictStr | None = None
+    spans: tuple[SentenceSpan, ...] | None = None
     document: dict[str, Any] | None = None
 
     @classmethod
@@ -102,8 +128,11 @@ class RerankResult:
                 if key in ("relevance_score", "kept", "key_sentences")}
 
     def text(self, original: str) -> str:
-        """The document's text to pass on: its key sentences joined by a space when the
-        sentence stage named some, else the original text."""
+        """The document's text to pass on: the pruned text where the filter kept some (what
+        the proxy forwards), else (a server that sends no `pruned_text`) its key sentences
+        joined by a space, else the original text."""
+        if self.pruned_text:
+            return self.pruned_text
         return " ".join(self.key_sentences) if self.key_sentences else original
 
 

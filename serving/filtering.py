@@ -46,6 +46,10 @@ class Truncation:
     max_prompt_tokens: int | None = None
     keep: Literal["start", "end"] = "start"
 
+    def start_in(self, text: str, cut: str) -> int:
+        """Where `cut`, `text` as this rule cut it, starts in `text`."""
+        return len(text) - len(cut) if self.keep == "end" else 0
+
 
 @dataclass(frozen=True)
 class DocumentRefusal:

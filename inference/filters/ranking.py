@@ -1,28 +1,37 @@
 """Ranking a rerank request's documents by the trained filter's score: every document of one
 request scored, judged and (optionally) narrowed to its key sentences by MCF, in request
-order. What the embedded server's `/v1/rerank` and the filtering proxy run on their engine, and
-what the framework adapters run in process (`inference/integrations/in_process.py`): one
-implementation, so every number is MCF's.
+order. What the embedded server's `/v1/rerank` and `/v1/score` run on their engine, and what
+the framework adapters run in process (`inference/integrations/in_process.py`): one
+implementation, so every number is MCF's. It is MCF's own `select`, the call the filtering
+proxy makes, so what a result says was kept is what the proxy forwards.
 
-Documents are plain texts: MCF reads each with no title and its position in the request as
-its id. Each comes back as a `RerankResult` (inference/types.py): `relevance_score` is MCF's
-P(relevant), the filter's score combined with the request's BM25 and dense scores by the
-filter's card (`inference/filters/combination.py`; calibrated where the card holds a fitted
-combination, else retrieval's fusion of BM25 and dense, uncalibrated); `kept` is MCF's
-verdict under the given `MCFConfig` (its default: P(relevant) at or above the card's fitted
-bar, and at least the best document); `key_sentences`, with
-`config.sentence_stage`, the kept documents' key sentences' text in document order ([] for a
-document not kept).
+Rerank documents are plain texts: MCF reads each with no title and its position in the
+request as its id (`as_documents`). Each comes back as a `RerankResult` (inference/types.py):
+`relevance_score` is MCF's P(relevant), the filter's score combined with the request's BM25
+and dense scores by the filter's card (`inference/filters/combination.py`; calibrated where
+the card holds a fitted combination, else retrieval's fusion of BM25 and dense,
+uncalibrated); `kept` is MCF's verdict under the given `MCFConfig` (its default: P(relevant)
+at or above the card's fitted bar, and at least the best document). With
+`config.sentence_stage`, each result also holds what MCF's sentence stage made of it:
+`key_sentences` (the kept document's key sentences' text, in document order; [] for a
+document not kept), `pruned_text` (the document's text as MCF passes it on: its key
+sentences joined by a space, the whole text where MCF kept it whole — one sentence, a reply
+naming none or not parsed — and "" for a document not kept) and, with `spans`, every
+sentence as a `SentenceSpan` (where it lies in the text, whether it is key, and its
+P(relevant) from a one-pass filter, which scores each sentence).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.filter_format import p_relevant
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.types import Document, RerankResult
+from sieverag.inference.retrieval.sentences import sentence_spans
+from sieverag.inference.types import Document, RerankResult, SentenceSpan
 
 
 def as_documents(texts: Sequence[str]) -> list[Document]:
@@ -31,27 +40,39 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 
 
 def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
-                   texts: Sequence[str], combination: Combination | None = None
-                   ) -> list[RerankResult]:
-    """Every document in request order, scored and judged by MCF under `config` with the
-    filter's `combination` (None: `PRIORS_ONLY`), and narrowed to its key sentences when
-    `config.sentence_stage`."""
-    documents = as_documents(texts)
-    mcf = MultiGranularFilter(backend, config, combination)
-    scores = mcf.chunk_scores(query, documents)
-    result = mcf.chunk_verdicts(query, documents, scores)
-    if config.sentence_stage:
-        result = mcf.narrow(query, result)
+                   documents: Sequence[Document], combination: Combination | None = None, *,
+                   spans: bool = True) -> list[RerankResult]:
+    """Every document (`as_documents` of the request's texts) in request order, scored and
+    judged by MCF under `config` with the filter's `combination` (None: `PRIORS_ONLY`), and
+    under `config.sentence_stage` with its key sentences, its pruned text and (`spans`) its
+    sentence spans."""
+    result = MultiGranularFilter(backend, config, combination).select(query, documents)
     ranked = []
     for document, judged in zip(documents, result.scored, strict=True):
-        keys = None
+        ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept)
         if config.sentence_stage:
-            sentences = document_sentences(document)
-            keys = (tuple(sentences[i].strip() for i in judged.details["key_sentences"])
-                    if judged.kept else ())
-        ranked.append(RerankResult(int(document.id), judged.details["p_relevant"],
-                                   judged.kept, keys))
+            ranking = sentence_view(ranking, document, judged, spans=spans)
+        ranked.append(ranking)
     return ranked
+
+
+def sentence_view(result: RerankResult, document: Document, judged: ScoredDocument, *,
+                  spans: bool) -> RerankResult:
+    """`result` with what MCF's sentence stage made of `document` (one of `as_documents`: its
+    sentences are `split_sentences` of its text) from `judged`, MCF's verdict on it: its key
+    sentences, its pruned text and (`spans`) its sentence spans."""
+    sentences = document_sentences(document)
+    keys = set(judged.details.get("key_sentences", ())) if judged.kept else set()
+    scores = judged.details.get("sentence_scores") or ()
+    return RerankResult(
+        result.index, result.relevance_score, result.kept,
+        key_sentences=tuple(sentences[i].strip() for i in sorted(keys)),
+        pruned_text=judged.document.text if judged.kept else "",
+        spans=tuple(SentenceSpan(start, end, i in keys,
+                                 None if i >= len(scores) or scores[i] is None
+                                 else p_relevant(scores[i]))
+                    for i, (start, end) in enumerate(sentence_spans(document.text)))
+        if spans else None)
 
 
 def best_first(ranked: Sequence[RerankResult]) -> list[RerankResult]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.filters.ranking import best_first, rank_by_filter
+from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
 from sieverag.inference.integrations.selection import (
     Granularity,
     Keep,
@@ -54,7 +54,7 @@ class InProcessFilter:
         if not texts:
             return []
         with self._lock:
-            ranked = rank_by_filter(self.backend, self.config, query, list(texts),
+            ranked = rank_by_filter(self.backend, self.config, query, as_documents(texts),
                                     self.combination)
         return choose(best_first(ranked), self.keep, self.top_n)
 

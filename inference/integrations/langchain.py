@@ -4,8 +4,9 @@
 (`rerank_client`), or with `filter` set runs the filter in this process (`in_process`), and
 returns the documents it keeps, best first, each a copy with
 `relevance_score`, `kept` and (at sentence granularity) `key_sentences` added to its
-metadata. At sentence granularity a kept document's `page_content` becomes its key sentences
-joined by a space (the compressor compresses); the rest of its metadata and its id stay.
+metadata. At sentence granularity a kept document's `page_content` becomes the text the
+filter keeps of it (`pruned_text`: its key sentences, exactly what the filtering proxy
+forwards; the compressor compresses); the rest of its metadata and its id stay.
 
 Use it where LangChain takes a compressor (langchain-classic's
 `ContextualCompressionRetriever`), or, with langchain-core alone, wrap a retriever:

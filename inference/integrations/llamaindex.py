@@ -7,7 +7,8 @@ filter in this process (`in_process`), and returns the nodes it keeps, best firs
 copy whose score is the filter's `relevance_score` and whose metadata gains
 `relevance_score`, `kept` and (at sentence granularity) `key_sentences`, hidden from the LLM
 and the embedding model (`excluded_*_metadata_keys`). At sentence granularity a kept node's
-text becomes its key sentences joined by a space; the index's own nodes are never changed.
+text becomes the text the filter keeps of it (`pruned_text`: its key sentences, exactly what
+the filtering proxy forwards); the index's own nodes are never changed.
 
 Add it where LlamaIndex takes post-processors:
 `index.as_query_engine(node_postprocessors=[SieveragPostprocessor(...)])`.
@@ -88,6 +89,7 @@ def _annotated(node: NodeWithScore, result: RerankResult) -> NodeWithScore:
         "excluded_llm_metadata_keys": [*node.node.excluded_llm_metadata_keys, *hidden],
         "excluded_embed_metadata_keys": [*node.node.excluded_embed_metadata_keys,
                                          *hidden_embed]})
-    if result.key_sentences:
-        copy.set_content(result.text(_text(node)))
+    original = _text(node)
+    if (text := result.text(original)) != original:
+        copy.set_content(text)
     return NodeWithScore(node=copy, score=result.relevance_score)

@@ -61,8 +61,8 @@ class RerankEndpoint:
     top_n: int | None = field(default=None, metadata={
         "help": "at most this many documents, best first; None: no cap"})
     granularity: Granularity = field(default="chunk", metadata={
-        "help": "sentence: also run the filter's sentence stage and pass on each kept "
-                "document's key sentences"})
+        "help": "sentence: also run the filter's sentence stage and pass on the text it "
+                "keeps of each kept document (its pruned_text)"})
     timeout_s: float = field(default=120.0, metadata={"help": "seconds to wait for the reply"})
     api_key: str | None = field(default=None, repr=False, metadata={
         "help": "the server's API key (`sieverag serve --api-key-env`); None: send none"})
@@ -106,9 +106,11 @@ class RerankEndpoint:
         return self._selected(response, len(texts))
 
     def _body(self, query: str, texts: Sequence[str]) -> dict[str, Any]:
-        # Every result comes back (no top_n): `kept` documents may rank below the top_n.
-        return {"model": self.model, "query": query, "documents": list(texts),
+        # Every result comes back (no top_n): `kept` documents may rank below the top_n. The
+        # adapters pass on each document's pruned text, not its sentence spans.
+        body = {"model": self.model, "query": query, "documents": list(texts),
                 "return_documents": False, "granularity": self.granularity}
+        return {**body, "return_spans": False} if self.granularity == "sentence" else body
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -181,7 +183,7 @@ class RerankSettings(BaseModel):
                                                    "top_n best, kept or not")
     top_n: int | None = Field(_DEFAULTS.top_n, description="at most this many passages")
     granularity: Granularity = Field(_DEFAULTS.granularity, description="sentence: pass on "
-                                     "the kept passages' key sentences")
+                                     "the text the filter keeps of each passage")
     timeout_s: float = Field(_DEFAULTS.timeout_s, description="seconds to wait for the reply")
     filter: str | None = Field(None, description=(
         f"run the filter in this process instead of calling base_url: a filter name (e.g. "

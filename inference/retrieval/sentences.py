@@ -41,23 +41,44 @@ def _is_abbreviation(text_before_stop: str) -> bool:
     )
 
 
-def _split_paragraph(paragraph: str) -> list[str]:
-    sentences: list[str] = []
-    start = 0
+def _paragraph_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The sentences of the paragraph `text[start:end]`, as (start, end) offsets into `text`,
+    each stripped of surrounding white space."""
+    spans: list[tuple[int, int]] = []
+    paragraph = text[start:end]
+    begin = 0
     for match in _BOUNDARY.finditer(paragraph):
         if match.group().startswith(".") and not match.group().startswith(".."):
-            if _is_abbreviation(paragraph[start : match.start()]):
+            if _is_abbreviation(paragraph[begin : match.start()]):
                 continue
-        sentence = paragraph[start : match.end()].strip()
-        if sentence:
-            sentences.append(sentence)
-        start = match.end()
-    tail = paragraph[start:].strip()
-    if tail:
-        sentences.append(tail)
-    return sentences
+        spans.extend(_stripped(text, start + begin, start + match.end()))
+        begin = match.end()
+    spans.extend(_stripped(text, start + begin, end))
+    return spans
+
+
+def _stripped(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """`text[start:end]` without its surrounding white space, as a span; none when blank."""
+    piece = text[start:end]
+    if not piece.strip():
+        return []
+    lead = len(piece) - len(piece.lstrip())
+    trail = len(piece) - len(piece.rstrip())
+    return [(start + lead, end - trail)]
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Where each sentence of `split_sentences(text)` lies in `text`: (start, end) character
+    offsets (Python string indices, so `text[start:end]` is the sentence), in order."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for paragraph_break in _PARAGRAPH_BREAK.finditer(text):
+        spans.extend(_paragraph_spans(text, start, paragraph_break.start()))
+        start = paragraph_break.end()
+    spans.extend(_paragraph_spans(text, start, len(text)))
+    return spans
 
 
 def split_sentences(text: str) -> list[str]:
     """Split `text` into sentences, in order, each stripped; empty text gives []."""
-    return [s for paragraph in _PARAGRAPH_BREAK.split(text) for s in _split_paragraph(paragraph)]
+    return [text[start:end] for start, end in sentence_spans(text)]

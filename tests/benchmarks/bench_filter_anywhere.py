@@ -67,7 +67,7 @@ from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
-from sieverag.inference.filters.ranking import rank_by_filter  # noqa: E402
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter  # noqa: E402
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
@@ -237,7 +237,7 @@ def measure_rerank(server: Server, examples: Sequence[Example]) -> dict[str, flo
     with httpx.Client(timeout=600) as client, in_process_engine() as engine:
         ways = {"endpoint": lambda body: post_ok(client, url, body),
                 "engine": lambda body: rank_by_filter(engine, config, body["query"],
-                                                      body["documents"]),
+                                                      as_documents(body["documents"])),
                 "hf": lambda body: hf.select(body["query"], body["documents"])}
         for way in ways.values():  # warm every way up
             way(bodies[0])

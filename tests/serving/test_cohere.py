@@ -14,7 +14,7 @@ import pytest
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.filters.ranking import rank_by_filter
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.types import RerankResult
@@ -67,7 +67,8 @@ def root(server: LocalServer) -> str:
 def expected(backend: HFBackend, texts: list[str]) -> dict[int, RerankResult]:
     """MCF in-process with the shipped card's combination, as the server ranks."""
     combination = adapter_combination(resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL))
-    return {r.index: r for r in rank_by_filter(backend, MCFConfig(), QUERY, texts, combination)}
+    ranked = rank_by_filter(backend, MCFConfig(), QUERY, as_documents(texts), combination)
+    return {r.index: r for r in ranked}
 
 
 def test_the_v1_client_reranks_with_the_shipped_filter(server: LocalServer,

@@ -168,10 +168,35 @@ def test_key_sentences_follow_the_filters_sentence_reply() -> None:
         labels=lambda text: {"Yes": -3.0 if "Gamma" in text else -0.1, "No": -1.0})
     config = MCFConfig(bar="fixed", sentence_stage=True, empty_sentence_answer="drop_chunk")
     by_filter = Combination(weights={"filter_log_odds": 1.0}, fitted=True)
-    ranked = rank_by_filter(backend, config, "which?", texts, by_filter)
+    ranked = rank_by_filter(backend, config, "which?", as_documents(texts), by_filter)
     assert [(r.index, r.kept, r.key_sentences) for r in ranked] == [
         (0, True, ("Alpha two.",)), (1, False, ()), (2, False, ())]
     assert ranked[0].relevance_score == pytest.approx(1 / (1 + math.exp(-0.9)))
+    # The pruned text is what MCF passes on; the spans mark the key sentence in the text.
+    assert [r.pruned_text for r in ranked] == ["Alpha two.", "", ""]
+    assert [[(texts[r.index][s.start:s.end], s.kept) for s in r.spans] for r in ranked] == [
+        [("Alpha one.", False), ("Alpha two.", True), ("Alpha three.", False)],
+        [("Beta one.", False), ("Beta two.", False)],
+        [("Gamma one.", False), ("Gamma two.", False)]]
+    assert all(s.score is None for r in ranked for s in r.spans)  # a two-stage filter's
+
+
+def test_a_document_kept_whole_passes_on_its_whole_text() -> None:
+    """A sentence reply that names none (keep_chunk) or does not parse keeps the document
+    whole: its pruned text is its text as sent, every sentence key; one sentence is asked
+    nothing."""
+    texts = ["Alpha one.  Alpha two.\n", "Beta one. Beta two.", "Gamma one."]
+    backend = ScriptedBackend(reply=lambda text: "none" if "Alpha" in text else "banana",
+                              labels=lambda text: {"Yes": -0.1, "No": -1.0})
+    config = MCFConfig(bar="fixed", sentence_stage=True)
+    by_filter = Combination(weights={"filter_log_odds": 1.0}, fitted=True)
+    ranked = rank_by_filter(backend, config, "which?", as_documents(texts), by_filter)
+    assert [r.pruned_text for r in ranked] == texts
+    assert all(r.kept and all(s.kept for s in r.spans) for r in ranked)
+    assert [len(r.spans) for r in ranked] == [2, 2, 1]
+    no_spans = rank_by_filter(backend, config, "which?", as_documents(texts), by_filter,
+                              spans=False)
+    assert [(r.spans, r.pruned_text) for r in no_spans] == [(None, t) for t in texts]
 
 
 def test_engine_backend_computes_what_hf_computes(server: LocalServer,

@@ -16,7 +16,8 @@ in the shape of the dialect the request speaks (`RerankRequest.dialect`):
   answers `{object: "list", data[{index, relevance_score, document?: str}], model, usage}`.
 
 POST /v2/rerank reads Cohere's v2 body and answers in its schema. Every result also carries
-the filter's own fields, `kept` and (at sentence granularity) `key_sentences`; a document is
+the filter's own fields, `kept` and, at sentence granularity (`granularity: "sentence"` or
+`return_spans: true`), `key_sentences`, `pruned_text` and `spans`; a document is
 returned only when asked for, and then a field left out is left out (never sent as null: a
 rerank body is a `SparseBody`). The count of documents and their sizes are checked by
 `limits`, before any work.
@@ -27,9 +28,18 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Discriminator, Field, RootModel, StrictInt, Tag
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Discriminator,
+    Field,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    Tag,
+)
 
-from sieverag.inference.types import RerankResult
+from sieverag.inference.types import RerankResult, SentenceSpan
 from sieverag.serving.api.bodies import SparseBody
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import Ignored, OnlyAt
@@ -87,8 +97,13 @@ class RerankBody(BaseModel):
         None, ge=1, description="each document cut to its first this many tokens (the served "
                                 "model's tokenizer) before it is judged; null: not cut")
     granularity: Literal["chunk", "sentence"] | None = Field(
-        None, description="sentence: also the kept documents' key sentences; null: the "
-                          "server's default (--local.rerank.sentence-stage)")
+        None, description="sentence: also each document's key sentences, pruned text and "
+                          "sentence spans (MCF's sentence stage); null: the server's default "
+                          "(--local.rerank.sentence-stage)")
+    return_spans: StrictBool | None = Field(
+        None, description="true: each result's sentences as character spans with their "
+                          "score and kept flag, and its pruned_text (runs the sentence stage); "
+                          "false: no spans; null: spans wherever the sentence stage runs")
     priority: Annotated[Any, Ignored(
         "requests are batched as they arrive; the results are the same")] = None
 
@@ -111,6 +126,22 @@ class RerankBody(BaseModel):
         if self.documents is None:
             raise APIError(400, "documents is missing: send the documents to rerank",
                            param="documents")
+
+    def sentence_stage(self, default: bool) -> bool:
+        """Whether MCF's sentence stage runs (`default`: the server's rule): granularity
+        says, else return_spans true asks for it. return_spans with granularity "chunk" is
+        refused (400): spans come from the sentence stage."""
+        if self.return_spans and self.granularity == "chunk":
+            raise APIError(400, "return_spans needs the sentence stage, and granularity "
+                           "\"chunk\" turns it off: send granularity \"sentence\" or leave "
+                           "it out", param="return_spans")
+        if self.granularity is not None:
+            return self.granularity == "sentence"
+        return default or bool(self.return_spans)
+
+    def wants_spans(self) -> bool:
+        """Whether results carry their sentence spans (where the sentence stage runs)."""
+        return self.return_spans is not False
 
 
 class RerankRequest(RerankBody):
@@ -224,8 +255,9 @@ class RerankV2Request(RerankBody):
     """POST /v2/rerank: Cohere's v2 schema, plus `granularity`."""
 
     relevant_spans: Annotated[Any, OnlyAt(
-        'null or {"mode": "disabled"}', 'relevant spans are not implemented (granularity '
-        '"sentence" gives the kept documents\' key sentences)',
+        'null or {"mode": "disabled"}', 'Cohere\'s relevant spans are not implemented: '
+        'return_spans: true gives each document\'s sentences as spans, with the text the '
+        'filter keeps (pruned_text)',
         lambda spans: spans is None or (isinstance(spans, dict)
                                         and spans.get("mode") == "disabled"))] = None
 
@@ -254,6 +286,8 @@ class InfinityResult(SparseBody):
     document: str | None = None
     kept: bool | None = None
     key_sentences: tuple[str, ...] | None = None
+    pruned_text: str | None = None
+    spans: tuple[SentenceSpan, ...] | None = None
 
 
 class InfinityRerankResponse(SparseBody):
@@ -274,6 +308,8 @@ class VoyageResult(SparseBody):
     document: str | None = None
     kept: bool | None = None
     key_sentences: tuple[str, ...] | None = None
+    pruned_text: str | None = None
+    spans: tuple[SentenceSpan, ...] | None = None
 
 
 class VoyageRerankResponse(SparseBody):
@@ -294,6 +330,8 @@ class TEIResult(SparseBody):
     text: str | None = None
     kept: bool | None = None
     key_sentences: tuple[str, ...] | None = None
+    pruned_text: str | None = None
+    spans: tuple[SentenceSpan, ...] | None = None
 
 
 class TEIRerankResponse(RootModel[list[TEIResult]]):

@@ -15,10 +15,15 @@ read:
   default is MCF's default bar: P(relevant) at or above the card's calibrated bar, and at
   least the best document; `--local.rerank.bar fixed` keeps log P(Yes) − log P(No) >=
   `--local.rerank.threshold` (on the filter's own score, not the combination).
-* `key_sentences` — with `"granularity": "sentence"`: MCF's sentence stage on the kept
-  documents, their key sentences' text in document order (sentences split as MCF splits
-  them; every sentence where the filter's reply names none or does not parse); [] for a
-  document not kept.
+* at sentence granularity (`"granularity": "sentence"`, or `"return_spans": true`; MCF's
+  sentence stage on the kept documents, sentences split as MCF splits them):
+  `key_sentences`, the kept documents' key sentences' text in document order ([] for a
+  document not kept); `pruned_text`, the text MCF passes on, exactly what the filtering proxy
+  forwards for that document ("" for one not kept); and, unless `"return_spans": false`,
+  `spans`: every sentence as `{start, end, kept, score?}`, character offsets into the
+  document as sent (a document cut at its start counted from its uncut text), `score` the
+  sentence's P(relevant) from a one-pass filter (a two-stage filter names its key sentences
+  and scores none).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.filters.combination import logit_of
 from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
-from sieverag.inference.types import RerankResult
+from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.rerank.protocol import (
@@ -53,6 +58,7 @@ from sieverag.serving.api.rerank.protocol import (
     VoyageRerankResponse,
     VoyageResult,
 )
+from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.filtering import DocumentRefusal, FilterRequest, run_filter
 
 # The probabilities raw_score reads are kept this far from 0 and 1.
@@ -144,19 +150,35 @@ class Reranker:
         context.limits.check_documents(judged, param=refusal.param, remedy=refusal.remedy,
                                        sizes=cut_rule is None)
         rules = context.options.rerank
-        if body.granularity is not None:
-            rules = dataclasses.replace(rules, sentence_stage=body.granularity == "sentence")
+        rules = dataclasses.replace(rules, sentence_stage=body.sentence_stage(
+            rules.sentence_stage))
         combination = context.combinations.get(model)
         request = FilterRequest(model, rules, query, as_documents(judged),
                                 combination.filter_format if combination else "two_stage",
                                 cut_rule, refusal)
-        ranked, backend = await run_filter(
-            context.engine, context.limits, request,
-            lambda backend, documents: rank_by_filter(
-                backend, rules, query, [d.text for d in documents], combination))
+
+        def rank(backend: EngineBackend, documents: list[Document]) -> list[RerankResult]:
+            ranked = rank_by_filter(backend, rules, query, documents, combination,
+                                    spans=body.wants_spans())
+            if cut_rule is None:
+                return ranked
+            # A document cut at its start: its spans counted from the text as sent.
+            return [at_offset(r, cut_rule.start_in(judged[r.index], documents[r.index].text))
+                    for r in ranked]
+
+        ranked, backend = await run_filter(context.engine, context.limits, request, rank)
         usage = backend.meter.by_agent.values()
         return Ranking(model, ranked, texts, sum(u.prompt_tokens for u in usage),
                        sum(u.completion_tokens for u in usage))
+
+
+def at_offset(result: RerankResult, offset: int) -> RerankResult:
+    """`result` with its sentence spans moved `offset` characters on."""
+    if not offset or result.spans is None:
+        return result
+    return replace(result, spans=tuple(replace(span, start=span.start + offset,
+                                               end=span.end + offset)
+                                       for span in result.spans))
 
 
 def raw_score(probability: float) -> float:
@@ -196,7 +218,8 @@ def infinity_response(model: str, ranked: Sequence[RerankResult], texts: Sequenc
         id=rerank_id(), model=model, usage=RerankUsage(total_tokens=total_tokens), results=[
             InfinityResult(index=r.index, relevance_score=r.relevance_score,
                            document=texts[r.index] if return_documents else None,
-                           kept=r.kept, key_sentences=r.key_sentences)
+                           kept=r.kept, key_sentences=r.key_sentences,
+                           pruned_text=r.pruned_text, spans=r.spans)
             for r in best_first(ranked)[:top_n or None]])
 
 
@@ -207,7 +230,7 @@ def voyage_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[
     return VoyageRerankResponse(model=model, usage=RerankUsage(total_tokens=total_tokens), data=[
         VoyageResult(index=r.index, relevance_score=r.relevance_score,
                      document=texts[r.index] if return_documents else None, kept=r.kept,
-                     key_sentences=r.key_sentences)
+                     key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans)
         for r in best_first(ranked)[:top_k or None]])
 
 
@@ -218,7 +241,7 @@ def tei_response(ranked: Sequence[RerankResult], texts: Sequence[str], *, top_n:
     return TEIRerankResponse([
         TEIResult(index=r.index, score=r.relevance_score,
                   text=texts[r.index] if return_text else None, kept=r.kept,
-                  key_sentences=r.key_sentences)
+                  key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans)
         for r in best_first(ranked)[:top_n or None]])
 
 

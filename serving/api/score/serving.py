@@ -55,7 +55,7 @@ class Scorer:
             ranked, backend = await run_filter(
                 context.engine, context.limits, request,
                 lambda backend, documents: rank_by_filter(
-                    backend, rules, query, [d.text for d in documents], combination))
+                    backend, rules, query, documents, combination, spans=False))
             usage = backend.meter.by_agent.values()
             return ranked, Usage.of(sum(u.prompt_tokens for u in usage),
                                     sum(u.completion_tokens for u in usage))

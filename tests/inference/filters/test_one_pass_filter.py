@@ -296,3 +296,30 @@ def test_the_sentence_stage_scores_chunks_given_without_a_reading(backend):
     assert backend.meter.since(before)["filter_passage"].calls == 2
     assert [s.details["key_sentences"] for s in narrowed] == [[0, 1, 2], [0, 1]]
     assert all(s.details["sentence_status"] == "parsed" for s in narrowed)
+
+
+def test_ranked_spans_carry_each_sentences_score(backend):
+    """`rank_by_filter` on a one-pass filter: each sentence's span holds its P(relevant) from
+    the one reading, the key ones marked, the pruned text what MCF passes on."""
+    from dataclasses import replace
+
+    from sieverag.inference.filters.filter_format import p_relevant
+    from sieverag.inference.filters.ranking import as_documents, rank_by_filter
+    from sieverag.inference.retrieval.sentences import split_sentences
+
+    combination = replace(PRIORS_ONLY, filter_format="one_pass")
+    config = MCFConfig(lexical_weight=0.0, bar="top_k", top_k=1, sentence_stage=True,
+                       sentence_p_min=0.5)
+    texts = [" ".join(SENTENCES), "Bananas are yellow. They grow in bunches."]
+    ranked = rank_by_filter(backend, config, QUESTION, as_documents(texts), combination)
+    selected = MultiGranularFilter(backend, config, combination).select(
+        QUESTION, as_documents(texts))
+    assert sum(r.kept for r in ranked) == 1
+    for result, scored in zip(ranked, selected.scored, strict=True):
+        text = texts[result.index]
+        assert [text[s.start:s.end] for s in result.spans] == split_sentences(text)
+        assert [s.score for s in result.spans] == pytest.approx(
+            [p_relevant(v) for v in scored.details["sentence_scores"]])
+        keys = scored.details["key_sentences"] if result.kept else []
+        assert [i for i, s in enumerate(result.spans) if s.kept] == keys
+        assert result.pruned_text == (scored.document.text if result.kept else "")

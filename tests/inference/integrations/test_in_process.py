@@ -14,7 +14,7 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.filters.ranking import rank_by_filter
+from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.integrations.in_process import InProcessFilter
 from sieverag.inference.integrations.rerank_client import RerankSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
@@ -39,7 +39,7 @@ def reference(tiny_model_dir: Path, adapter: Path) -> HFBackend:
 
 def test_it_keeps_what_mcf_keeps_best_first(tiny_model_dir: Path, adapter: Path,
                                             reference: HFBackend) -> None:
-    ranked = rank_by_filter(reference, MCFConfig(), QUERY, TEXTS)
+    ranked = rank_by_filter(reference, MCFConfig(), QUERY, as_documents(TEXTS))
     order = sorted(ranked, key=lambda r: -r.relevance_score)
     kept = InProcessFilter(str(adapter), base_model=str(tiny_model_dir)).select(QUERY, TEXTS)
     assert [r.index for r in kept] == [r.index for r in order if r.kept]
@@ -58,7 +58,7 @@ def test_sentence_granularity_and_a_given_bar(tiny_model_dir: Path, adapter: Pat
     """granularity='sentence' runs MCF's sentence stage (the async path alike); `mcf` sets
     the bar: a fixed bar far below every score keeps every document."""
     sentence = MCFConfig(sentence_stage=True)
-    ranked = {r.index: r for r in rank_by_filter(reference, sentence, QUERY, TEXTS)}
+    ranked = {r.index: r for r in rank_by_filter(reference, sentence, QUERY, as_documents(TEXTS))}
     narrowed = InProcessFilter(str(adapter), base_model=str(tiny_model_dir),
                                granularity="sentence")
     results = asyncio.run(narrowed.aselect(QUERY, TEXTS))

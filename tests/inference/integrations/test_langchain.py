@@ -94,7 +94,9 @@ def test_sentence_granularity_keep_and_top_n(filter_url: str,
                                                                      abs=1e-6)
         assert document.metadata["kept"] is result["kept"]
         assert document.metadata["key_sentences"] == result["key_sentences"]
-        assert document.page_content == (" ".join(result["key_sentences"]) if result["kept"]
+        # A kept document is handed back as the endpoint's pruned text (what the proxy
+        # forwards), the others as they were.
+        assert document.page_content == (result["pruned_text"] if result["kept"]
                                          else original.page_content)
     assert sum(d.metadata["kept"] for d in documents) == 2
     # The retrieved documents are left as they were.

@@ -90,7 +90,9 @@ def test_sentence_granularity_keep_and_top_n(filter_url: str,
         assert node.score == pytest.approx(result["relevance_score"], abs=1e-6)
         assert node.node.metadata["kept"] is result["kept"]
         assert node.node.metadata["key_sentences"] == result["key_sentences"]
-        assert node.node.get_content() == (" ".join(result["key_sentences"]) if result["kept"]
+        # A kept node is handed back as the endpoint's pruned text (what the proxy forwards),
+        # the others as they were.
+        assert node.node.get_content() == (result["pruned_text"] if result["kept"]
                                            else original.node.get_content())
     assert sum(n.node.metadata["kept"] for n in ranked) == 2
     assert [n.node.get_content() for n in nodes] == [CORPUS[n.node.node_id] for n in nodes]

@@ -38,7 +38,7 @@ from sieverag.inference.retrieval.hygiene import apply_hygiene, removal_reason
 from sieverag.inference.retrieval.index import Index, build_index
 from sieverag.inference.retrieval.manifest import IndexFormatError
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
-from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.retrieval.sentences import sentence_spans, split_sentences
 from sieverag.inference.types import Document
 
 SHARED = SHARED_DATA
@@ -93,6 +93,16 @@ def built(tmp_path: Path, corpus_file: Path) -> Path:
 ])
 def test_split_sentences(text: str, expected: list[str]) -> None:
     assert split_sentences(text) == expected
+    # Each sentence is where its span says, in order, stripped.
+    spans = sentence_spans(text)
+    assert [text[start:end] for start, end in spans] == expected
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_sentence_spans_are_offsets_into_the_text() -> None:
+    text = "  First one.  Second?\n\n\tThird (J. Doe) here.  \n \n"
+    assert sentence_spans(text) == [(2, 12), (14, 21), (24, 44)]
+    assert sentence_spans("") == [] and sentence_spans(" \n\n ") == []
 
 
 # --- chunking -------------------------------------------------------------------------------
