@@ -1,6 +1,9 @@
 """Cohere's own SDK against the embedded server with the shipped filter: the v1 `Client`
 (POST /v1/rerank) and the v2 `ClientV2` (POST /v2/rerank) rerank as the filter ranks
-in-process, `max_tokens_per_doc` cuts the documents, and refusals are the SDK's errors."""
+in-process, `max_tokens_per_doc` cuts the documents, refusals are the SDK's errors, and the
+SDK reads the pruned text and spans; LangChain's and LlamaIndex's own Cohere rerankers
+(`langchain-cohere`, `llama-index-postprocessor-cohere-rerank`), pointed at the server, rank
+as the filter ranks."""
 
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def expected(backend: HFBackend, texts: list[str]) -> dict[int, RerankResult]:
 
 def test_the_v1_client_reranks_with_the_shipped_filter(server: LocalServer,
                                                        in_process: HFBackend) -> None:
-    client = cohere.Client(api_key=KEY, base_url=root(server), max_retries=0)
+    client = cohere.Client(api_key=KEY, base_url=root(server))
     documents = [DOCUMENTS[0], {"text": DOCUMENTS[1], "title": "Tamsin"}, *DOCUMENTS[2:]]
     raw = client.with_raw_response.rerank(
         model="filter", query=QUERY, documents=documents, top_n=3, return_documents=True,
@@ -92,7 +95,7 @@ def test_the_v1_client_reranks_with_the_shipped_filter(server: LocalServer,
 
 def test_the_v2_client_reranks_with_the_shipped_filter(server: LocalServer,
                                                        in_process: HFBackend) -> None:
-    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server))
     reply = client.rerank(model="filter", query=QUERY, documents=DOCUMENTS, priority=0)
     reference = expected(in_process, DOCUMENTS)
     assert sorted(r.index for r in reply.results) == list(range(len(DOCUMENTS)))
@@ -112,7 +115,7 @@ def test_the_v2_client_reranks_with_the_shipped_filter(server: LocalServer,
 def test_max_tokens_per_doc_judges_each_document_on_its_first_tokens(
     server: LocalServer, in_process: HFBackend
 ) -> None:
-    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server))
     texts = [LATE, DOCUMENTS[0]]
     whole = {r.index: r.relevance_score for r in client.rerank(
         model="filter", query=QUERY, documents=texts).results}
@@ -133,16 +136,66 @@ def test_max_tokens_per_doc_judges_each_document_on_its_first_tokens(
 
 
 def test_refusals_are_the_sdks_errors(server: LocalServer) -> None:
-    client = cohere.ClientV2(api_key=KEY, base_url=root(server), max_retries=0)
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server))
     with pytest.raises(cohere.BadRequestError) as refused:
-        client.rerank(model="filter", query=QUERY, documents=DOCUMENTS,
-                      relevant_spans={"mode": "enabled"})
+        client.rerank(model="filter", query=QUERY, documents=DOCUMENTS, request_options={
+            "additional_body_parameters": {"relevant_spans": {"mode": "enabled"}}})
     assert refused.value.body["error"]["param"] == "relevant_spans"
     with pytest.raises(cohere.NotFoundError):
         client.rerank(model="rerank-v3.5", query=QUERY, documents=DOCUMENTS)
-    stranger = cohere.ClientV2(api_key="sk-wrong", base_url=root(server), max_retries=0)
+    stranger = cohere.ClientV2(api_key="sk-wrong", base_url=root(server))
     with pytest.raises(cohere.UnauthorizedError):
         stranger.rerank(model="filter", query=QUERY, documents=DOCUMENTS)
     with pytest.raises(cohere.UnauthorizedError):
-        cohere.Client(api_key="sk-wrong", base_url=root(server), max_retries=0).rerank(
+        cohere.Client(api_key="sk-wrong", base_url=root(server)).rerank(
             model="filter", query=QUERY, documents=DOCUMENTS)
+
+
+def test_the_sdk_reads_the_pruned_text_and_spans(server: LocalServer) -> None:
+    """sieverag's return_spans through the SDK's extra body parameters: each result keeps
+    `pruned_text` and `spans` as extra attributes."""
+    client = cohere.ClientV2(api_key=KEY, base_url=root(server))
+    reply = client.rerank(model="filter", query=QUERY, documents=DOCUMENTS, request_options={
+        "additional_body_parameters": {"return_spans": True}})
+    for result in reply.results:
+        text = DOCUMENTS[result.index]
+        spans = result.spans
+        assert [text[s["start"]:s["end"]] for s in spans if s["kept"]] == list(
+            result.key_sentences)
+        assert result.pruned_text in ((text, " ".join(result.key_sentences)) if result.kept
+                                      else ("",))
+
+
+def best_of(reference: dict[int, RerankResult], top_n: int) -> list[RerankResult]:
+    return sorted(reference.values(), key=lambda r: -r.relevance_score)[:top_n]
+
+
+def test_langchains_cohere_reranker_ranks_with_the_filter(server: LocalServer,
+                                                          in_process: HFBackend) -> None:
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    reranker = CohereRerank(model="filter", cohere_api_key=KEY, base_url=root(server), top_n=2)
+    documents = [Document(page_content=text, metadata={"n": i})
+                 for i, text in enumerate(DOCUMENTS)]
+    compressed = reranker.compress_documents(documents, QUERY)
+    best = best_of(expected(in_process, DOCUMENTS), 2)
+    assert [d.metadata["n"] for d in compressed] == [r.index for r in best]
+    assert [d.metadata["relevance_score"] for d in compressed] == pytest.approx(
+        [r.relevance_score for r in best], abs=1e-4)
+
+
+def test_llamaindexs_cohere_reranker_ranks_with_the_filter(server: LocalServer,
+                                                           in_process: HFBackend) -> None:
+    from llama_index.core.schema import NodeWithScore, TextNode
+    from llama_index.postprocessor.cohere_rerank import CohereRerank
+
+    reranker = CohereRerank(top_n=2, model="filter", api_key=KEY, base_url=root(server),
+                            max_retries=1)
+    nodes = [NodeWithScore(node=TextNode(text=text, id_=str(i)), score=0.0)
+             for i, text in enumerate(DOCUMENTS)]
+    ranked = reranker.postprocess_nodes(nodes, query_str=QUERY)
+    best = best_of(expected(in_process, DOCUMENTS), 2)
+    assert [n.node.node_id for n in ranked] == [str(r.index) for r in best]
+    assert [n.score for n in ranked] == pytest.approx([r.relevance_score for r in best],
+                                                      abs=1e-4)
