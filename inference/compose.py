@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
-from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import CallBatcher, on_batcher
 from sieverag.inference.llm.registry import BackendSpec, build_backend
@@ -40,7 +39,7 @@ from sieverag.inference.pipelines.base import (
     pipelines_run,
 )
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
-from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
+from sieverag.inference.roles import ModelRoles, filter_card, resolve_filter_role
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
@@ -188,6 +187,9 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     inputs = PartInputs(settings=plan.settings, index=index)
     finish_part = {name: entry.part(inputs) for name in sorted(plan.pipelines)
                    if (entry := pipeline_entry(name)).part is not None}
+    # The filter's card before any model loads: a served filter without one fails at once.
+    combination = (filter_card(config.models.filter, config.models.filter_card).combination
+                   if "filter" in plan.roles else None)
     roles = build_roles(config.models, plan.roles, batcher)
     if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
@@ -199,8 +201,7 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
         answer_extraction=config.answer_extraction,
         documents=documents,
         mcf_backend=roles.filter,
-        filter_combination=(adapter_combination(filter_card_folder(config.models.filter))
-                            if roles.filter is not None else None),
+        filter_combination=combination,
         settings=plan.settings,
         search=search,
         parts={name: finish(roles.generator) for name, finish in finish_part.items()},

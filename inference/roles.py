@@ -3,16 +3,31 @@ every command that calls models by role (`eval`, `ask`, `demo`, `eval-filter`)."
 
 from __future__ import annotations
 
-from dataclasses import field, replace
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+import httpx
+
+from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import (
+    CARD_FILE,
     DEFAULT_FILTER_NAME,
     AdapterError,
     find_adapter,
+    read_card,
     resolve_filter,
 )
+from sieverag.inference.filters.combination import PRIORS_ONLY, Combination, card_combination
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.settings import settings
+
+# The `models.filter_card` that ranks a served filter's documents by BM25 + dense alone.
+RETRIEVAL_ONLY = "retrieval-only"
+# Seconds to wait for a server's model list.
+_MODELS_TIMEOUT_S = 10.0
 
 
 @settings
@@ -30,6 +45,19 @@ class ModelRoles:
         "help": "the trained filter: in-process, its base `model` and `adapter` (a folder or "
                 f"a filter's name; default {DEFAULT_FILTER_NAME}: installed, else shipped); "
                 "served, `endpoint` and the served adapter's `model` name"})
+    filter_card: str | None = field(default=None, metadata={
+        "help": "a served filter's card, which says how its scores are read: a filter's name "
+                "(`sieverag filter list`) or an adapter folder holding one, or "
+                f"{RETRIEVAL_ONLY} (rank by BM25 + dense alone, on purpose); unset: the card "
+                "the server shows on /v1/models (sieverag's server does), else the installed "
+                "or shipped filter of the served name, else an error"})
+
+    def __post_init__(self) -> None:
+        if self.filter_card is not None and self.filter.endpoint is None:
+            raise ConfigError(
+                f"models.filter_card {self.filter_card!r} names the card of a served filter; "
+                "an in-process filter's card is its adapter's (models.filter.adapter): unset "
+                "filter_card")
 
     @property
     def judge_spec(self) -> BackendSpec:
@@ -45,15 +73,99 @@ def resolve_filter_role(spec: BackendSpec) -> BackendSpec:
     return replace(spec, adapter=str(folder))
 
 
-def filter_card_folder(spec: BackendSpec) -> str | None:
-    """The adapter folder whose card (`sieverag_adapter.json`: the fitted combination, the
-    training questions) describes the filter role `spec` (resolved by `resolve_filter_role`):
-    an in-process filter's adapter; for a served filter, the installed or shipped filter that
-    its served `model` name names (serve a filter under its own name, e.g. `sieverag serve
-    --adapters smollm2-filter=smollm2-filter`); None for any other served name."""
+@dataclass(frozen=True)
+class FilterCard:
+    """The card a filter role's scores are read by (`filter_card`): the card (None: ranking
+    by retrieval alone, asked for by name), where it was read, and the adapter folder that
+    holds it where it is local."""
+
+    card: Mapping[str, Any] | None
+    source: str
+    folder: str | None = None
+
+    @property
+    def combination(self) -> Combination:
+        """The card's fitted combination (`card_combination`); retrieval only: `PRIORS_ONLY`."""
+        if self.card is None:
+            return PRIORS_ONLY
+        return card_combination(self.card, self.source)
+
+
+def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:
+    """The card of the filter role `spec` (resolved by `resolve_filter_role`), which every
+    command that ranks by a filter reads its scores with. In-process: its adapter's card.
+    Served: the card `named` (`models.filter_card`: a filter's name or folder, or
+    `RETRIEVAL_ONLY`); else the card the server shows for the served model on its
+    `/v1/models` (`filter_card`, as sieverag's embedded server shows each adapter's); else
+    the installed or shipped filter of the served name (serve a filter under its own name,
+    e.g. `--adapters smollm2-filter=smollm2-filter`); else a `ConfigError` naming both
+    remedies, never a silent ranking by retrieval alone."""
     if spec.endpoint is None:
-        return spec.adapter
+        folder = spec.adapter
+        card = read_card(folder) if folder is not None else None
+        if card is None:
+            adapter = "the in-process filter has no adapter, so no" if folder is None else (
+                f"the filter adapter {folder} has no")
+            warnings.warn(f"{adapter} {CARD_FILE}: MCF ranks its "
+                          "documents by BM25 + dense alone (`sieverag filter package` gives "
+                          "a training run one, `sieverag filter fit-combination` fits the "
+                          "combination that ranks by the filter)",
+                          stacklevel=2)
+        return FilterCard(card, f"{folder}/{CARD_FILE}", folder)
+    if named == RETRIEVAL_ONLY:
+        return FilterCard(None, f"models.filter_card={RETRIEVAL_ONLY}")
+    if named is not None:
+        try:
+            found = find_adapter(named).path
+        except AdapterError as err:
+            raise ConfigError(f"models.filter_card: {err}") from None
+        card = read_card(found)
+        if card is None:
+            raise ConfigError(f"models.filter_card {named!r}: {found} holds no {CARD_FILE}; "
+                              "name a filter that has a card (`sieverag filter list`)")
+        return FilterCard(card, f"{found}/{CARD_FILE}", str(found))
+    shown = served_card(spec)
+    if shown is not None:
+        return FilterCard(shown, f"the card {spec.endpoint}/models shows for {spec.model!r}")
     try:
-        return str(find_adapter(spec.model or "").path)
+        found = find_adapter(spec.model or "").path
     except AdapterError:
+        found = None
+    card = read_card(found) if found is not None else None
+    if card is None:
+        raise ConfigError(
+            f"the filter served at {spec.endpoint} as {spec.model!r} has no filter card: the "
+            "server shows none on /models and no installed or shipped filter has that name, "
+            "so its scores cannot be read as the filter's. Name its card with "
+            "--models.filter-card NAME_OR_FOLDER (or serve it under its filter's name), or "
+            f"rank by BM25 + dense alone on purpose with --models.filter-card {RETRIEVAL_ONLY}")
+    return FilterCard(card, f"{found}/{CARD_FILE}", str(found))
+
+
+def served_card(spec: BackendSpec) -> Mapping[str, Any] | None:
+    """The filter card a server shows for the served model `spec.model` on its `/models`
+    (the entry's `filter_card`); None where it shows none (vLLM) or has no model list. A
+    server that cannot be reached is a `ConfigError` naming it."""
+    url = f"{(spec.endpoint or '').rstrip('/')}/models"
+    key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=_MODELS_TIMEOUT_S)
+    except httpx.HTTPError as err:
+        raise ConfigError(f"cannot read the served filter's model list at {url} "
+                          f"({type(err).__name__}: {err}); is the server running?") from None
+    if response.status_code in (401, 403):
+        raise ConfigError(f"the server at {url} refused its model list (HTTP "
+                          f"{response.status_code}): give its key with "
+                          "--models.filter.api-key-env VAR")
+    if response.status_code != 200:
         return None
+    try:
+        entries = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("id") == spec.model:
+            card = entry.get("filter_card")
+            return card if isinstance(card, dict) else None
+    return None

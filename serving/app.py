@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from fastapi import FastAPI
 
-from sieverag.inference.filters.combination import Combination
 from sieverag.serving.api import health, models
 from sieverag.serving.api.chat.router import router as chat_router
 from sieverag.serving.api.chat.serving import Chat
@@ -40,11 +40,11 @@ from sieverag.serving.proxy.upstream import UpstreamClient
 
 def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None,
                proxy: ProxyTarget | None = None,
-               combinations: Mapping[str, Combination] | None = None) -> FastAPI:
+               cards: Mapping[str, Mapping[str, Any]] | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (which the caller starts and closes), within the
     request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy.
-    `combinations`: each served adapter's combination (from its card), by served name."""
-    context = ServingContext(engine, options, dict(combinations or {}))
+    `cards`: each served adapter's filter card, by served name (`ServingContext`)."""
+    context = ServingContext(engine, options, dict(cards or {}))
     upstream = UpstreamClient(proxy.upstream) if proxy is not None else None
 
     @contextlib.asynccontextmanager

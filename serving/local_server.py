@@ -22,8 +22,7 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
-from sieverag.inference.filters.combination import adapter_combination
+from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
 from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
@@ -52,7 +51,8 @@ class LocalServer:
         adapters = resolve_adapters(specs, base_name=config.model,
                                     base_model_dir=resolve_model(config.model))
         self.proxy = self._proxy_target(adapters)
-        self.combinations = {a.name: adapter_combination(a.path) for a in adapters}
+        # Each adapter's filter card: what /v1/models shows, and the combination it ranks by.
+        self.cards = {a.name: card for a in adapters if (card := read_card(a.path)) is not None}
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
                                      batch_window_s=config.batch_window_ms / 1000)
@@ -142,7 +142,7 @@ class LocalServer:
         sock = _bind(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
         app = create_app(self.engine, self.config, api_key=self._api_key, proxy=self.proxy,
-                         combinations=self.combinations)
+                         cards=self.cards)
         config = uvicorn.Config(app, log_level=self.config.log_level,
                                 access_log=self.config.access_log, log_config=log_config,
                                 timeout_graceful_shutdown=30)

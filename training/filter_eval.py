@@ -52,7 +52,6 @@ from sieverag.inference.filters.combination import (
     CARD_KEY,
     PRIORS_ONLY_KEY,
     Combination,
-    adapter_combination,
 )
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 from sieverag.inference.in_flight import default_concurrency
@@ -76,7 +75,7 @@ from sieverag.inference.metrics.filter import (
     paired_f1_difference,
     sentence_quality,
 )
-from sieverag.inference.roles import ModelRoles, filter_card_folder, resolve_filter_role
+from sieverag.inference.roles import ModelRoles, filter_card, resolve_filter_role
 from sieverag.inference.settings import FileList, settings, settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
@@ -163,16 +162,6 @@ class Selection:
 
 
 # ----- which questions ---------------------------------------------------------------------
-
-
-def adapter_metadata(card_folder: str | None) -> dict[str, Any]:
-    """The card, `sieverag_adapter.json`, in the filter's `card_folder` (`filter_card_folder`);
-    {} without a folder or a card."""
-    if card_folder is None:
-        return {}
-    from sieverag.inference.filters.adapters import read_card
-
-    return read_card(card_folder) or {}
 
 
 @dataclass(frozen=True)
@@ -322,11 +311,10 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                                                        or judge_role.endpoint is not None)
     concurrency = default_concurrency(concurrency, all_served)
     warn_capped_requests([filter_role, *([judge_role] if config.judge else [])], concurrency)
-    card_folder = filter_card_folder(filter_role)
-    metadata = adapter_metadata(card_folder)
-    combination = adapter_combination(card_folder)
-    card = f"{card_folder}/{CARD_FILE}" if card_folder else CARD_FILE
-    trained = training_questions(config, metadata, card)
+    card = filter_card(filter_role, config.models.filter_card)
+    metadata = dict(card.card or {})
+    combination = card.combination
+    trained = training_questions(config, metadata, card.source)
     out = Path(config.out)
     cache = MethodCache(out / "cache")
     filter_identity = _filter_identity(filter_role)

@@ -184,8 +184,8 @@ def card_combination(card: Mapping[str, Any] | None, where: str = "the card") ->
 
 def adapter_combination(folder: str | Path | None) -> Combination:
     """The fitted combination in the card of the adapter folder, else `PRIORS_ONLY` (no
-    folder, as for a filter served under a name no filter has: `roles.filter_card_folder`;
-    no card; a card without one)."""
+    folder; no card; a card without one). A run's filter role reads its card with
+    `roles.filter_card`, which never falls back silently."""
     if folder is None:
         return PRIORS_ONLY
     return card_combination(read_card(folder), f"{Path(folder)}")

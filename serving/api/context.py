@@ -1,5 +1,6 @@
 """What every endpoint class is built on (`ServingContext`): the engine and its served model,
-the server's request limits and rules, each adapter's filter combination, and the steps every
+the server's request limits and rules, each adapter's filter card and the combination it
+holds, and the steps every
 endpoint shares — the `model` check, running sequences on the engine (cancelled together),
 and sending a typed body built off the event loop with the header naming ignored fields.
 """
@@ -10,11 +11,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.combination import Combination, card_combination
 from sieverag.serving.api.bodies import to_json
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import ignored_header, unknown_fields
@@ -28,14 +30,19 @@ from sieverag.serving.engine.tokens import max_token_chars
 @dataclass
 class ServingContext:
     """The engine (which the caller starts and closes) and the rules its endpoints serve by.
-    `combinations`: each served adapter's combination (from its card), by served name."""
+    `cards`: each served adapter's filter card (`sieverag_adapter.json`), by served name (an
+    adapter without one: absent); `combinations` (derived): the combination each card holds
+    (`card_combination`), which the rerank and score endpoints and the proxy rank with."""
 
     engine: BatchingEngine
     options: LocalOptions
-    combinations: Mapping[str, Combination] = field(default_factory=dict)
+    cards: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
+        self.combinations: dict[str, Combination] = {
+            name: card_combination(card, f"the card of adapter {name!r}")
+            for name, card in self.cards.items()}
         served = self.engine.served
         self.served = served
         self.tokenizer = served.tokenizer

@@ -91,7 +91,10 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                             chat_template_model=model)
         filter_ = BackendSpec(endpoint=server.base_url, model=ADAPTER_NAME,
                               chat_template_model=model)
-        served = ModelRoles(generator=tiny, judge=judge, filter=filter_)
+        # The tiny adapter has no card: in-process it ranks by retrieval alone (with a
+        # warning), served it must be asked to by name.
+        served = ModelRoles(generator=tiny, judge=judge, filter=filter_,
+                            filter_card="retrieval-only")
         try:
             runner.run_evaluation(run_config(dataset, served), root / "served", progress=False)
         finally:

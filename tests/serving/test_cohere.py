@@ -199,3 +199,30 @@ def test_llamaindexs_cohere_reranker_ranks_with_the_filter(server: LocalServer,
     assert [n.node.node_id for n in ranked] == [str(r.index) for r in best]
     assert [n.score for n in ranked] == pytest.approx([r.relevance_score for r in best],
                                                       abs=1e-4)
+
+
+def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
+        server: LocalServer) -> None:
+    """/v1/models shows each adapter's card (the base model none, and OpenAI's client still
+    reads the list), so the served-eval example of docs/serving/index.md
+    (`--models.filter.model filter` on a server started with `--adapters
+    filter=smollm2-filter`) ranks with the shipped card's combination."""
+    import httpx
+    import openai
+
+    from sieverag.inference.filters.adapters import read_card
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import filter_card
+
+    shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
+    entries = {m["id"]: m for m in httpx.get(
+        f"{server.base_url}/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"]}
+    assert entries["filter"]["filter_card"] == read_card(shipped_folder)
+    assert "filter_card" not in entries[DEFAULT_MODEL]
+    client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == list(entries)
+    role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)
+    shipped = adapter_combination(shipped_folder)
+    card = filter_card(role)
+    assert shipped.fitted and card.combination == shipped
+    assert "/models shows for 'filter'" in card.source

@@ -275,3 +275,23 @@ def test_rerank_needs_the_api_key(server: LocalServer, path: str) -> None:
     for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
         reply = httpx.post(url, json=body, headers=headers, timeout=60)
         assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
+
+
+# ----- a served filter role reads the card its server shows -----
+
+def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -> None:
+    """The tiny adapter has no card: /v1/models shows none for it, no filter has its served
+    name, so a run's filter role on it is refused, naming both remedies; the model list
+    itself needs the server's key."""
+    from sieverag.inference.errors import ConfigError
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import filter_card
+
+    role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)
+    with pytest.raises(ConfigError, match="served at .* as 'filter' has no filter card") as no:
+        filter_card(role)
+    assert "--models.filter-card NAME_OR_FOLDER" in str(no.value)
+    assert "--models.filter-card retrieval-only" in str(no.value)
+    assert filter_card(role, "retrieval-only").card is None
+    with pytest.raises(ConfigError, match="api-key-env"):
+        filter_card(BackendSpec(endpoint=server.base_url, model="filter"))

@@ -78,6 +78,9 @@ def test_health_and_models_list_base_and_adapter(server: LocalServer, client: op
     assert server.port > 0 and server.base_url == f"http://127.0.0.1:{server.port}/v1"
     assert httpx.get(server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
     assert [m.id for m in client.models.list()] == [base_name(server), "lora"]
+    # An adapter without a filter card (and the base model) shows none.
+    listed = httpx.get(f"{server.base_url}/models").json()["data"]
+    assert all("filter_card" not in entry for entry in listed)
 
 
 def test_completion_with_echo_and_logprobs(server: LocalServer, client: openai.OpenAI) -> None:

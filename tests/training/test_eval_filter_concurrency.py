@@ -103,7 +103,8 @@ def batchers(monkeypatch) -> list[CallBatcher]:
 IN_PROCESS = ModelRoles(generator=BackendSpec(model="scripted-judge"),
                         filter=BackendSpec(model="scripted-filter"))
 SERVED = ModelRoles(generator=BackendSpec(model="scripted-judge"),
-                    filter=BackendSpec(model="scripted-filter", endpoint="http://127.0.0.1:9/v1"))
+                    filter=BackendSpec(model="scripted-filter", endpoint="http://127.0.0.1:9/v1"),
+                    filter_card="retrieval-only")  # no server to show one: asked by name
 
 
 def evaluate(out: Path, books: Path, concurrency: int | None, models: ModelRoles = IN_PROCESS,

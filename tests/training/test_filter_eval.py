@@ -56,11 +56,13 @@ def training_dataset(folder: Path, train_ids: list[str], source: str = "hotpotqa
 
 def roles(base: Path, adapter: Path | str | None = None, *, endpoint: str | None = None,
           served: str | None = None) -> ModelRoles:
-    """The judge on `base` on the CPU; the filter `adapter` on it, or served as `served`."""
+    """The judge on `base` on the CPU; the filter `adapter` on it, or served as `served` (a
+    scripted server that shows no card: ranked by retrieval alone, asked for by name)."""
     judge = BackendSpec(model=str(base), device="cpu")
     if endpoint is not None:
         return ModelRoles(generator=judge, filter=BackendSpec(
-            model=served or "", endpoint=endpoint, chat_template_model=str(base)))
+            model=served or "", endpoint=endpoint, chat_template_model=str(base)),
+            filter_card="retrieval-only")
     return ModelRoles(generator=judge, filter=BackendSpec(
         model=str(base), device="cpu", adapter=None if adapter is None else str(adapter)))
 

@@ -211,23 +211,64 @@ def test_amber_default_row_is_labelled_default():
     assert mcf_row_name(MCFConfig(bar="top_k")) == "MCF top_k=2 + combination"
 
 
-def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as() -> None:
-    """Served under its own name (`--adapters smollm2-filter=smollm2-filter`), the filter
-    brings its card's fitted combination to MCF, as in-process; under another name there is
-    no card to read (`PRIORS_ONLY`)."""
+def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Served under its own name (`--adapters smollm2-filter=smollm2-filter`) on a server
+    that shows no card, the filter brings its card's fitted combination to MCF, as
+    in-process; under another name with no card named, it is one error naming both
+    remedies."""
     from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card_folder
+    from sieverag.inference.roles import filter_card
 
+    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
     shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model=DEFAULT_FILTER_NAME)
-    assert filter_card_folder(served) == shipped
-    assert adapter_combination(filter_card_folder(served)) == adapter_combination(shipped)
+    assert filter_card(served).folder == shipped
+    assert filter_card(served).combination == adapter_combination(shipped)
     assert adapter_combination(shipped).fitted
     other = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
-    assert filter_card_folder(other) is None
-    assert adapter_combination(filter_card_folder(other)) is PRIORS_ONLY
-    assert filter_card_folder(BackendSpec(adapter=shipped)) == shipped
+    with pytest.raises(ConfigError, match="has no filter card") as refused:
+        filter_card(other)
+    assert "--models.filter-card NAME_OR_FOLDER" in str(refused.value)
+    assert "--models.filter-card retrieval-only" in str(refused.value)
+    assert filter_card(other, "retrieval-only").combination is PRIORS_ONLY
+    assert filter_card(other, DEFAULT_FILTER_NAME).combination == adapter_combination(shipped)
+    assert filter_card(other, shipped).folder == shipped
+    assert filter_card(BackendSpec(adapter=shipped)).folder == shipped
+
+
+def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    from sieverag.inference.filters.adapters import CONFIG_FILE
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import ModelRoles, filter_card
+
+    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
+    served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
+    with pytest.raises(ConfigError, match="models.filter_card: adapter 'no-such-filter'"):
+        filter_card(served, "no-such-filter")
+    (tmp_path / CONFIG_FILE).write_text("{}")
+    with pytest.raises(ConfigError, match=f"holds no {CARD_FILE}"):
+        filter_card(served, str(tmp_path))
+    # An in-process filter's card is its adapter's: naming another is refused.
+    with pytest.raises(ConfigError, match="names the card of a served filter"):
+        ModelRoles(filter_card="smollm2-filter")
+    assert ModelRoles(filter=served, filter_card="retrieval-only").filter_card == "retrieval-only"
+
+
+def test_a_server_that_cannot_be_reached_is_named() -> None:
+    import socket
+
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import filter_card
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    served = BackendSpec(endpoint=f"http://127.0.0.1:{port}/v1", model="filter")
+    with pytest.raises(ConfigError, match=f"127.0.0.1:{port}/v1/models"):
+        filter_card(served)
 
 
 def test_paired_f1_difference_counts_wins_losses_and_brackets_the_mean():

@@ -285,10 +285,9 @@ def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(
 # ----- pipelines with every role served by vLLM -----
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
-    # MCF's fused top 2 on both sides: the filter is served as FILTER, a name no installed
-    # filter has, so it reads no card (`roles.filter_card_folder`) and under the default it
-    # would rank by the priors alone where the in-process role reads the card's combination;
-    # this test compares the engines, not the default.
+    # MCF's fused top 2 on both sides: this test compares the engines, not the default. The
+    # filter is served as FILTER, a name no installed filter has and vLLM shows no card for,
+    # so the served role names its card (`models.filter_card`, `roles.filter_card`).
     return RunConfig(dataset=str(dataset), pipelines=("main-rag", "amber-mcf"), limit=1,
                      models=models, generation=GenerationSettings(max_new_tokens=16),
                      judge=JudgeConfig(predictor_max_new_tokens=16),
@@ -316,8 +315,9 @@ def test_main_rag_and_amber_through_vllm_keep_what_in_process_keeps(
     filter_ = BackendSpec(endpoint=served.base_url, model=FILTER,
                           chat_template_model=str(embedded_model_dir))
     try:
-        runner.run_evaluation(run_config(dataset, ModelRoles(generator=base, judge=base,
-                                                             filter=filter_)),
+        runner.run_evaluation(run_config(dataset, ModelRoles(
+                                  generator=base, judge=base, filter=filter_,
+                                  filter_card=DEFAULT_FILTER_NAME)),
                               tmp_path / "vllm", progress=False)
     finally:
         for spec in (base, filter_):
