@@ -17,12 +17,15 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
+from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
@@ -155,9 +158,20 @@ class LocalServer:
         if self.proxy is not None:
             logger.info("proxying /v1/chat/completions to %s, filtering marked documents with "
                         "%s", self.proxy.upstream.chat_url, self.proxy.filter_model)
+        if unfitted := retrieval_ranked(self.engine.served.names, self.cards):
+            logger.warning("/v1/rerank, /v1/score and the proxy rank documents for %s by BM25 "
+                           "+ dense alone: no filter card with a fitted combination (`sieverag "
+                           "filter fit-combination` fits one)", ", ".join(unfitted))
         if self.config.host not in _LOOPBACK and not self._api_key:
             logger.warning("listening on %s without an API key: anyone who can reach it can use "
                            "the model; set --api-key-env", self.config.host)
+
+
+def retrieval_ranked(names: Sequence[str], cards: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The served models (`names`: the base model, then the adapters) that rank by retrieval
+    alone: those without a card holding a fitted combination."""
+    return [name for name in names
+            if name not in cards or not card_combination(cards[name], name).fitted]
 
 
 def freeze_loaded_objects() -> int:

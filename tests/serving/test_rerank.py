@@ -295,3 +295,21 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
     assert filter_card(role, "retrieval-only").card is None
     with pytest.raises(ConfigError, match="api-key-env"):
         filter_card(BackendSpec(endpoint=server.base_url, model="filter"))
+
+
+def test_the_server_names_what_it_ranks_by_retrieval_alone(
+        server: LocalServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Neither the base model nor the tiny adapter has a fitted combination: both rank by
+    BM25 + dense, which the server says when it starts (`retrieval_ranked`); a card with
+    one ranks by the filter."""
+    from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter, read_card
+    from sieverag.serving.local_server import retrieval_ranked
+
+    names = server.engine.served.names
+    assert retrieval_ranked(names, server.cards) == list(names)
+    shipped = read_card(find_adapter(DEFAULT_FILTER_NAME).path)
+    assert retrieval_ranked(["base", "filter"], {"filter": shipped}) == ["base"]
+    with caplog.at_level("WARNING", logger="sieverag.serving.local_server"):
+        server._announce()  # what it logs when it starts
+    assert any("by BM25 + dense alone" in r.message and "filter" in r.message
+               for r in caplog.records)
