@@ -39,7 +39,7 @@ from sieverag.inference.pipelines.base import (
     pipelines_run,
 )
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
-from sieverag.inference.roles import ModelRoles, filter_card, resolve_filter_role
+from sieverag.inference.roles import FilterCard, ModelRoles, filter_card, resolve_filter_role
 from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
@@ -61,6 +61,15 @@ class RunPlan:
     def trained_filter(self) -> BackendSpec | None:
         """The filter role's spec where the run calls the trained filter."""
         return self.config.models.filter if "filter" in self.roles else None
+
+    @functools.cached_property
+    def filter_card(self) -> FilterCard | None:
+        """The card the trained filter's scores are read by (`roles.filter_card`; None: the
+        run calls no filter), read once on first use, before the run writes anything: a
+        served filter with no card fails there, and its corrected command reruns in the same
+        folder."""
+        spec = self.trained_filter
+        return filter_card(spec, self.config.models.filter_card) if spec is not None else None
 
     def role_specs(self) -> list[BackendSpec]:
         """The spec of every model the run calls: its roles', and the trust grader's."""
@@ -187,9 +196,8 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     inputs = PartInputs(settings=plan.settings, index=index)
     finish_part = {name: entry.part(inputs) for name in sorted(plan.pipelines)
                    if (entry := pipeline_entry(name)).part is not None}
-    # The filter's card before any model loads: a served filter without one fails at once.
-    combination = (filter_card(config.models.filter, config.models.filter_card).combination
-                   if "filter" in plan.roles else None)
+    # The filter's card (read once, `RunPlan.filter_card`) before any model loads.
+    card = plan.filter_card
     roles = build_roles(config.models, plan.roles, batcher)
     if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
@@ -201,7 +209,7 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
         answer_extraction=config.answer_extraction,
         documents=documents,
         mcf_backend=roles.filter,
-        filter_combination=combination,
+        filter_combination=card.combination if card is not None else None,
         settings=plan.settings,
         search=search,
         parts={name: finish(roles.generator) for name, finish in finish_part.items()},

@@ -3,7 +3,6 @@ every command that calls models by role (`eval`, `ask`, `demo`, `eval-filter`)."
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -34,7 +33,12 @@ _MODELS_TIMEOUT_S = 10.0
 class ModelRoles:
     """The three model roles, each in-process (model + optional adapter) or served (endpoint +
     model name): the generator answers; the judge (MAIN-RAG, training-free) scores documents
-    on a base model; the filter (MCF) is the trained LoRA adapter."""
+    on a base model; the filter (MCF) is the trained LoRA adapter.
+
+    `filter_card` lives here, not on the filter's `BackendSpec`: a spec says how a model is
+    reached, which every role shares, while the card says how the filter's scores are read
+    (`filter_card`), which only a served filter role needs named; an in-process filter's card
+    is its adapter's, so naming one there is refused."""
 
     generator: BackendSpec = field(default_factory=BackendSpec,
                                    metadata={"help": "the model that answers"})
@@ -147,8 +151,11 @@ def served_card(spec: BackendSpec) -> Mapping[str, Any] | None:
     (the entry's `filter_card`); None where it shows none (vLLM) or has no model list. A
     server that cannot be reached is a `ConfigError` naming it."""
     url = f"{(spec.endpoint or '').rstrip('/')}/models"
-    key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    from sieverag.inference.llm.openai_backend import server_key
+
+    # The key the role's backend sends (`server_key`): none, no Authorization header.
+    key = server_key(spec.api_key_env)
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     try:
         response = httpx.get(url, headers=headers, timeout=_MODELS_TIMEOUT_S)
     except httpx.HTTPError as err:

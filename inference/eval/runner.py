@@ -27,7 +27,6 @@ from sieverag.inference.eval.records import (
 )
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.in_flight import default_concurrency, run_in_flight
 from sieverag.inference.io_utils import (
     JsonlLog,
@@ -74,7 +73,8 @@ def selected_examples(plan: RunPlan) -> list[Example]:
 
 
 def provenance(plan: RunPlan) -> dict:
-    """Where and with what a run was made: prompt hashes, data fingerprint, versions."""
+    """Where and with what a run was made: prompt hashes, data fingerprint, the card the
+    filter ranked by (`RunPlan.filter_card`), versions."""
     config = plan.config
     versions = {}
     for package in ("sieverag", "torch", "transformers"):
@@ -82,14 +82,14 @@ def provenance(plan: RunPlan) -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    adapter = plan.trained_filter.adapter if plan.trained_filter is not None else None
-    adapter_card = Path(adapter) / CARD_FILE if adapter else None
+    # The card the filter ranked by, served or in-process (a served filter without one
+    # fails here, before the run writes its config.yaml).
+    card = plan.filter_card.card if plan.filter_card is not None else None
     return {
         "dataset_sha256": dataset_fingerprint(config.dataset),
         "question_ids_sha256": (dataset_fingerprint(config.question_ids)
                                 if config.question_ids else None),
-        "filter_adapter": (json.loads(adapter_card.read_text(encoding="utf-8"))
-                           if adapter_card is not None and adapter_card.is_file() else None),
+        "filter_adapter": dict(card) if card is not None else None,
         "prompt_sha256": {
             p.stem: load_template(p.stem).sha256[:16] for p in sorted(PROMPTS_DIR.glob("*.yaml"))
         },

@@ -180,15 +180,10 @@ class OpenAIBackend:
     def __init__(self, config: OpenAIBackendConfig, meter: UsageMeter | None = None) -> None:
         self.config = config
         self.meter = UsageMeter() if meter is None else meter
-        self._key: str | None = None
+        self._key = server_key(config.api_key_env)
         # Without a key the SDK's Authorization header is left out of every request.
-        self._headers: Mapping[str, Any] = {"Authorization": openai.Omit()}
-        if config.api_key_env is not None:
-            key = os.environ.get(config.api_key_env)
-            if not key:
-                raise ConfigError(f"environment variable {config.api_key_env} (api_key_env) is "
-                                  "not set; export the server's API key there or unset api_key_env")
-            self._key, self._headers = key, {}
+        self._headers: Mapping[str, Any] = (
+            {"Authorization": openai.Omit()} if self._key is None else {})
         self._lock = threading.Lock()
         self._session: _Session | None = None
         self._tokenizer: Any = None
@@ -638,6 +633,19 @@ def _end_session(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
     loop.call_soon_threadsafe(loop.stop)
     thread.join()
     loop.close()
+
+
+def server_key(api_key_env: str | None) -> str | None:
+    """The API key a served role sends: the value of the environment variable `api_key_env`;
+    None without one (no Authorization header). A variable named but unset is a
+    `ConfigError` naming it."""
+    if api_key_env is None:
+        return None
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ConfigError(f"environment variable {api_key_env} (api_key_env) is not set; "
+                          "export the server's API key there or unset api_key_env")
+    return key
 
 
 def _http_client() -> Any:

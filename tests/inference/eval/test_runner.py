@@ -185,6 +185,30 @@ def test_cli_server_down_is_one_clear_error(tmp_path, demo_file, capsys):
     assert code == 2 and "127.0.0.1:9" in err and "Traceback" not in err
 
 
+def test_a_served_filter_without_a_card_fails_before_the_run_writes_anything(
+        tmp_path, demo_file, tiny_model_dir, capsys, monkeypatch):
+    """No card named, none shown by its server, no filter of its served name: one clear
+    message naming both remedies, before config.yaml is written, so the command it gives
+    runs in the same folder."""
+    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
+    out = tmp_path / "o"
+    args = ["eval", "--pipelines", "amber-mcf", "--dataset", str(demo_file), "--limit", "1",
+            "--models.generator.model", str(tiny_model_dir),
+            "--models.filter.endpoint", "http://127.0.0.1:9/v1", "--models.filter.model",
+            "filter", "--out", str(out), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "as 'filter' has no filter card" in err and "Traceback" not in err
+    assert "--models.filter-card NAME_OR_FOLDER" in err
+    assert "--models.filter-card retrieval-only" in err
+    assert not (out / "config.yaml").exists()
+    # Asked for by name, the run goes on to the filter (down here) in that folder.
+    assert main([*args, "--models.filter-card", "retrieval-only"]) == 2
+    err = capsys.readouterr().err
+    assert "127.0.0.1:9" in err and "different configuration" not in err
+    assert yaml.safe_load((out / "config.yaml").read_text())["models"]["filter_card"] == (
+        "retrieval-only")
+
 def test_question_ids_select_examples_in_dataset_order_before_the_limit(tmp_path, demo_file,
                                                                         tiny_model_dir):
     ids = tmp_path / "held_out.txt"

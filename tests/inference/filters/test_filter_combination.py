@@ -271,6 +271,20 @@ def test_a_server_that_cannot_be_reached_is_named() -> None:
         filter_card(served)
 
 
+def test_the_card_is_asked_for_with_the_key_the_role_sends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model list is read with the role's own key (`openai_backend.server_key`): a key
+    variable named but unset is refused by name before anything is sent."""
+    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.roles import filter_card
+
+    monkeypatch.delenv("SIEVERAG_TEST_NO_SUCH_KEY", raising=False)
+    served = BackendSpec(endpoint="http://127.0.0.1:9/v1", model="filter",
+                         api_key_env="SIEVERAG_TEST_NO_SUCH_KEY")
+    with pytest.raises(ConfigError, match="SIEVERAG_TEST_NO_SUCH_KEY .api_key_env. is not set"):
+        filter_card(served)
+
+
 def test_paired_f1_difference_counts_wins_losses_and_brackets_the_mean():
     gold = [{"a"}, {"a", "b"}, {"c"}, {"d"}, set()]
     better = [({"a"}, gold[0]), ({"a", "b"}, gold[1]), ({"c"}, gold[2]), ({"x"}, gold[3]),
