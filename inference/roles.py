@@ -120,39 +120,46 @@ def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:
         return FilterCard(None, f"models.filter_card={RETRIEVAL_ONLY}")
     if named is not None:
         try:
-            found = find_adapter(named).path
+            local = local_card(named)
         except AdapterError as err:
             raise ConfigError(f"models.filter_card: {err}") from None
-        card = read_card(found)
-        if card is None:
-            raise ConfigError(f"models.filter_card {named!r}: {found} holds no {CARD_FILE}; "
-                              "name a filter that has a card (`sieverag filter list`)")
-        return FilterCard(card, f"{found}/{CARD_FILE}", str(found))
+        if local.card is None:
+            raise ConfigError(f"models.filter_card {named!r}: {local.folder} holds no "
+                              f"{CARD_FILE}; name a filter that has a card (`sieverag filter "
+                              "list`)")
+        return local
     shown = served_card(spec)
     if shown is not None:
         return FilterCard(shown, f"the card {spec.endpoint}/models shows for {spec.model!r}")
     try:
-        found = find_adapter(spec.model or "").path
+        local = local_card(spec.model or "")
     except AdapterError:
-        found = None
-    card = read_card(found) if found is not None else None
-    if card is None:
+        local = None
+    if local is None or local.card is None:
         raise ConfigError(
             f"the filter served at {spec.endpoint} as {spec.model!r} has no filter card: the "
             "server shows none on /models and no installed or shipped filter has that name, "
             "so its scores cannot be read as the filter's. Name its card with "
             "--models.filter-card NAME_OR_FOLDER (or serve it under its filter's name), or "
             f"rank by BM25 + dense alone on purpose with --models.filter-card {RETRIEVAL_ONLY}")
-    return FilterCard(card, f"{found}/{CARD_FILE}", str(found))
+    return local
+
+
+def local_card(name_or_folder: str) -> FilterCard:
+    """The card (None: it has none) of the installed or shipped filter, or adapter folder,
+    `name_or_folder` names (`find_adapter`; `AdapterError` when it names none)."""
+    folder = find_adapter(name_or_folder).path
+    return FilterCard(read_card(folder), f"{folder}/{CARD_FILE}", str(folder))
 
 
 def served_card(spec: BackendSpec) -> Mapping[str, Any] | None:
     """The filter card a server shows for the served model `spec.model` on its `/models`
     (the entry's `filter_card`); None where it shows none (vLLM) or has no model list. A
     server that cannot be reached is a `ConfigError` naming it."""
-    url = f"{(spec.endpoint or '').rstrip('/')}/models"
+    # Imported here: the OpenAI SDK loads only for a served role.
     from sieverag.inference.llm.openai_backend import server_key
 
+    url = f"{(spec.endpoint or '').rstrip('/')}/models"
     # The key the role's backend sends (`server_key`): none, no Authorization header.
     key = server_key(spec.api_key_env)
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}

@@ -56,6 +56,9 @@ class LocalServer:
         self.proxy = self._proxy_target(adapters)
         # Each adapter's filter card: what /v1/models shows, and the combination it ranks by.
         self.cards = {a.name: card for a in adapters if (card := read_card(a.path)) is not None}
+        # Read before the model loads: a malformed card fails first.
+        self.retrieval_ranked = retrieval_ranked(
+            (config.model, *(a.name for a in adapters)), self.cards)
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
                                      batch_window_s=config.batch_window_ms / 1000)
@@ -158,7 +161,7 @@ class LocalServer:
         if self.proxy is not None:
             logger.info("proxying /v1/chat/completions to %s, filtering marked documents with "
                         "%s", self.proxy.upstream.chat_url, self.proxy.filter_model)
-        if unfitted := retrieval_ranked(self.engine.served.names, self.cards):
+        if unfitted := self.retrieval_ranked:
             logger.warning("/v1/rerank, /v1/score and the proxy rank documents for %s by BM25 "
                            "+ dense alone: no filter card with a fitted combination (`sieverag "
                            "filter fit-combination` fits one)", ", ".join(unfitted))

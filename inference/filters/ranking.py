@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import p_relevant
-from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
+from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.retrieval.sentences import sentence_spans
 from sieverag.inference.types import Document, RerankResult, SentenceSpan
@@ -59,19 +59,22 @@ def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
 def sentence_view(result: RerankResult, document: Document, judged: ScoredDocument, *,
                   spans: bool) -> RerankResult:
     """`result` with what MCF's sentence stage made of `document` (one of `as_documents`: its
-    sentences are `split_sentences` of its text) from `judged`, MCF's verdict on it: its key
-    sentences, its pruned text and (`spans`) its sentence spans."""
-    sentences = document_sentences(document)
+    sentences are `split_sentences` of its text, which `sentence_spans` locates) from
+    `judged`, MCF's verdict on it: its key sentences, its pruned text and (`spans`) its
+    sentence spans."""
+    text = document.text
+    located = sentence_spans(text)
     keys = set(judged.details.get("key_sentences", ())) if judged.kept else set()
     scores = judged.details.get("sentence_scores") or ()
     return RerankResult(
         result.index, result.relevance_score, result.kept,
-        key_sentences=tuple(sentences[i].strip() for i in sorted(keys)),
+        key_sentences=tuple(text[start:end] for i, (start, end) in enumerate(located)
+                            if i in keys),
         pruned_text=judged.document.text if judged.kept else "",
         spans=tuple(SentenceSpan(start, end, i in keys,
                                  None if i >= len(scores) or scores[i] is None
                                  else p_relevant(scores[i]))
-                    for i, (start, end) in enumerate(sentence_spans(document.text)))
+                    for i, (start, end) in enumerate(located))
         if spans else None)
 
 

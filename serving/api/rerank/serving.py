@@ -157,7 +157,8 @@ class Reranker:
                                 combination.filter_format if combination else "two_stage",
                                 cut_rule, refusal)
 
-        def rank(backend: EngineBackend, documents: list[Document]) -> list[RerankResult]:
+        def ranked_on(backend: EngineBackend, documents: list[Document]
+                      ) -> list[RerankResult]:
             ranked = rank_by_filter(backend, rules, query, documents, combination,
                                     spans=body.wants_spans())
             if cut_rule is None:
@@ -166,7 +167,8 @@ class Reranker:
             return [at_offset(r, cut_rule.start_in(judged[r.index], documents[r.index].text))
                     for r in ranked]
 
-        ranked, backend = await run_filter(context.engine, context.limits, request, rank)
+        ranked, backend = await run_filter(context.engine, context.limits, request,
+                                           ranked_on)
         usage = backend.meter.by_agent.values()
         return Ranking(model, ranked, texts, sum(u.prompt_tokens for u in usage),
                        sum(u.completion_tokens for u in usage))
