@@ -11,8 +11,9 @@ stage gets each sentence's s with the chunk's, and its sentence stage only appli
   s = log P("Yes") − log P("No"). A chunk's score is, by default, the combined logit of
   `inference/filters/combination.py`: s with the BM25 and dense scores of the round's chunks,
   weighted as fitted on held-out questions and stored in the filter's card (a card without a
-  fit: z(BM25) + z(dense), retrieval alone); its P(relevant) (calibrated where fitted) is in
-  every chunk's details. `lexical_weight` 0 scores by s alone, w > 0 by z(s) + w·z(BM25)
+  fit: s alone, `FILTER_ALONE`; no card: z(BM25) + z(dense), `PRIORS_ONLY`); its
+  P(relevant) (calibrated where fitted) is in every chunk's details. `lexical_weight` 0
+  scores by s alone, w > 0 by z(s) + w·z(BM25)
   (the earlier fixed fusion). A chunk is kept when its score ≥ the bar: by default the
   calibrated bar (keep P(relevant) ≥ `p_min`, default the card's fitted bar, and at least the
   `min_keep` best: a round where several chunks answer keeps them all, and none is emptied
