@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import CallBatcher, on_batcher
 from sieverag.inference.llm.registry import BackendSpec, build_backend
@@ -70,6 +71,14 @@ class RunPlan:
         folder."""
         spec = self.trained_filter
         return filter_card(spec, self.config.models.filter_card) if spec is not None else None
+
+    @property
+    def ranking(self) -> str | None:
+        """Which score the run's trained filter ranks passages by, and why
+        (`FilterCard.ranking_statement`): the line a command prints at start; None: the run
+        calls no filter."""
+        card = self.filter_card
+        return None if card is None else card.ranking_statement(self.settings(MCFConfig))
 
     def role_specs(self) -> list[BackendSpec]:
         """The spec of every model the run calls: its roles', and the trust grader's."""

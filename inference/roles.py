@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -19,12 +19,22 @@ from sieverag.inference.filters.adapters import (
     read_card,
     resolve_filter,
 )
-from sieverag.inference.filters.combination import PRIORS_ONLY, Combination, card_combination
+from sieverag.inference.filters.combination import (
+    PRIORS_ONLY,
+    Combination,
+    card_combination,
+    ranking_statement,
+)
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.settings import settings
 
+if TYPE_CHECKING:
+    from sieverag.inference.filters.mcf import MCFConfig
+
 # The `models.filter_card` that ranks a served filter's documents by BM25 + dense alone.
 RETRIEVAL_ONLY = "retrieval-only"
+# The source of the card a run reads when retrieval is asked for by name (none).
+RETRIEVAL_ONLY_SOURCE = f"models.filter_card={RETRIEVAL_ONLY}"
 # Seconds to wait for a server's model list.
 _MODELS_TIMEOUT_S = 10.0
 
@@ -89,10 +99,25 @@ class FilterCard:
 
     @property
     def combination(self) -> Combination:
-        """The card's fitted combination (`card_combination`); retrieval only: `PRIORS_ONLY`."""
+        """The combination the card ranks by (`card_combination`: its fitted one, else
+        `FILTER_ALONE`); no card (retrieval asked for by name, or none): `PRIORS_ONLY`."""
         if self.card is None:
             return PRIORS_ONLY
         return card_combination(self.card, self.source)
+
+    def ranking_statement(self, mcf: MCFConfig) -> str:
+        """Which score MCF ranks by with this card under `mcf`, and why: the line `eval`,
+        `ask` and `demo` print at start (`combination.ranking_statement`)."""
+        if self.card is not None:
+            where = self.source
+        elif self.source == RETRIEVAL_ONLY_SOURCE:
+            where = f"{RETRIEVAL_ONLY_SOURCE} asks for it"
+        else:
+            where = (f"the filter adapter {self.folder} has no {CARD_FILE}" if self.folder
+                     else "the in-process filter has no adapter")
+        return ranking_statement(self.combination, where,
+                                 priors_only=mcf.combination == "priors_only",
+                                 score_rule=mcf.score_rule, lexical_weight=mcf.lexical_weight)
 
 
 def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:
@@ -117,7 +142,7 @@ def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:
                           stacklevel=2)
         return FilterCard(card, f"{folder}/{CARD_FILE}", folder)
     if named == RETRIEVAL_ONLY:
-        return FilterCard(None, f"models.filter_card={RETRIEVAL_ONLY}")
+        return FilterCard(None, RETRIEVAL_ONLY_SOURCE)
     if named is not None:
         try:
             local = local_card(named)

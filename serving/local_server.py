@@ -25,7 +25,7 @@ from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
-from sieverag.inference.filters.combination import card_combination
+from sieverag.inference.filters.combination import card_combination, ranking_statement
 from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
@@ -57,8 +57,8 @@ class LocalServer:
         # Each adapter's filter card: what /v1/models shows, and the combination it ranks by.
         self.cards = {a.name: card for a in adapters if (card := read_card(a.path)) is not None}
         # Read before the model loads: a malformed card fails first.
-        self.retrieval_ranked = retrieval_ranked(
-            (config.model, *(a.name for a in adapters)), self.cards)
+        self.rankings = served_rankings((config.model, *(a.name for a in adapters)),
+                                        self.cards)
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
                                      batch_window_s=config.batch_window_ms / 1000)
@@ -161,20 +161,27 @@ class LocalServer:
         if self.proxy is not None:
             logger.info("proxying /v1/chat/completions to %s, filtering marked documents with "
                         "%s", self.proxy.upstream.chat_url, self.proxy.filter_model)
-        if unfitted := self.retrieval_ranked:
-            logger.warning("/v1/rerank, /v1/score and the proxy rank documents for %s by BM25 "
-                           "+ dense alone: no filter card with a fitted combination (`sieverag "
-                           "filter fit-combination` fits one)", ", ".join(unfitted))
+        for name, (fitted, statement) in self.rankings.items():
+            # Unfitted (the filter alone, or retrieval alone without a card) is warned of.
+            logger.log(logging.INFO if fitted else logging.WARNING,
+                       "/v1/rerank, /v1/score and the proxy for %s: %s", name, statement)
         if self.config.host not in _LOOPBACK and not self._api_key:
             logger.warning("listening on %s without an API key: anyone who can reach it can use "
                            "the model; set --api-key-env", self.config.host)
 
 
-def retrieval_ranked(names: Sequence[str], cards: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The served models (`names`: the base model, then the adapters) that rank by retrieval
-    alone: those without a card holding a fitted combination."""
-    return [name for name in names
-            if name not in cards or not card_combination(cards[name], name).fitted]
+def served_rankings(names: Sequence[str], cards: Mapping[str, Mapping[str, Any]]
+                    ) -> dict[str, tuple[bool, str]]:
+    """For each served model (`names`: the base model, then the adapters), whether
+    /v1/rerank, /v1/score and the proxy rank its documents by a fitted combination, and the
+    line that says what they rank by and why (`combination.ranking_statement`): a card's
+    combination; a card without one, the filter alone; no card, BM25 + dense alone."""
+    rankings = {}
+    for name in names:
+        where = f"the card of {name!r}" if name in cards else f"{name!r} has no filter card"
+        combination = card_combination(cards.get(name), where)
+        rankings[name] = (combination.fitted, ranking_statement(combination, where))
+    return rankings
 
 
 def freeze_loaded_objects() -> int:

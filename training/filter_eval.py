@@ -363,8 +363,9 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                    "base_model": None if filter_role.endpoint else filter_role.model,
                    "mcf_rows": mcf_rows,
                    "amber_default_row": amber_default if amber_default in mcf_rows else None,
-                   # None: the card holds no fitted combination (MCF ranks by the priors)
-                   "combination": combination.as_card() if combination.fitted else None},
+                   # None: the card holds no fitted combination (`ranking` says what ranks)
+                   "combination": combination.as_card() if combination.fitted else None,
+                   "ranking": card.ranking_statement(MCFConfig())},
         **next(iter(sections.values())),
         "datasets": sections,
         "by_dataset": {name: dataset_summary(section, config.top_k)

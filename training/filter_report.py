@@ -124,9 +124,7 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         "Each MCF row runs amber's filter (`MultiGranularFilter`) with the config its name "
         "gives (s = log P(Yes) − log P(No))"
         + (f"; amber's default is {default}." if default else ".")
-        + (" The filter's card holds no fitted combination: the default ranks by BM25 + dense "
-           "alone (`sieverag filter fit-combination` fits one)."
-           if flt.get("combination") is None else ""),
+        + (f" Its default: {flt['ranking']}." if flt.get("ranking") else ""),
         f"Dataset: {report['dataset']} — {questions['evaluated']} questions "
         f"evaluated of {questions['rows_in_dataset']} rows; {questions['excluded_as_training']} "
         "left out as training questions"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import field, replace
 from pathlib import Path
@@ -166,8 +167,8 @@ def run_demo(command: DemoCommand) -> int:
                               **section_values(command)))
     config, trained = plan.config, plan.trained_filter
     print(f"demo: {dataset} (invented facts: only the documents can answer them); amber "
-          f"filters with the trained filter {trained.adapter or trained.model}")
-    summaries = run_evaluation(config, out / "run", progress=not command.quiet)
+          f"filters with the trained filter {trained.adapter or trained.model}\n{plan.ranking}")
+    summaries = run_evaluation(config, out / "run", progress=not command.quiet, announce=False)
     _print_summary(out / "run", summaries)
     print()
     print(_demo_verdict(summaries["vanilla"], summaries["amber-mcf"]))
@@ -210,7 +211,7 @@ def _bridge_demo(command: DemoCommand, out: Path) -> str:
                        retrieval=RetrievalConfig(index=str(index), mode="bm25", k=2),
                        models=command.models, trust=TrustConfig(enabled=False), **sections)
     shutil.rmtree(out / "bridge-run", ignore_errors=True)
-    run_evaluation(config, out / "bridge-run", progress=False)
+    run_evaluation(config, out / "bridge-run", progress=False, announce=False)
     return (f"a two-hop question over an index ({corpus}, BM25): amber-mcf reads 2 documents "
             "a round for 2 rounds; the second query is led by a name the first round kept "
             f"(`sieverag trace {out / 'bridge-run'} bridge-0 --pipeline amber-mcf`):\n\n"
@@ -289,6 +290,8 @@ def run_ask(command: AskCommand) -> int:
         dataset="", pipelines=(command.pipeline,),
         retrieval=RetrievalConfig(index=command.index, mode=command.mode, k=command.k),
         models=command.models, **section_values(command)))
+    if plan.ranking is not None:
+        print(plan.ranking, file=sys.stderr)
     context, _ = build_context(plan)
     output = build_pipeline(command.pipeline, context).run(
         Example(id="ask", question=command.question, answers=()))

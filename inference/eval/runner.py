@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import random
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,13 +111,15 @@ def _check_same_run(config: RunConfig, out_dir: Path) -> None:
 
 
 def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True,
-                   concurrency: int | None = None) -> dict:
+                   concurrency: int | None = None, announce: bool = True) -> dict:
     """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries.
 
     `concurrency`: questions in flight (`inference.in_flight`; unset: 16 when every model is
     served, 1 when any runs in-process); in-process models then batch the questions' calls
     together (`llm.batching`). Records are appended as questions finish and the results come
-    out in dataset order, whatever the concurrency."""
+    out in dataset order, whatever the concurrency. `announce`: say first (stderr) which
+    score the trained filter ranks by, and why (`RunPlan.ranking`), where a pipeline calls
+    it."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir)
     plan = plan_run(config)
@@ -136,6 +139,8 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     config = replace(config, provenance=provenance(plan))
     write_atomic(out_dir / "config.yaml", config.to_yaml())
     warn_capped_requests(plan.role_specs(), concurrency)
+    if announce and plan.ranking is not None:
+        print(plan.ranking, file=sys.stderr)
 
     random.seed(config.seed)
     import torch

@@ -19,11 +19,13 @@ One implementation, used by MCF (`MultiGranularFilter`), `/v1/rerank` (through
   at least `min_keep` passages (the best), so a round whose relevant passages are several
   keeps them all and no round is emptied unless `min_keep` is 0.
 
-A card without a fitted combination (the shipped filter's card before
-`sieverag filter fit-combination` is run on it) gets `PRIORS_ONLY`: z(BM25) + z(dense), the
-filter's score not used, so the default never ranks below retrieval's own fusion; its
-probabilities are not calibrated (`fitted` False) and MCF's calibrated bar falls back to its
-top_k bar.
+A trained filter's card without a fitted combination (`sieverag train` fits one on its
+validation split; where it could not, or a card written before it did) gets `FILTER_ALONE`:
+the filter's own s, so P(relevant) is its normalised P(Yes); not fitted on labelled passages
+(`fitted` False), so MCF's calibrated bar falls back to its top_k bar. `PRIORS_ONLY`,
+z(BM25) + z(dense) with the filter's score unused, is what ranks where there is no card at all
+or retrieval is asked for by name (`--models.filter-card retrieval-only`). Every command that
+ranks by a filter says at start which of these ranks, and why (`ranking_statement`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ import numpy as np
 from sieverag.inference.filters.adapters import AdapterError, read_card
 from sieverag.inference.filters.base import z_scores
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
+from sieverag.inference.filters.windows import DEFAULT_WINDOW_TOKENS, card_window_tokens
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
 FILTER_FEATURES = ("filter_log_odds", "filter_z")
 CARD_KEY = "combination"
+# The fit report's key saying why a fitted combination holds the filter's score alone.
+FILTER_ALONE_FIT = "filter_alone_because"
 PRIORS_ONLY_KEY = "priors_only"  # the card section's fit of BM25 and dense alone
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 # s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
@@ -104,6 +109,9 @@ class Combination:
     filter_format: FilterFormat = "two_stage"
     """How the card's filter reads a passage (`filter_format.card_format`): MCF scores with
     the format the filter was trained in, whatever the combination."""
+    window_tokens: int = DEFAULT_WINDOW_TOKENS
+    """How many tokens of a document the card's filter reads at once (`windows`: its training
+    records' length): a longer document is read window by window."""
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(FEATURES)
@@ -138,7 +146,7 @@ class Combination:
                                "`sieverag filter fit-combination`")
         return replace(Combination.from_card({**section, "embedding_model":
                                               self.embedding_model}, where),
-                       filter_format=self.filter_format)
+                       filter_format=self.filter_format, window_tokens=self.window_tokens)
 
     def as_card(self) -> dict[str, Any]:
         """The card's `combination` section."""
@@ -168,24 +176,29 @@ class Combination:
 
 
 PRIORS_ONLY = Combination(weights={"bm25_z": 1.0, "dense_z": 1.0})
-"""A card without a fitted combination: retrieval's z-score fusion of BM25 and dense,
-uncalibrated; the filter's score is not used."""
+"""No filter card, or retrieval asked for by name: retrieval's z-score fusion of BM25 and
+dense, uncalibrated; the filter's score is not used."""
+
+FILTER_ALONE = Combination(weights={"filter_log_odds": 1.0})
+"""A trained filter's card without a fitted combination: the filter's own s, so P(relevant)
+is its P(Yes) normalised over Yes and No; not fitted on labelled passages."""
 
 
 def card_combination(card: Mapping[str, Any] | None, where: str = "the card") -> Combination:
-    """The fitted combination of an adapter card, else `PRIORS_ONLY`; either carries the
-    card's filter format."""
-    section = (card or {}).get(CARD_KEY)
-    combination = PRIORS_ONLY if not section else Combination.from_card(section, where)
-    filter_format = card_format(card)
-    return (combination if filter_format == combination.filter_format
-            else replace(combination, filter_format=filter_format))
+    """The fitted combination of an adapter card; a card without one: `FILTER_ALONE`; no
+    card (None): `PRIORS_ONLY`. Each carries the card's filter format and window."""
+    if card is None:
+        return PRIORS_ONLY
+    section = card.get(CARD_KEY)
+    combination = FILTER_ALONE if not section else Combination.from_card(section, where)
+    return replace(combination, filter_format=card_format(card),
+                   window_tokens=card_window_tokens(card))
 
 
 def adapter_combination(folder: str | Path | None) -> Combination:
-    """The fitted combination in the card of the adapter folder, else `PRIORS_ONLY` (no
-    folder; no card; a card without one). A run's filter role reads its card with
-    `roles.filter_card`, which never falls back silently."""
+    """The combination the card of the adapter folder ranks by (`card_combination`: its
+    fitted one, else `FILTER_ALONE`); no folder or no card: `PRIORS_ONLY`. A run's filter
+    role reads its card with `roles.filter_card`, which never falls back silently."""
     if folder is None:
         return PRIORS_ONLY
     return card_combination(read_card(folder), f"{Path(folder)}")
@@ -248,16 +261,20 @@ def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
 
 def describe_combination(combination: Combination) -> str:
     """What a combination is and what its fit measured, in a few lines (`filter list`,
-    `filter fit-combination`)."""
+    `filter fit-combination`, the end of `train`)."""
     if not combination.fitted:
-        return ("not fitted: MCF ranks by retrieval alone, z(BM25) + z(dense), uncalibrated, "
-                "and its calibrated bar keeps the top_k; fit it with `sieverag filter "
-                "fit-combination`")
+        ranks = ("the filter's own score, P(Yes) normalised over Yes and No"
+                 if combination.uses_filter else "retrieval alone, z(BM25) + z(dense)")
+        return (f"not fitted: MCF ranks by {ranks}, uncalibrated, and its calibrated bar keeps "
+                "the top_k; fit the combination with `sieverag filter fit-combination`")
     fit = combination.report.get("fit") or {}
     weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
     lines = [f"logit = {combination.bias:+.3f} + {weights}"
              + (f"; calibrated bar P(relevant) >= {combination.bar:g}"
                 if combination.bar is not None else "")]
+    if fit.get(FILTER_ALONE_FIT):
+        lines.append(f"Platt scaling of the filter's score alone, on {fit.get('questions')} "
+                     f"question(s): {fit[FILTER_ALONE_FIT]}")
     figures = fit.get("auroc") or {}
     gain = fit.get("filter_gain_auroc")
     if gain is not None:
@@ -277,3 +294,41 @@ def describe_combination(combination: Combination) -> str:
         lines.append(f"{source} left out of the fit ({row['questions']} q; retrieval top-k F1 "
                      f"{row['retrieval_top_k_f1']:.3f}): {cells}")
     return "\n".join(lines)
+
+
+def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
+                      score_rule: str = "combined", lexical_weight: float | None = None) -> str:
+    """The line every command that ranks by a filter prints at start: which score MCF ranks
+    passages by, and why. `combination`: the filter card's (`card_combination`); `where`:
+    where that card was read, or why there is none; `priors_only`: `--mcf.combination
+    priors_only` asked for the card's priors-only fit; `score_rule`: MCF's
+    (`MCFConfig.score_rule`: combined, filter or fused, with `lexical_weight`)."""
+    if score_rule == "filter":
+        return ("MCF ranks by the filter's own score s = log P(Yes) - log P(No), as "
+                "--mcf.lexical-weight 0 or --mcf.bar fixed asks, not by the combination of "
+                f"{where}")
+    if score_rule == "fused":
+        return (f"MCF ranks by z(s) + {lexical_weight:g}·z(BM25), the fixed fusion "
+                f"--mcf.lexical-weight {lexical_weight:g} asks for, not by the combination of "
+                f"{where}")
+    if priors_only and combination.fitted:  # unfitted, MCF refuses priors_only by name
+        return (f"MCF ranks by BM25 + dense alone, the priors-only fit of {where}, as "
+                "--mcf.combination priors_only asks (the filter's score unused)")
+    if not combination.fitted:
+        if combination.uses_filter:
+            return (f"MCF ranks by the filter's own calibrated score, P(Yes) normalised over "
+                    f"Yes and No: {where} holds no fitted combination with BM25 and dense; "
+                    "fit one with `sieverag filter fit-combination`")
+        return ("MCF ranks by BM25 + dense alone, z(BM25) + z(dense) uncalibrated, the "
+                f"filter's score unused: {where}")
+    fit = combination.report.get("fit") or {}
+    questions = f"{fit['questions']} question(s)" if fit.get("questions") else "held-out questions"
+    if not combination.uses_filter:
+        return (f"MCF ranks by BM25 + dense alone, the combination of {where}: its fit on "
+                f"{questions} left the filter's score out (it added nothing over them)")
+    if fit.get(FILTER_ALONE_FIT):
+        return (f"MCF ranks by the filter's own score, Platt-calibrated on {questions} "
+                f"({where}: {fit[FILTER_ALONE_FIT]}); fit its combination with BM25 and dense "
+                "on more with `sieverag filter fit-combination`")
+    return (f"MCF ranks by the filter's score combined with BM25 and dense, calibrated, as "
+            f"fitted on {questions} in {where}")

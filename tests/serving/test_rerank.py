@@ -90,8 +90,8 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     assert sorted(r["index"] for r in results) == list(range(len(DOCUMENTS)))
     scores = [r["relevance_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
-    # Every document's score is MCF's P(relevant) on the same model (the tiny adapters' cards
-    # hold no fitted combination: BM25 + dense), its verdict MCF's default bar's.
+    # Every document's score is MCF's P(relevant) on the same model (neither tiny model has
+    # a card: BM25 + dense), its verdict MCF's default bar's.
     backend = in_process[name]
     mcf = MultiGranularFilter(backend, MCFConfig())
     before = backend.meter.snapshot()
@@ -109,10 +109,11 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     assert body["usage"] == {"total_tokens": prompt_tokens}
 
 
-def test_a_card_without_a_fitted_combination_ranks_as_retrieval(server: LocalServer,
-                                                                 http: httpx.Client) -> None:
-    """Neither tiny model's card holds a fitted combination: both rank by BM25 + dense alone
-    (`PRIORS_ONLY`), never by an uncalibrated filter."""
+def test_a_model_without_a_card_ranks_as_retrieval(server: LocalServer,
+                                                    http: httpx.Client) -> None:
+    """Neither tiny model has a filter card: both rank by BM25 + dense alone
+    (`PRIORS_ONLY`, which the server warns of when it starts), never by a filter whose
+    scores no card says how to read."""
     scores = {}
     for name in ("filter", "base"):
         body = rerank(http, {"model": served_name(server, name), "query": QUERY,
@@ -297,19 +298,28 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
         filter_card(BackendSpec(endpoint=server.base_url, model="filter"))
 
 
-def test_the_server_names_what_it_ranks_by_retrieval_alone(
+def test_the_server_says_what_each_served_model_ranks_by(
         server: LocalServer, caplog: pytest.LogCaptureFixture) -> None:
-    """Neither the base model nor the tiny adapter has a fitted combination: both rank by
-    BM25 + dense, which the server says when it starts (`retrieval_ranked`); a card with
-    one ranks by the filter."""
+    """When it starts, the server says what /v1/rerank, /v1/score and the proxy rank each
+    served model's documents by (`served_rankings`): without a card (the base model and the
+    tiny adapter here) BM25 + dense alone, a card without a fitted combination the filter
+    alone, a card with one its combination; the unfitted ones as warnings."""
     from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter, read_card
-    from sieverag.serving.local_server import retrieval_ranked
+    from sieverag.serving.local_server import served_rankings
 
     names = server.engine.served.names
-    assert retrieval_ranked(names, server.cards) == list(names)
+    assert all(not fitted and "by BM25 + dense alone" in line and "has no filter card" in line
+               for fitted, line in served_rankings(names, server.cards).values())
     shipped = read_card(find_adapter(DEFAULT_FILTER_NAME).path)
-    assert retrieval_ranked(["base", "filter"], {"filter": shipped}) == ["base"]
-    with caplog.at_level("WARNING", logger="sieverag.serving.local_server"):
+    unfitted = {k: v for k, v in shipped.items() if k != "combination"}
+    rankings = served_rankings(["base", "filter", "trained"],
+                               {"filter": shipped, "trained": unfitted})
+    assert rankings["filter"][0] and "combined with BM25 and dense" in rankings["filter"][1]
+    assert not rankings["trained"][0]
+    assert "the filter's own calibrated score" in rankings["trained"][1]
+    assert "fit-combination" in rankings["trained"][1]
+    with caplog.at_level("INFO", logger="sieverag.serving.local_server"):
         server._announce()  # what it logs when it starts
-    assert any("by BM25 + dense alone" in r.message and "filter" in r.message
-               for r in caplog.records)
+    warned = [r.message for r in caplog.records if r.levelname == "WARNING"]
+    assert any("by BM25 + dense alone" in m and "'filter' has no filter card" in m
+               for m in warned)

@@ -17,6 +17,7 @@ from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
     FEATURES,
+    FILTER_ALONE,
     PRIOR_FEATURES,
     PRIORS_ONLY,
     Combination,
@@ -162,7 +163,7 @@ def test_mcf_default_keeps_all_answering_passages_and_never_empties_a_round():
         assert result.threshold == sorted((s.score for s in result.scored), reverse=True)[1]
 
 
-def test_the_card_round_trips_and_a_card_without_a_fit_falls_back_on_the_priors(tmp_path):
+def test_the_card_round_trips_and_a_card_without_a_fit_ranks_by_the_filter_alone(tmp_path):
     combination = measure_combination(synthetic_rounds(60, seed=4), folds=3)
     (tmp_path / CARD_FILE).write_text(json.dumps(
         {"base_model": "tiny", "combination": combination.as_card()}), encoding="utf-8")
@@ -170,10 +171,68 @@ def test_the_card_round_trips_and_a_card_without_a_fit_falls_back_on_the_priors(
     assert read.weights == pytest.approx(dict(combination.weights))
     assert (read.bias, read.bar, read.fitted) == (combination.bias, combination.bar, True)
     assert read.report["fit"]["questions"] == 60
-    assert card_combination({"base_model": "tiny"}) is PRIORS_ONLY
-    assert adapter_combination(None) is PRIORS_ONLY
+    # A trained filter's card without a fit: the filter's own s (P(Yes) normalised); no card
+    # at all: retrieval's fusion.
+    assert card_combination({"base_model": "tiny"}) is FILTER_ALONE
+    assert card_combination(None) is PRIORS_ONLY and adapter_combination(None) is PRIORS_ONLY
+    assert adapter_combination(tmp_path / "no-card") is PRIORS_ONLY
     with pytest.raises(AdapterError, match="malformed.*fit-combination"):
         card_combination({"combination": {"weights": {"magic": 1.0}}})
+
+
+def test_a_card_without_a_fit_ranks_by_the_filters_own_score_where_no_card_ranks_by_retrieval():
+    # The filter finds the short passages relevant; BM25 and dense (_fake_priors: by length)
+    # the long ones.
+    documents = [Document(id=str(i), text="passage" + "s" * i) for i in range(4)]
+    backend = ScriptedBackend(labels=lambda text: {"Yes": -0.2 * text.count("s"), "No": -1.5})
+    by_card = MultiGranularFilter(backend, MCFConfig(), card_combination({"base_model": "tiny"}),
+                                  priors=_fake_priors)
+    by_retrieval = MultiGranularFilter(backend, MCFConfig(), PRIORS_ONLY, priors=_fake_priors)
+    filter_kept = [s.document.id for s in by_card.select("q?", documents).kept]
+    assert filter_kept == ["0", "1"]  # unfitted: the top_k bar, on the filter's own order
+    assert [s.document.id for s in by_retrieval.select("q?", documents).kept] == ["3", "2"]
+    # Its P(relevant) is the filter's P(Yes) normalised over Yes and No.
+    for scored in by_card.chunk_stage("q?", documents).scored:
+        assert scored.details["p_relevant"] == pytest.approx(scored.details["p_yes"], abs=1e-4)
+
+
+def test_every_start_says_which_score_ranks_and_why(tmp_path):
+    from sieverag.inference.filters.combination import ranking_statement
+    from sieverag.inference.roles import RETRIEVAL_ONLY_SOURCE, FilterCard
+
+    fitted = measure_combination(synthetic_rounds(60, seed=4), folds=3)
+    useless = measure_combination(synthetic_rounds(60, seed=6, filter_noise=True), folds=3,
+                                  min_gain=0.05)
+    card = {"base_model": "tiny", "combination": fitted.as_card()}
+    where = f"{tmp_path}/{CARD_FILE}"
+    said = {
+        "fitted": FilterCard(card, where, str(tmp_path)).ranking_statement(MCFConfig()),
+        "priors by name": FilterCard(card, where, str(tmp_path)).ranking_statement(
+            MCFConfig(combination="priors_only")),
+        "unfitted card": FilterCard({"base_model": "tiny"}, where,
+                                    str(tmp_path)).ranking_statement(MCFConfig()),
+        "retrieval by name": FilterCard(None, RETRIEVAL_ONLY_SOURCE).ranking_statement(
+            MCFConfig()),
+        "no card": FilterCard(None, where, str(tmp_path)).ranking_statement(MCFConfig()),
+        "s alone": FilterCard(card, where).ranking_statement(MCFConfig(lexical_weight=0.0)),
+        "fused": FilterCard(card, where).ranking_statement(
+            MCFConfig(bar="top_k", lexical_weight=1.0)),
+        "fit left the filter out": ranking_statement(useless, where),
+    }
+    assert all(line.startswith("MCF ranks by ") and "\n" not in line for line in said.values())
+    assert "combined with BM25 and dense" in said["fitted"] and "60 question(s)" in said["fitted"]
+    assert "priors-only fit" in said["priors by name"]
+    assert "--mcf.combination priors_only" in said["priors by name"]
+    assert "the filter's own calibrated score" in said["unfitted card"]
+    assert f"{where} holds no fitted combination" in said["unfitted card"]
+    assert "fit-combination" in said["unfitted card"]
+    assert "BM25 + dense alone" in said["retrieval by name"]
+    assert "models.filter_card=retrieval-only asks for it" in said["retrieval by name"]
+    assert f"the filter adapter {tmp_path} has no {CARD_FILE}" in said["no card"]
+    assert "the filter's own score s" in said["s alone"]
+    assert "z(s) + 1·z(BM25)" in said["fused"]
+    assert "BM25 + dense alone" in said["fit left the filter out"]
+    assert "left the filter's score out" in said["fit left the filter out"]
 
 
 def test_filter_list_shows_the_weights_and_when_the_filter_adds_nothing(tmp_path, monkeypatch,
@@ -201,6 +260,7 @@ def test_filter_list_shows_the_weights_and_when_the_filter_adds_nothing(tmp_path
     useful = out.split("useful (shipped): ")[1].split("useless (shipped)")[0]
     assert "filter_log_odds" in useful and "with the filter" in useful
     assert "adds nothing" not in useful and "not fitted" in bare
+    assert "the filter's own score" in bare
     assert "the filter adds nothing" in out.split("useless (shipped): ")[1].split("\nA name")[0]
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from sieverag.inference.filters.combination import PRIORS_ONLY, card_combination
+from sieverag.inference.filters.combination import FILTER_ALONE, PRIORS_ONLY, card_combination
 from sieverag.inference.filters.filter_format import (
     IGNORED,
     PASSAGE_TEMPLATE,
@@ -114,7 +114,7 @@ def test_a_card_names_its_format_and_an_unknown_one_is_refused():
     assert card_format(None) == "two_stage" and card_format({}) == "two_stage"
     assert card_format({"filter_format": "one_pass"}) == "one_pass"
     assert card_combination({"filter_format": "one_pass"}).filter_format == "one_pass"
-    assert card_combination({"filter_format": "one_pass"}).weights == PRIORS_ONLY.weights
+    assert card_combination({"filter_format": "one_pass"}).weights == FILTER_ALONE.weights
     with pytest.raises(FilterAnswerError, match="three_pass"):
         card_format({"filter_format": "three_pass"})
     with pytest.raises(FilterAnswerError, match="verdicts"):
