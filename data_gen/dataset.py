@@ -10,7 +10,9 @@ asked shares (by dropping records of the over-represented tasks), all with a fix
 Output folder: `dataset/` (Hugging Face `DatasetDict.save_to_disk`), `train.jsonl`,
 `validation.jsonl`, `train_ids.txt` / `validation_ids.txt` (each split's question ids, for
 held-out evaluation runs), and `stats.json` (counts per split and task, label balance, token
-lengths, gold agreement, the policy used).
+lengths, gold agreement, the policy used, and each label folder with the dataset it labelled:
+what `sieverag train` reads the validation questions' passages from to fit the filter's
+combination).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 from tqdm import tqdm
 
-from sieverag.data_gen.labelling import LABELS_FILE
+from sieverag.data_gen.labelling import CONFIG_FILE, LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.records import LabelRecord, read_labels
 from sieverag.inference.errors import ConfigError, DatasetError
@@ -42,7 +44,7 @@ from sieverag.inference.filters.filter_format import (
     sentence_record,
     training_token_count,
 )
-from sieverag.inference.io_utils import check_output_folder
+from sieverag.inference.io_utils import check_output_folder, parse_json, read_text
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import settings
 
@@ -255,6 +257,8 @@ class BuildSummary:
     mix: dict[str, float] | None = None
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     """Records per split and source: every source should keep a validation share."""
+    labelled: list[dict[str, Any]] = field(default_factory=list)
+    """Each label folder and the dataset it labelled (`labelled_datasets`)."""
 
 
 def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
@@ -272,6 +276,20 @@ def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
     if not questions:
         raise DatasetError(f"no labelled questions in {', '.join(folders)}")
     return questions
+
+
+def labelled_datasets(folders: Sequence[str]) -> list[dict[str, Any]]:
+    """Each label folder (absolute) with the dataset its labels came from, as its
+    `label_config.json` names it (`dataset`: a file by its absolute path, or a hub split;
+    None for a folder without one, labelled by other means)."""
+    labelled = []
+    for folder in folders:
+        path = Path(folder) / CONFIG_FILE
+        config = (parse_json(read_text(path), str(path), "relabel the folder with "
+                             "`sieverag label`") if path.is_file() else {})
+        dataset = config.get("dataset") if isinstance(config, dict) else None
+        labelled.append({"labels": str(Path(folder).resolve()), "dataset": dataset})
+    return labelled
 
 
 def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSummary:
@@ -301,6 +319,7 @@ def build_dataset(config: DatasetConfig, *, progress: bool = True) -> BuildSumma
             "--chunk-positive-fraction or --mix left none; label more questions or loosen them")
     summary = _describe(by_split, config, question_counts)
     summary.gold_agreement = gold_agreement(questions, config.policy)
+    summary.labelled = labelled_datasets(config.labels)
     _save(by_split, summary, Path(config.out))
     return summary
 

@@ -12,21 +12,19 @@ from typing import Any
 from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.filters.combination import (
-    CARD_KEY,
-    DEFAULT_EMBEDDING_MODEL,
-    describe_combination,
-)
-from sieverag.inference.filters.filter_format import card_format
-from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency, default_concurrency
-from sieverag.inference.llm.batching import on_batcher, question_batcher
+from sieverag.inference.filters.combination import DEFAULT_EMBEDDING_MODEL, describe_combination
+from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency
 from sieverag.inference.settings import FileList, narrow, settings
 from sieverag.inference.types import Device
-from sieverag.training.combination_fit import (
-    fitting_questions,
-    measure_combination,
-    score_rounds,
+from sieverag.training.card_fit import (
+    FOLDS,
+    MIN_GAIN,
+    fit_trained_filter,
+    not_fitted,
+    score_fitting_rounds,
+    write_card_combination,
 )
+from sieverag.training.combination_fit import fitting_questions, measure_combination
 from sieverag.training.filter_eval import FilterEvalConfig
 from sieverag.training.launch import (
     LaunchConfig,
@@ -60,6 +58,12 @@ class TrainCommand:
     overrides: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4 (in YAML, "
                 "a mapping of any values)"})
+    fit_combination: bool = field(default=True, metadata={
+        "help": "after training, fit MCF's combination of the filter's score with BM25 and "
+                "dense on the dataset's validation questions (each source left out in turn "
+                "where it has two or more) and write it into the adapter's card, as `sieverag "
+                "filter fit-combination` does; off (or where none can be fitted) the card "
+                "holds none and MCF ranks by the filter's own score"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class LaunchPlan:
     config: LaunchConfig
     processes: int
     effective_batch: int
+    dataset_path: str  # the build-dataset folder it trains on
+    output_dir: str  # where it writes the adapter and its card
 
 
 def recipe_path(recipe: str) -> Path:
@@ -115,7 +121,7 @@ def plan_launch(command: TrainCommand, machine: Machine | None = None) -> Launch
         env=launch_environment(config, processes, machine), config=config,
         processes=processes,
         effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps
-        * processes)
+        * processes, dataset_path=str(recipe.script.dataset_path), output_dir=args.output_dir)
 
 
 def launch_command(command: TrainCommand) -> list[str]:
@@ -130,7 +136,14 @@ def run_train(command: TrainCommand) -> int:
           f"{plan.processes} {where} process(es); effective batch {plan.effective_batch} "
           "(per_device_train_batch_size x gradient_accumulation_steps x processes)",
           flush=True)
-    return subprocess.run(plan.argv, env=plan.env, check=False).returncode
+    code = subprocess.run(plan.argv, env=plan.env, check=False).returncode
+    if code != 0:
+        return code
+    print(fit_trained_filter(plan.output_dir, plan.dataset_path,
+                             device="cpu" if plan.config.use_cpu else "auto")
+          if command.fit_combination
+          else not_fitted(plan.output_dir, plan.dataset_path, "--no-fit-combination"))
+    return 0
 
 
 @settings
@@ -185,8 +198,8 @@ class FitCombinationCommand:
                 "validation split)"})
     limit: int | None = field(default=None, metadata={
         "help": "first N eligible questions of each dataset"})
-    folds: int = field(default=5, metadata={"help": "cross-validation folds (by question)"})
-    min_gain: float = field(default=0.005, metadata={
+    folds: int = field(default=FOLDS, metadata={"help": "cross-validation folds (by question)"})
+    min_gain: float = field(default=MIN_GAIN, metadata={
         "help": "AUROC the filter must add over the priors alone to be used"})
     by_left_out_source: bool = field(default=False, metadata={
         "help": "fit on all sources but one and measure on the one left out, for each in "
@@ -219,8 +232,6 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
         read_card,
         resolve_filter,
     )
-    from sieverag.inference.io_utils import write_json_atomic
-    from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     found = find_adapter(command.adapter)
     card = read_card(found.path)
@@ -230,21 +241,14 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
     folder = resolve_filter(str(found.path), card["base_model"])
     by_dataset = fitting_questions(command.dataset, card, adapter=command.adapter,
                                    split_dir=command.split_dir, limit=command.limit)
-    spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=command.device)
-    concurrency = default_concurrency(command.concurrency, spec.endpoint is not None)
-    with question_batcher(concurrency, spec.endpoint is not None) as batcher:
-        backend = on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
-        rounds = [r for examples in by_dataset.values()
-                  for r in score_rounds(backend, examples, command.embedding_model,
-                                        filter_format=card_format(card),
-                                        progress=not command.quiet, concurrency=concurrency)]
+    rounds = score_fitting_rounds(folder, card, by_dataset,
+                                  embedding_model=command.embedding_model,
+                                  device=command.device, concurrency=command.concurrency,
+                                  progress=not command.quiet)
     combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
                                       embedding_model=command.embedding_model,
                                       by_left_out_source=command.by_left_out_source)
-    section = {**combination.as_card(),
-               "datasets": [Path(d).name for d in by_dataset],
-               "questions": sorted([r.source, r.question_id] for r in rounds)}
-    write_json_atomic(folder / CARD_FILE, {**card, CARD_KEY: section})
+    path = write_card_combination(folder, card, combination, list(by_dataset), rounds)
     print(describe_combination(combination))
-    print(f"written into {folder / CARD_FILE}")
+    print(f"written into {path}")
     return 0

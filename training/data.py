@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 DATASET_SUBDIR = "dataset"
+STATS_FILE = "stats.json"
+LABELLED_KEY = "labelled"  # stats.json: each label folder and the dataset it labelled
 RECORD_COLUMNS = ("prompt", "completion", "task", "source", "question_id")
 TRAINED_COLUMNS = ["prompt", "completion"]
 SENTENCE_LABELS = "sentence_labels"  # a passage record's per-sentence verdicts
@@ -95,6 +97,32 @@ def question_ids(path: str | Path, split: str = "train") -> set[tuple[str, str]]
     if len(records) == 0:
         return set()
     return set(zip(records["source"], records["question_id"], strict=True))
+
+
+def labelled_datasets(path: str | Path) -> list[str]:
+    """The datasets the questions of a build-dataset folder were labelled from (its
+    stats.json records each label folder's): where their passages are read again, e.g. to fit
+    the filter's combination on the validation questions. `DatasetError` saying what is
+    missing where the folder records none."""
+    from sieverag.inference.io_utils import parse_json, read_text
+
+    stats = Path(path) / STATS_FILE
+    if not stats.is_file():
+        raise DatasetError(f"{path} holds no {STATS_FILE} naming the datasets it was labelled "
+                           "from: is it a folder written by `sieverag build-dataset`?")
+    recorded = parse_json(read_text(stats), str(stats))
+    labelled = recorded.get(LABELLED_KEY) if isinstance(recorded, dict) else None
+    if not labelled:
+        raise DatasetError(f"{stats} names no labelled datasets (written by a build-dataset "
+                           "from before it recorded them): rebuild the folder")
+    if not isinstance(labelled, list) or not all(isinstance(e, dict) for e in labelled):
+        raise DatasetError(f"{stats}: {LABELLED_KEY!r} is not a list of label folders: "
+                           "rebuild the folder with `sieverag build-dataset`")
+    unnamed = [entry.get("labels") for entry in labelled if not entry.get("dataset")]
+    if unnamed:
+        raise DatasetError(f"{stats}: label folder(s) {', '.join(map(str, unnamed))} name no "
+                           "dataset (no label_config.json): label them with `sieverag label`")
+    return list(dict.fromkeys(str(entry["dataset"]) for entry in labelled))
 
 
 def sample(records: Dataset, limit: int | None, seed: int) -> Dataset:

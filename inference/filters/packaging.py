@@ -11,8 +11,9 @@ The packaged folder holds exactly the three adapter files (`ADAPTER_FILES`), not
   name rather than the training machine's folder.
 * `sieverag_adapter.json` — the card: base model and the sha256 of its weights, the sha256
   of each filter prompt template, the training data (fingerprint, sources, record counts,
-  the training questions), the recipe, the training metrics, the weights check, and the
-  held-out quality from an `eval-filter` report when one is given.
+  the training questions), the recipe, the training metrics, the combination `sieverag train`
+  fitted (when it did), the weights check, and the held-out quality from an `eval-filter`
+  report when one is given.
 
 The next retrained filter replaces the shipped one the same way:
 `sieverag filter package runs/filter-smollm2-cpu --eval-filter runs/eval-filter
@@ -51,8 +52,10 @@ from sieverag.inference.io_utils import (
 )
 
 CARD_FORMAT = "sieverag-filter-card/1"
-# Keys of a training run's metadata that describe how the adapter was made, kept in the card.
-CARRIED_KEYS = ("recipe", "metrics", "versions")
+# Keys of a training run's metadata that describe how the adapter was made, kept in the card;
+# with the combination `sieverag train` fitted (the bf16 weights' P(Yes) is checked to stay
+# within `max_p_yes_diff` of the float32 ones it was fitted on).
+CARRIED_KEYS = ("recipe", "metrics", "versions", "combination")
 # eval-filter's chunk-level figures kept per method in the card.
 HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "ece", "kept_per_question")
 _SPLIT_ADVICE = "is it a folder written by `sieverag build-dataset`?"

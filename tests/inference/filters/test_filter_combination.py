@@ -173,7 +173,7 @@ def test_the_card_round_trips_and_a_card_without_a_fit_ranks_by_the_filter_alone
     assert read.report["fit"]["questions"] == 60
     # A trained filter's card without a fit: the filter's own s (P(Yes) normalised); no card
     # at all: retrieval's fusion.
-    assert card_combination({"base_model": "tiny"}) is FILTER_ALONE
+    assert card_combination({"base_model": "tiny"}) == FILTER_ALONE
     assert card_combination(None) is PRIORS_ONLY and adapter_combination(None) is PRIORS_ONLY
     assert adapter_combination(tmp_path / "no-card") is PRIORS_ONLY
     with pytest.raises(AdapterError, match="malformed.*fit-combination"):

@@ -1,0 +1,155 @@
+"""Fitting a filter card's combination, shared by `sieverag filter fit-combination` and the end
+of `sieverag train`: the filter scores the fitting questions' passages
+(`combination_fit.score_rounds`), the combination is measured on them
+(`combination_fit.measure_combination`) and written into the adapter's card.
+
+After training (`fit_trained_filter`) the questions are the validation split of the
+build-dataset folder the run trained on, read from the datasets that folder was labelled from,
+and sources are left out in turn where the split holds two or more. Where no combination can
+be fitted (no validation split, the datasets not found, one question) that is said in one
+line: with one question whose passages are relevant and not, the filter's own score is
+Platt-scaled on them (`filter_alone_fit`); otherwise the card keeps no combination and MCF
+ranks by the filter alone (`combination.FILTER_ALONE`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sieverag.inference.errors import SieveragError
+from sieverag.inference.filters.combination import (
+    CARD_KEY,
+    DEFAULT_EMBEDDING_MODEL,
+    FILTER_ALONE_FIT,
+    Combination,
+    card_combination,
+    describe_combination,
+    fit_combination,
+    ranking_statement,
+)
+from sieverag.inference.filters.filter_format import card_format
+from sieverag.inference.in_flight import default_concurrency
+from sieverag.inference.llm.batching import on_batcher, question_batcher
+from sieverag.inference.metrics.filter import auroc
+from sieverag.inference.types import Device, Example
+from sieverag.training.combination_fit import (
+    LabelledRound,
+    best_bar,
+    fitting_questions,
+    measure_combination,
+    score_rounds,
+)
+
+FOLDS = 5  # cross-validation folds by question (`filter fit-combination --folds`)
+MIN_GAIN = 0.005  # AUROC the filter must add over the priors alone to be used (`--min-gain`)
+
+
+def score_fitting_rounds(folder: Path, card: Mapping[str, Any],
+                         by_dataset: Mapping[str, Sequence[Example]], *,
+                         embedding_model: str = DEFAULT_EMBEDDING_MODEL, device: Device = "auto",
+                         concurrency: int | None = None, progress: bool = True
+                         ) -> list[LabelledRound]:
+    """Each fitting question's passages scored by the filter adapter `folder` on its card's
+    base model (in its card's format), BM25 and dense; `concurrency` questions at once, their
+    calls batched; the rounds in dataset order."""
+    from sieverag.inference.llm.registry import BackendSpec, build_backend
+
+    spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=device)
+    concurrency = default_concurrency(concurrency, spec.endpoint is not None)
+    with question_batcher(concurrency, spec.endpoint is not None) as batcher:
+        backend = on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
+        return [r for examples in by_dataset.values()
+                for r in score_rounds(backend, examples, embedding_model,
+                                      filter_format=card_format(card), progress=progress,
+                                      concurrency=concurrency)]
+
+
+def write_card_combination(folder: Path, card: Mapping[str, Any], combination: Combination,
+                           datasets: Sequence[str], rounds: Sequence[LabelledRound]) -> Path:
+    """Write `combination` into the card of `folder` (its `combination` section, with the
+    datasets and questions it was fitted on); returns the card's path."""
+    from sieverag.inference.filters.adapters import CARD_FILE
+    from sieverag.inference.io_utils import write_json_atomic
+
+    section = {**combination.as_card(), "datasets": [Path(d).name for d in datasets],
+               "questions": sorted([r.source, r.question_id] for r in rounds)}
+    path = folder / CARD_FILE
+    write_json_atomic(path, {**card, CARD_KEY: section})
+    return path
+
+
+def filter_alone_fit(rounds: Sequence[LabelledRound], because: str,
+                     embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> Combination | None:
+    """Platt scaling of the filter's score alone on `rounds` (too few for the combination with
+    BM25 and dense: `because` says why), with the bar of best F1 on them; None where the
+    passages are of one class, or the score does not rise with relevance on them."""
+    try:
+        fitted = fit_combination([r.scores for r in rounds], [r.labels for r in rounds],
+                                 ("filter_log_odds",))
+    except ValueError:
+        return None
+    if fitted.weights["filter_log_odds"] <= 0:
+        return None
+    probabilities = [fitted.probabilities(r.scores) for r in rounds]
+    labels = [v for r in rounds for v in r.labels]
+    scores = [s for r in rounds for s in r.scores.filter_log_odds]
+    report = {"fit": {"questions": len(rounds), "passages": len(labels),
+                      FILTER_ALONE_FIT: because, "auroc": {"filter_alone": auroc(labels, scores)}}}
+    return replace(fitted, bar=best_bar(rounds, probabilities)[0],
+                   embedding_model=embedding_model, report=report)
+
+
+def fit_trained_filter(output_dir: str | Path, dataset_dir: str | Path, *,
+                       device: Device = "auto", progress: bool = True) -> str:
+    """Fit the combination of the adapter a training run wrote in `output_dir` on the
+    validation questions of `dataset_dir`, the build-dataset folder it trained on, and write it
+    into the adapter's card (see the module docstring); returns what was fitted, or why
+    nothing was, ending with the line that says what MCF now ranks by."""
+    from sieverag.inference.filters.adapters import CARD_FILE, read_card
+    from sieverag.training.data import labelled_datasets
+
+    folder, split_dir = Path(output_dir), str(dataset_dir)
+    card = read_card(folder)
+    datasets: list[str] = []
+    if card is None:
+        return not_fitted(folder, split_dir, f"{folder} holds no {CARD_FILE}")
+    try:
+        datasets = labelled_datasets(split_dir)
+        by_dataset = fitting_questions(datasets, card, adapter=str(folder), split_dir=split_dir)
+        rounds = score_fitting_rounds(folder, card, by_dataset, device=device,
+                                      progress=progress)
+    except SieveragError as err:
+        return not_fitted(folder, split_dir, str(err), datasets)
+    sources = sorted({r.source for r in rounds})
+    try:
+        combination: Combination | None = measure_combination(
+            rounds, folds=FOLDS, min_gain=MIN_GAIN, by_left_out_source=len(sources) > 1)
+    except SieveragError as err:
+        combination = filter_alone_fit(rounds, str(err))
+        if combination is None:
+            return not_fitted(folder, split_dir, f"{err}; nor does the filter's score alone "
+                              "rise with relevance on them", datasets)
+    path = write_card_combination(folder, card, combination, list(by_dataset), rounds)
+    where = f"{folder / CARD_FILE}"
+    return (f"MCF's combination, fitted on {len(rounds)} validation question(s) of "
+            f"{split_dir} ({', '.join(sources)}"
+            + ("; each source left out in turn" if len(sources) > 1 else "") + "):\n"
+            + describe_combination(combination) + f"\nwritten into {path}\n"
+            + ranking_statement(card_combination(read_card(folder), where), where))
+
+
+def not_fitted(output_dir: str | Path, dataset_dir: str | Path, why: str,
+               datasets: Sequence[str] = ()) -> str:
+    """Why the adapter in `output_dir` got no combination from the validation split of
+    `dataset_dir`, and the command that fits one (one line), then what MCF ranks by with its
+    card as it is."""
+    from sieverag.inference.filters.adapters import CARD_FILE, read_card
+
+    where = f"{Path(output_dir) / CARD_FILE}"
+    return (f"no combination fitted on the validation split of {dataset_dir}: {why} (fit one "
+            f"with `sieverag filter fit-combination {output_dir} --dataset "
+            f"{','.join(datasets) or 'FILES'} --split-dir {dataset_dir}`)\n"
+            + ranking_statement(card_combination(read_card(output_dir), where), where))
