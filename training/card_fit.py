@@ -150,6 +150,6 @@ def not_fitted(output_dir: str | Path, dataset_dir: str | Path, why: str,
 
     where = f"{Path(output_dir) / CARD_FILE}"
     return (f"no combination fitted on the validation split of {dataset_dir}: {why} (fit one "
-            f"with `sieverag filter fit-combination {output_dir} --dataset "
-            f"{','.join(datasets) or 'FILES'} --split-dir {dataset_dir}`)\n"
+            f"on enough gold-marked questions with `sieverag filter fit-combination {output_dir} "
+            f"--dataset {','.join(datasets) or 'FILES'} --split-dir {dataset_dir}`)\n"
             + ranking_statement(card_combination(read_card(output_dir), where), where))

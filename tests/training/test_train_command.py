@@ -18,6 +18,8 @@ from sft_runs import filter_records, write_filter_dataset
 from sieverag.accelerate_configs import ACCELERATE_CONFIGS, ACCELERATE_CONFIGS_DIR
 from sieverag.cli import main
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.adapters import read_card
+from sieverag.inference.filters.combination import PRIORS_ONLY, Combination, card_combination
 from sieverag.inference.settings import parse_settings, read_yaml_mapping
 from sieverag.training.cli import RECIPES_DIR, TrainCommand, launch_command, plan_launch
 from sieverag.training.launch import Machine
@@ -224,7 +226,11 @@ def test_the_readme_sample_labels_builds_and_trains(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """README: label -> build-dataset -> train on the repository's two-question sample: both
     splits get records (one question held out), and the CPU recipe trains on the folder and
-    saves an adapter (the tiny model in place of SmolLM2)."""
+    saves an adapter (the tiny model in place of SmolLM2) whose card ranks by the filter: its
+    one validation question is too few for the combination with BM25 and dense, so the
+    filter's own score ranks (Platt-scaled on that question where it rises with relevance
+    there), and MCF's ranking with the card follows the filter's score where retrieval's
+    does not."""
     labels, data = tmp_path / "labels-hotpot", tmp_path / "dataset-hotpot"
     assert main(["label", "--dataset", str(SAMPLE), "--out", str(labels), "--scorer", "none",
                  "--quiet"]) == 0
@@ -242,10 +248,55 @@ def test_the_readme_sample_labels_builds_and_trains(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(REPO), os.environ.get("PYTHONPATH", "")]))
     run = tmp_path / "filter"
+    capsys.readouterr()
     assert main(["train", "--recipe", "smollm2_filter_cpu", "--overrides",
                  f"dataset_path={data},output_dir={run},max_steps=1,"
                  f"model_name_or_path={tiny_model_dir},report_to=none"]) == 0
     assert (run / "adapter_model.safetensors").stat().st_size > 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[-1].startswith("MCF ranks by the filter's own")
+    combination = card_combination(read_card(run))
+    assert {f for f, w in combination.weights.items() if w} == {"filter_log_odds"}
+    assert combination.weights["filter_log_odds"] > 0
+    assert_mcf_ranks_by_the_filter(combination, tiny_model_dir, run, data)
+
+
+def assert_mcf_ranks_by_the_filter(combination: Combination, model_dir: Path, adapter: Path,
+                                   data: Path) -> None:
+    """On the validation question, MCF with the trained card orders its passages by the
+    trained adapter's own score; and a filter score that orders them otherwise than BM25 +
+    dense do changes MCF's ranking from retrieval's (`PRIORS_ONLY`) to the filter's."""
+    from fake_backend import ScriptedBackend
+
+    from sieverag.inference.data import load_examples
+    from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+    from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+
+    held_out = (data / "validation_ids.txt").read_text(encoding="utf-8").split()
+    example = next(e for e in load_examples(SAMPLE) if e.id in held_out)
+
+    def order(mcf: MultiGranularFilter) -> list[str]:
+        scored = mcf.chunk_stage(example.question, example.documents).scored
+        return [s.document.id for s in sorted(scored, key=lambda s: -s.score)]
+
+    trained = MultiGranularFilter(HFBackend(HFBackendConfig(model=str(model_dir),
+                                                            adapter=str(adapter))),
+                                  MCFConfig(), combination)
+    scored = trained.chunk_stage(example.question, example.documents).scored
+    assert order(trained) == [s.document.id for s in sorted(
+        scored, key=lambda s: -s.details["filter_score"])]
+    retrieval = order(MultiGranularFilter(ScriptedBackend(), MCFConfig(), PRIORS_ONLY))
+    # The filter puts retrieval's second passage first, its first second: neither retrieval's
+    # order nor its reverse, so only a ranking by the filter's score gives it.
+    wanted = [retrieval[1], retrieval[0], *retrieval[2:]]
+    texts = {d.id: d.text for d in example.documents}
+
+    def verdict(prompt: str) -> dict[str, float]:
+        rank = next(i for i, doc in enumerate(wanted) if texts[doc] in prompt)
+        return {"Yes": -0.1 - rank, "No": -1.0}
+
+    assert order(MultiGranularFilter(ScriptedBackend(labels=verdict), MCFConfig(),
+                                     combination)) == wanted != retrieval
 
 
 def test_train_launches_accelerate_and_saves_an_adapter(tmp_path, tiny_model_dir, capsys,

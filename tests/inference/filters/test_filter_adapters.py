@@ -215,6 +215,12 @@ def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model
 
     run = _training_run(lora, tiny_model_dir, tmp_path)
     (run / "checkpoint-25").mkdir()
+    # The combination `sieverag train` fitted on its validation split.
+    fitted = {"weights": {"filter_log_odds": 1.3}, "bias": -0.4, "bar": 0.35,
+              "datasets": ["hotpotqa_sample.jsonl"], "questions": [["hotpotqa", "q1"]]}
+    run_card = json.loads((run / CARD_FILE).read_text(encoding="utf-8"))
+    (run / CARD_FILE).write_text(json.dumps({**run_card, "combination": fitted}),
+                                 encoding="utf-8")
     out = tmp_path / "shipped" / "tiny-filter"
     assert main(["filter", "package", str(run), "--out", str(out), "--name", "tiny-filter",
                  "--check-passages", "4"]) == 0
@@ -233,6 +239,7 @@ def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model
     assert card["dataset"]["path"] == "dataset"  # no path of the training machine
     assert card["weights"]["p_yes_check"]["passages"] == 4
     assert 0 <= card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] < 1e-2
+    assert card["combination"] == fitted  # the packaged filter ranks as the trained one
     # The packaged filter resolves and fits its base model.
     assert resolve_filter(str(out), str(tiny_model_dir)) == out
 

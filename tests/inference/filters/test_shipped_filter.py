@@ -118,8 +118,12 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
     assert main(["ask", "Where was Liora Tamsin born?", "--index", str(index), "--mode", "bm25",
                  "--models.generator.device", "cpu", "--models.filter.device", "cpu",
                  "--trace"]) == 0
-    shown = capsys.readouterr().out
+    said = capsys.readouterr()
+    shown = said.out
     assert shown.startswith("Answer: ")
+    # What ranks is said first, once: the shipped card's fitted combination.
+    assert said.err.count("MCF ranks by ") == 1
+    assert "MCF ranks by the filter's score combined with BM25 and dense" in said.err
     assert "Pipeline amber (filter mcf)" in shown
     assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
     assert "P(Yes) 0." in shown and "Liora Tamsin (a#0)" in shown

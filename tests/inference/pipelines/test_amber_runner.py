@@ -47,6 +47,10 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
                        amber=SHORT, trust=TrustConfig(enabled=False))
     out = tmp_path / "run"
     summaries = runner.run_evaluation(config, out, progress=False)
+    # The run says first what MCF ranks by: the tiny adapter has no card, so retrieval.
+    assert (f"MCF ranks by BM25 + dense alone, z(BM25) + z(dense) uncalibrated, the filter's "
+            f"score unused: the filter adapter {installed} has no sieverag_adapter.json"
+            in capsys.readouterr().err)
     saved = yaml.safe_load((out / "config.yaml").read_text())
     # The default filter, made explicit.
     assert saved["models"]["filter"]["adapter"] == str(installed)
@@ -136,6 +140,9 @@ def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
                  "--models.filter.model", str(tiny_model_dir)]) == 0
     shown = capsys.readouterr().out
     assert not (out / "run" / "stale.txt").exists()  # a fresh run, not a resumed one
+    # What ranks is said once, at start, though the demo runs twice.
+    assert shown.count("MCF ranks by ") == 1
+    assert shown.splitlines()[1].startswith("MCF ranks by BM25 + dense alone")
     for pipeline in ("direct", "vanilla", "main-rag", "amber-mcf"):
         assert f"| {pipeline} | 2 |" in shown
     assert "amber with the trained filter" in shown and "beat" in shown
