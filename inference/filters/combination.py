@@ -316,9 +316,9 @@ def ranking_statement(combination: Combination, where: str, *, priors_only: bool
                 "--mcf.combination priors_only asks (the filter's score unused)")
     if not combination.fitted:
         if combination.uses_filter:
-            return (f"MCF ranks by the filter's own calibrated score, P(Yes) normalised over "
-                    f"Yes and No: {where} holds no fitted combination with BM25 and dense; "
-                    "fit one with `sieverag filter fit-combination`")
+            return (f"MCF ranks by the filter's own score, its P(Yes) normalised over Yes "
+                    f"and No (no fitted calibration): {where} holds no fitted combination with "
+                    "BM25 and dense; fit one with `sieverag filter fit-combination`")
         return ("MCF ranks by BM25 + dense alone, z(BM25) + z(dense) uncalibrated, the "
                 f"filter's score unused: {where}")
     fit = combination.report.get("fit") or {}

@@ -316,7 +316,7 @@ def test_the_server_says_what_each_served_model_ranks_by(
                                {"filter": shipped, "trained": unfitted})
     assert rankings["filter"][0] and "combined with BM25 and dense" in rankings["filter"][1]
     assert not rankings["trained"][0]
-    assert "the filter's own calibrated score" in rankings["trained"][1]
+    assert "the filter's own score, its P(Yes)" in rankings["trained"][1]
     assert "fit-combination" in rankings["trained"][1]
     with caplog.at_level("INFO", logger="sieverag.serving.local_server"):
         server._announce()  # what it logs when it starts

@@ -123,4 +123,4 @@ def test_nothing_to_fit_on_is_said_and_the_card_ranks_by_the_filter_alone(
     reason, statement = said.splitlines()
     assert reason.startswith(f"no combination fitted on the validation split of {data}: ")
     assert why in reason and f"sieverag filter fit-combination {trained}" in reason
-    assert statement.startswith("MCF ranks by the filter's own calibrated score")
+    assert statement.startswith("MCF ranks by the filter's own score, its P(Yes)")

@@ -223,7 +223,7 @@ def test_every_start_says_which_score_ranks_and_why(tmp_path):
     assert "combined with BM25 and dense" in said["fitted"] and "60 question(s)" in said["fitted"]
     assert "priors-only fit" in said["priors by name"]
     assert "--mcf.combination priors_only" in said["priors by name"]
-    assert "the filter's own calibrated score" in said["unfitted card"]
+    assert "the filter's own score, its P(Yes)" in said["unfitted card"]
     assert f"{where} holds no fitted combination" in said["unfitted card"]
     assert "fit-combination" in said["unfitted card"]
     assert "BM25 + dense alone" in said["retrieval by name"]
