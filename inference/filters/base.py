@@ -63,6 +63,12 @@ class ScoredDocumentRecord(JsonlRecord):
     sentence_scores: list[float | None] | None = Field(None, description=(
         "MCF, one-pass filter: each sentence's s from the same pass (None: cut by the "
         "context)"))
+    window: list[int] | None = Field(None, description=(
+        "MCF, a document longer than the filter's window: [start, end), the character "
+        "offsets of the best read window, whose scores are the document's"))
+    windows: int | None = Field(None, description=(
+        "MCF: the document's windows, where it has several or none (0: blank, not read)"))
+    windows_read: int | None = Field(None, description="MCF: the windows the filter read")
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,11 @@ class FilterResult:
     kept: tuple[ScoredDocument, ...]
     scored: tuple[ScoredDocument, ...]
     threshold: float | None
+    rule: str | None = None
+    """Which rule set the threshold (MCF: calibrated, shift_guard, top_k, fixed, adaptive)."""
+    rule_reason: str | None = None
+    """Why, in words (MCF's calibrated bar: the P(relevant) bar, or what the shift guard
+    found unlike the fitting rounds)."""
 
     @property
     def kept_documents(self) -> list[Document]:

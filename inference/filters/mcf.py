@@ -30,6 +30,9 @@ stage gets each sentence's s with the chunk's, and its sentence stage only appli
   (`Document.sentences`, blank entries left out) where it has one, else `split_sentences`.
   Every decision is recorded in the scored document's `details`; its `key_sentences` index
   the numbered sentences (`source_positions` maps them to the data's split).
+* Long documents: one longer than the filter's window (its card's training length) is read
+  window by window, at most `max_windows_per_doc` windows, and judged by its best
+  (`inference/filters/windows.py`); a blank document is not read (P(relevant) 0, not kept).
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ from sieverag.inference.filters.filter_format import (
     sentence_prompt,
 )
 from sieverag.inference.filters.judge import judge_bar
+from sieverag.inference.filters.windows import (
+    DEFAULT_MAX_WINDOWS,
+    DEFAULT_WINDOW_TOKENS,
+    WindowedRound,
+    WindowRule,
+    token_offsets_of,
+)
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.inference.settings import Section, settings
@@ -124,6 +134,13 @@ class MCFConfig:
     empty_sentence_answer: EmptySentenceAnswer = field(default="keep_chunk", metadata={
         "help": "a kept chunk whose sentence reply is 'none': keep_chunk (the chunk stage "
                 "decides relevance) or drop_chunk"})
+    max_windows_per_doc: int = field(default=DEFAULT_MAX_WINDOWS, metadata={
+        "help": "a document longer than the filter's window is read in at most this many "
+                "windows, those BM25 + dense rank best, and judged by its best (as Cohere's "
+                "max_chunks_per_doc)"})
+    window_tokens: int | None = field(default=None, metadata={
+        "help": "tokens of text in a window; default: the filter card's (its training "
+                f"records' length), else {DEFAULT_WINDOW_TOKENS}"})
 
     @property
     def score_rule(self) -> ScoreRule:
@@ -159,6 +176,20 @@ class MCFConfig:
         if self.sentence_max_new_tokens < 1:
             raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
                               f"{self.sentence_max_new_tokens}")
+        if self.max_windows_per_doc < 1:
+            raise ConfigError(f"mcf.max_windows_per_doc must be >= 1, got "
+                              f"{self.max_windows_per_doc}")
+        if self.window_tokens is not None and self.window_tokens < 1:
+            raise ConfigError(f"mcf.window_tokens must be >= 1, got {self.window_tokens}")
+
+
+def window_rule(backend: LLMBackend, config: MCFConfig, combination: Combination
+                ) -> WindowRule:
+    """How MCF on `backend` reads documents under `config` with the card's `combination`:
+    windows of `config.window_tokens` (else the card's), at most `max_windows_per_doc` read,
+    tokens counted by the filter's tokenizer."""
+    return WindowRule(config.window_tokens or combination.window_tokens,
+                      config.max_windows_per_doc, token_offsets_of(backend))
 
 
 def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -> list[float]:
@@ -231,6 +262,7 @@ class MultiGranularFilter:
             except AdapterError as err:
                 raise ConfigError(f"mcf.combination=priors_only: {err}") from None
         self.priors = priors
+        self.windows = window_rule(backend, self.config, self.combination)
 
     @property
     def one_pass(self) -> bool:
@@ -264,10 +296,17 @@ class MultiGranularFilter:
         return scores
 
     def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:
-        """Score every document and keep those at or above the bar, best first (full text)."""
+        """Score every document and keep those at or above the bar, best first (full text); a
+        document longer than a window by its best read window (`windows`), a blank one 0."""
         if not documents:
             return FilterResult(kept=(), scored=(), threshold=None)
-        return self.chunk_verdicts(question, documents, self.chunk_scores(question, documents))
+        round_ = WindowedRound.of(question, documents, self.windows, self.priors,
+                                  self.combination.embedding_model)
+        best = round_.best(self.chunk_scores(question, round_.read))
+        if not best:  # every document blank
+            return round_.result(best, FilterResult(kept=(), scored=(), threshold=None))
+        return round_.result(best, self.chunk_verdicts(
+            question, [b.document for b in best], [b.scores for b in best]))
 
     def chunk_verdicts(self, question: str, documents: Sequence[Document],
                        scores: Sequence[dict]) -> FilterResult:

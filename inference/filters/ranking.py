@@ -29,6 +29,7 @@ from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import p_relevant
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.filters.windows import WindowRule
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.retrieval.sentences import sentence_spans
 from sieverag.inference.types import Document, RerankResult, SentenceSpan
@@ -46,26 +47,34 @@ def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
     judged by MCF under `config` with the filter's `combination` (None: `PRIORS_ONLY`), and
     under `config.sentence_stage` with its key sentences, its pruned text and (`spans`) its
     sentence spans."""
-    result = MultiGranularFilter(backend, config, combination).select(query, documents)
+    mcf = MultiGranularFilter(backend, config, combination)
+    result = mcf.select(query, documents)
     ranked = []
     for document, judged in zip(documents, result.scored, strict=True):
         ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept)
         if config.sentence_stage:
-            ranking = sentence_view(ranking, document, judged, spans=spans)
+            ranking = sentence_view(ranking, document, judged, spans=spans, rule=mcf.windows)
         ranked.append(ranking)
     return ranked
 
 
 def sentence_view(result: RerankResult, document: Document, judged: ScoredDocument, *,
-                  spans: bool) -> RerankResult:
+                  spans: bool, rule: WindowRule | None = None) -> RerankResult:
     """`result` with what MCF's sentence stage made of `document` (one of `as_documents`: its
     sentences are `split_sentences` of its text, which `sentence_spans` locates) from
     `judged`, MCF's verdict on it: its key sentences, its pruned text and (`spans`) its
-    sentence spans."""
+    sentence spans. A document read window by window (`rule`, MCF's) has its sentences as
+    the windows cut them, offsets into the whole document; only its best window's can be
+    key or scored."""
     text = document.text
-    located = sentence_spans(text)
-    keys = set(judged.details.get("key_sentences", ())) if judged.kept else set()
-    scores = judged.details.get("sentence_scores") or ()
+    window = judged.details.get("window")
+    located, first = sentence_spans(text), 0
+    if window is not None and rule is not None:
+        located = [(start, end) for start, end, _ in rule.units(text)]
+        first = next(i for i, (start, _) in enumerate(located) if start == window[0])
+    keys = ({first + k for k in judged.details.get("key_sentences", ())} if judged.kept
+            else set())
+    scores = [None] * first + list(judged.details.get("sentence_scores") or ())
     return RerankResult(
         result.index, result.relevance_score, result.kept,
         key_sentences=tuple(text[start:end] for i, (start, end) in enumerate(located)
