@@ -131,6 +131,8 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict, *,
     assert len(metadata["dataset"]["fingerprint"]) == 16
     assert metadata["dataset"]["records"] == (records or {"train": 12, "eval": 3})
     assert metadata["dataset"]["tasks"]["train"] == (tasks or {"chunk": 8, "sentence": 4})
+    lengths = metadata["dataset"]["record_tokens"]  # the window a served filter reads
+    assert 0 < lengths["median"] <= lengths["p95"] <= lengths["max"]
     assert metadata["metrics"]["global_step"] == 2
     assert "eval_loss" in metadata["metrics"]
     assert metadata["recipe"]["effective_batch"] == 2

@@ -156,6 +156,18 @@ def drop_long(records: Dataset, tokenizer: PreTrainedTokenizerBase,
     return records.select(keep), len(records) - len(keep)
 
 
+def record_token_lengths(records: Dataset, tokenizer: PreTrainedTokenizerBase
+                         ) -> dict[str, int]:
+    """The tokens of the records trained on (`record_length`): the longest, the median and
+    the 95th percentile (the card's `dataset.record_tokens`; the longest is the window a long
+    document is read in, `inference/filters/windows.py`). Empty for no records."""
+    lengths = sorted(record_length(record, tokenizer) for record in records)
+    if not lengths:
+        return {}
+    return {"max": lengths[-1], "median": lengths[len(lengths) // 2],
+            "p95": lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]}
+
+
 def trained_columns(records: Dataset, tokenizer: PreTrainedTokenizerBase) -> Dataset:
     """What the trainer reads: `prompt` and `completion` (provenance columns stay out); a
     one-pass split as `input_ids` and `labels` (`filter_format.passage_training_ids`)."""

@@ -165,6 +165,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
 
     from sieverag.inference.filters.adapters import filter_template_hashes, weights_sha256
     from sieverag.inference.filters.filter_format import FORMAT_KEY
+    from sieverag.inference.filters.windows import RECORD_TOKENS_KEY
     from sieverag.inference.llm.models import EMBEDDED_MODELS
     from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
@@ -200,6 +201,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
             "train_questions": sorted(map(list, data.question_ids(script.dataset_path,
                                                                   script.train_split))),
             "dropped_longer_than_max_length": dropped,
+            # What the filter read: a served filter reads long documents in windows this long.
+            RECORD_TOKENS_KEY: data.record_token_lengths(used["train"], tokenizer),
         },
         "recipe": {
             "path": recipe.path,

@@ -178,3 +178,21 @@ def test_lora_on_the_upper_layers_only(tiny_model_dir: Path) -> None:
                                       lora_layers_from=2), tiny_model_dir)
     with pytest.raises(ConfigError, match="lora_layers_from must be >= 0"):
         FilterModelConfig(lora_layers_from=-1)
+
+
+def test_the_card_records_the_lengths_of_the_records_trained_on(tiny_model_dir: Path) -> None:
+    """`dataset.record_tokens`: what a served filter's window is read from."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from sieverag.inference.filters.filter_format import chunk_record
+    from sieverag.training.data import record_length, record_token_lengths
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    records = Dataset.from_list([
+        chunk_record(question="Where?", chunk_text="word " * n, relevant=n > 5, source="s",
+                     question_id=str(n), evidence={"note": "x"}) for n in (1, 5, 20, 40)])
+    lengths = sorted(record_length(record, tokenizer) for record in records)
+    assert record_token_lengths(records, tokenizer) == {
+        "max": lengths[-1], "median": lengths[2], "p95": lengths[-1]}
+    assert record_token_lengths(records.select([]), tokenizer) == {}
