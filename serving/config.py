@@ -30,6 +30,7 @@ VLLM_VENV = ".venv-vllm"
 VLLM_PYTHON_ENV = "SIEVERAG_VLLM_PYTHON"
 _CORE_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 PROXY_TIMEOUT_S = 120.0
+DEFAULT_MAX_REQUEST_TOKENS = 200_000
 
 
 @settings
@@ -83,6 +84,16 @@ class LocalOptions:
                 "prompt leaves"})
     max_rerank_documents: int = field(default=100, metadata={
         "help": "most documents in one /v1/rerank request"})
+    max_request_tokens: int = field(default=DEFAULT_MAX_REQUEST_TOKENS, metadata={
+        "help": "most filter tokens one /v1/rerank, /v1/score or proxy request may use (the "
+                "prompts of the windows the filter reads); a request over it gets 413 before "
+                "any work (default: 100 documents read in 4 windows of the shipped filter's "
+                "256 tokens, with room for their prompts)"})
+    max_batch_tokens: int | None = field(default=None, metadata={
+        "help": "most prompt tokens the engine prefills in one step, its sequences taken in "
+                "turn from each request waiting, so a request sent while another's long work "
+                "runs waits at most one step; default: 2048 on a GPU, 512 on CPU (where a "
+                "step's time grows with its tokens)"})
     rerank: MCFConfig = field(default_factory=MCFConfig, metadata={
         "help": "/v1/rerank's filter rules, as MCF's (--mcf.*): the bar that decides `kept` "
                 "(default MCF's: every document at or above the filter card's calibrated "
@@ -95,9 +106,11 @@ class LocalOptions:
         if not self.batch_window_ms >= 0:
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
         for name in ("max_request_bytes", "max_prompts_per_request", "default_chat_max_tokens",
-                     "max_rerank_documents"):
+                     "max_rerank_documents", "max_request_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
 
 
 @settings

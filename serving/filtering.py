@@ -1,29 +1,43 @@
 """The filter on the engine for one request's documents: the code the rerank endpoints, the
 score endpoint and the filtering proxy share, so all judge by the same rules, limits and code.
 
-`run_filter` runs, in a worker thread: the documents cut to fit where the request asks for it
-(`Truncation`: each cut, from its end or its start, until every filter prompt on it fits),
-each filter prompt's size checked (`check_prompts_fit`; the caller checks the documents'
-count and text sizes first, `PromptLimits.check_documents`), then the caller's work on an
-`EngineBackend` for the served model the request names (MCF's own code: `rank_by_filter`,
-`MultiGranularFilter`); a client that goes away cancels the sequences in flight.
+A request's work is prepared, then run, each in a worker thread:
+
+* `prepare_filter`: the documents cut where the request asks for it (`Truncation`: to the
+  filter's window, or until every filter prompt on a document holds at most a number of
+  tokens), each document's windows planned as MCF will read them (`inference/filters/
+  windows.py`: a document longer than the filter's window is read in at most
+  `max_windows_per_doc` windows), every filter prompt on a window checked to fit the context
+  (400 naming the query, the only part that can make one overflow), and the filter tokens
+  the round may use counted
+  (`round_tokens`: the prompts of each document's largest windows, up to the ones it reads);
+* the caller checks the request's filter tokens against the server's budget
+  (`PromptLimits.check_request_tokens`, 413) before any work, over all its rounds;
+* `run_prepared`: the caller's work on an `EngineBackend` for the served model the request
+  names (MCF's own code: `rank_by_filter`, `MultiGranularFilter`), its sequences queued on the
+  engine under the request's owner, so the engine takes them in turn with other requests'
+  (`BatchingEngine`); a client that goes away cancels the sequences not yet run.
+
+`run_filter` does all three for a request of one round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from sieverag.inference.filters.combination import PRIORS_ONLY, Combination
 from sieverag.inference.filters.filter_format import (
     FilterFormat,
     chunk_prompt,
     passage_prompt,
     sentence_prompt,
 )
-from sieverag.inference.filters.mcf import MCFConfig, document_sentences
+from sieverag.inference.filters.mcf import MCFConfig, document_sentences, window_rule
+from sieverag.inference.filters.windows import WindowRule, window_document
 from sieverag.inference.llm.base import marked_prompt_ids
 from sieverag.inference.types import Document
 from sieverag.serving.api.limits import PromptLimits
@@ -39,9 +53,10 @@ _FIT_ROUNDS = 8
 
 @dataclass(frozen=True)
 class Truncation:
-    """How a document too long for its filter prompts is cut instead of refused: from its
-    end (`keep` "start") or its start, until every filter prompt on it fits
-    `max_prompt_tokens` (None: the model's context) with its answer within the context."""
+    """How a document too long is cut, from its end (`keep` "start") or its start: to the
+    filter's window (`max_prompt_tokens` None: its first or last window's worth of tokens,
+    read as one window), or until every filter prompt on it holds at most
+    `max_prompt_tokens` tokens (what is left, read window by window)."""
 
     max_prompt_tokens: int | None = None
     keep: Literal["start", "end"] = "start"
@@ -62,15 +77,61 @@ class DocumentRefusal:
 @dataclass(frozen=True)
 class FilterRequest:
     """What the filter runs on: the served `model`, its rules, the query and the documents,
-    the card's prompt format, and how documents too long are cut (None: refused)."""
+    the filter card's combination (its prompt format and window; None: no card), and how
+    documents too long are cut (None: read window by window, whole)."""
 
     model: str
     rules: MCFConfig
     query: str
     documents: Sequence[Document]
-    filter_format: FilterFormat = "two_stage"
+    combination: Combination | None = None
     truncation: Truncation | None = None
     refusal: DocumentRefusal = DocumentRefusal()
+    query_field: str = "query"
+
+    @property
+    def filter_format(self) -> FilterFormat:
+        return (self.combination or PRIORS_ONLY).filter_format
+
+
+@dataclass(frozen=True)
+class PreparedRound:
+    """A round ready to run: its backend, the documents as judged (cut where asked) and the
+    filter tokens it may use."""
+
+    request: FilterRequest
+    backend: EngineBackend
+    documents: list[Document]
+    tokens: int
+
+
+async def prepare_filter(engine: BatchingEngine, limits: PromptLimits, request: FilterRequest,
+                         owner: Hashable | None = None) -> PreparedRound:
+    """`request`'s documents cut where it asks, their prompts checked to fit (400 naming the
+    first document that does not) and its filter tokens counted, on a backend whose
+    sequences the engine queues under `owner` (None: the backend's own)."""
+    backend = EngineBackend(engine, request.model, owner=owner)
+
+    def prepare() -> PreparedRound:
+        rule = window_rule(backend, request.rules, request.combination or PRIORS_ONLY)
+        documents = list(request.documents)
+        if request.truncation is not None:
+            documents = [fit_document(backend, limits, request, rule, index, document)
+                         for index, document in enumerate(documents)]
+        tokens = round_tokens(backend, limits, request, rule, documents)
+        return PreparedRound(request, backend, documents, tokens)
+
+    return await asyncio.to_thread(prepare)
+
+
+async def run_prepared(prepared: PreparedRound,
+                       work: Callable[[EngineBackend, list[Document]], T]) -> T:
+    """`work` on the round's backend and documents as judged."""
+    try:
+        return await asyncio.to_thread(work, prepared.backend, prepared.documents)
+    except asyncio.CancelledError:  # the client went away: so do its sequences
+        prepared.backend.cancel()
+        raise
 
 
 async def run_filter(engine: BatchingEngine, limits: PromptLimits, request: FilterRequest,
@@ -78,23 +139,11 @@ async def run_filter(engine: BatchingEngine, limits: PromptLimits, request: Filt
                      ) -> tuple[T, EngineBackend]:
     """`work` on the request model's backend and the documents as judged (cut where the
     request asks for it), once every filter prompt fits (400 naming the first document that
-    does not), and the backend (its `meter` holds the tokens used)."""
-    backend = EngineBackend(engine, request.model)
-
-    def run() -> T:
-        documents = list(request.documents)
-        if request.truncation is not None:
-            documents = [fit_document(backend, limits, request, index, document)
-                         for index, document in enumerate(documents)]
-        check_prompts_fit(backend, limits, request.rules, request.query, documents,
-                          request.filter_format, request.refusal)
-        return work(backend, documents)
-
-    try:
-        return await asyncio.to_thread(run), backend
-    except asyncio.CancelledError:  # the client went away: so do its sequences
-        backend.cancel()
-        raise
+    does not) and the request's filter tokens are within the budget (413), and the backend
+    (its `meter` holds the tokens used)."""
+    prepared = await prepare_filter(engine, limits, request)
+    limits.check_request_tokens(prepared.tokens, len(prepared.documents))
+    return await run_prepared(prepared, work), prepared.backend
 
 
 def filter_prompt_sizes(backend: EngineBackend, config: MCFConfig, query: str,
@@ -117,25 +166,47 @@ def filter_prompt_sizes(backend: EngineBackend, config: MCFConfig, query: str,
     return sizes
 
 
-def check_prompts_fit(backend: EngineBackend, limits: PromptLimits, config: MCFConfig,
-                      query: str, documents: Sequence[Document],
-                      filter_format: FilterFormat = "two_stage",
-                      refusal: DocumentRefusal = DocumentRefusal()) -> None:
-    """Refuse (400, naming the document by its position) a document whose filter prompt
-    leaves no room for its answer in the context."""
+def round_tokens(backend: EngineBackend, limits: PromptLimits, request: FilterRequest,
+                 rule: WindowRule, documents: Sequence[Document]) -> int:
+    """The filter tokens (prompts and answers) the round may use: for each document, the
+    prompts of its largest windows, as many as the filter reads (all of a document that
+    fits), and under a sentence stage one more of its largest window (a blank document:
+    none). Refuses (400) a query that leaves a prompt on a document's largest window no room
+    for its answer in the context."""
+    config, query = request.rules, request.query
+    empty = Document(id="", text="")
+    around = {name: (prompt, answer) for name, prompt, answer in filter_prompt_sizes(
+        backend, config, query, empty, request.filter_format)}
+    if config.sentence_stage and request.filter_format == "two_stage":
+        _, ids = backend.encode(sentence_prompt(query, [""]))
+        around["sentence"] = (len(ids), config.sentence_max_new_tokens)
+    total = 0
     for index, document in enumerate(documents):
+        windows = rule.windows(document.text)
+        if not windows:
+            continue
+        largest = max(windows, key=lambda w: w.tokens)
+        probe = document if len(windows) == 1 else window_document(document, largest)
         for name, prompt_tokens, answer_tokens in filter_prompt_sizes(
-                backend, config, query, document, filter_format):
-            limits.check_document_prompt(index, prompt_tokens, answer_tokens, name,
-                                         param=refusal.param, remedy=refusal.remedy)
+                backend, config, query, probe, request.filter_format):
+            limits.check_window_prompt(index, prompt_tokens, answer_tokens, name,
+                                       request.query_field)
+        read = sorted((w.tokens for w in windows), reverse=True)[:rule.max_windows]
+        total += sum(read) + len(read) * sum(around["chunk"])
+        if "sentence" in around:
+            total += read[0] + sum(around["sentence"])
+    return total
 
 
 def fit_document(backend: EngineBackend, limits: PromptLimits, request: FilterRequest,
-                 index: int, document: Document) -> Document:
-    """`document` cut, on the side `request.truncation` keeps, until every filter prompt on it
-    fits; refused (400) where even a few tokens of it cannot fit."""
+                 rule: WindowRule, index: int, document: Document) -> Document:
+    """`document` cut, on the side `request.truncation` keeps: to the filter's window
+    (`rule`), or until every filter prompt on it holds at most the rule's prompt tokens;
+    refused (400) where even a few tokens of it cannot fit that."""
     truncation = request.truncation
     assert truncation is not None
+    if truncation.max_prompt_tokens is None:
+        return dataclasses.replace(document, text=rule.cut(document.text, truncation.keep))
     # A text of more than this many characters holds more tokens than any context: cut it
     # first, so the tokenizer never reads more than a context's worth.
     most_chars = limits.max_model_len * limits.max_token_chars
@@ -145,7 +216,7 @@ def fit_document(backend: EngineBackend, limits: PromptLimits, request: FilterRe
     slack = 0
     for _ in range(_FIT_ROUNDS):
         candidate = dataclasses.replace(document, text=text)
-        overflow = max(_overflow(limits, truncation, prompt, answer) for _, prompt, answer
+        overflow = max(prompt - truncation.max_prompt_tokens for _, prompt, _
                        in filter_prompt_sizes(backend, request.rules, request.query,
                                               candidate, request.filter_format))
         if overflow <= 0:
@@ -159,13 +230,6 @@ def fit_document(backend: EngineBackend, limits: PromptLimits, request: FilterRe
                 else text[starts[len(starts) - keep][0]:])
         slack = max(1, 2 * slack)
     raise limits.document_too_long(
-        index, "its filter prompts do not fit however much of it is cut: the query and the "
-        "prompt fill the context", request.refusal.param, request.refusal.remedy)
-
-
-def _overflow(limits: PromptLimits, truncation: Truncation, prompt_tokens: int,
-              answer_tokens: int) -> int:
-    over_context = prompt_tokens + answer_tokens - limits.max_model_len
-    if truncation.max_prompt_tokens is None:
-        return over_context
-    return max(over_context, prompt_tokens - truncation.max_prompt_tokens)
+        index, f"its filter prompts hold more than {truncation.max_prompt_tokens} tokens "
+        "however much of it is cut: the query and the prompt fill them",
+        request.refusal.param, request.refusal.remedy)

@@ -61,7 +61,8 @@ class LocalServer:
                                         self.cards)
         served = load_served_model(config.model, adapters, config.dtype, config.device)
         self.engine = BatchingEngine(served, max_batch_size=config.max_batch_size,
-                                     batch_window_s=config.batch_window_ms / 1000)
+                                     batch_window_s=config.batch_window_ms / 1000,
+                                     max_batch_tokens=config.max_batch_tokens)
         self.port = config.port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -51,7 +51,8 @@ class ServingContext:
             max_token_chars=max_token_chars(self.tokenizer),
             max_prompts_per_request=self.options.max_prompts_per_request,
             default_chat_max_tokens=self.options.default_chat_max_tokens,
-            max_rerank_documents=self.options.max_rerank_documents)
+            max_rerank_documents=self.options.max_rerank_documents,
+            max_request_tokens=self.options.max_request_tokens)
 
     def check_model(self, name: str) -> None:
         """Refuse (404) a `model` this server does not serve."""
@@ -61,8 +62,10 @@ class ServingContext:
                            code="model_not_found")
 
     async def run_all(self, requests: list[SequenceRequest]) -> list[SequenceResult]:
-        """Every sequence's result; all are cancelled if one fails or the client goes away."""
-        futures = [self.engine.submit(request) for request in requests]
+        """Every sequence's result, queued as one owner's (the engine takes them in turn with
+        other requests'); all are cancelled if one fails or the client goes away."""
+        owner = object()
+        futures = [self.engine.submit(request, owner=owner) for request in requests]
         try:
             return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
         except BaseException:

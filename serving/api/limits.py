@@ -2,6 +2,9 @@
 
 * Prompts per /v1/completions request: at most `max_prompts_per_request` (400); documents
   per /v1/rerank request: at least one, at most `max_rerank_documents` (400).
+* The filter tokens of a rerank, score or proxy request (`serving.filtering.round_tokens`:
+  the prompts of the windows the filter may read): at most `max_request_tokens` (413),
+  checked once the documents are tokenised, before the filter or retrieval runs.
 * A text prompt (a completions string, a chat conversation as its template renders it),
   before it is tokenised: one token stands for at most `max_token_chars` characters (the
   longest vocabulary entry, `tokens.max_token_chars`), so a text of more than
@@ -10,9 +13,9 @@
   its length): its length against the context, then each id against the vocabulary, in one
   pass (400).
 * Every prompt once tokenised: not empty, and its tokens plus max_tokens within the context
-  (400 `context_length_exceeded`). A rerank document is refused by its index: first by its
-  text alone, before anything is tokenised, then by each filter prompt built on it and the
-  tokens that prompt's answer needs.
+  (400 `context_length_exceeded`). A rerank document of any length is read window by window
+  (`inference/filters/windows.py`); only a query that leaves the filter prompt on a window,
+  with the tokens its answer needs, no room in the context is refused (naming the query).
 * A chat request without max_tokens gets `default_chat_max_tokens`, lowered to what the
   context leaves after the prompt.
 
@@ -38,6 +41,7 @@ class PromptLimits:
     max_prompts_per_request: int
     default_chat_max_tokens: int
     max_rerank_documents: int
+    max_request_tokens: int
 
     def check_count(self, prompts: Sequence[object]) -> None:
         """Refuse a completions request with no prompt or more than the cap."""
@@ -48,11 +52,8 @@ class PromptLimits:
                            f"at most {self.max_prompts_per_request} per request: split it",
                            param="prompt")
 
-    def check_documents(self, texts: Sequence[str], *, param: str = "documents",
-                        remedy: str | None = None, sizes: bool = True) -> None:
-        """Refuse a rerank request with no document or more than the cap, and (with `sizes`:
-        unless the documents are to be cut to fit) any document whose text alone cannot fit
-        the context (in time linear in its length)."""
+    def check_documents(self, texts: Sequence[str], *, param: str = "documents") -> None:
+        """Refuse a rerank request with no document or more than the cap."""
         if not texts:
             raise APIError(400, f"{param} is an empty list: send at least one document to "
                            "rerank", param=param)
@@ -60,21 +61,28 @@ class PromptLimits:
             raise APIError(400, f"the request holds {len(texts)} documents; this server reranks "
                            f"at most {self.max_rerank_documents} per request: split it",
                            param=param)
-        for index, text in enumerate(texts if sizes else ()):
-            fewest = -(-len(text) // self.max_token_chars)
-            if fewest >= self.max_model_len:
-                raise self.document_too_long(index, f"its text alone has at least {fewest} "
-                                             f"tokens ({len(text)} characters)", param, remedy)
 
-    def check_document_prompt(self, index: int, prompt_tokens: int, answer_tokens: int,
-                              prompt_name: str, *, param: str = "documents",
-                              remedy: str | None = None) -> None:
-        """Refuse document `index` when its filter prompt (`prompt_name`) with the tokens
-        of its answer overflows the context."""
+    def check_request_tokens(self, tokens: int, documents: int) -> None:
+        """Refuse (413) a request whose filter tokens (over its `documents`) pass the budget."""
+        if tokens > self.max_request_tokens:
+            raise APIError(413, f"the request's {documents} document(s) need up to "
+                           f"{tokens:,} filter tokens; this server reads at most "
+                           f"{self.max_request_tokens:,} per request (--local.max-request-"
+                           "tokens): send fewer or shorter documents, or fewer windows per "
+                           "document (max_chunks_per_doc)", code="request_too_large")
+
+    def check_window_prompt(self, index: int, prompt_tokens: int, answer_tokens: int,
+                            prompt_name: str, param: str = "query") -> None:
+        """Refuse (400, naming the query field `param`) a query that leaves a filter prompt
+        (`prompt_name`) on a window of document `index` (its largest), with the tokens of its
+        answer, no room in the context: a window is never longer than the filter reads, so
+        only the query can make it overflow."""
         if prompt_tokens + answer_tokens > self.max_model_len:
-            raise self.document_too_long(
-                index, f"its {prompt_name} prompt has {prompt_tokens} tokens and the answer "
-                f"needs {answer_tokens} more", param, remedy)
+            raise APIError(400, f"the query is too long for this model's maximum context "
+                           f"length of {self.max_model_len} tokens: the {prompt_name} prompt "
+                           f"on document {index} has {prompt_tokens} tokens and the answer "
+                           f"needs {answer_tokens} more; shorten the query", param=param,
+                           code="context_length_exceeded")
 
     def check_before_encoding(self, prompt: str | Sequence[int], max_tokens: int,
                               param: str) -> None:

@@ -262,9 +262,10 @@ async def _stream(engine: BatchingEngine, requests: Sequence[SequenceRequest],
     are cancelled however the stream ends (a no-op for those finished)."""
     feed = TokenFeed()
     futures: list[Future[SequenceResult]] = []
+    owner = object()  # the request's sequences take their turns as one
     try:
         for index, request in enumerate(requests):
-            futures.append(engine.submit(request, feed.listener(index)))
+            futures.append(engine.submit(request, feed.listener(index), owner=owner))
             feed.watch(index, futures[-1])
         async for item in events(feed, futures):
             yield item

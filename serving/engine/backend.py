@@ -12,14 +12,15 @@ are not cut to fit: the caller checks their sizes first (`encode` gives their to
 the engine refuses none.
 
 One instance serves one HTTP request, from the worker thread that runs the filter: each call
-blocks on the engine's futures; `cancel()` (from the event loop, when the client goes away)
-cancels those in flight and refuses later calls.
+blocks on the engine's futures, its sequences queued under the request's owner (the engine
+takes them in turn with other requests'); `cancel()` (from the event loop, when the client
+goes away) cancels those in flight and refuses later calls.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import CancelledError, Future
 
 from sieverag.inference.llm.base import (
@@ -43,11 +44,15 @@ _DEFAULT_SETTINGS = GenerationSettings()
 class EngineBackend:
     """An `LLMBackend` that runs `model` (a served name) on `engine`."""
 
-    def __init__(self, engine: BatchingEngine, model: str) -> None:
+    def __init__(self, engine: BatchingEngine, model: str, *, owner: Hashable | None = None
+                 ) -> None:
+        """`owner`: whose turn the engine queues this backend's sequences for (the rounds of
+        one request share one); None: this backend's own."""
         if model not in engine.served.names:
             raise ValueError(f"unknown model {model!r}; served: {engine.served.names}")
         self.engine = engine
         self.model = model
+        self.owner: Hashable = self if owner is None else owner
         self.tokenizer = engine.served.tokenizer
         self.meter = UsageMeter()
         self._encoded: dict[str, tuple[int, ...]] = {}  # rendered prompt -> its token ids
@@ -169,7 +174,8 @@ class EngineBackend:
                 if self._cancelled:
                     raise CancelledError
                 self._in_flight = futures
-                futures.extend(self.engine.submit(request) for request in requests)
+                futures.extend(self.engine.submit(request, owner=self.owner)
+                               for request in requests)
             return [future.result() for future in futures]
         except BaseException:
             self.engine.cancel(futures)  # one failed or was cancelled: none is wanted now

@@ -2,10 +2,16 @@
 
 Requests arrive on a queue from the HTTP handlers. When the worker is idle it waits for the
 first one, then up to `batch_window_s` for more (at most `max_batch_size` sequences in all).
-New sequences are prefilled together (left-padded, grouped by served model name, chunked by a
-token budget) and then join the running batch of their model: continuous batching, so each
-decode step runs every live sequence of one model as one forward pass, and a request that
-arrives mid-generation waits one step rather than for the whole batch to finish.
+Each step takes new sequences in turn from every owner waiting (an owner is one HTTP
+request: all the filter windows of a rerank request, all the prompts of a completions
+request), one of each in a round, round after round, until their prompts pass
+`max_batch_tokens` (a lone longer prompt goes alone): so a small request sent while a large
+one's windows wait runs in the next step, after at most the step under way, however many
+windows the large one still has. They are prefilled together (left-padded, grouped by served
+model name, shortest first, in passes within that budget) and then join the running batch
+of their model: continuous batching, so each decode step runs every live sequence of one
+model as one forward pass, and a request that arrives mid-generation waits one step rather
+than for the whole batch to finish.
 Results are delivered through `concurrent.futures.Future`s; a streamed request also gets each
 token as it is chosen (`TokenEvent`, handed to its listener on the worker thread). A cancelled
 future (`cancel`, when a client goes away) takes its sequence out of the queue or its running
@@ -20,7 +26,7 @@ import queue
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,6 +53,10 @@ logger = logging.getLogger(__name__)
 # rather than run to its end. Smaller passes would bound that work too, but cost throughput:
 # the 1,000-request load ran 4.07 requests/s with 256-token passes against 4.87 with 2,048.
 PREFILL_TOKEN_BUDGET = 2048
+# On CPU a step's time grows with its tokens, so a short request waits for the step under way
+# in proportion to it: a quarter of the GPU budget, about two filter windows (one a step when
+# two owners share it), holds that wait to a window's time.
+CPU_PREFILL_TOKEN_BUDGET = 512
 PROMPT_LOGITS_BUDGET = 1 << 26
 PROMPT_SLICE = 512
 
@@ -161,6 +171,7 @@ class _Sequence:
     future: Future[SequenceResult]
     sampling: Sampling
     listener: TokenListener | None = None
+    owner: Hashable | None = None  # whose turn it waits for; None: its own
     position: int = 0  # position id of the token fed next
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -175,16 +186,23 @@ class BatchingEngine:
     """Runs `ServedModel` for concurrent requests on one worker thread, batched."""
 
     def __init__(self, served: ServedModel, *, max_batch_size: int = 32,
-                 batch_window_s: float = 0.01) -> None:
+                 batch_window_s: float = 0.01, max_batch_tokens: int | None = None) -> None:
+        """`max_batch_tokens`: the prompt tokens a step prefills (None: PREFILL_TOKEN_BUDGET
+        on a GPU, CPU_PREFILL_TOKEN_BUDGET on CPU)."""
         if max_batch_size < 1 or batch_window_s < 0:
             raise ValueError(f"max_batch_size must be >= 1 and batch_window_s >= 0, got "
                              f"{max_batch_size} and {batch_window_s}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.served = served
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
+        self.max_batch_tokens = max_batch_tokens or (
+            PREFILL_TOKEN_BUDGET if served.device.type == "cuda" else CPU_PREFILL_TOKEN_BUDGET)
         self.stats = EngineStats()
         self._queue: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
-        self._waiting: deque[_Sequence] = deque()
+        # Sequences not started, by owner, in the order the owners take their turns.
+        self._waiting: dict[Hashable, deque[_Sequence]] = {}
         self._running: dict[str, RunningBatch[_Sequence]] = {}
         self._held: set[_Sequence] = set()  # submitted and not yet let go; guarded by _lock
         self._pass_rows: Sequence[_Sequence] = ()  # the sequences of the forward pass under way
@@ -236,17 +254,20 @@ class BatchingEngine:
             hook.remove()
         self._fail_everything(EngineClosedError("the server is shutting down"))
 
-    def submit(self, request: SequenceRequest, listener: TokenListener | None = None
-               ) -> Future[SequenceResult]:
+    def submit(self, request: SequenceRequest, listener: TokenListener | None = None, *,
+               owner: Hashable | None = None) -> Future[SequenceResult]:
         """Queue one sequence; the future resolves when it finishes. `listener`, when given,
-        gets each token as it is chosen, on the worker thread, before the future resolves."""
+        gets each token as it is chosen, on the worker thread, before the future resolves.
+        `owner`: whose turn it waits for (the sequences of one HTTP request share one; None:
+        its own)."""
         if request.model not in self.served.names:
             raise ValueError(f"unknown model {request.model!r}; served: {self.served.names}")
         generator = None
         if request.seed is not None:
             generator = torch.Generator(device=self.served.device).manual_seed(request.seed)
         sequence = _Sequence(request, Future(),
-                             Sampling(request.temperature, request.top_p, generator), listener)
+                             Sampling(request.temperature, request.top_p, generator), listener,
+                             owner)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the server is shutting down")
@@ -281,7 +302,8 @@ class BatchingEngine:
         """Start what waits (prefill), then advance every running batch by one token."""
         new = self._take_new()
         for name, group in _by_model(new).items():
-            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer)):
+            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
+                                         self.max_batch_tokens):
                 # A long prefill of an earlier chunk gives clients time to go away.
                 chunk = [chunk[i] for i in self._keep_wanted(chunk)]
                 if not chunk:
@@ -354,14 +376,15 @@ class BatchingEngine:
             raise _Abandoned
 
     def _take_new(self) -> list[_Sequence]:
-        """Sequences to start now: wait (with the batch window) only when nothing runs."""
+        """Sequences to start now, in turn from each owner waiting (`_in_turn`): wait (with the
+        batch window) only when nothing runs or waits."""
         if not self._running and not self._waiting:
             first = self._queue.get()
             if first is None:
                 return []
-            self._waiting.append(first)
+            self._wait(first)
             deadline = time.monotonic() + self.batch_window_s
-            while len(self._waiting) < self.max_batch_size:
+            while sum(map(len, self._waiting.values())) < self.max_batch_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -371,7 +394,7 @@ class BatchingEngine:
                     break
                 if item is None:
                     return []
-                self._waiting.append(item)
+                self._wait(item)
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -379,11 +402,41 @@ class BatchingEngine:
                 break
             if item is None:
                 return []
-            self._waiting.append(item)
-        waiting = list(self._waiting)
-        self._waiting = deque(waiting[i] for i in self._keep_wanted(waiting))
+            self._wait(item)
+        for owner, waiting in list(self._waiting.items()):  # cancelled ones leave first
+            kept = deque(waiting[i] for i in self._keep_wanted(list(waiting)))
+            if kept:
+                self._waiting[owner] = kept
+            else:
+                del self._waiting[owner]
         room = self.max_batch_size - sum(len(batch) for batch in self._running.values())
-        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        return self._in_turn(room)
+
+    def _wait(self, sequence: _Sequence) -> None:
+        """Queue `sequence` behind its owner's (a new owner takes its turn after the others)."""
+        owner = sequence if sequence.owner is None else sequence.owner
+        self._waiting.setdefault(owner, deque()).append(sequence)
+
+    def _in_turn(self, room: int) -> list[_Sequence]:
+        """Up to `room` waiting sequences, one of each owner in a round, round after round,
+        until their prompts pass `max_batch_tokens` (the first is taken whatever its length);
+        an owner served goes to the back of the turn order."""
+        taken: list[_Sequence] = []
+        tokens = 0
+        while self._waiting and len(taken) < room:
+            for owner in list(self._waiting):
+                waiting = self._waiting[owner]
+                size = len(waiting[0].request.prompt_ids)
+                if taken and tokens + size > self.max_batch_tokens:
+                    return taken
+                taken.append(waiting.popleft())
+                tokens += size
+                del self._waiting[owner]
+                if waiting:
+                    self._waiting[owner] = waiting
+                if len(taken) == room:
+                    break
+        return taken
 
     def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows.
@@ -575,9 +628,10 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
-def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
-                    ) -> list[list[_Sequence]]:
-    """Split one model's new sequences into prefill passes of similar length within budget.
+def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int,
+                    token_budget: int = PREFILL_TOKEN_BUDGET) -> list[list[_Sequence]]:
+    """Split one model's new sequences into prefill passes of similar length within
+    `token_budget` padded tokens, shortest first.
 
     Sequences that need prompt log-probs (every position's logits, one slice at a time) go in
     passes of their own.
@@ -588,7 +642,7 @@ def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int
         echo = sequence.request.prompt_logprobs
         if chunks and chunks[-1][0].request.prompt_logprobs == echo:
             rows, width = len(chunks[-1]) + 1, len(sequence.request.prompt_ids)  # the widest
-            fits = rows <= max_rows and rows * width <= PREFILL_TOKEN_BUDGET
+            fits = rows <= max_rows and rows * width <= token_budget
             if echo:
                 logits = rows * min(width, PROMPT_SLICE) * vocab_size
                 fits = fits and logits <= PROMPT_LOGITS_BUDGET

@@ -155,9 +155,8 @@ class ChatProxy:
                     "prompt_tokens_saved": saved}
             return info, marked.forwarded_body(kept)
 
-        request = FilterRequest(
-            self.filter_model, rules, marked.question, documents,
-            combination.filter_format if combination else "two_stage")
+        request = FilterRequest(self.filter_model, rules, marked.question, documents,
+                                combination)
         answer, _ = await run_filter(self.engine, self.limits, request, select)
         return answer
 

@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
@@ -160,10 +160,10 @@ def record_submits(monkeypatch: pytest.MonkeyPatch, engine: BatchingEngine,
     submitted: list[SequenceRequest] = []
     real = engine.submit
 
-    def recorded(request: SequenceRequest, listener: TokenListener | None = None
-                 ) -> Future[SequenceResult]:
+    def recorded(request: SequenceRequest, listener: TokenListener | None = None, *,
+                 owner: Hashable | None = None) -> Future[SequenceResult]:
         submitted.append(request)
-        future = real(request, listener)
+        future = real(request, listener, owner=owner)
         future.add_done_callback(lambda f: on_cancel() if f.cancelled() else None)
         return future
 

@@ -2,7 +2,7 @@
 client packages where they are installed (Voyage's `voyageai`, LiteLLM's `rerank` on each of
 its reranker routes) and by each dialect's documented request otherwise (TEI's, Jina's,
 Infinity's, vLLM's): each gets the filter's ranking in its own shape, and every mix of
-dialects or document too long is one clear 400."""
+dialects or query too long is one clear 400, and a document of any length is read."""
 
 from __future__ import annotations
 
@@ -126,9 +126,10 @@ def test_voyage_gets_data_with_document_strings(http: httpx.Client) -> None:
 
 def test_vllm_truncation_fields_are_honoured(http: httpx.Client) -> None:
     body = {"model": "filter", "query": QUERY, "documents": [TEXTS[0], TOO_LONG]}
-    refused(http, "/v1/rerank", body, "documents")
-    cut = post(http, "/v1/rerank", {**body, "truncate_prompt_tokens": -1})["results"]
-    assert sorted(r["index"] for r in cut) == [0, 1]
+    windows = post(http, "/v1/rerank", body)  # read window by window
+    cut = post(http, "/v1/rerank", {**body, "truncate_prompt_tokens": -1})  # one window
+    assert sorted(r["index"] for r in cut["results"]) == [0, 1]
+    assert cut["usage"]["total_tokens"] < windows["usage"]["total_tokens"]
     tight = post(http, "/v1/rerank", {**body, "truncate_prompt_tokens": 200,
                                       "truncation_side": "left"})
     assert tight["usage"]["total_tokens"] <= 2 * 200
@@ -231,19 +232,22 @@ def test_101_documents_are_refused_in_every_dialect(http: httpx.Client, field: s
     assert "101 documents" in message and "at most 100" in message
 
 
-@pytest.mark.parametrize(("path", "body", "param", "remedy"), [
-    ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG]}, "documents", "max_tokens_per_doc"),
-    ("/v2/rerank", {"documents": [TEXTS[0], TOO_LONG]}, "documents", "max_tokens_per_doc"),
-    ("/rerank", {"texts": [TEXTS[0], TOO_LONG]}, "texts", "truncate: true"),
-    ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG], "truncation": False}, "documents",
-     "truncation: true"),
-    ("/v1/score", {"text_1": QUERY, "text_2": [TEXTS[0], TOO_LONG]}, "text_2",
-     "truncate_prompt_tokens"),
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG]}, "query"),
+    ("/v2/rerank", {"documents": [TEXTS[0], TOO_LONG]}, "query"),
+    ("/rerank", {"texts": [TEXTS[0], TOO_LONG], "truncate": True}, "query"),
+    ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG], "top_k": 2}, "query"),
+    ("/v1/score", {"text_2": [TEXTS[0], TOO_LONG]}, "text_1"),
 ])
-def test_an_oversized_document_is_refused_naming_the_dialects_remedy(
-        http: httpx.Client, path: str, body: dict[str, Any], param: str, remedy: str) -> None:
-    message = refused(http, path, {"model": "filter", "query": QUERY, **body}, param)
-    assert message.startswith("document 1 does not fit") and remedy in message
+def test_a_query_too_long_for_a_windows_prompt_is_refused_naming_it(
+        http: httpx.Client, path: str, body: dict[str, Any], param: str) -> None:
+    """A document of any length is read window by window: only the query can make a
+    window's prompt overflow the context, and the refusal names it."""
+    query = "Where was Liora Tamsin born? " * 200
+    sent = {"model": "filter", **body}
+    sent.update({"text_1": query} if path == "/v1/score" else {"query": query})
+    message = refused(http, path, sent, param)
+    assert message.startswith("the query is too long") and "shorten the query" in message
 
 
 @pytest.mark.parametrize(("path", "body"), [
@@ -252,11 +256,14 @@ def test_an_oversized_document_is_refused_naming_the_dialects_remedy(
                  "truncation_direction": "Left"}),
     ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG], "truncation": True}),
     ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG], "top_k": 2}),  # Voyage cuts by default
+    ("/v1/rerank", {"documents": [TEXTS[0], TOO_LONG]}),  # read window by window
+    ("/rerank", {"texts": [TEXTS[0], TOO_LONG]}),
+    ("/v1/score", {"text_1": QUERY, "text_2": [TEXTS[0], TOO_LONG]}),
     ("/v1/score", {"text_1": QUERY, "text_2": [TEXTS[0], TOO_LONG],
                    "truncate_prompt_tokens": -1}),
 ])
-def test_an_oversized_document_is_cut_where_the_dialect_asks(http: httpx.Client, path: str,
-                                                             body: dict[str, Any]) -> None:
+def test_an_oversized_document_is_read_or_cut_where_the_dialect_asks(
+        http: httpx.Client, path: str, body: dict[str, Any]) -> None:
     post(http, path, {"model": "filter", "query": QUERY, **body})
 
 

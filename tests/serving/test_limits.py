@@ -182,7 +182,7 @@ def test_chat_without_max_tokens_gets_the_server_default(server: LocalServer,
 def test_chat_default_max_tokens_is_lowered_to_the_context_left() -> None:
     limits = PromptLimits(max_model_len=1024, vocabulary_size=100, max_token_chars=8,
                           max_prompts_per_request=4, default_chat_max_tokens=256,
-                          max_rerank_documents=4)
+                          max_rerank_documents=4, max_request_tokens=1000)
     assert limits.chat_max_tokens(None, 10) == 256
     assert limits.chat_max_tokens(None, 1000) == 24
     assert limits.chat_max_tokens(None, 1024) == 1  # then refused: no room for one token

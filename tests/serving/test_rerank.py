@@ -230,24 +230,24 @@ def error_of(reply: httpx.Response, status: int) -> dict:
     return reply.json()["error"]
 
 
-def test_documents_none_too_many_or_too_long_are_refused(server: LocalServer,
-                                                         http: httpx.Client) -> None:
+def test_documents_none_or_too_many_are_refused_and_long_ones_are_read(
+        server: LocalServer, http: httpx.Client) -> None:
     body = {"model": "filter", "query": QUERY}
     empty = error_of(rerank(http, {**body, "documents": []}), 400)
     assert empty["param"] == "documents" and "empty" in empty["message"]
     many = error_of(rerank(http, {**body, "documents": ["a"] * (MAX_DOCUMENTS + 1)}), 400)
     assert f"at most {MAX_DOCUMENTS}" in many["message"]
-    # Fits by its characters, not once the filter's prompt is tokenised.
-    long_text = " ".join(f"word{i}" for i in range(400))
-    too_long = error_of(rerank(http, {**body, "documents": ["short", long_text]}), 400)
-    assert too_long["code"] == "context_length_exceeded" and too_long["param"] == "documents"
-    assert too_long["message"].startswith("document 1 does not fit")
-    assert "chunk prompt" in too_long["message"]
-    # Refused by its characters alone, before it is tokenised.
+    # Longer than the context, by its tokens or by its characters alone: read by windows.
     served = server.engine.served
+    long_text = " ".join(f"word{i}" for i in range(400))
     huge = "x" * (served.max_model_len * max_token_chars(served.tokenizer))
-    refused = error_of(rerank(http, {**body, "documents": [huge]}), 400)
-    assert refused["code"] == "context_length_exceeded" and "text alone" in refused["message"]
+    for text in (long_text, huge):
+        assert rerank(http, {**body, "documents": ["short", text]}).status_code == 200
+    # Only a query that leaves a window's prompt no room in the context is refused.
+    too_long = error_of(rerank(http, {**body, "query": "why " * served.max_model_len,
+                                      "documents": ["short"]}), 400)
+    assert too_long["code"] == "context_length_exceeded" and too_long["param"] == "query"
+    assert "chunk prompt on document 0" in too_long["message"]
     # The server still serves.
     assert rerank(http, {**body, "documents": ["short"]}).status_code == 200
 

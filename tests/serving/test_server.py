@@ -28,7 +28,12 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine.batching import BatchingEngine, EngineClosedError, SequenceRequest
+from sieverag.serving.engine.batching import (
+    PREFILL_TOKEN_BUDGET,
+    BatchingEngine,
+    EngineClosedError,
+    SequenceRequest,
+)
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
 
@@ -122,11 +127,12 @@ def test_echo_of_a_long_prompt_matches_a_direct_forward(server: LocalServer,
         expected.squeeze(1).tolist(), abs=1e-4)
 
 
-def test_long_prompts_of_different_lengths_prefill_slice_by_slice(server: LocalServer,
-                                                                   client: openai.OpenAI) -> None:
+def test_long_prompts_of_different_lengths_prefill_slice_by_slice(
+        server: LocalServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two echo prompts over one slice (512 positions), left-padded in one prefill pass run
-    slice by slice: each one's prompt log-probs and greedy continuation are the model's own
-    on that prompt alone."""
+    slice by slice (a step budget that takes both, as on a GPU): each one's prompt log-probs
+    and greedy continuation are the model's own on that prompt alone."""
+    monkeypatch.setattr(server.engine, "max_batch_tokens", PREFILL_TOKEN_BUDGET)
     prompts = [" ".join(f"word{i}" for i in range(count)) for count in (190, 160)]
     served = server.engine.served
     widths: list[int] = []  # positions per forward pass of the model (decode steps run apart)

@@ -20,7 +20,9 @@ the filter's own fields, `kept` and, at sentence granularity (`granularity: "sen
 `return_spans: true`), `key_sentences`, `pruned_text` and `spans`; a document is
 returned only when asked for, and then a field left out is left out (never sent as null: a
 rerank body is a `SparseBody`). The count of documents and their sizes are checked by
-`limits`, before any work.
+`limits`, before any work. A document longer than the filter's window is read window by
+window (at most `max_chunks_per_doc`, default the server's `max_windows_per_doc`) and scored
+by its best; the truncation fields cut it to one window instead. An empty query is refused.
 """
 
 from __future__ import annotations
@@ -110,6 +112,16 @@ class RerankBody(BaseModel):
     def dialect(self) -> Dialect:
         return "cohere"
 
+    def check_query(self) -> None:
+        """Refuse (400) a query that is empty or only white space: nothing to judge by."""
+        if not self.query.strip():
+            raise APIError(400, "query is empty: send the question the documents are judged "
+                           "against", param="query")
+
+    def windows_per_doc(self, default: int) -> int:
+        """The most windows the filter reads of a long document (`default`: the server's)."""
+        return default
+
     def texts_sent(self) -> list[str]:
         """The documents' texts, in request order."""
         return [d if isinstance(d, str) else d.text for d in self.documents or []]
@@ -158,22 +170,27 @@ class RerankRequest(RerankBody):
     return_text: bool = Field(False, description="TEI: return each document's text")
     raw_scores: bool = Field(False, description="TEI, Infinity: each score as the filter's "
                              "combined logit, before the sigmoid that makes it P(relevant)")
-    truncate: bool = Field(False, description="TEI: cut a document too long for the context "
-                           "instead of refusing it")
+    truncate: bool = Field(False, description="TEI: cut a document longer than the "
+                           "filter's window to its first (or, truncation_direction Left, last) "
+                           "window, instead of reading it window by window")
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
         "Right", description="TEI, with truncate: Right cuts the document's end, Left its "
                              "start")
-    truncation: bool | None = Field(None, description="Voyage: cut a document too long for "
-                                    "the context (null: true, as Voyage does); false: refuse "
-                                    "it")
+    truncation: bool | None = Field(None, description="Voyage: cut a document longer than "
+                                    "the filter's window to its first window (null: true, as "
+                                    "Voyage does); false: read it window by window")
     truncate_prompt_tokens: PromptTokenLimit | None = Field(
         None, description="vLLM: cut each document until each of its filter prompts "
-                                 "holds at most this many tokens; -1: the context")
+                                 "holds at most this many tokens; -1: to the filter's window")
     truncation_side: Literal["right", "left"] = Field(
         "right", description="vLLM, with truncate_prompt_tokens: right cuts the document's "
                              "end, left its start")
     max_tokens_per_query: StrictInt | None = Field(
         None, ge=1, description="vLLM: the query cut to its first this many tokens")
+    max_chunks_per_doc: StrictInt | None = Field(
+        None, ge=1, description="Cohere v1: the most windows the filter reads of a document "
+                                "longer than its window; null: the server's "
+                                "(--local.rerank.max-windows-per-doc)")
     rank_fields: Annotated[Any, OnlyAt(
         'null or ["text"]', "documents are ranked by their text only",
         lambda fields: fields is None or fields == ["text"])] = None
@@ -210,6 +227,9 @@ class RerankRequest(RerankBody):
         if voyage:
             return "voyage"
         return "infinity" if "raw_scores" in sent else "cohere"
+
+    def windows_per_doc(self, default: int) -> int:
+        return default if self.max_chunks_per_doc is None else self.max_chunks_per_doc
 
     def texts_sent(self) -> list[str]:
         documents = self.texts if self.texts is not None else self.documents

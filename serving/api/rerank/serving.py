@@ -136,6 +136,7 @@ class Reranker:
         """The filter's ranking of the documents of `body`."""
         context = self.context
         model = self.model_of(body.model)
+        body.check_query()
         body.check_documents_given()
         texts = body.texts_sent()
         refusal = DocumentRefusal(body.documents_field(), body.oversize_remedy())
@@ -147,14 +148,13 @@ class Reranker:
         if body.max_tokens_per_doc is not None and texts:
             judged = await asyncio.to_thread(cut_to_tokens, context.tokenizer, texts,
                                              body.max_tokens_per_doc)
-        context.limits.check_documents(judged, param=refusal.param, remedy=refusal.remedy,
-                                       sizes=cut_rule is None)
+        context.limits.check_documents(judged, param=refusal.param)
         rules = context.options.rerank
-        rules = dataclasses.replace(rules, sentence_stage=body.sentence_stage(
-            rules.sentence_stage))
+        rules = dataclasses.replace(
+            rules, sentence_stage=body.sentence_stage(rules.sentence_stage),
+            max_windows_per_doc=body.windows_per_doc(rules.max_windows_per_doc))
         combination = context.combinations.get(model)
-        request = FilterRequest(model, rules, query, as_documents(judged),
-                                combination.filter_format if combination else "two_stage",
+        request = FilterRequest(model, rules, query, as_documents(judged), combination,
                                 cut_rule, refusal)
 
         def ranked_on(backend: EngineBackend, documents: list[Document]

@@ -33,7 +33,7 @@ class ScoreRequest(BaseModel):
     documents: TextOrTexts | None = Field(None, description="newer spelling of text_2")
     truncate_prompt_tokens: PromptTokenLimit | None = Field(
         None, description="cut each document until each of its filter prompts holds "
-                                 "at most this many tokens; -1: the context")
+                                 "at most this many tokens; -1: to the filter's window")
     priority: Annotated[Any, Ignored(
         "requests are batched as they arrive; the scores are the same")] = None
     encoding_format: Annotated[Any, Ignored("scores are sent as JSON numbers")] = None
@@ -48,7 +48,7 @@ class ScoreRequest(BaseModel):
                                "of one field: send one", param=new)
         queries = self.text_1 if self.text_1 is not None else self.queries
         documents = self.text_2 if self.text_2 is not None else self.documents
-        query_field = "queries" if "queries" in sent else "text_1"
+        query_field = self.query_field()
         document_field = self.document_field()
         if queries is None or documents is None:
             raise APIError(400, "send the query as text_1 (or queries) and the documents as "
@@ -56,6 +56,9 @@ class ScoreRequest(BaseModel):
                            else document_field)
         queries = [queries] if isinstance(queries, str) else queries
         documents = [documents] if isinstance(documents, str) else documents
+        if any(not query.strip() for query in queries):
+            raise APIError(400, f"{query_field} holds an empty query: send the question each "
+                           "document is judged against", param=query_field)
         if len(queries) == 1:
             queries = queries * len(documents)
         if len(queries) != len(documents):
@@ -64,6 +67,9 @@ class ScoreRequest(BaseModel):
                            "document", param=query_field)
         return list(zip(queries, documents, strict=True))
 
+    def query_field(self) -> str:
+        """The field that holds the queries, as errors name it."""
+        return "queries" if "queries" in self.model_fields_set else "text_1"
 
     def document_field(self) -> str:
         """The field that holds the documents, as errors name it."""

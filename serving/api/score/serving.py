@@ -1,9 +1,10 @@
 """POST /v1/score's work (`Scorer`): each (query, document) pair scored by the filter.
 
 The documents of one query are ranked together, as one /v1/rerank request of that query
-ranks them (`Reranker.rank`'s code: `run_filter` and `rank_by_filter`), so a pair's `score`
-equals that document's `relevance_score` there; pairs of different queries are ranked per
-query. The documents' count and sizes are checked over the whole request.
+ranks them (`Reranker.rank`'s code: `serving.filtering` and `rank_by_filter`), so a pair's
+`score` equals that document's `relevance_score` there; pairs of different queries are ranked
+per query. The documents' count and the filter tokens are checked over the whole request,
+before any round runs, and its rounds take the engine's turns as one request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.generation_protocol import Usage
 from sieverag.serving.api.rerank.serving import Reranker
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
-from sieverag.serving.filtering import DocumentRefusal, FilterRequest, Truncation, run_filter
+from sieverag.serving.filtering import (
+    DocumentRefusal,
+    FilterRequest,
+    PreparedRound,
+    Truncation,
+    prepare_filter,
+    run_prepared,
+)
 
 
 class Scorer:
@@ -39,28 +47,30 @@ class Scorer:
         limit = body.truncate_prompt_tokens
         cut_rule = None if limit is None else Truncation(None if limit == -1 else limit)
         refusal = DocumentRefusal(field, "send truncate_prompt_tokens: -1 to cut it")
-        context.limits.check_documents([document for _, document in pairs], param=field,
-                                       remedy=refusal.remedy, sizes=cut_rule is None)
+        context.limits.check_documents([document for _, document in pairs], param=field)
         by_query: dict[str, list[int]] = defaultdict(list)
         for index, (query, _) in enumerate(pairs):
             by_query[query].append(index)
         rules = context.options.rerank
         combination = context.combinations.get(model)
-        filter_format = combination.filter_format if combination else "two_stage"
+        owner = object()  # every query's round takes the engine's turns as one request
+        rounds = await asyncio.gather(*(prepare_filter(
+            context.engine, context.limits,
+            FilterRequest(model, rules, query, as_documents([pairs[i][1] for i in indices]),
+                          combination, cut_rule, refusal, body.query_field()), owner)
+            for query, indices in by_query.items()))
+        context.limits.check_request_tokens(sum(r.tokens for r in rounds), len(pairs))
 
-        async def rank(query: str, indices: list[int]) -> tuple[list[RerankResult], Usage]:
-            request = FilterRequest(model, rules, query,
-                                    as_documents([pairs[i][1] for i in indices]),
-                                    filter_format, cut_rule, refusal)
-            ranked, backend = await run_filter(
-                context.engine, context.limits, request,
-                lambda backend, documents: rank_by_filter(
-                    backend, rules, query, documents, combination, spans=False))
-            usage = backend.meter.by_agent.values()
+        async def rank(query: str, prepared: PreparedRound
+                       ) -> tuple[list[RerankResult], Usage]:
+            ranked = await run_prepared(prepared, lambda backend, documents: rank_by_filter(
+                backend, rules, query, documents, combination, spans=False))
+            usage = prepared.backend.meter.by_agent.values()
             return ranked, Usage.of(sum(u.prompt_tokens for u in usage),
                                     sum(u.completion_tokens for u in usage))
 
-        ranked = await asyncio.gather(*(rank(q, ix) for q, ix in by_query.items()))
+        ranked = await asyncio.gather(*(rank(query, prepared) for query, prepared
+                                        in zip(by_query, rounds, strict=True)))
         data = [ScoreData(index=indices[r.index], score=r.relevance_score, kept=r.kept)
                 for indices, (results, _) in zip(by_query.values(), ranked, strict=True)
                 for r in results]
