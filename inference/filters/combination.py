@@ -255,7 +255,8 @@ def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
     from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
     bm25 = tuple(question_scores(question, texts))
-    vectors = make_encoder(DenseConfig(model=embedding_model))([question, *texts])
+    # Small batches: a served request's few passages wait for one batch of another's many.
+    vectors = make_encoder(DenseConfig(model=embedding_model, batch_size=16))([question, *texts])
     return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
 
 

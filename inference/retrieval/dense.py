@@ -88,7 +88,7 @@ def _load_model(path: str, device: str | None) -> SentenceTransformer:
 
 # Questions in flight (`--concurrency`) load and run the encoders from several threads: one
 # load at a time (the first loads, the others then find it), and one encode at a time per
-# model (a fast tokenizer must not be used by two threads at once).
+# model (a fast tokenizer must not be used by two threads at once), a batch at a time.
 _LOADING = threading.Lock()
 _ENCODING: dict[int, threading.Lock] = {}
 
@@ -126,11 +126,20 @@ def make_encoder(config: DenseConfig) -> Encoder:
         lock = _ENCODING.setdefault(id(model), threading.Lock())
 
     def encode(texts: Sequence[str]) -> np.ndarray:
-        with lock:
-            vectors = model.encode(list(texts), batch_size=config.batch_size,
-                                   normalize_embeddings=True, convert_to_numpy=True,
-                                   show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
+        texts = list(texts)
+        batches = []
+        # The lock is taken batch by batch: a thread with a few texts waits for one batch of
+        # another's many, not for all of them (the server's requests share one encoder).
+        for start in range(0, len(texts), config.batch_size):
+            with lock:
+                batches.append(model.encode(texts[start:start + config.batch_size],
+                                            batch_size=config.batch_size,
+                                            normalize_embeddings=True, convert_to_numpy=True,
+                                            show_progress_bar=False))
+        if not batches:
+            return np.zeros((0, model.get_sentence_embedding_dimension() or 0),
+                            dtype=np.float32)
+        return np.asarray(np.concatenate(batches), dtype=np.float32)
     return encode
 
 
