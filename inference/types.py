@@ -100,6 +100,9 @@ class RerankResult:
       granularity;
     * `spans` — at sentence granularity (unless the request declined them), every sentence
       of the document as a `SentenceSpan`, in order; None otherwise;
+    * `bar_rule` — sieverag's filter: the rule that set the bar of the request's round and
+      why (`calibrated: ...`, or `shift_guard: ...` where the round's scores were unlike
+      those the bar was fitted on and retrieval's top-k was kept);
     * `document` — `{"text": ...}` where the request asked for the texts back.
     """
 
@@ -109,6 +112,7 @@ class RerankResult:
     key_sentences: tuple[StrictStr, ...] | None = None
     pruned_text: StrictStr | None = None
     spans: tuple[SentenceSpan, ...] | None = None
+    bar_rule: StrictStr | None = None
     document: dict[str, Any] | None = None
 
     @classmethod

@@ -50,11 +50,12 @@ MIN_GAIN = 0.005  # AUROC the filter must add over the priors alone to be used (
 def score_fitting_rounds(folder: Path, card: Mapping[str, Any],
                          by_dataset: Mapping[str, Sequence[Example]], *,
                          embedding_model: str = DEFAULT_EMBEDDING_MODEL, device: Device = "auto",
-                         concurrency: int | None = None, progress: bool = True
-                         ) -> list[LabelledRound]:
+                         concurrency: int | None = None, progress: bool = True,
+                         scores_file: str | Path | None = None) -> list[LabelledRound]:
     """Each fitting question's passages scored by the filter adapter `folder` on its card's
     base model (in its card's format), BM25 and dense; `concurrency` questions at once, their
-    calls batched; the rounds in dataset order."""
+    calls batched; the rounds in dataset order. `scores_file`: rounds kept across runs
+    (`combination_fit.score_rounds`), keyed by the adapter's weights."""
     from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=device)
@@ -64,7 +65,13 @@ def score_fitting_rounds(folder: Path, card: Mapping[str, Any],
         return [r for examples in by_dataset.values()
                 for r in score_rounds(backend, examples, embedding_model,
                                       filter_format=card_format(card), progress=progress,
-                                      concurrency=concurrency)]
+                                      concurrency=concurrency, scores_file=scores_file,
+                                      fingerprint=_weights_fingerprint(folder, card))]
+
+
+def _weights_fingerprint(folder: Path, card: Mapping[str, Any]) -> str:
+    """What identifies the adapter's scores: its card's weights digest, else its folder."""
+    return str((card.get("weights") or {}).get("content_sha256") or folder.resolve())
 
 
 def write_card_combination(folder: Path, card: Mapping[str, Any], combination: Combination,

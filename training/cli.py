@@ -207,6 +207,10 @@ class FitCombinationCommand:
                 "than the priors alone (needs 2 datasets or more)"})
     embedding_model: str = field(default=DEFAULT_EMBEDDING_MODEL, metadata={
         "help": "the dense prior's embedding model"})
+    scores: str | None = field(default=None, metadata={
+        "help": "a JSONL file the scored passages are kept in: a rerun (another --limit, "
+                "--min-gain, another source left out) reads the questions already scored "
+                "from it instead of running the filter again"})
     device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bars"})
@@ -244,7 +248,7 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
     rounds = score_fitting_rounds(folder, card, by_dataset,
                                   embedding_model=command.embedding_model,
                                   device=command.device, concurrency=command.concurrency,
-                                  progress=not command.quiet)
+                                  progress=not command.quiet, scores_file=command.scores)
     combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
                                       embedding_model=command.embedding_model,
                                       by_left_out_source=command.by_left_out_source)

@@ -30,9 +30,13 @@ Each figure is also given per source (the dataset's `source`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,11 +51,13 @@ from sieverag.inference.filters.combination import (
     PRIORS_ONLY_KEY,
     Combination,
     RoundScores,
+    ShiftGuard,
     fit_combination,
     passage_priors,
-    probability_bar,
+    round_bar,
+    round_statistics,
 )
-from sieverag.inference.filters.filter_format import FilterFormat
+from sieverag.inference.filters.filter_format import FilterFormat, p_relevant
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.metrics.filter import (
     auroc,
@@ -83,7 +89,8 @@ class LabelledRound:
 def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                         min_gain: float = 0.005, seed: int = 0,
                         embedding_model: str = DEFAULT_EMBEDDING_MODEL,
-                        by_left_out_source: bool = False) -> Combination:
+                        by_left_out_source: bool = False,
+                        candidates: Sequence[SelectionRule] | None = None) -> Combination:
     """The combination fitted on every round (the priors alone where the filter's
     cross-validated AUROC gain is below `min_gain`), with its calibrated bar and the
     measurements (see the module's docstring) as its `report`. `by_left_out_source` (two
@@ -109,32 +116,48 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                 full_oof[i] = full.probabilities(held.scores)
                 priors_oof[i] = priors.probabilities(held.scores)
                 isotonic_oof[i] = list(isotonic.predict(full.logits(held.scores)))
-    uses_filter = (_auroc(rounds, full_oof) or 0.0) - (_auroc(rounds, priors_oof) or 0.0) \
+    gain_met = (_auroc(rounds, full_oof) or 0.0) - (_auroc(rounds, priors_oof) or 0.0) \
         >= min_gain
-    left_out = leave_one_source_out(rounds) if by_left_out_source else None
-    if left_out is not None:
-        uses_filter = uses_filter and (worst_left_out_margin(left_out, "with_filter")
-                                       > worst_left_out_margin(left_out, "priors_alone"))
+    if by_left_out_source:
+        # Every default (features, weights, bar, min_keep, top_k, guard) is the candidate
+        # whose worst left-out source is best; the filter's rules compete only when its
+        # cross-validated gain meets min_gain.
+        search = rule_search(rounds, CANDIDATES if candidates is None else candidates)
+        allowed = {r: rows for r, rows in search.items()
+                   if gain_met or r.features == "priors_alone"}
+        rule, priors_rule = best_rule(allowed), best_rule(search, "priors_alone")
+        uses_filter = rule.features == "with_filter"
+    else:
+        uses_filter = gain_met
+        rule = SelectionRule("with_filter" if uses_filter else "priors_alone", 1, TOP_K, None)
+        priors_rule = SelectionRule("priors_alone", 1, TOP_K, None)
     chosen = full_oof if uses_filter else priors_oof
-    bar, bar_f1, bar_margin = best_bar(rounds, chosen)
-    final = _fit(rounds, FEATURES if uses_filter else PRIOR_FEATURES)
-    priors_bar = best_bar(rounds, priors_oof)[0]
-    priors_fit = _fit(rounds, PRIOR_FEATURES)
+    final, priors_fit = fit_rule(rule, rounds), fit_rule(priors_rule, rounds)
+    _, bar_f1, bar_margin = best_bar(rounds, chosen, min_keep=rule.min_keep)
     report = {"fit": {**_figures(rounds, full_oof, priors_oof, chosen, isotonic_oof),
                       "questions": len(rounds), "passages": sum(len(r.labels) for r in rounds),
                       "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not uses_filter,
+                      "filter_gain_meets_min_gain": gain_met, "rule": rule.as_card(),
                       "bar_f1": bar_f1, "bar_worst_source_margin": bar_margin,
                       "by_source": {source: _figures(*_of_source(source, rounds, full_oof,
                                                                  priors_oof, chosen,
                                                                  isotonic_oof))
                                     for source in sorted({r.source for r in rounds})}}}
-    if left_out is not None:
-        report["fit"]["leave_one_source_out"] = left_out
+    if by_left_out_source:
+        report["fit"]["leave_one_source_out"] = left_out_table(rounds, search, {
+            "default": rule, "with_filter": best_rule(search, "with_filter"),
+            "priors_alone": priors_rule})
+        report["fit"]["candidates"] = [
+            {**r.as_card(), "rule": r.name, "worst_margin": worst_margin(rows)[0],
+             "mean_f1": worst_margin(rows)[1], "allowed": r in allowed}
+            for r, rows in sorted(search.items(), key=lambda item: worst_margin(item[1]),
+                                  reverse=True)]
     # The priors-only fit is kept whatever was chosen, so MCF can run it by name
     # (`--mcf.combination priors_only`): what the filter adds is one flag away.
-    report[PRIORS_ONLY_KEY] = {"weights": dict(priors_fit.weights), "bias": priors_fit.bias,
-                               "bar": priors_bar}
-    return replace(final, bar=bar, embedding_model=embedding_model, report=report)
+    report[PRIORS_ONLY_KEY] = {k: v for k, v in priors_fit.as_card().items()
+                               if k in ("weights", "bias", "bar", "min_keep", "top_k",
+                                        "shift_guard")}
+    return replace(final, embedding_model=embedding_model, report=report)
 
 
 def _fit(rounds: Sequence[LabelledRound], features: Sequence[str]) -> Combination:
@@ -187,12 +210,14 @@ def _figures(rounds: Sequence[LabelledRound], full: Sequence[Sequence[float]],
 
 
 def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[float]],
-             top_k: int = TOP_K) -> tuple[float, float, float]:
-    """The P(relevant) bar of `BAR_GRID` whose rule (keep P ≥ bar, at least the best passage)
-    beats retrieval by the most where it beats it the least: per source, the rule's mean
-    per-question F1 minus the better of BM25's and dense's top-k F1 on that source's rounds;
-    the bar with the largest smallest margin wins (ties: the best F1 over every round, then the
-    highest bar). With one source this is the bar with the best F1.
+             top_k: int = TOP_K, *, min_keep: int = 1, keep_top: int = TOP_K,
+             unlike: Sequence[Sequence[str]] | None = None) -> tuple[float, float, float]:
+    """The P(relevant) bar of `BAR_GRID` whose rule (`kept_at_bar`: keep P ≥ bar, at least
+    `min_keep`, and at least `keep_top` in a round the shift guard found `unlike` the fitting
+    rounds) beats retrieval by the most where it beats it the least: per source, the rule's
+    mean per-question F1 minus the better of BM25's and dense's top-`top_k` F1 on that
+    source's rounds; the bar with the largest smallest margin wins (ties: the best F1 over
+    every round, then the highest bar). With one source this is the bar with the best F1.
 
     Returns the bar, its F1 over every round and its worst source's margin."""
     sources = sorted({r.source for r in rounds})
@@ -203,9 +228,10 @@ def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[f
         return decision_quality([(kept[i], gold[i]) for i in among])["f1"] or 0.0
 
     retrieval = {s: retrieval_f1([rounds[i] for i in by_source[s]], top_k) for s in sources}
+    logits = [[_logit(p) for p in row] for row in probabilities]
     best: tuple[tuple[float, float, float], float, float, float] | None = None
     for bar in BAR_GRID:
-        kept = kept_at_bar(probabilities, bar)
+        kept = _kept(logits, bar, min_keep, keep_top, unlike)
         margin = min(f1(kept, by_source[s]) - retrieval[s] for s in sources)
         overall = f1(kept, range(len(rounds)))
         key = (round(margin, 9), round(overall, 9), bar)  # rounded: float noise is a tie
@@ -214,14 +240,22 @@ def best_bar(rounds: Sequence[LabelledRound], probabilities: Sequence[Sequence[f
     return best[1:]
 
 
-def kept_at_bar(probabilities: Sequence[Sequence[float]], bar: float) -> list[set[int]]:
-    """Per round, the passages MCF's calibrated bar keeps: P(relevant) ≥ bar, and at least
-    the best one (`probability_bar` with min_keep 1)."""
+def kept_at_bar(probabilities: Sequence[Sequence[float]], bar: float, *, min_keep: int = 1,
+                keep_top: int = TOP_K, unlike: Sequence[Sequence[str]] | None = None
+                ) -> list[set[int]]:
+    """Per round, the passages MCF's calibrated bar keeps (`combination.round_bar`, the rule
+    MCF runs): P(relevant) ≥ bar, at least the `min_keep` best, and at least the `keep_top`
+    best where the round's entry of `unlike` (the shift guard's findings) is not empty."""
+    return _kept([[_logit(p) for p in row] for row in probabilities], bar, min_keep, keep_top,
+                 unlike)
+
+
+def _kept(logits: Sequence[Sequence[float]], bar: float, min_keep: int, keep_top: int,
+          unlike: Sequence[Sequence[str]] | None) -> list[set[int]]:
     kept = []
-    for row in probabilities:
-        logits = [_logit(p) for p in row]
-        threshold = probability_bar(logits, bar, 1)
-        kept.append({i for i, v in enumerate(logits) if v >= threshold})
+    for i, row in enumerate(logits):
+        decided = round_bar(row, bar, min_keep, keep_top, unlike[i] if unlike else ())
+        kept.append({j for j, v in enumerate(row) if v >= decided.bar})
     return kept
 
 
@@ -237,32 +271,135 @@ def retrieval_f1(rounds: Sequence[LabelledRound], top_k: int = TOP_K) -> float:
                for values in (lambda r: r.scores.bm25, lambda r: r.scores.dense))
 
 
-def leave_one_source_out(rounds: Sequence[LabelledRound], top_k: int = TOP_K
-                         ) -> dict[str, dict[str, Any]]:
-    """For each source in turn: the combination with the filter, and the priors alone, each
-    fitted with its bar (`best_bar`) on every other source's rounds, then measured on the
-    source left out: AUROC, ECE, the bar, the F1 it keeps there, and its margin over the
-    better of BM25's and dense's top-k F1 there. What a source the fit never saw gets."""
+# ----- the default, chosen leave-one-source-out ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """One candidate default: which features the combination reads, how many passages its
+    bar keeps at least, the k of retrieval's top-k the shift guard keeps at least, and the
+    guard's level (None: no guard). Its weights, bar and guard ranges are fitted
+    (`fit_rule`)."""
+
+    features: str  # "with_filter" or "priors_alone"
+    min_keep: int
+    top_k: int
+    guard_level: float | None
+
+    @property
+    def name(self) -> str:
+        guard = "no guard" if self.guard_level is None else f"guard {self.guard_level:g}"
+        return f"{self.features}, min_keep {self.min_keep}, top_k {self.top_k}, {guard}"
+
+    def as_card(self) -> dict[str, Any]:
+        return {"features": self.features, "min_keep": self.min_keep, "top_k": self.top_k,
+                "guard_level": self.guard_level}
+
+
+GUARD_LEVELS = (None, 0.01, 0.05, 0.10)
+CANDIDATES = tuple(SelectionRule(features, min_keep, top_k, level)
+                   for features in ("with_filter", "priors_alone")
+                   for min_keep in (1, 2) for top_k in (1, 2, 3) for level in GUARD_LEVELS
+                   if (level is None and top_k == TOP_K) or (level is not None
+                                                             and top_k > min_keep))
+"""The rules `measure_combination` chooses among, leave-one-source-out (top_k only matters to a
+guard; a guard that keeps no more than min_keep is no guard, and left out)."""
+
+
+def fit_rule(rule: SelectionRule, rounds: Sequence[LabelledRound],
+             top_k: int = TOP_K) -> Combination:
+    """`rule` fitted on `rounds`: the regression on its features, its shift guard's ranges
+    over the rounds, and its bar (`best_bar`, against retrieval's top-`top_k`)."""
+    fitted = _fit(rounds, FEATURES if rule.features == "with_filter" else PRIOR_FEATURES)
+    probabilities = [fitted.probabilities(r.scores) for r in rounds]
+    guard = None
+    unlike: list[list[str]] | None = None
+    if rule.guard_level is not None:
+        guard = ShiftGuard.fit([round_statistics(r.scores, p)
+                                for r, p in zip(rounds, probabilities, strict=True)],
+                               rule.guard_level)
+        unlike = [guard.unlike(round_statistics(r.scores, p))
+                  for r, p in zip(rounds, probabilities, strict=True)]
+    bar = best_bar(rounds, probabilities, top_k, min_keep=rule.min_keep, keep_top=rule.top_k,
+                   unlike=unlike)[0]
+    return replace(fitted, bar=bar, min_keep=rule.min_keep, top_k=rule.top_k, guard=guard)
+
+
+def measured_on(combination: Combination, rounds: Sequence[LabelledRound],
+                top_k: int = TOP_K) -> dict[str, Any]:
+    """What `combination` (fitted elsewhere) keeps on `rounds` under MCF's calibrated bar:
+    F1, its margin over the better of BM25's and dense's top-k F1, AUROC, ECE, passages kept
+    a question and the share of rounds the shift guard decided."""
+    probabilities, kept, guarded = [], [], 0
+    for r in rounds:
+        logits = combination.logits(r.scores)
+        decided = combination.round_bar(r.scores)
+        guarded += decided.rule == "shift_guard"
+        probabilities.append([p_relevant(v) for v in logits])
+        kept.append({i for i, v in enumerate(logits) if v >= decided.bar})
+    f1 = rounds_f1(rounds, kept)
+    return {"auroc": _auroc(rounds, probabilities),
+            "ece": calibration_error(_labels(rounds), [p for ps in probabilities for p in ps]),
+            "bar": combination.bar, "f1": f1, "margin": f1 - retrieval_f1(rounds, top_k),
+            "kept_per_question": sum(map(len, kept)) / max(len(rounds), 1),
+            "guarded": guarded / max(len(rounds), 1)}
+
+
+def rule_search(rounds: Sequence[LabelledRound], candidates: Sequence[SelectionRule] = CANDIDATES,
+                top_k: int = TOP_K) -> dict[SelectionRule, dict[str, dict[str, Any]]]:
+    """Each candidate rule fitted on all sources but one and measured on the one left out
+    (`measured_on`), for each source in turn: rule → source → its row."""
     sources = sorted({r.source for r in rounds})
     if len(sources) < 2:
         raise DatasetError(f"leaving one source out needs at least 2 sources, got "
                            f"{sources}")
+    split = {s: ([r for r in rounds if r.source != s], [r for r in rounds if r.source == s])
+             for s in sources}
+    return {rule: {s: measured_on(fit_rule(rule, train, top_k), held, top_k)
+                   for s, (train, held) in split.items()}
+            for rule in candidates}
+
+
+def worst_margin(rows: dict[str, dict[str, Any]]) -> tuple[float, float]:
+    """A rule's worst left-out margin over retrieval, then its mean left-out F1: the key
+    `best_rule` maximises."""
+    return (round(min(r["margin"] for r in rows.values()), 9),
+            round(sum(r["f1"] for r in rows.values()) / len(rows), 9))
+
+
+def best_rule(search: dict[SelectionRule, dict[str, dict[str, Any]]],
+              features: str | None = None) -> SelectionRule:
+    """The rule of `search` (of `features` only, when given) whose worst left-out source is
+    best (ties: the better mean left-out F1)."""
+    among = [r for r in search if features is None or r.features == features]
+    return max(among, key=lambda rule: worst_margin(search[rule]))
+
+
+def leave_one_source_out(rounds: Sequence[LabelledRound], top_k: int = TOP_K,
+                         candidates: Sequence[SelectionRule] = CANDIDATES
+                         ) -> dict[str, dict[str, Any]]:
+    """For each source in turn: the best rule with the filter and the best with the priors
+    alone (`best_rule` over `rule_search`), each fitted on every other source's rounds and
+    measured on the source left out. What a source the fit never saw gets."""
+    search = rule_search(rounds, candidates, top_k)
+    return left_out_table(rounds, search, {
+        name: best_rule(search, name) for name in ("with_filter", "priors_alone")
+        if any(r.features == name for r in search)}, top_k)
+
+
+def left_out_table(rounds: Sequence[LabelledRound],
+                   search: dict[SelectionRule, dict[str, dict[str, Any]]],
+                   rules: dict[str, SelectionRule], top_k: int = TOP_K
+                   ) -> dict[str, dict[str, Any]]:
+    """Source → its questions, retrieval's top-k F1 there, and each named rule's left-out row
+    (`measured_on`, with the rule's name)."""
     table: dict[str, dict[str, Any]] = {}
-    for left in sources:
-        train = [r for r in rounds if r.source != left]
-        held = [r for r in rounds if r.source == left]
-        retrieval = retrieval_f1(held, top_k)
-        row: dict[str, Any] = {"questions": len(held), "retrieval_top_k_f1": retrieval}
-        for name, features in (("with_filter", FEATURES), ("priors_alone", PRIOR_FEATURES)):
-            fitted = _fit(train, features)
-            bar = best_bar(train, [fitted.probabilities(r.scores) for r in train], top_k)[0]
-            probabilities = [fitted.probabilities(r.scores) for r in held]
-            f1 = rounds_f1(held, kept_at_bar(probabilities, bar))
-            row[name] = {"auroc": _auroc(held, probabilities),
-                         "ece": calibration_error(_labels(held),
-                                                  [p for ps in probabilities for p in ps]),
-                         "bar": bar, "f1": f1, "margin": f1 - retrieval}
-        table[left] = row
+    for source in sorted({r.source for r in rounds}):
+        held = [r for r in rounds if r.source == source]
+        table[source] = {"questions": len(held),
+                         "retrieval_top_k_f1": retrieval_f1(held, top_k),
+                         **{name: {**search[rule][source], "rule": rule.name}
+                            for name, rule in rules.items()}}
     return table
 
 
@@ -318,25 +455,76 @@ def fitting_questions(datasets: Sequence[str], card: dict[str, Any], *, adapter:
 
 def score_rounds(backend: Any, examples: Sequence[Example], embedding_model: str, *,
                  filter_format: FilterFormat = "two_stage", progress: bool = True,
-                 concurrency: int = 1) -> list[LabelledRound]:
+                 concurrency: int = 1, scores_file: str | Path | None = None,
+                 fingerprint: str = "") -> list[LabelledRound]:
     """Each question's passages scored by the filter (MCF's chunk scores, read in the
     filter's format), BM25 and dense; `concurrency` questions at once, the rounds in dataset
-    order."""
+    order. `scores_file`: a JSONL of scored rounds kept across runs; a round whose question,
+    passages, gold marks, filter `fingerprint` and embedding model match a line is read from it
+    instead of scored again, and every round scored is appended to it as it finishes."""
     from sieverag.inference.filters.mcf import MultiGranularFilter
 
     mcf = MultiGranularFilter(backend, combination=replace(PRIORS_ONLY,
                                                            filter_format=filter_format))
+    kept = RoundsFile(scores_file, f"{fingerprint}|{filter_format}|{embedding_model}")
 
     def one_round(example: Example) -> LabelledRound:
+        found = kept.get(example)
+        if found is not None:
+            return found
         scores = mcf.chunk_scores(example.question, example.documents)
         bm25, dense = passage_priors(example.question,
                                      [d.as_context() for d in example.documents],
                                      embedding_model)
-        return LabelledRound(
+        scored = LabelledRound(
             RoundScores(tuple(s["score"] for s in scores), tuple(bm25), tuple(dense)),
             tuple(bool(d.is_gold) for d in example.documents), example_source(example),
             example.id)
+        kept.add(example, scored)
+        return scored
 
     return list(by_question(examples, one_round, concurrency=concurrency,
                             desc="scoring passages", progress=progress,
                             resumable=False).values())
+
+
+class RoundsFile:
+    """Scored rounds kept in a JSONL file (`score_rounds`'s `scores_file`), one line a round,
+    keyed by what its scores depend on; None: nothing kept."""
+
+    def __init__(self, path: str | Path | None, identity: str) -> None:
+        self.path = None if path is None else Path(path)
+        self.identity = identity
+        self.lines: dict[str, LabelledRound] = {}
+        self.lock = threading.Lock()
+        if self.path is not None and self.path.is_file():
+            for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+                try:
+                    row = json.loads(line)
+                    self.lines[row["key"]] = LabelledRound(
+                        RoundScores(*(tuple(row[k]) for k in ("filter", "bm25", "dense"))),
+                        tuple(row["labels"]), row["source"], row["question_id"])
+                except (ValueError, KeyError, TypeError) as err:
+                    raise DatasetError(f"{self.path}, line {number}: not a scored round "
+                                       f"({err}); delete the file to score again") from None
+
+    def key(self, example: Example) -> str:
+        payload = json.dumps([self.identity, example_source(example), example.id,
+                              example.question, [d.as_context() for d in example.documents],
+                              [bool(d.is_gold) for d in example.documents]])
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def get(self, example: Example) -> LabelledRound | None:
+        return self.lines.get(self.key(example)) if self.path is not None else None
+
+    def add(self, example: Example, scored: LabelledRound) -> None:
+        if self.path is None:
+            return
+        row = {"key": self.key(example), "source": scored.source,
+               "question_id": scored.question_id, "filter": list(scored.scores.filter_log_odds),
+               "bm25": list(scored.scores.bm25), "dense": list(scored.scores.dense),
+               "labels": list(scored.labels)}
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")

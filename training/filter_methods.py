@@ -62,12 +62,14 @@ _DEFAULT = MCFConfig()
 def mcf_row_name(config: MCFConfig) -> str:
     """The report row of MCF's chunk stage under `config`, e.g. "MCF top_k=2 + BM25 prior w=1",
     "MCF top_k=2 + combination"; the chunk rule amber runs by default is labelled "default"
-    ("MCF default: calibrated P>=card bar, min 1 + combination")."""
+    ("MCF default: calibrated P>=card bar, min card + combination")."""
     bar = {"fixed": f"fixed log-odds>={config.threshold:g}",
            "adaptive": f"adaptive n={config.bar_n:g}",
            "top_k": f"top_k={config.top_k}",
            "calibrated": (f"calibrated P>={config.p_min:g}" if config.p_min is not None
-                          else "calibrated P>=card bar") + f", min {config.min_keep}",
+                          else "calibrated P>=card bar")
+                         + (", min card" if config.min_keep is None else f", min {config.min_keep}")
+                         + ("" if config.shift_guard else ", no shift guard"),
            }[config.bar]
     score = {"filter": "", "fused": f" + BM25 prior w={config.prior_weight:g}",
              "combined": (" + combination" if config.combination == "card"
@@ -79,7 +81,7 @@ def mcf_row_name(config: MCFConfig) -> str:
 def _chunk_rule(config: MCFConfig) -> tuple:
     """What decides MCF's chunk verdicts (not its sentence stage)."""
     return (config.bar, config.threshold, config.bar_n, config.top_k, config.p_min,
-            config.min_keep, config.lexical_weight, config.combination)
+            config.min_keep, config.shift_guard, config.lexical_weight, config.combination)
 
 
 def probability_key(config: MCFConfig) -> str | None:

@@ -88,6 +88,10 @@ class FilterRecord(JsonlRecord):
     """The filter's decisions over all the documents it scored."""
 
     threshold: float | None = Field(description="the bar; None where rounds used different ones")
+    rule: str | None = Field(None, description=(
+        "which rule set the bar (MCF: calibrated, shift_guard, top_k, fixed, adaptive); "
+        "rounds that differ are joined with '+'"))
+    rule_reason: str | None = Field(None, description="why, in words (MCF)")
     scores: list[ScoredDocumentRecord] = Field(description="every scored document, in order")
 
 
@@ -252,7 +256,8 @@ def build_record(
     optional: dict[str, Any] = {}
     if output.filter_result is not None:
         optional["filter"] = FilterRecord(
-            threshold=output.filter_result.threshold,
+            threshold=output.filter_result.threshold, rule=output.filter_result.rule,
+            rule_reason=output.filter_result.rule_reason,
             scores=[ScoredDocumentRecord(id=s.document.id, score=s.score, kept=s.kept,
                                          is_gold=s.document.is_gold, **s.details)
                     for s in output.filter_result.scored])

@@ -84,6 +84,8 @@ def _round_lines(entry: AmberRound) -> list[str]:
     lines = [f"Round {entry.round} — query: {entry.query!r}",
              f"  retrieved {len(entry.retrieved)} new document(s), skipped "
              f"{entry.skipped_seen} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
+    if entry.rule:
+        lines += _wrap("Bar rule:   ", f"{entry.rule} — {entry.rule_reason or ''}")
     for scored in entry.scored:
         lines += _document_lines(scored)
     branch = entry.branch
@@ -160,7 +162,9 @@ def render_record(record: EvalRecord) -> str:
     else:
         lines += ["", f"Documents read: {', '.join(record.documents_read) or '(none)'}"]
         if record.filter is not None:
-            lines.append(f"Filter scores (bar {record.filter.threshold}):")
+            rule = record.filter.rule
+            lines.append(f"Filter scores (bar {record.filter.threshold}"
+                         + (f", {rule}: {record.filter.rule_reason}" if rule else "") + "):")
             for scored in record.filter.scores:
                 lines += _document_lines(scored, indent=2)
     if record.usage:

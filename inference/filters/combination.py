@@ -54,6 +54,7 @@ PRIORS_ONLY_KEY = "priors_only"  # the card section's fit of BM25 and dense alon
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 # s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
 LOG_ODDS_CLIP = 20.0
+DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,98 @@ def logit_of(probability: float) -> float:
     return math.log(probability / (1.0 - probability))
 
 
+SHIFT_STATISTICS = ("passages", "dense_mean", "dense_spread", "agreement", "best_p")
+"""What the shift guard compares with the fitting rounds: the round's size, its passages'
+mean cosine with the question and their spread, whether BM25 and dense agree on the order
+(Spearman), and the best P(relevant)."""
+
+
+def round_statistics(scores: RoundScores, probabilities: Sequence[float]) -> dict[str, float]:
+    """One round's `SHIFT_STATISTICS`."""
+    dense = np.asarray(scores.dense, dtype=float)
+    return {"passages": float(len(dense)),
+            "dense_mean": float(dense.mean()) if len(dense) else 0.0,
+            "dense_spread": float(dense.std()) if len(dense) else 0.0,
+            "agreement": _spearman(scores.bm25, scores.dense),
+            "best_p": max(probabilities, default=0.0)}
+
+
+def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Rank correlation of two scorings of the same passages (1 where fewer than 3, or a
+    scoring gives every passage the same value: nothing to disagree on)."""
+    if len(a) < 3:
+        return 1.0
+    ranks = [np.argsort(np.argsort(np.asarray(v, dtype=float), kind="stable")) for v in (a, b)]
+    if ranks[0].std() == 0 or ranks[1].std() == 0 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 1.0
+    return float(np.corrcoef(ranks[0], ranks[1])[0, 1])
+
+
+@dataclass(frozen=True)
+class ShiftGuard:
+    """When a round looks unlike those the bar was fitted on, the bar cannot be trusted there:
+    each of `SHIFT_STATISTICS` has the range of its central `1 - 2·level` share over the
+    fitting rounds, and a round with any statistic outside its range is unlike them."""
+
+    ranges: Mapping[str, tuple[float, float]]
+    level: float
+
+    @classmethod
+    def fit(cls, rows: Sequence[Mapping[str, float]], level: float) -> ShiftGuard:
+        """The ranges of the fitting rounds' statistics (`round_statistics` of each)."""
+        return cls({name: (float(np.quantile([r[name] for r in rows], level)),
+                           float(np.quantile([r[name] for r in rows], 1.0 - level)))
+                    for name in SHIFT_STATISTICS}, level)
+
+    def unlike(self, statistics: Mapping[str, float]) -> list[str]:
+        """The statistics of a round outside their fitted range, each as 'name value
+        (range lo..hi)'."""
+        return [f"{name} {statistics[name]:.3g} (fitted {lo:.3g}..{hi:.3g})"
+                for name, (lo, hi) in self.ranges.items()
+                if not lo - 1e-9 <= statistics[name] <= hi + 1e-9]
+
+    def as_card(self) -> dict[str, Any]:
+        return {"level": self.level, "ranges": {k: list(v) for k, v in self.ranges.items()}}
+
+    @classmethod
+    def from_card(cls, section: Mapping[str, Any]) -> ShiftGuard:
+        ranges = {str(k): (float(v[0]), float(v[1])) for k, v in section["ranges"].items()}
+        unknown = set(ranges) - set(SHIFT_STATISTICS)
+        if unknown:
+            raise ValueError(f"unknown shift statistics {sorted(unknown)}")
+        return cls(ranges, float(section["level"]))
+
+
+@dataclass(frozen=True)
+class RoundBar:
+    """The bar a round's combined logits were cut at, and which rule set it and why."""
+
+    bar: float
+    rule: str
+    """calibrated (P(relevant) >= the bar, at least min_keep) or shift_guard (the round was
+    unlike the fitting rounds: at least retrieval's top_k kept)."""
+    reason: str
+
+
+def round_bar(logits: Sequence[float], probability: float, min_keep: int, top_k: int,
+              unlike: Sequence[str] = ()) -> RoundBar:
+    """The calibrated bar of one round (`probability_bar`); where the round is `unlike` the
+    fitting rounds (the shift guard's findings) and that bar keeps fewer than `top_k`
+    passages, the k-th best logit instead, so the round keeps at least what retrieval's
+    top-k would."""
+    bar = probability_bar(logits, probability, min_keep)
+    reason = f"P(relevant) >= {probability:g}, at least {min_keep} kept"
+    if unlike and logits:
+        k_bar = sorted(logits, reverse=True)[min(top_k, len(logits)) - 1]
+        if k_bar < bar:
+            return RoundBar(k_bar, "shift_guard",
+                            f"unlike the fitting rounds in {'; '.join(unlike)}: at least the "
+                            f"top {top_k} kept")
+        reason += (f" (unlike the fitting rounds in {'; '.join(unlike)}; the bar kept the top "
+                   f"{top_k} anyway)")
+    return RoundBar(bar, "calibrated", reason)
+
+
 @dataclass(frozen=True)
 class Combination:
     """logit = bias + Σ weights[f]·feature f (`FEATURES`); P(relevant) = p_relevant(logit)."""
@@ -103,6 +196,13 @@ class Combination:
     bar: float | None = None
     """The P(relevant) bar that beat retrieval's top-k F1 by the most on the worst source of the
     fitting questions (`training/combination_fit.best_bar`; None: unfitted)."""
+    min_keep: int = 1
+    """Passages the calibrated bar keeps at least (the best), chosen with the bar."""
+    top_k: int = 2
+    """What retrieval's top-k keeps: the calibrated bar keeps at least the k best of a round
+    the shift guard finds unlike the fitting rounds."""
+    guard: ShiftGuard | None = None
+    """The fitting rounds' statistics (`ShiftGuard`; None: no guard)."""
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
     report: Mapping[str, Any] = field(default_factory=dict)
     """What the fit measured (questions, AUROC with and without the filter, ECE), as stored."""
@@ -121,6 +221,9 @@ class Combination:
         if self.bar is not None and not 0.0 < self.bar < 1.0:
             raise ValueError(f"the combination's bar must be a probability in (0, 1), got "
                              f"{self.bar}")
+        if self.min_keep < 0 or self.top_k < 1:
+            raise ValueError(f"the combination's min_keep must be >= 0 and top_k >= 1, got "
+                             f"{self.min_keep} and {self.top_k}")
 
     @property
     def uses_filter(self) -> bool:
@@ -135,6 +238,18 @@ class Combination:
     def probabilities(self, scores: RoundScores) -> list[float]:
         """P(relevant) of each passage of the round (calibrated when `fitted`)."""
         return [p_relevant(v) for v in self.logits(scores)]
+
+    def round_bar(self, scores: RoundScores, probability: float | None = None,
+                  min_keep: int | None = None, top_k: int | None = None) -> RoundBar:
+        """The calibrated bar of one round at P(relevant) `probability` (default the fitted
+        bar), keeping at least `min_keep` and, where the shift guard finds the round unlike
+        the fitting rounds, `top_k` (defaults: the fitted ones)."""
+        logits = self.logits(scores)
+        unlike = ([] if self.guard is None else
+                  self.guard.unlike(round_statistics(scores, [p_relevant(v) for v in logits])))
+        return round_bar(logits, probability or self.bar or DEFAULT_P_MIN,
+                         self.min_keep if min_keep is None else min_keep,
+                         self.top_k if top_k is None else top_k, unlike)
 
     def priors_only_fit(self, where: str = "the card") -> Combination:
         """The fit of BM25 and dense alone stored beside this one (same questions, its own
@@ -152,8 +267,11 @@ class Combination:
         """The card's `combination` section."""
         return {"features": list(FEATURES), "weights": {f: self.weights.get(f, 0.0)
                                                         for f in FEATURES},
-                "bias": self.bias, "bar": self.bar, "calibration": "platt",
-                "embedding_model": self.embedding_model, **dict(self.report)}
+                "bias": self.bias, "bar": self.bar, "min_keep": self.min_keep,
+                "top_k": self.top_k,
+                "shift_guard": None if self.guard is None else self.guard.as_card(),
+                "calibration": "platt", "embedding_model": self.embedding_model,
+                **dict(self.report)}
 
     @classmethod
     def from_card(cls, section: Mapping[str, Any], where: str) -> Combination:
@@ -164,9 +282,13 @@ class Combination:
             bar = section.get("bar")
             report = {k: v for k, v in section.items()
                       if k not in ("features", "weights", "bias", "bar", "calibration",
-                                   "embedding_model")}
+                                   "embedding_model", "min_keep", "top_k", "shift_guard")}
+            guard = section.get("shift_guard")
             return cls(weights=weights, bias=float(section.get("bias", 0.0)), fitted=True,
                        bar=None if bar is None else float(bar),
+                       min_keep=int(section.get("min_keep", 1)),
+                       top_k=int(section.get("top_k", 2)),
+                       guard=None if not guard else ShiftGuard.from_card(guard),
                        embedding_model=str(section.get("embedding_model",
                                                        DEFAULT_EMBEDDING_MODEL)),
                        report=report)
@@ -271,8 +393,12 @@ def describe_combination(combination: Combination) -> str:
     fit = combination.report.get("fit") or {}
     weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
     lines = [f"logit = {combination.bias:+.3f} + {weights}"
-             + (f"; calibrated bar P(relevant) >= {combination.bar:g}"
-                if combination.bar is not None else "")]
+             + (f"; calibrated bar P(relevant) >= {combination.bar:g}, at least "
+                f"{combination.min_keep} kept" if combination.bar is not None else "")]
+    if combination.guard is not None:
+        lines.append(f"shift guard: a round whose {', '.join(combination.guard.ranges)} fall "
+                     f"outside the central {1 - 2 * combination.guard.level:.0%} of the fitting "
+                     f"rounds' keeps at least the top {combination.top_k}")
     if fit.get(FILTER_ALONE_FIT):
         lines.append(f"Platt scaling of the filter's score alone, on {fit.get('questions')} "
                      f"question(s): {fit[FILTER_ALONE_FIT]}")
@@ -288,10 +414,18 @@ def describe_combination(combination: Combination) -> str:
     if ece.get("platt") is not None:
         lines.append(f"ECE {ece['platt']:.3f} (Platt, used; isotonic "
                      f"{ece.get('isotonic') or 0:.3f})")
+    if (fit.get("rule") or {}).get("features"):
+        rule = fit["rule"]
+        lines.append(f"chosen leave-one-source-out among {len(fit.get('candidates') or [])} "
+                     f"rules: {rule['features'].replace('_', ' ')}, min_keep "
+                     f"{rule['min_keep']}, top_k {rule['top_k']}, "
+                     + ("no guard" if rule.get("guard_level") is None
+                        else f"guard level {rule['guard_level']:g}"))
     for source, row in (fit.get("leave_one_source_out") or {}).items():
         cells = "; ".join(
             f"{rule.replace('_', ' ')} F1 {row[rule]['f1']:.3f} ({row[rule]['margin']:+.3f}), "
-            f"ECE {row[rule]['ece']:.3f}" for rule in ("with_filter", "priors_alone"))
+            f"ECE {row[rule]['ece']:.3f}" for rule in ("default", "with_filter", "priors_alone")
+            if rule in row)
         lines.append(f"{source} left out of the fit ({row['questions']} q; retrieval top-k F1 "
                      f"{row['retrieval_top_k_f1']:.3f}): {cells}")
     return "\n".join(lines)

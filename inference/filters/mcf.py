@@ -45,11 +45,12 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.combination import (
+    DEFAULT_P_MIN,
     PRIORS_ONLY,
     Combination,
+    RoundBar,
     RoundScores,
     passage_priors,
-    probability_bar,
 )
 from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
@@ -80,7 +81,6 @@ ScoreRule = Literal["combined", "filter", "fused"]
 CardFit = Literal["card", "priors_only"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
 DEFAULT_LEXICAL_WEIGHT = 1.0
-DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
 # question, passage texts, embedding model → (BM25, dense cosine) per passage
 PriorScorer = Callable[[str, Sequence[str], str],
                        tuple[Sequence[float], Sequence[float]]]
@@ -101,8 +101,13 @@ class MCFConfig:
     p_min: float | None = field(default=None, metadata={
         "help": "P(relevant) bar of the calibrated bar; default: the bar the card's "
                 f"combination was fitted with, else {DEFAULT_P_MIN}"})
-    min_keep: int = field(default=1, metadata={
-        "help": "chunks the calibrated bar keeps at least (the best); 0 lets it empty a round"})
+    min_keep: int | None = field(default=None, metadata={
+        "help": "chunks the calibrated bar keeps at least (the best); 0 lets it empty a round; "
+                "default: the card's combination's (chosen with its bar), else 1"})
+    shift_guard: bool = field(default=True, metadata={
+        "help": "where the card's combination has a shift guard and a round's scores are "
+                "unlike those its bar was fitted on, keep at least the card's top_k (what "
+                "retrieval's top-k keeps); false: the calibrated bar alone"})
     threshold: float = field(default=0.0, metadata={
         "help": "fixed bar on s = log P(Yes) - log P(No); 0 keeps P(Yes) >= P(No)"})
     bar_n: float = field(default=0.0, metadata={"help": "n of the adaptive bar"})
@@ -158,7 +163,7 @@ class MCFConfig:
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
-        if self.min_keep < 0:
+        if self.min_keep is not None and self.min_keep < 0:
             raise ConfigError(f"mcf.min_keep must be >= 0, got {self.min_keep}")
         if self.p_min is not None and not 0.0 < self.p_min < 1.0:
             raise ConfigError(f"mcf.p_min must be a probability in (0, 1), got {self.p_min}")
@@ -328,26 +333,35 @@ class MultiGranularFilter:
         rule = self.config.score_rule
         values = (combined if rule == "combined" else log_odds if rule == "filter"
                   else with_prior(log_odds, bm25, self.config.prior_weight))
-        bar = self.bar(values)
-        scored = tuple(ScoredDocument(d, value, value >= bar, detail)
+        decided = self.bar(values, RoundScores(tuple(log_odds), tuple(bm25), tuple(dense)))
+        scored = tuple(ScoredDocument(d, value, value >= decided.bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
-        return FilterResult(kept=kept, scored=scored, threshold=bar)
+        return FilterResult(kept=kept, scored=scored, threshold=decided.bar,
+                            rule=decided.rule, rule_reason=decided.reason)
 
-    def bar(self, scores: Sequence[float]) -> float:
-        """The round's bar on the scores. top_k: the k-th best score (ties at it are kept
-        too); calibrated: `probability_bar` at p_min (top_k's unless the score is a fitted
-        combination: none in the card, or `lexical_weight` set)."""
+    def bar(self, scores: Sequence[float], round_scores: RoundScores) -> RoundBar:
+        """The round's bar on the scores, and the rule that set it. top_k: the k-th best
+        score (ties at it are kept too); calibrated: the combination's `round_bar` (P(relevant)
+        >= p_min, at least min_keep, and at least the card's top_k where its shift guard finds
+        the round unlike the fitting rounds) when the score is a fitted combination, else
+        top_k's."""
         config = self.config
         if config.bar == "fixed":
-            return config.threshold
+            return RoundBar(config.threshold, "fixed", f"s >= {config.threshold:g}")
         if config.bar == "adaptive":
-            return judge_bar(scores, config.bar_n)
+            return RoundBar(judge_bar(scores, config.bar_n), "adaptive",
+                            f"score >= mean - {config.bar_n:g}·std over the round")
         if (config.bar == "calibrated" and self.combination.fitted
                 and config.score_rule == "combined"):
-            p_min = config.p_min or self.combination.bar or DEFAULT_P_MIN
-            return probability_bar(scores, p_min, config.min_keep)
-        return sorted(scores, reverse=True)[min(config.top_k, len(scores)) - 1]
+            combination = (self.combination if config.shift_guard
+                           else replace(self.combination, guard=None))
+            return combination.round_bar(round_scores, config.p_min, config.min_keep)
+        k = config.top_k
+        why = ("the top_k bar" if config.bar == "top_k" else
+               "the card holds no fitted combination, so no calibrated bar")
+        return RoundBar(sorted(scores, reverse=True)[min(k, len(scores)) - 1], "top_k",
+                        f"the {k} best kept: {why}")
 
     def sentence_stage(self, question: str,
                        kept: Sequence[ScoredDocument]) -> list[ScoredDocument]:
@@ -432,4 +446,4 @@ class MultiGranularFilter:
         staged = {s.document.id: s for s in self.sentence_stage(question, chunks.kept)}
         kept = tuple(staged[s.document.id] for s in chunks.kept if staged[s.document.id].kept)
         scored = tuple(staged.get(s.document.id, s) for s in chunks.scored)
-        return FilterResult(kept=kept, scored=scored, threshold=chunks.threshold)
+        return replace(chunks, kept=kept, scored=scored)

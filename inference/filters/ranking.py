@@ -49,9 +49,11 @@ def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
     sentence spans."""
     mcf = MultiGranularFilter(backend, config, combination)
     result = mcf.select(query, documents)
+    bar_rule = f"{result.rule}: {result.rule_reason}" if result.rule else None
     ranked = []
     for document, judged in zip(documents, result.scored, strict=True):
-        ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept)
+        ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept,
+                               bar_rule=bar_rule)
         if config.sentence_stage:
             ranking = sentence_view(ranking, document, judged, spans=spans, rule=mcf.windows)
         ranked.append(ranking)

@@ -249,8 +249,8 @@ class WindowedRound:
         scored = tuple(judged.get(i) or ScoredDocument(d, 0.0, False, {
             "p_relevant": 0.0, "windows": 0, "windows_read": 0})
             for i, d in enumerate(self.documents))
-        return FilterResult(kept=tuple(renamed[id(s)] for s in verdicts.kept), scored=scored,
-                            threshold=verdicts.threshold)
+        return replace(verdicts, kept=tuple(renamed[id(s)] for s in verdicts.kept),
+                       scored=scored)
 
 
 @dataclass(frozen=True)

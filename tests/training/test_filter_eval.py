@@ -80,7 +80,7 @@ def read_decisions(out: Path) -> list[dict]:
             (out / "decisions.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-DEFAULT_ROW = "MCF default: calibrated P>=card bar, min 1 + combination"
+DEFAULT_ROW = "MCF default: calibrated P>=card bar, min card + combination"
 MCF_ROWS = [DEFAULT_ROW, "MCF fixed log-odds>=0", "MCF top_k=2", "MCF top_k=2 + combination",
             "MCF top_k=2 + BM25 prior w=1", "MCF adaptive n=0",
             "MCF adaptive n=0 + BM25 prior w=1"]

@@ -84,9 +84,12 @@ def _scored_entry(scored: ScoredDocument) -> ScoredDocumentRecord:
 def _combined(results: Sequence[FilterResult]) -> FilterResult:
     """All rounds' filter results as one (the bar only where every round used the same)."""
     bars = {r.threshold for r in results if r.threshold is not None}
+    rules = list(dict.fromkeys(r.rule for r in results if r.rule))
+    reasons = list(dict.fromkeys(r.rule_reason for r in results if r.rule_reason))
     return FilterResult(kept=tuple(s for r in results for s in r.kept),
                         scored=tuple(s for r in results for s in r.scored),
-                        threshold=bars.pop() if len(bars) == 1 else None)
+                        threshold=bars.pop() if len(bars) == 1 else None,
+                        rule="+".join(rules) or None, rule_reason=" | ".join(reasons) or None)
 
 
 @register_pipeline("amber", filter_stage=_configured_filter, sections=SECTIONS)
@@ -147,7 +150,8 @@ class AmberPipeline:
                                     self.config.memory.max_chars)[0]
             entry = AmberRound(
                 round=number, query=queries[-1], retrieved=[d.id for d in fresh],
-                skipped_seen=skipped, threshold=result.threshold,
+                skipped_seen=skipped, threshold=result.threshold, rule=result.rule,
+                rule_reason=result.rule_reason,
                 scored=[_scored_entry(s) for s in result.scored],
                 kept=[s.document.id for s in result.kept],
                 memory_update=update.to_dict() if update is not None else None,

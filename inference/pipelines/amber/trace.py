@@ -74,6 +74,10 @@ class AmberRound(JsonlRecord):
     retrieved: list[str] = Field(description="ids of the unseen documents fetched")
     skipped_seen: int = Field(description="seen documents ranked above them, skipped")
     threshold: float | None = Field(description="the filter's bar; None without one")
+    rule: str | None = Field(None, description=(
+        "which rule set the bar (MCF: calibrated, or shift_guard where the round was unlike "
+        "the rounds the bar was fitted on)"))
+    rule_reason: str | None = Field(None, description="why, in words")
     scored: list[ScoredDocumentRecord] = Field(description="every fetched document's score")
     kept: list[str] = Field(description="ids the filter kept, best first")
     memory_update: MemoryUpdateEntry | None = Field(
