@@ -8,8 +8,10 @@ request), one of each in a round, round after round, until their prompts pass
 `max_batch_tokens` (a lone longer prompt goes alone): so a small request sent while a large
 one's windows wait runs in the next step, after at most the step under way, however many
 windows the large one still has. They are prefilled together (left-padded, grouped by served
-model name, shortest first, in passes within that budget) and then join the running batch
-of their model: continuous batching, so each decode step runs every live sequence of one
+model name, shortest first, in passes within that budget, a slice of positions at a time:
+between two slices of a pass, the sequences other requests queued meanwhile are prefilled
+first, once per request a pass, so a short request waits for one slice of a long prompt)
+and then join the running batch of their model: continuous batching, so each decode step runs every live sequence of one
 model as one forward pass, and a request that arrives mid-generation waits one step rather
 than for the whole batch to finish.
 Results are delivered through `concurrent.futures.Future`s; a streamed request also gets each
@@ -57,6 +59,9 @@ PREFILL_TOKEN_BUDGET = 2048
 # in proportion to it: a quarter of the GPU budget, about two filter windows (one a step when
 # two owners share it), holds that wait to a window's time.
 CPU_PREFILL_TOKEN_BUDGET = 512
+# On CPU a prefill pass also yields to other requests' new sequences every this many
+# positions: a short request waits for one such slice of a long prompt.
+CPU_PROMPT_SLICE = 128
 PROMPT_LOGITS_BUDGET = 1 << 26
 PROMPT_SLICE = 512
 
@@ -395,14 +400,8 @@ class BatchingEngine:
                 if item is None:
                     return []
                 self._wait(item)
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                return []
-            self._wait(item)
+        if not self._drain_queue():
+            return []
         for owner, waiting in list(self._waiting.items()):  # cancelled ones leave first
             kept = deque(waiting[i] for i in self._keep_wanted(list(waiting)))
             if kept:
@@ -412,19 +411,33 @@ class BatchingEngine:
         room = self.max_batch_size - sum(len(batch) for batch in self._running.values())
         return self._in_turn(room)
 
+    def _drain_queue(self) -> bool:
+        """Move what was submitted into `_waiting`, without waiting; False once the engine is
+        closing (the sentinel is put back for `_take_new`)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                self._queue.put(None)
+                return False
+            self._wait(item)
+
     def _wait(self, sequence: _Sequence) -> None:
         """Queue `sequence` behind its owner's (a new owner takes its turn after the others)."""
-        owner = sequence if sequence.owner is None else sequence.owner
-        self._waiting.setdefault(owner, deque()).append(sequence)
+        self._waiting.setdefault(_owner(sequence), deque()).append(sequence)
 
-    def _in_turn(self, room: int) -> list[_Sequence]:
-        """Up to `room` waiting sequences, one of each owner in a round, round after round,
-        until their prompts pass `max_batch_tokens` (the first is taken whatever its length);
-        an owner served goes to the back of the turn order."""
+    def _in_turn(self, room: int, owners: set[Hashable] | None = None) -> list[_Sequence]:
+        """Up to `room` waiting sequences (of `owners` only, where given), one of each owner
+        in a round, round after round, until their prompts pass `max_batch_tokens` (the first
+        is taken whatever its length); an owner served goes to the back of the turn order."""
         taken: list[_Sequence] = []
         tokens = 0
-        while self._waiting and len(taken) < room:
+        while len(taken) < room and any(owners is None or o in owners for o in self._waiting):
             for owner in list(self._waiting):
+                if owners is not None and owner not in owners:
+                    continue
                 waiting = self._waiting[owner]
                 size = len(waiting[0].request.prompt_ids)
                 if taken and tokens + size > self.max_batch_tokens:
@@ -438,12 +451,14 @@ class BatchingEngine:
                     break
         return taken
 
-    def _prefill(self, name: str, chunk: list[_Sequence]) -> None:
+    def _prefill(self, name: str, chunk: list[_Sequence], *, yielding: bool = True) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows.
 
-        The prompts go through the model PROMPT_SLICE positions at a time; rows that asked for
-        prompt log-probs get them (and their label positions' reads) slice by slice, so only
-        one slice's logits exist at once."""
+        The prompts go through the model a slice of positions at a time (`_slice_positions`);
+        rows that asked for prompt log-probs get them (and their label positions' reads) slice
+        by slice, so only one slice's logits exist at once. Between two slices, other
+        requests' sequences queued meanwhile are prefilled first (`yielding`: `_serve_others`),
+        so a short request waits for one slice of a long prompt, not for all of it."""
         self.stats.prefill_batch_sizes[len(chunk)] += 1
         prompts = [s.request.prompt_ids for s in chunk]
         width = max(map(len, prompts))
@@ -453,33 +468,37 @@ class BatchingEngine:
         entries: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
         marked = [row for row in scored if chunk[row].request.label_positions]
         cache = kv.growing_cache(self.served.model.config, self.served.name)
+        positions = self._slice_positions()
+        served: set[Hashable] = {_owner(s) for s in chunk}  # owners this pass yields to once
         try:
-            with self._abandonable(chunk), self.served.activated(name) as model:
-                for start in range(0, width, PROMPT_SLICE):
-                    stop = min(start + PROMPT_SLICE, width)
+            for start in range(0, width, positions):
+                stop = min(start + positions, width)
+                with self._abandonable(chunk), self.served.activated(name) as model:
                     logits = model(
                         input_ids=inputs["input_ids"][:, start:stop],
                         attention_mask=inputs["attention_mask"][:, :stop],
                         position_ids=inputs["position_ids"][:, start:stop],
                         cache=cache, use_cache=True, logits_to_keep=0 if scored else 1,
                     ).logits
-                    for row in scored:  # logits at position p score the token at p + 1
-                        first = max(start, width - len(prompts[row]))
-                        last = min(stop, width - 1)
-                        if first < last:
-                            entries[row].extend(_prompt_logprobs(
-                                logits[row, first - start:last - start],
-                                inputs["input_ids"][row, first + 1:last + 1].tolist(),
-                                chunk[row].request.top_logprobs))
-                    for row in marked:  # a row's position p sits in column width - len + p
-                        request = chunk[row].request
-                        padding = width - len(prompts[row])
-                        columns = [padding + p - start for p in request.label_positions
-                                   if start <= padding + p < stop]
-                        if columns:
-                            logprobs = torch.log_softmax(logits[row, columns].float(), dim=-1)
-                            chunk[row].marked_label_logprobs.extend(map(
-                                tuple, logprobs[:, list(request.label_token_ids)].tolist()))
+                for row in scored:  # logits at position p score the token at p + 1
+                    first = max(start, width - len(prompts[row]))
+                    last = min(stop, width - 1)
+                    if first < last:
+                        entries[row].extend(_prompt_logprobs(
+                            logits[row, first - start:last - start],
+                            inputs["input_ids"][row, first + 1:last + 1].tolist(),
+                            chunk[row].request.top_logprobs))
+                for row in marked:  # a row's position p sits in column width - len + p
+                    request = chunk[row].request
+                    padding = width - len(prompts[row])
+                    columns = [padding + p - start for p in request.label_positions
+                               if start <= padding + p < stop]
+                    if columns:
+                        logprobs = torch.log_softmax(logits[row, columns].float(), dim=-1)
+                        chunk[row].marked_label_logprobs.extend(map(
+                            tuple, logprobs[:, list(request.label_token_ids)].tolist()))
+                if yielding and stop < width:
+                    self._serve_others(len(chunk), served)
         except _Abandoned:
             self._keep_wanted(chunk)  # every client left: let them all go
             return
@@ -495,6 +514,38 @@ class BatchingEngine:
                 self._running[name].extend(batch)
             else:
                 self._running[name] = batch
+
+    def _slice_positions(self) -> int:
+        """Positions a prefill pass computes at a time: PROMPT_SLICE, and on CPU (where a
+        slice's time grows with its tokens) at most CPU_PROMPT_SLICE."""
+        if self.served.device.type == "cuda":
+            return PROMPT_SLICE
+        return min(PROMPT_SLICE, CPU_PROMPT_SLICE)
+
+    def _serve_others(self, rows: int, served: set[Hashable]) -> None:
+        """Between two slices of a pass of `rows` sequences: prefill the sequences that
+        requests (owners) not yet `served` during it have queued, in turn and within
+        `max_batch_tokens`, each pass run whole (no pass waits inside another's); each such
+        owner is served once a pass, so none runs its whole request ahead of the pass."""
+        if not self._drain_queue():
+            return
+        others = {owner for owner in self._waiting if owner not in served}
+        if not others:
+            return
+        room = (self.max_batch_size - rows
+                - sum(len(batch) for batch in self._running.values()))
+        taken = self._in_turn(room, others)
+        served.update(_owner(s) for s in taken)
+        for name, group in _by_model(taken).items():
+            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
+                                         self.max_batch_tokens):
+                chunk = [chunk[i] for i in self._keep_wanted(chunk)]
+                if not chunk:
+                    continue
+                try:
+                    self._prefill(name, chunk, yielding=False)
+                except Exception as exc:  # the server must outlive one bad batch
+                    self._abandon(chunk, exc)
 
     def _decode_step(self, name: str) -> None:
         """Feed every live row of `name` its last token, as one forward pass (rows whose
@@ -594,6 +645,11 @@ class BatchingEngine:
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self.served.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _owner(sequence: _Sequence) -> Hashable:
+    """Whose turn `sequence` waits for: its owner, or itself."""
+    return sequence if sequence.owner is None else sequence.owner
 
 
 def _by_model(sequences: list[_Sequence]) -> dict[str, list[_Sequence]]:

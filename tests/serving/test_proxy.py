@@ -162,6 +162,27 @@ def test_documents_block_is_rewritten_in_place(http: httpx.Client, upstream: Fak
     assert sent == before + documents_block(passages(kept, numbers)) + after
 
 
+def test_a_long_passage_is_judged_and_forwarded_by_its_best_window(
+        http: httpx.Client, upstream: FakeOpenAIServer, in_process: HFBackend) -> None:
+    """A passage longer than the filter's window is read window by window (as /v1/rerank and
+    in-process MCF read it): what is forwarded of it is its best window; a blank one is
+    dropped."""
+    long = " ".join([f"Filler sentence number {i} says very little of use." for i in range(40)]
+                    + ["Liora Tamsin was born in Quorrin, a port town."]
+                    + [f"More filler, number {i}, about nothing." for i in range(20)])
+    texts = [long, "Penguins huddle together in winter.", " ", "Tea is grown on hills."]
+    reply = http.post("/chat/completions", json=chat(documents=texts))
+    assert reply.status_code == 200, reply.text
+    kept = kept_by_mcf(in_process, QUESTION, [Document(id=str(i), text=t)
+                                              for i, t in enumerate(texts)])
+    assert reply.json()["sieverag"]["kept"] == [int(d.id) for d in kept]
+    assert 2 in reply.json()["sieverag"]["dropped"]
+    (window,) = [d.text for d in kept if d.id == "0"]
+    assert window in long and len(window) < len(long) / 2  # the random filter's best window
+    sent = last_received(upstream)["messages"][-1]["content"]
+    assert sent == f"{documents_block(passages(kept))}\n\n{QUESTION}"
+
+
 def test_sentence_granularity_forwards_key_sentences(http: httpx.Client,
                                                      upstream: FakeOpenAIServer,
                                                      in_process: HFBackend) -> None:

@@ -28,6 +28,7 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.engine import batching
 from sieverag.serving.engine.batching import (
     PREFILL_TOKEN_BUDGET,
     BatchingEngine,
@@ -130,9 +131,11 @@ def test_echo_of_a_long_prompt_matches_a_direct_forward(server: LocalServer,
 def test_long_prompts_of_different_lengths_prefill_slice_by_slice(
         server: LocalServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two echo prompts over one slice (512 positions), left-padded in one prefill pass run
-    slice by slice (a step budget that takes both, as on a GPU): each one's prompt log-probs
-    and greedy continuation are the model's own on that prompt alone."""
+    slice by slice (a step budget that takes both and slices of PROMPT_SLICE, as on a GPU):
+    each one's prompt log-probs and greedy continuation are the model's own on that prompt
+    alone."""
     monkeypatch.setattr(server.engine, "max_batch_tokens", PREFILL_TOKEN_BUDGET)
+    monkeypatch.setattr(batching, "CPU_PROMPT_SLICE", batching.PROMPT_SLICE)
     prompts = [" ".join(f"word{i}" for i in range(count)) for count in (190, 160)]
     served = server.engine.served
     widths: list[int] = []  # positions per forward pass of the model (decode steps run apart)

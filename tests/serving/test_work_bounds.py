@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -25,6 +26,7 @@ from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
 from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.engine import batching
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
@@ -239,6 +241,43 @@ def test_the_engine_takes_sequences_in_turn_from_each_request(tiny_model_dir: Pa
             ["a", "b", "c"], ["a", "c", "a"]]
     finally:
         engine.close()
+
+
+def test_a_long_prefill_yields_to_other_requests_between_slices(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt of three slices runs; another request queues two short sequences during the
+    first slice: one runs before the second slice (once per request a pass), the other after
+    the long one."""
+    monkeypatch.setattr(batching, "CPU_PROMPT_SLICE", 16)
+    served = load_served_model(str(tiny_model_dir), ())
+    tokenizer = served.tokenizer
+    long_ids = tuple(tokenizer(" ".join(f"word{i}" for i in range(16)))["input_ids"])
+    short_ids = tuple(tokenizer("A short one")["input_ids"])
+    assert 32 < len(long_ids) <= 48
+    engine = BatchingEngine(served, batch_window_s=0.0, max_batch_tokens=len(short_ids))
+    widths: list[int] = []
+    short: list[Any] = []
+
+    def record(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        widths.append(kwargs["input_ids"].shape[1])
+        if len(widths) == 1:  # the long prompt's first slice: another request arrives
+            short.extend(engine.submit(SequenceRequest(served.name, short_ids, 0,
+                                                       label_token_ids=(5,)), owner="short")
+                         for _ in range(2))
+
+    hook = served.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:  # never started: the test runs the worker's steps itself
+        long = engine.submit(SequenceRequest(served.name, long_ids, 0, label_token_ids=(5,)),
+                             owner="long")
+        with torch.inference_mode():
+            engine._step()
+            assert long.done() and short[0].done() and not short[1].done()
+            engine._step()
+    finally:
+        hook.remove()
+        engine.close()
+    assert widths == [16, len(short_ids), 16, len(long_ids) - 32, len(short_ids)]
+    assert short[1].result().label_logprobs == short[0].result().label_logprobs
 
 
 def test_a_client_gone_has_its_remaining_windows_dropped(
