@@ -2,7 +2,9 @@
 threshold used) out. `none` keeps all; `judge` is MAIN-RAG's training-free judge; `mcf` is
 Amber's multi-granular filter on the trained filter (chunks, then key sentences); `stack`
 runs both. `build_filter(name, FilterSetup(...))` makes one by name. `adapters` finds the
-trained filter (a folder, a name in the user's cache, or the one shipped in `shipped/`)."""
+trained filter (a folder, a name in the user's cache, or the one shipped in `shipped/`);
+`windows` is how MCF reads a document longer than the filter was trained to read (window by
+window, judged by its best)."""
 
 from sieverag.inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar

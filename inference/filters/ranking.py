@@ -18,7 +18,9 @@ document not kept), `pruned_text` (the document's text as MCF passes it on: its 
 sentences joined by a space, the whole text where MCF kept it whole — one sentence, a reply
 naming none or not parsed — and "" for a document not kept) and, with `spans`, every
 sentence as a `SentenceSpan` (where it lies in the text, whether it is key, and its
-P(relevant) from a one-pass filter, which scores each sentence).
+P(relevant) from a one-pass filter, which scores each sentence). A document longer than the
+filter's window is scored by its best read window (`windows`), and its spans are every
+sentence of the whole document; a blank one scores 0 and is not kept.
 """
 
 from __future__ import annotations
