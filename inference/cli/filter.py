@@ -60,8 +60,14 @@ class FilterPackageCommand:
 
 
 def _held_out_f1(card: dict | None) -> str:
-    """Held-out chunk F1 of the MCF rule amber runs by default, from the card's eval-filter
-    figures ("–" when the card has none)."""
+    """Held-out chunk F1 of MCF's default: its worst source left out of the fit where the
+    card's combination was chosen leave-one-source-out, else the card's eval-filter figure of
+    the rule amber runs by default ("–" when the card has neither)."""
+    fit = ((card or {}).get("combination") or {}).get("fit") or {}
+    left_out = [row["default"]["f1"] for row in (fit.get("leave_one_source_out") or {}).values()
+                if "default" in row]
+    if left_out:
+        return f"{min(left_out):.3f} worst"
     held_out = (card or {}).get("held_out") or {}
     figures = (held_out.get("chunk") or {}).get(held_out.get("amber_default_row") or "")
     return "–" if not figures or figures.get("f1") is None else f"{figures['f1']:.3f}"
@@ -75,13 +81,13 @@ def run_list(command: FilterListCommand) -> int:
         print(f"no filter adapters found (cache: {adapters_dir()})")
         return 0
     print(f"{'name':24} {'source':8} {'by name':9} {'base model':24} {'format':10} "
-          f"{'held-out F1':11} path")
+          f"{'held-out F1':12} path")
     for adapter, picked in found:
         card = read_card(adapter.path)
         base = (card or {}).get("base_model", "–")
         print(f"{adapter.name:24} {adapter.source:8} {'yes' if picked else 'shadowed':9} "
               f"{base:24} {(card or {}).get(FORMAT_KEY, 'two_stage'):10} "
-              f"{_held_out_f1(card):11} {adapter.path}")
+              f"{_held_out_f1(card):12} {adapter.path}")
     print("\nHow MCF combines each filter's score with BM25 and dense (its card's "
           "combination):")
     for adapter, _ in found:

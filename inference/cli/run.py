@@ -27,6 +27,7 @@ from sieverag.inference.config import (
     models_field,
 )
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.combination import filter_role
 from sieverag.inference.filters.judge import DocumentOrder
 from sieverag.inference.in_flight import CONCURRENCY_HELP
 from sieverag.inference.pipelines.base import (
@@ -179,6 +180,9 @@ def run_demo(command: DemoCommand) -> int:
     print(render_record(find_record(out / "run", first, "amber-mcf")))
     print()
     print(_bridge_demo(command, out))
+    card = plan.filter_card
+    if card is not None:
+        print(f"\nwhat ranked: {filter_role(card.combination)}")
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -431,6 +431,27 @@ def describe_combination(combination: Combination) -> str:
     return "\n".join(lines)
 
 
+def filter_role(combination: Combination) -> str:
+    """What ranks and what the filter does under `combination`, in one plain line (the
+    demo's closing line)."""
+    fit = combination.report.get("fit") or {}
+    gain, questions = fit.get("filter_gain_auroc"), fit.get("questions")
+    sources = len(fit.get("leave_one_source_out") or {}) or len(fit.get("by_source") or {})
+    measured = (f"{gain:+.4f} AUROC over BM25 + dense on {questions} questions from {sources} "
+                f"source(s)" if gain is not None else "")
+    sentences = ("what the filter still does: name each kept passage's key sentences "
+                 "(--mcf.sentence-stage, or the proxy's granularity \"sentence\")")
+    if not combination.fitted:
+        return ("the filter's own score ranks (its card holds no fitted combination)"
+                if combination.uses_filter else "retrieval ranks: z(BM25) + z(dense)")
+    if combination.uses_filter:
+        return (f"the filter's score ranks with BM25 and dense, calibrated: it adds {measured}"
+                if measured else "the filter's score ranks with BM25 and dense, calibrated")
+    return (f"retrieval ranks (BM25 + dense, calibrated): the filter's score added {measured}, "
+            f"under the {fit.get('min_gain', 0.005):g} it must add, so it is left out of the "
+            f"ranking; {sentences}")
+
+
 def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
                       score_rule: str = "combined", lexical_weight: float | None = None) -> str:
     """The line every command that ranks by a filter prints at start: which score MCF ranks
@@ -459,8 +480,12 @@ def ranking_statement(combination: Combination, where: str, *, priors_only: bool
     fit = combination.report.get("fit") or {}
     questions = f"{fit['questions']} question(s)" if fit.get("questions") else "held-out questions"
     if not combination.uses_filter:
+        gain = fit.get("filter_gain_auroc")
+        added = ("nothing over them" if gain is None else
+                 f"{gain:+.4f} AUROC over them, under the {fit.get('min_gain', 0.005):g} it "
+                 "must add")
         return (f"MCF ranks by BM25 + dense alone, the combination of {where}: its fit on "
-                f"{questions} left the filter's score out (it added nothing over them)")
+                f"{questions} left the filter's score out (it added {added})")
     if fit.get(FILTER_ALONE_FIT):
         return (f"MCF ranks by the filter's own score, Platt-calibrated on {questions} "
                 f"({where}: {fit[FILTER_ALONE_FIT]}); fit its combination with BM25 and dense "

@@ -308,6 +308,7 @@ class InfinityResult(SparseBody):
     key_sentences: tuple[str, ...] | None = None
     pruned_text: str | None = None
     spans: tuple[SentenceSpan, ...] | None = None
+    bar_rule: str | None = None
 
 
 class InfinityRerankResponse(SparseBody):
@@ -330,6 +331,7 @@ class VoyageResult(SparseBody):
     key_sentences: tuple[str, ...] | None = None
     pruned_text: str | None = None
     spans: tuple[SentenceSpan, ...] | None = None
+    bar_rule: str | None = None
 
 
 class VoyageRerankResponse(SparseBody):
@@ -352,6 +354,7 @@ class TEIResult(SparseBody):
     key_sentences: tuple[str, ...] | None = None
     pruned_text: str | None = None
     spans: tuple[SentenceSpan, ...] | None = None
+    bar_rule: str | None = None
 
 
 class TEIRerankResponse(RootModel[list[TEIResult]]):

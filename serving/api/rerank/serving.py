@@ -221,7 +221,7 @@ def infinity_response(model: str, ranked: Sequence[RerankResult], texts: Sequenc
             InfinityResult(index=r.index, relevance_score=r.relevance_score,
                            document=texts[r.index] if return_documents else None,
                            kept=r.kept, key_sentences=r.key_sentences,
-                           pruned_text=r.pruned_text, spans=r.spans)
+                           pruned_text=r.pruned_text, spans=r.spans, bar_rule=r.bar_rule)
             for r in best_first(ranked)[:top_n or None]])
 
 
@@ -232,7 +232,8 @@ def voyage_response(model: str, ranked: Sequence[RerankResult], texts: Sequence[
     return VoyageRerankResponse(model=model, usage=RerankUsage(total_tokens=total_tokens), data=[
         VoyageResult(index=r.index, relevance_score=r.relevance_score,
                      document=texts[r.index] if return_documents else None, kept=r.kept,
-                     key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans)
+                     key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans,
+                     bar_rule=r.bar_rule)
         for r in best_first(ranked)[:top_k or None]])
 
 
@@ -243,7 +244,8 @@ def tei_response(ranked: Sequence[RerankResult], texts: Sequence[str], *, top_n:
     return TEIRerankResponse([
         TEIResult(index=r.index, score=r.relevance_score,
                   text=texts[r.index] if return_text else None, kept=r.kept,
-                  key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans)
+                  key_sentences=r.key_sentences, pruned_text=r.pruned_text, spans=r.spans,
+                  bar_rule=r.bar_rule)
         for r in best_first(ranked)[:top_n or None]])
 
 

@@ -23,7 +23,6 @@ from sieverag.inference.filters.adapters import (
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
 from sieverag.inference.types import Document
-from sieverag.training.filter_methods import mcf_row_name
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +48,18 @@ def test_the_shipped_filter_is_small_bf16_package_data_with_a_card():
     assert card["weights"]["dtype"] == "bfloat16"
     assert card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] <= 1e-2
     assert card["dataset"]["train_questions"] and card["dataset"]["fingerprint"]
-    # The row the card calls amber's default is the chunk rule MCF runs by default today.
-    default_rule = card["held_out"]["amber_default_row"]
-    assert default_rule == mcf_row_name(MCFConfig())
-    assert card["held_out"]["chunk"][default_rule]["f1"] > card["held_out"]["chunk"][
-        "BM25 top-2"]["f1"]
+    # MCF's default is the card's combination (its bar, min_keep, shift guard and top_k),
+    # chosen leave-one-source-out: on each of its sources, left out of the fit, it kept at
+    # least what the better of BM25's and dense's top-2 kept; a priors-only fit is beside it.
+    assert MCFConfig().min_keep is None and MCFConfig().shift_guard
+    combination = card["combination"]
+    left_out = combination["fit"]["leave_one_source_out"]
+    assert len(left_out) >= 5 and combination["shift_guard"] is not None
+    assert all(row["default"]["margin"] >= 0 for row in left_out.values())
+    assert combination["priors_only"]["weights"] and combination["priors_only"]["bar"]
+    # The held-out eval-filter rows were measured before this fit: none is called the default.
+    assert card["held_out"]["amber_default_row"] is None
+    assert not any(row.startswith("MCF default") for row in card["held_out"]["chunk"])
 
 
 def _passages() -> tuple[str, list[Document]]:
@@ -123,7 +129,9 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
     assert shown.startswith("Answer: ")
     # What ranks is said first, once: the shipped card's fitted combination.
     assert said.err.count("MCF ranks by ") == 1
-    assert "MCF ranks by the filter's score combined with BM25 and dense" in said.err
+    # The shipped card's fit left the filter's score out: retrieval ranks, and it says so.
+    assert "MCF ranks by BM25 + dense alone, the combination of" in said.err
+    assert "left the filter's score out (it added +0.00" in said.err
     assert "Pipeline amber (filter mcf)" in shown
     assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
     assert "P(Yes) 0." in shown and "Liora Tamsin (a#0)" in shown
