@@ -104,6 +104,9 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     assert len(expected) == len(TEXTS)
     assert [by_index[i]["kept"] for i in range(len(TEXTS))] == [v.kept for v in verdicts]
     assert sum(r["kept"] for r in results) == 2  # without a fitted combination: top_k = 2
+    # Each result says which rule set the round's bar, and why.
+    assert {r["bar_rule"] for r in results} == {
+        "top_k: the 2 best kept: the card holds no fitted combination, so no calibrated bar"}
     # Not asked for, the documents are left out (not sent as null: LiteLLM refuses a null).
     assert all("document" not in r and "key_sentences" not in r for r in results)
     assert body["usage"] == {"total_tokens": prompt_tokens}
