@@ -109,8 +109,9 @@ class WindowRule:
     offsets: TokenOffsets = word_piece_offsets
 
     def fits(self, text: str) -> bool:
-        """Whether `text` is read whole (a token covers at least one character)."""
-        return (len(text.encode()) <= self.window_tokens  # a token holds at least a byte
+        """Whether `text` is read whole: at most `window_tokens` tokens (a text of no more
+        bytes than that, without counting: a token holds at least a byte)."""
+        return (len(text.encode()) <= self.window_tokens
                 or len(self.offsets(text)[0]) <= self.window_tokens)
 
     def units(self, text: str) -> list[tuple[int, int, int]]:
