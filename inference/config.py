@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,13 @@ from sieverag.inference.answers import AnswerExtraction
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.metrics.trust import (
+    ALIGNMENT_THRESHOLD,
+    NOISE_THRESHOLD,
+    SUPPORT_THRESHOLD,
+    QualityWeights,
+    TAASWeights,
+)
 from sieverag.inference.pipelines.base import (
     ANSWER_GENERATION,
     PIPELINES,
@@ -54,52 +61,6 @@ class RetrievalConfig:
                               "folder, or be left unset")
 
 
-# The trust metrics' settings (inference/eval/trust.py defines the metrics they weigh).
-SUPPORT_THRESHOLD = 0.5  # cosine at which a context sentence supports an answer sentence
-NOISE_THRESHOLD = 0.3  # cosine to the question under which a context sentence is noise
-
-
-def _check_weights(name: str, weights: dict[str, float]) -> None:
-    if any(v < 0 for v in weights.values()) or sum(weights.values()) == 0:
-        raise ConfigError(f"{name} weights must be >= 0 and not all 0, got {weights}")
-
-
-@settings
-class QualityWeights:
-    """Weights of the answer quality score (AQS)."""
-
-    similarity: float = field(default=0.6, metadata={
-        "help": "weight of embedding similarity to the reference"})
-    keywords: float = field(default=0.4, metadata={"help": "weight of keyword coverage"})
-
-    def __post_init__(self) -> None:
-        _check_weights("trust.quality", asdict(self))
-
-
-# TAAS weights' keys before the trust metrics took the Auto-RAG study's names
-# (docs/compatibility.md): a config.yaml of an older run still reads.
-_OLD_TAAS_KEYS = {"faithfulness": "sentence_similarity", "grounding": "sentence_support"}
-
-
-@settings
-class TAASWeights:
-    """Weights of sentence TAAS (`sentence_taas`, ours) when the answer retrieved (r(q) = 1);
-    the study's TAAS has fixed weights (`trust.STUDY_TAAS_WEIGHTS`). The old keys
-    `faithfulness` and `grounding` are read as `sentence_similarity` and `sentence_support`."""
-
-    quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
-    sentence_similarity: float = field(default=0.25, metadata={
-        "help": "weight of sentence similarity (the answer sentences' mean best cosine to "
-                "the context)"})
-    sentence_support: float = field(default=0.25, metadata={
-        "help": "weight of the sentence support rate (1 − unsupported sentence rate)"})
-
-    _read_old_keys = reads_old_keys(_OLD_TAAS_KEYS)
-
-    def __post_init__(self) -> None:
-        _check_weights("trust.taas", asdict(self))
-
-
 # Trust keys before the answer-grading LLM was named the grader, "judge" being the MAIN-RAG
 # judge's name (docs/compatibility.md): a config.yaml of an older run still reads.
 _OLD_TRUST_KEYS = {"llm_judge": "llm_grader", "judge_model": "grader_model"}
@@ -107,16 +68,21 @@ _OLD_TRUST_KEYS = {"llm_judge": "llm_grader", "judge_model": "grader_model"}
 
 @settings
 class TrustConfig:
-    """Trust-aware metrics computed for every answer (inference/eval/trust.py); the old keys
+    """Trust-aware metrics computed for every answer (inference/metrics/trust.py); the old keys
     `llm_judge` and `judge_model` are read as `llm_grader` and `grader_model`."""
 
     enabled: bool = field(default=True, metadata={"help": "compute trust metrics"})
     embedding_model: str = field(default="all-minilm-l6-v2",
                                  metadata={"help": "sentence encoder of the trust metrics"})
+    alignment_threshold: float = field(default=ALIGNMENT_THRESHOLD, metadata={
+        "help": "the study's τ: cosine at which a retrieved chunk supports an answer sentence "
+                "(sentence_support_rate; the study gives no value)"})
     support_threshold: float = field(default=SUPPORT_THRESHOLD, metadata={
-        "help": "cosine at which a context sentence supports an answer sentence"})
+        "help": "ours: cosine at which a context sentence supports an answer sentence "
+                "(sentence_support_by_sentence, sentence_context_precision)"})
     noise_threshold: float = field(default=NOISE_THRESHOLD, metadata={
-        "help": "cosine to the question under which a context sentence is noise"})
+        "help": "ours: cosine to the question under which a context sentence is noise "
+                "(sentence_evidence_noise)"})
     quality: QualityWeights = field(default_factory=QualityWeights,
                                     metadata={"help": "AQS weights"})
     taas: TAASWeights = field(default_factory=TAASWeights, metadata={
@@ -132,7 +98,7 @@ class TrustConfig:
     _read_old_keys = reads_old_keys(_OLD_TRUST_KEYS)
 
     def __post_init__(self) -> None:
-        for name in ("support_threshold", "noise_threshold"):
+        for name in ("alignment_threshold", "support_threshold", "noise_threshold"):
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise ConfigError(f"trust.{name} is a cosine in [-1, 1], got {value}")

@@ -76,11 +76,12 @@ LAYERS = (
     Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles"),
           role="the filters (MCF, the MAIN-RAG judge, their stack, the shipped filter), who "
                "runs each model role, cutting the scored answer from a reply"),
-    # Every metric's definition (the runner, reports and trust metrics sit above, in
-    # evaluation): pure functions of answers, decisions and gold.
+    # Every metric's definition (the runner and reports sit above, in evaluation): functions of
+    # answers, decisions, context and gold.
     Layer("metrics", 3, (f"{INFERENCE}.metrics",),
           role="every metric's definition: answers (EM, F1, accuracy), a filter against gold "
-               "passages and sentences, retrieval (recall@k, MRR)"),
+               "passages and sentences, retrieval (recall@k, MRR), trust (the Auto-RAG "
+               "study's and ours) and the LLM grader"),
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",),
           role="a pipeline is a module, or a package with its parts (`amber/`, `auto/`); the "
                "shared modules name no pipeline"),
@@ -90,8 +91,8 @@ LAYERS = (
           role="the filter inside LangChain and LlamaIndex, through the rerank endpoint or in "
                "process"),
     Layer("evaluation", 6, (f"{INFERENCE}.eval",),
-          role="the runner, records, reports, trust metrics, trace rendering, the judge-bar "
-               "sweep"),
+          role="the runner, records, reports (computing and reporting the metrics), trace "
+               "rendering, the judge-bar sweep, the RAGAS export"),
 )
 COMMAND_LINE = Layer("command line", 7, (),
                      role="every part's `cli` module or package, at the part's top (never "

@@ -337,7 +337,9 @@ def run_report(command: ReportCommand) -> int:
 class ExportCommand:
     """Write a run's records as jsonl in the schema RAG-evaluation tools read (RAGAS): one
     line per (pipeline, question) with user_input, retrieved_contexts (the text the generator
-    read), response, reference, pipeline and id."""
+    read), response, reference, pipeline and id. No sieverag figure is exported: RAGAS's own
+    metrics (its LLM-judged context precision, faithfulness) are not the trust metrics of the
+    same names."""
 
     run: str = field(metadata={"help": "run folder of `sieverag eval`"})
     out: str = field(metadata={"help": "jsonl file to write (replaced whole)"})

@@ -7,6 +7,10 @@ single-turn sample), one JSON line per (pipeline, example):
 `retrieved_contexts` is the text of each document the generator read (the record's
 `contexts`); `reference` is the dataset's reference answer where the example had one, else
 its first gold answer (None without either).
+
+No sieverag figure is exported: what RAGAS computes from these rows is RAGAS's own (its
+context precision and faithfulness are LLM-judged), neither the Auto-RAG study's token-level
+metrics of those names nor sieverag's `sentence_*` measures (docs/pipelines/trust-metrics.md).
 """
 
 from __future__ import annotations

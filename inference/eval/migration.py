@@ -1,4 +1,4 @@
-"""Run folders written before two renames and a redefinition, read under today's names
+"""Run folders written before three renames and a redefinition, read under today's names
 (docs/compatibility.md): a record's trust metrics (`records.TrustMetrics` applies
 `migrate_trust` to every line it reads) and a pipeline's summary.json figures
 (`report.read_run_summary` applies `migrate_summary`). Values are never changed by a rename.
@@ -24,6 +24,14 @@ sentence score, `sentence_taas`. A record written without `sentence_taas` gets i
 summary's mean TAAS cannot be recomputed from means, so there it is None (`sieverag report`
 on the records gives it).
 
+The study's context precision, evidence noise and sentence support rate took its definitions
+(token-level context precision, evidence noise read from it, support by whole retrieved
+chunks): what was written under those names before is sieverag's own sentence-cosine measures
+(`SENTENCE_RENAMED`): `context_precision` → `sentence_context_precision`, `evidence_noise` →
+`sentence_evidence_noise`, `sentence_support_rate` → `sentence_support_by_sentence`. Data
+written without `sentence_context_precision` is that old; the study's three figures are None
+there (not computed then; a summary counts them for no answer).
+
 Anything else is returned as it is.
 """
 
@@ -32,12 +40,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sieverag.inference.eval.trust import taas
+from sieverag.inference.metrics.trust import taas
 
 RENAMED = {"faithfulness": "sentence_similarity",
            "hallucination_rate": "unsupported_sentence_rate",
            "lexical_faithfulness": "faithfulness"}
 OLD_MARK = "lexical_faithfulness"
+SENTENCE_RENAMED = {"context_precision": "sentence_context_precision",
+                    "evidence_noise": "sentence_evidence_noise",
+                    "sentence_support_rate": "sentence_support_by_sentence"}
+SENTENCE_MARK = "sentence_context_precision"
 # The grader's old names: a record's grades, a summary's invalid replies and mean per criterion.
 GRADER_RENAMED = {"llm_judge": "llm_grader", "llm_judge_invalid": "grader_invalid",
                   **{f"llm_judge_{criterion}": f"grader_{criterion}"
@@ -64,6 +76,14 @@ def _study_taas(trust: dict[str, Any]) -> dict[str, Any]:
                          hallucination_rate=trust.get("hallucination_rate"))}
 
 
+def _study_evidence(values: dict[str, Any]) -> dict[str, Any]:
+    """Trust figures written before the study's context precision, evidence noise and
+    sentence support rate: the old values under sieverag's own names, the study's None."""
+    if "context_precision" not in values or SENTENCE_MARK in values:
+        return values
+    return {**_renamed(values, SENTENCE_RENAMED), **dict.fromkeys(SENTENCE_RENAMED)}
+
+
 def migrate_trust(values: Any) -> Any:
     """A record's trust metrics (a results line's `trust` object) under today's names, with
     `hallucination_rate` = 1 − faithfulness and the study's TAAS; any other value
@@ -74,7 +94,7 @@ def migrate_trust(values: Any) -> Any:
     if OLD_MARK in migrated:
         migrated = _renamed(migrated)
         migrated["hallucination_rate"] = _complement(migrated["faithfulness"])
-    return _study_taas(migrated)
+    return _study_evidence(_study_taas(migrated))
 
 
 def migrate_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,7 +104,24 @@ def migrate_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     tables held no token faithfulness: there `faithfulness` and `hallucination_rate` are
     None."""
     graded = _renamed(summary, GRADER_RENAMED)
-    return _summary_taas(_summary_names(summary, graded) if OLD_MARK in graded else graded)
+    return _summary_evidence(_summary_taas(_summary_names(summary, graded)
+                                           if OLD_MARK in graded else graded))
+
+
+def _summary_evidence(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary written before the study's context precision, evidence noise and sentence
+    support rate (`_study_evidence`): the old means under sieverag's own names, the study's
+    None and counted for no answer; the per-kind tables' context precision None."""
+    if "context_precision" not in summary or SENTENCE_MARK in summary:
+        return summary
+    migrated = _study_evidence(summary)
+    if isinstance(summary.get("trust_counts"), Mapping):
+        migrated["trust_counts"] = {**_renamed(summary["trust_counts"], SENTENCE_RENAMED),
+                                    **dict.fromkeys(SENTENCE_RENAMED, 0)}
+    if isinstance(summary.get("by_kind"), Mapping):
+        migrated["by_kind"] = {kind: _study_evidence(dict(figures))
+                               for kind, figures in summary["by_kind"].items()}
+    return migrated
 
 
 def _summary_taas(summary: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from pydantic import (
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.migration import migrate_trust
-from sieverag.inference.eval.trust import Embed, GraderItem, grade_answers, trust_report
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
@@ -32,6 +31,8 @@ from sieverag.inference.metrics.answers import (
     filter_scores,
     token_f1,
 )
+from sieverag.inference.metrics.grader import GraderItem, grade_answers
+from sieverag.inference.metrics.trust import Embed, trust_report
 from sieverag.inference.pipelines.amber.trace import AmberTrace
 from sieverag.inference.pipelines.auto.router import RouteDecision
 from sieverag.inference.pipelines.base import PipelineOutput, question_text
@@ -96,7 +97,7 @@ class FilterRecord(JsonlRecord):
 
 
 class GraderGrades(JsonlRecord):
-    """The LLM grader's 1-5 grades (`trust.GraderVerdict`): higher is better except
+    """The LLM grader's 1-5 grades (`metrics.grader.GraderVerdict`): higher is better except
     `hallucination_risk` (1 = nothing invented); `evidence_grounding` None without retrieval
     (not applicable); all None when its reply was invalid."""
 
@@ -110,7 +111,7 @@ class GraderGrades(JsonlRecord):
 
 
 class TrustMetrics(JsonlRecord):
-    """Trust metrics of the answer (inference/eval/trust.py, where each is defined): the
+    """Trust metrics of the answer (inference/metrics/trust.py, where each is defined): the
     Auto-RAG study's under its names, ours under names of their own. The grounding metrics
     are None when the answer was given without retrieval (`retrieved` false: not
     applicable), the embedding ones None without an encoder. A line written under the old
@@ -122,18 +123,26 @@ class TrustMetrics(JsonlRecord):
     faithfulness: float | None = Field(description="share of the answer's content tokens "
                                                    "found in the context read")
     hallucination_rate: float | None = Field(description="1 − faithfulness; lower is better")
+    context_precision: float | None = Field(None, description=(
+        "the study's, token-level: share of the context's content tokens the answer uses "
+        "(absent in runs before it)"))
+    evidence_noise: float | None = Field(None, description=(
+        "the study's: 1 − context precision; lower is better (absent in runs before it)"))
+    sentence_support_rate: float | None = Field(None, description=(
+        "the study's SSR: share of the answer's sentences some retrieved chunk supports "
+        "(cosine ≥ trust.alignment_threshold; absent in runs before it)"))
+    taas: float | None = Field(description="the study's trust-aware answer score: AQS when "
+                                           "not retrieved, else 0.4·AQS + 0.6·faithfulness")
     sentence_similarity: float | None = Field(description="ours: the answer sentences' mean "
                                                           "best cosine to the context")
-    sentence_support_rate: float | None = Field(description="share of the answer's sentences "
-                                                            "some context sentence supports")
+    sentence_support_by_sentence: float | None = Field(None, description=(
+        "ours: share of the answer's sentences some context sentence supports"))
     unsupported_sentence_rate: float | None = Field(description="ours: 1 − sentence support "
-                                                                "rate; lower is better")
-    context_precision: float | None = Field(description="share of the context read used")
-    evidence_noise: float | None = Field(description="share of the context read off the "
-                                                     "question; lower is better")
-    taas: float | None = Field(description="the study's trust-aware answer score: AQS when "
-                                           "not retrieved, else AQS, faithfulness and "
-                                           "1 − hallucination rate weighed equally")
+                                                                "by sentence; lower is better")
+    sentence_context_precision: float | None = Field(None, description=(
+        "ours: share of the context's sentences that support an answer sentence"))
+    sentence_evidence_noise: float | None = Field(None, description=(
+        "ours: share of the context's sentences off the question; lower is better"))
     sentence_taas: float | None = Field(None, description="ours: TAAS over sentence "
                                                           "similarity and sentence support "
                                                           "(absent in runs before it)")
@@ -299,7 +308,7 @@ def answered_with_retrieval(route: RouteDecision | Mapping[str, Any] | None,
 
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
                   config: TrustConfig, grader: LLMBackend | None = None) -> TrustMetrics:
-    """Trust metrics of the answer against what the generator read (inference/eval/trust.py):
+    """Trust metrics of the answer against what the generator read (inference/metrics/trust.py):
     against the example's reference answer where it has one (`metadata["reference"]`, with
     its `keywords`), else its gold aliases; optionally the LLM grader's 1-5 grades."""
     reference = example.metadata.get("reference")
@@ -308,8 +317,8 @@ def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
         [reference] if reference else example.answers, embed,
         retrieved=answered_with_retrieval(output.trace.get("route"), output.documents_read),
         keywords=example.metadata.get("keywords"), support_threshold=config.support_threshold,
-        noise_threshold=config.noise_threshold, quality_weights=config.quality,
-        taas_weights=config.taas)
+        noise_threshold=config.noise_threshold, alignment_threshold=config.alignment_threshold,
+        quality_weights=config.quality, taas_weights=config.taas)
     metrics = TrustMetrics(**report.to_dict())
     if grader is not None:
         verdict = grade_answers(grader, [GraderItem(

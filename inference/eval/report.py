@@ -8,8 +8,8 @@ from pathlib import Path
 from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval.migration import migrate_summary
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.eval.trust import GRADER_CRITERIA, LOWER_IS_BETTER
 from sieverag.inference.io_utils import parse_json, read_text, write_atomic
+from sieverag.inference.metrics.grader import GRADER_CRITERIA, LOWER_IS_BETTER
 
 TABLE_COLUMNS = (
     ("em", "EM"),
@@ -47,14 +47,17 @@ TRUST_COLUMNS = (
     ("retrieval_usage_rate", "Retrieval usage"),
     ("answer_quality", "AQS"),
     ("taas", "TAAS"),
-    ("sentence_taas", "Sentence TAAS"),
     ("faithfulness", "Faithfulness"),
     ("hallucination_rate", "Hallucination ↓"),
-    ("sentence_similarity", "Sentence similarity"),
-    ("sentence_support_rate", "Sentence support"),
-    ("context_precision", "Ctx precision (used)"),
+    ("context_precision", "Ctx precision (tokens)"),
     ("evidence_noise", "Evidence noise ↓"),
-    ("context_precision_gold", "Ctx P (gold)"),
+    ("sentence_support_rate", "Sentence support (chunks)"),
+    ("sentence_taas", "Sentence TAAS (ours)"),
+    ("sentence_similarity", "Sentence similarity (ours)"),
+    ("sentence_support_by_sentence", "Sentence support by sentence (ours)"),
+    ("sentence_context_precision", "Sentence ctx precision (ours)"),
+    ("sentence_evidence_noise", "Sentence evidence noise ↓ (ours)"),
+    ("context_precision_gold", "Ctx P gold (ours)"),
 )
 GRADER_COLUMNS = tuple(
     (f"grader_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER else ""))
@@ -209,7 +212,8 @@ def write_report(
 ) -> Path:
     """Write `report.md` (comparison table, per-pipeline usage, score plots)."""
     parts = [f"# sieverag evaluation\n\nDataset: `{dataset}`\n", comparison_table(summaries), "",
-             "Trust-aware metrics (inference/eval/trust.py; ↓ lower is better):\n",
+             "Trust-aware metrics (inference/metrics/trust.py: the Auto-RAG study's under its "
+             "names, sieverag's own marked (ours); ↓ lower is better):\n",
              comparison_table(summaries, TRUST_COLUMNS), "", trust_counts_line(summaries), ""]
     if any(s.get("grader_overall") is not None or s.get("grader_invalid")
            for s in summaries.values()):

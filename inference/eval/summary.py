@@ -6,15 +6,16 @@ import statistics
 from collections.abc import Sequence
 
 from sieverag.inference.eval.records import EvalRecord, answered_with_retrieval
-from sieverag.inference.eval.trust import GRADER_CRITERIA
+from sieverag.inference.metrics.grader import GRADER_CRITERIA
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit", "rouge_l")
-# Trust metrics (inference/eval/trust.py), averaged over the answers where each is defined;
+# Trust metrics (inference/metrics/trust.py), averaged over the answers where each is defined;
 # `trust_counts` says how many that is (grounding metrics: the answers that retrieved).
 TRUST_METRICS = ("answer_quality", "taas", "sentence_taas", "faithfulness",
-                 "hallucination_rate", "sentence_similarity", "sentence_support_rate",
-                 "unsupported_sentence_rate", "context_precision", "evidence_noise",
-                 "lexical_context_use", "context_precision_gold")
+                 "hallucination_rate", "context_precision", "evidence_noise",
+                 "sentence_support_rate", "sentence_similarity", "sentence_support_by_sentence",
+                 "unsupported_sentence_rate", "sentence_context_precision",
+                 "sentence_evidence_noise", "lexical_context_use", "context_precision_gold")
 # The per-kind table (the study's Table 5): a question set's kinds (`kind` in its records).
 KIND_METRICS = ("accuracy", "answer_quality", "taas", "faithfulness", "hallucination_rate",
                 "context_precision", "retrieval_usage_rate")

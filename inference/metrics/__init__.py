@@ -6,5 +6,8 @@ eval`, `label`'s agreement with gold).
   ASQA's STR-EM / STR-Hit and ROUGE-L;
 * `filter` — a filter's kept passages and sentences against gold: precision, recall, F1,
   AUROC, AP, calibration error;
-* `retrieval` — recall@k and MRR.
+* `retrieval` — recall@k and MRR;
+* `trust` — the Auto-RAG study's trust metrics (AQS, TAAS, faithfulness, hallucination rate,
+  context precision, evidence noise, sentence support rate) and sieverag's own variants;
+* `grader` — the study's six-criterion LLM grader.
 """

@@ -1,28 +1,28 @@
 """Trust-aware answer metrics: the Auto-RAG nutrition study's, under its names, and our own
-sentence-level variants, under names of their own.
+variants, under names of their own. Every trust metric is defined here; `eval` computes and
+reports them.
 
 Every metric is a pure function of the question, the answer, the retrieved context the
-generator read (documents; their sentences) and, where needed, a sentence encoder
-`embed(texts) -> array (len(texts), dim)` (any encoder; tests pass a fake). Two quantities
-are shared by several metrics:
+generator read (documents, i.e. the study's chunks d_j; their sentences) and, where needed, a
+sentence encoder `embed(texts) -> array (len(texts), dim)` (any encoder; tests pass a fake).
+r(q) is whether the answer was produced with retrieval: `auto`'s routing decision where it
+routed, else 1 when the generator read retrieved context; 0 when the model answered alone
+(`direct`, or `auto` routing to the model). Grounding needs context: a question that
+retrieved and read nothing has no grounding figures either.
 
-* r(q) — whether the answer was produced with retrieval: `auto`'s routing decision where it
-  routed, else 1 when the generator read retrieved context; 0 when the model answered alone
-  (`direct`, or `auto` routing to the model). Grounding needs context: a question that
-  retrieved and read nothing has no grounding figures either.
-* support — answer sentence a is supported by context sentence c when
-  cos(embed(a), embed(c)) ≥ τ (`support_threshold`, 0.5 by default). Sentences are the
-  data's own split where a Document has one, else `split_sentences`.
-
-The study's metrics: AQS (`answer_quality`), TAAS (`taas`, its Eq. 11: AQS, faithfulness and
-hallucination control), `faithfulness` (share of the answer's tokens found in the context),
-`hallucination_rate` (1 − faithfulness), `sentence_support_rate`, `context_precision`,
-`evidence_noise` and the six-criterion LLM grader (the study's LLM-as-a-judge; not the
-MAIN-RAG judge, which scores documents).
-Ours, named for what they compute: `sentence_taas` (TAAS over the sentence-level grounding
-terms, sieverag's TAAS before it took the study's definition), `sentence_similarity` (mean
-best cosine of the answer's sentences to the context), `unsupported_sentence_rate`
-(1 − sentence support rate), `lexical_context_use` and `context_precision_gold`.
+The study's metrics, as its text defines them: AQS (`answer_quality`), TAAS (`taas`, its
+Eq. 11: AQS alone without retrieval, 0.4·AQS + 0.6·faithfulness with it), `faithfulness`
+(share of the answer's content tokens found in the context), `hallucination_rate`
+(1 − faithfulness), `context_precision` (token-level: share of the context's content tokens
+the answer uses), `evidence_noise` (1 − context precision), `sentence_support_rate` (SSR /
+SAEA: share of answer sentences some retrieved chunk supports, Sim(s_i, d_j) ≥ τ), and the
+six-criterion LLM grader (`grader`).
+Ours, named for what they compute: `sentence_taas` (TAAS over sentence-level grounding
+terms), `sentence_similarity` (mean best cosine of the answer's sentences to the context's),
+`sentence_support_by_sentence` (support against context *sentences*, not chunks),
+`unsupported_sentence_rate` (1 − it), `sentence_context_precision` (context sentences that
+support an answer sentence), `sentence_evidence_noise` (context sentences off the question),
+`lexical_context_use` and `context_precision_gold`.
 
 Grounding metrics (all but AQS, the two TAAS and the gold context precision) are not
 applicable when r(q) = 0: they are None in the record and left out of the means, which say
@@ -34,24 +34,64 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from sieverag.inference.config import (
-    NOISE_THRESHOLD,
-    SUPPORT_THRESHOLD,
-    QualityWeights,
-    TAASWeights,
-)
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.io_utils import parse_json
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.prompt_templates import load_template
+from sieverag.inference.errors import ConfigError
 from sieverag.inference.retrieval.sentences import split_sentences
+from sieverag.inference.settings import reads_old_keys, settings
 from sieverag.inference.types import Document
+
+# The study's Eq. 14 names its alignment threshold τ but the text gives no value: sieverag
+# keeps the cosine its own sentence support uses.
+ALIGNMENT_THRESHOLD = 0.5  # τ: cosine at which a retrieved chunk supports an answer sentence
+SUPPORT_THRESHOLD = 0.5  # cosine at which a context sentence supports an answer sentence
+NOISE_THRESHOLD = 0.3  # cosine to the question under which a context sentence is noise
+
+
+def _check_weights(name: str, weights: dict[str, float]) -> None:
+    if any(v < 0 for v in weights.values()) or sum(weights.values()) == 0:
+        raise ConfigError(f"{name} weights must be >= 0 and not all 0, got {weights}")
+
+
+@settings
+class QualityWeights:
+    """Weights of the answer quality score (AQS)."""
+
+    similarity: float = field(default=0.6, metadata={
+        "help": "weight of embedding similarity to the reference"})
+    keywords: float = field(default=0.4, metadata={"help": "weight of keyword coverage"})
+
+    def __post_init__(self) -> None:
+        _check_weights("trust.quality", asdict(self))
+
+
+# TAAS weights' keys before the trust metrics took the Auto-RAG study's names
+# (docs/compatibility.md): a config.yaml of an older run still reads.
+_OLD_TAAS_KEYS = {"faithfulness": "sentence_similarity", "grounding": "sentence_support"}
+
+
+@settings
+class TAASWeights:
+    """Weights of sentence TAAS (`sentence_taas`, ours) when the answer retrieved (r(q) = 1);
+    the study's TAAS has fixed weights (`STUDY_TAAS_WEIGHTS`). The old keys `faithfulness` and
+    `grounding` are read as `sentence_similarity` and `sentence_support`."""
+
+    quality: float = field(default=0.5, metadata={"help": "weight of AQS"})
+    sentence_similarity: float = field(default=0.25, metadata={
+        "help": "weight of sentence similarity (the answer sentences' mean best cosine to "
+                "the context)"})
+    sentence_support: float = field(default=0.25, metadata={
+        "help": "weight of sentence support by sentence (1 − unsupported sentence rate)"})
+
+    _read_old_keys = reads_old_keys(_OLD_TAAS_KEYS)
+
+    def __post_init__(self) -> None:
+        _check_weights("trust.taas", asdict(self))
+
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 Evidence = Document | str
@@ -124,10 +164,12 @@ def sentence_similarity(support: SupportMatrix) -> float | None:
     return float(np.mean(np.clip(support.similarity.max(axis=1), 0.0, 1.0)))
 
 
-def sentence_support_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
-                          ) -> float | None:
-    """Share of answer sentences supported by at least one context sentence
-    (max cos ≥ `threshold`). None when the answer has no sentence or nothing was read."""
+def sentence_support_by_sentence(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
+                                 ) -> float | None:
+    """Sentence support by sentence (ours): share of answer sentences supported by at least
+    one context *sentence* (max cos ≥ `threshold`); the study's `sentence_support_rate`
+    compares them with whole retrieved chunks. None when the answer has no sentence or
+    nothing was read."""
     if not support.answer_sentences or not support.context_sentences:
         return None
     return float(np.mean(support.similarity.max(axis=1) >= threshold))
@@ -136,27 +178,28 @@ def sentence_support_rate(support: SupportMatrix, threshold: float = SUPPORT_THR
 def unsupported_sentence_rate(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
                               ) -> float | None:
     """Unsupported sentence rate (ours): share of answer sentences supported by no context
-    sentence (max cos < `threshold`), 1 − sentence support rate at the same threshold. Lower
-    is better. None when the answer has no sentence or nothing was read."""
-    rate = sentence_support_rate(support, threshold)
+    sentence (max cos < `threshold`), 1 − sentence support by sentence at the same threshold.
+    Lower is better. None when the answer has no sentence or nothing was read."""
+    rate = sentence_support_by_sentence(support, threshold)
     return None if rate is None else 1.0 - rate
 
 
-def context_precision(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD) -> float | None:
-    """Share of the retrieved context actually used: context sentences that support some
-    answer sentence (cos ≥ `threshold`) over all context sentences read. None when nothing
-    was read or the answer has no sentence."""
+def sentence_context_precision(support: SupportMatrix, threshold: float = SUPPORT_THRESHOLD
+                               ) -> float | None:
+    """Sentence context precision (ours): context sentences that support some answer sentence
+    (cos ≥ `threshold`) over all context sentences read; the study's `context_precision` is
+    token-level. None when nothing was read or the answer has no sentence."""
     if not support.answer_sentences or not support.context_sentences:
         return None
     return float(np.mean(support.similarity.max(axis=0) >= threshold))
 
 
-def evidence_noise(question: str, documents: Sequence[Evidence], embed: Embed,
-                   threshold: float = NOISE_THRESHOLD) -> float | None:
-    """Share of the retrieved context that is noise for the question: context sentences whose
-    cosine similarity to the question is below `threshold` (0.3 by default: a sentence-to-
-    question cosine runs lower than sentence-to-sentence). Lower is better; evidence filtering
-    exists to lower it. None when nothing was read."""
+def sentence_evidence_noise(question: str, documents: Sequence[Evidence], embed: Embed,
+                            threshold: float = NOISE_THRESHOLD) -> float | None:
+    """Sentence evidence noise (ours): share of the context sentences read whose cosine
+    similarity to the question is below `threshold` (0.3 by default: a sentence-to-question
+    cosine runs lower than sentence-to-sentence); the study's `evidence_noise` is read from
+    its token-level context precision. Lower is better. None when nothing was read."""
     evidence = context_sentences(documents)
     if not evidence:
         return None
@@ -171,10 +214,7 @@ def faithfulness(answer: str, documents: Sequence[Evidence]) -> float | None:
     claimed = content_tokens(answer)
     if not claimed or not documents:
         return None
-    read: set[str] = set()
-    for document in documents:
-        read |= content_tokens(_text(document))
-    return len(claimed & read) / len(claimed)
+    return len(claimed & _context_tokens(documents)) / len(claimed)
 
 
 def hallucination_rate(answer: str, documents: Sequence[Evidence]) -> float | None:
@@ -183,6 +223,48 @@ def hallucination_rate(answer: str, documents: Sequence[Evidence]) -> float | No
     faithfulness is None."""
     faithful = faithfulness(answer, documents)
     return None if faithful is None else 1.0 - faithful
+
+
+def _context_tokens(documents: Sequence[Evidence]) -> set[str]:
+    read: set[str] = set()
+    for document in documents:
+        read |= content_tokens(_text(document))
+    return read
+
+
+def context_precision(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Context precision as the study defines it (its Eq. 12, a token-level metric): the share
+    of the retrieved context actually used to build the answer — the context's distinct
+    content tokens (lower-cased `\\w+`, stop words dropped) that the answer uses, over all the
+    context's content tokens. Small means much of what was read went unused. None when
+    nothing was read (or what was read has no content token)."""
+    read = _context_tokens(documents)
+    if not read:
+        return None
+    return len(content_tokens(answer) & read) / len(read)
+
+
+def evidence_noise(answer: str, documents: Sequence[Evidence]) -> float | None:
+    """Evidence noise as the study reads it from context precision: 1 − context precision,
+    the share of the context's content tokens the answer does not use. Lower is better. None
+    where context precision is None."""
+    precision = context_precision(answer, documents)
+    return None if precision is None else 1.0 - precision
+
+
+def sentence_support_rate(answer: str, documents: Sequence[Evidence], embed: Embed,
+                          threshold: float = ALIGNMENT_THRESHOLD) -> float | None:
+    """The study's sentence support rate (SSR; its sentence-level answer-evidence alignment,
+    SAEA, Eq. 14): the share of answer sentences s_i that at least one retrieved chunk d_j
+    supports, Sim(s_i, d_j) = cos(embed(s_i), embed(d_j)) ≥ τ (`threshold`). Each document read
+    is one chunk, embedded whole. None when the answer has no sentence or nothing was read."""
+    claims = split_sentences(answer)
+    chunks = [_text(d) for d in documents if _text(d).strip()]
+    if not claims or not chunks:
+        return None
+    vectors = _unit_rows(embed([*claims, *chunks]))
+    similarity = vectors[: len(claims)] @ vectors[len(claims):].T
+    return float(np.mean(similarity.max(axis=1) >= threshold))
 
 
 def lexical_context_use(answer: str, documents: Sequence[Evidence]) -> float | None:
@@ -257,10 +339,10 @@ def answer_quality(answer: str, references: str | Sequence[str], embed: Embed,
     return max(s for s in scores if s is not None)
 
 
-# The study's Eq. 11 names TAAS's three terms for r(q) = 1 but gives them no weights:
-# sieverag weighs them equally.
+# The study's weights for r(q) = 1, as its reported rows fix them (each (AQS, faithfulness)
+# → TAAS pair it prints, e.g. (0.857, 0.327) → 0.539): 0.4·AQS + 0.3·F + 0.3·(1 − H).
 STUDY_TAAS_WEIGHTS: Mapping[str, float] = MappingProxyType(
-    {"quality": 1.0, "faithfulness": 1.0, "hallucination_control": 1.0})
+    {"quality": 0.4, "faithfulness": 0.3, "hallucination_control": 0.3})
 
 
 def taas(quality: float | None, retrieved: bool, *, faithfulness: float | None = None,
@@ -269,15 +351,13 @@ def taas(quality: float | None, retrieved: bool, *, faithfulness: float | None =
 
     r(q) = 0 (answered without retrieval): TAAS = AQS — grounding is not applicable, so an
     answer the router rightly kept from retrieval is not penalised for reading nothing.
-    r(q) = 1: TAAS combines AQS, faithfulness and hallucination control
-    (1 − hallucination rate). The weights were not read from the study (its text was not
-    available offline): sieverag weighs the three equally (`STUDY_TAAS_WEIGHTS`):
-    TAAS = (AQS + faithfulness + (1 − hallucination rate)) / 3.
-    With the study's hallucination rate (1 − faithfulness) the last two terms are equal, so
-    token faithfulness weighs 2/3 — the study's definition, kept as it is. A None term is left
-    out and the weights renormalised (nothing read, no content token: TAAS = AQS). None when
-    AQS is None (no reference). The grounding terms are keyword-only so that a call written
-    for `sentence_taas`'s positional terms fails at once.
+    r(q) = 1: TAAS = 0.4·AQS + 0.3·faithfulness + 0.3·(1 − hallucination rate)
+    (`STUDY_TAAS_WEIGHTS`), which with the study's hallucination rate (1 − faithfulness) is
+    0.4·AQS + 0.6·faithfulness: the weights its reported rows fix (every (AQS, faithfulness)
+    → TAAS pair it prints is reproduced within 0.001). A None term is left out and the weights
+    renormalised (nothing read, no content token: TAAS = AQS). None when AQS is None (no
+    reference). The grounding terms are keyword-only so that a call written for
+    `sentence_taas`'s positional terms fails at once.
     """
     if quality is None:
         return None
@@ -298,9 +378,9 @@ def sentence_taas(quality: float | None, retrieved: bool, similarity: float | No
     with sentence-level grounding terms in place of the study's token ones.
 
     r(q) = 0: AQS, as TAAS. r(q) = 1: (0.5·AQS + 0.25·sentence similarity + 0.25·sentence
-    support rate) / Σ weights of the terms defined (`trust.taas` weights; a None term is left
-    out, the weights renormalised). Its two grounding terms are distinct figures, where the
-    study's faithfulness and 1 − hallucination rate are one figure twice. Quality weighs
+    support by sentence) / Σ weights of the terms defined (`trust.taas` weights; a None term
+    is left out, the weights renormalised). Its two grounding terms are distinct figures,
+    where the study's faithfulness and 1 − hallucination rate are one figure twice. Quality weighs
     half: a grounded wrong answer is still wrong. None when AQS is None (no reference).
     """
     if quality is None:
@@ -319,13 +399,16 @@ class TrustReport:
     answer_quality: float | None
     faithfulness: float | None
     hallucination_rate: float | None
-    sentence_similarity: float | None
-    sentence_support_rate: float | None
-    unsupported_sentence_rate: float | None
     context_precision: float | None
     evidence_noise: float | None
+    sentence_support_rate: float | None
     taas: float | None
     sentence_taas: float | None
+    sentence_similarity: float | None
+    sentence_support_by_sentence: float | None
+    unsupported_sentence_rate: float | None
+    sentence_context_precision: float | None
+    sentence_evidence_noise: float | None
     lexical_context_use: float | None
     context_precision_gold: float | None
 
@@ -338,140 +421,45 @@ def trust_report(question: str, answer: str, documents: Sequence[Document],
                  retrieved: bool | None = None, keywords: Sequence[str] | None = None,
                  support_threshold: float = SUPPORT_THRESHOLD,
                  noise_threshold: float = NOISE_THRESHOLD,
+                 alignment_threshold: float = ALIGNMENT_THRESHOLD,
                  quality_weights: QualityWeights = DEFAULT_QUALITY,
                  taas_weights: TAASWeights = DEFAULT_TAAS) -> TrustReport:
     """Every trust metric of one answer. `retrieved` is r(q) (default: `documents`, what the
     generator read, is not empty); the grounding metrics are None when it is false, and when
     nothing was read. Without `embed` the embedding metrics are None (the token ones remain:
-    faithfulness, hallucination rate, lexical context use). `taas_weights` weigh
-    `sentence_taas` (the study's TAAS has fixed weights: `STUDY_TAAS_WEIGHTS`)."""
+    faithfulness, hallucination rate, context precision, evidence noise, lexical context
+    use). `alignment_threshold` is the study's τ (chunk support), `support_threshold` ours
+    (sentence support); `taas_weights` weigh `sentence_taas` (the study's TAAS has fixed
+    weights: `STUDY_TAAS_WEIGHTS`)."""
     retrieved = bool(documents) if retrieved is None else retrieved
-    quality = similarity = supported = unsupported = precision = noise = None
+    grounded = retrieved and bool(documents)
+    quality = similarity = by_sentence = unsupported = aligned = None
+    sentence_precision = sentence_noise = None
     if embed is not None:
         quality = answer_quality(answer, references, embed, keywords, quality_weights)
-        if retrieved and documents:
+        if grounded:
             support = SupportMatrix.of(answer, documents, embed)
             similarity = sentence_similarity(support)
-            supported = sentence_support_rate(support, support_threshold)
+            by_sentence = sentence_support_by_sentence(support, support_threshold)
             unsupported = unsupported_sentence_rate(support, support_threshold)
-            precision = context_precision(support, support_threshold)
-            noise = evidence_noise(question, documents, embed, noise_threshold)
+            sentence_precision = sentence_context_precision(support, support_threshold)
+            sentence_noise = sentence_evidence_noise(question, documents, embed,
+                                                     noise_threshold)
+            aligned = sentence_support_rate(answer, documents, embed, alignment_threshold)
     # (the token metrics are None when nothing was read)
     faithful = faithfulness(answer, documents) if retrieved else None
     hallucination = hallucination_rate(answer, documents) if retrieved else None
     return TrustReport(
         retrieved=retrieved, answer_quality=quality, faithfulness=faithful,
-        hallucination_rate=hallucination, sentence_similarity=similarity,
-        sentence_support_rate=supported, unsupported_sentence_rate=unsupported,
-        context_precision=precision, evidence_noise=noise,
+        hallucination_rate=hallucination,
+        context_precision=context_precision(answer, documents) if retrieved else None,
+        evidence_noise=evidence_noise(answer, documents) if retrieved else None,
+        sentence_support_rate=aligned,
         taas=taas(quality, retrieved, faithfulness=faithful, hallucination_rate=hallucination),
-        sentence_taas=sentence_taas(quality, retrieved, similarity, supported, taas_weights),
+        sentence_taas=sentence_taas(quality, retrieved, similarity, by_sentence, taas_weights),
+        sentence_similarity=similarity, sentence_support_by_sentence=by_sentence,
+        unsupported_sentence_rate=unsupported, sentence_context_precision=sentence_precision,
+        sentence_evidence_noise=sentence_noise,
         lexical_context_use=lexical_context_use(answer, documents) if retrieved else None,
         context_precision_gold=context_precision_gold(documents),
     )
-
-
-# --- LLM grader (the study's LLM-as-a-judge) ----------------------------------------------
-
-GRADER_CRITERIA = ("correctness", "relevance", "completeness", "evidence_grounding",
-                  "hallucination_risk", "overall")
-# Scales of the study: every criterion 1 (worst) to 5 (best) except hallucination risk,
-# where 1 is the lowest risk — lower is better there.
-LOWER_IS_BETTER = frozenset({"hallucination_risk"})
-# Grounding in evidence is not applicable to an answer given without retrieval.
-GROUNDING_CRITERIA = frozenset({"evidence_grounding"})
-GRADER_PROMPT = "answer_grader"
-GRADER_PROMPT_NO_CONTEXT = "answer_grader_no_context"
-_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class GraderVerdict:
-    """Six 1–5 scores as the study defines them: higher is better except for
-    `hallucination_risk` (1 = no invented content, 5 = mostly invented); `evidence_grounding`
-    is None for an answer given without retrieval (not applicable).
-
-    When the reply is not a valid verdict every score is None and `error` says why;
-    `raw` keeps the reply either way.
-    """
-
-    correctness: int | None = None
-    relevance: int | None = None
-    completeness: int | None = None
-    evidence_grounding: int | None = None
-    hallucination_risk: int | None = None
-    overall: int | None = None
-    error: str | None = None
-    raw: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def scores(self) -> dict[str, int | None]:
-        return {name: getattr(self, name) for name in GRADER_CRITERIA}
-
-
-def grader_criteria(retrieved: bool) -> tuple[str, ...]:
-    """The criteria asked of an answer: all six with retrieval, no grounding without."""
-    return tuple(c for c in GRADER_CRITERIA if retrieved or c not in GROUNDING_CRITERIA)
-
-
-def parse_grader_reply(reply: str, retrieved: bool = True) -> GraderVerdict:
-    """Parse a grader reply strictly: one JSON object (surrounding text and code fences are
-    ignored) holding every criterion asked (`grader_criteria(retrieved)`) as an integer 1–5;
-    other keys are ignored (a grounding score given without retrieval too)."""
-    match = _JSON_OBJECT.search(reply)
-    if match is None:
-        return GraderVerdict(error="no JSON object in the reply", raw=reply)
-    try:  # any text json cannot read (syntax, huge numbers, deep nesting) is a bad reply
-        payload: Any = parse_json(match.group(), "the reply")
-    except DatasetError as error:
-        return GraderVerdict(error=str(error), raw=reply)
-    if not isinstance(payload, dict):
-        return GraderVerdict(error="the JSON is not an object", raw=reply)
-    asked = grader_criteria(retrieved)
-    missing = [name for name in asked if name not in payload]
-    if missing:
-        return GraderVerdict(error=f"missing score(s): {', '.join(missing)}", raw=reply)
-    invalid = [name for name in asked
-               if type(payload[name]) is not int or not 1 <= payload[name] <= 5]
-    if invalid:
-        return GraderVerdict(error=f"score(s) not an integer 1-5: {', '.join(invalid)}",
-                            raw=reply)
-    return GraderVerdict(**{name: payload[name] for name in asked}, raw=reply)
-
-
-def _format_documents(documents: Sequence[Evidence]) -> str:
-    return "\n\n".join(f"[{i}] {_text(d)}" for i, d in enumerate(documents, start=1))
-
-
-@dataclass(frozen=True)
-class GraderItem:
-    """One answer to grade: its question, the reference answer and what the generator read
-    (empty: answered without retrieval)."""
-
-    question: str
-    answer: str
-    reference: str
-    documents: Sequence[Evidence] = ()
-
-
-def grade_answers(backend: LLMBackend, items: Sequence[GraderItem],
-                 settings: GenerationSettings = GenerationSettings(max_new_tokens=128)
-                 ) -> list[GraderVerdict]:
-    """Grade many answers in one batch (see `GraderVerdict`). An answer given without
-    retrieval is asked the five criteria that apply (prompt `answer_grader_no_context`).
-    An invalid reply yields None scores with the reason in `error`, never an exception;
-    backend failures (a server that is down) propagate as the backend raises them."""
-    with_context = load_template(GRADER_PROMPT)
-    without = load_template(GRADER_PROMPT_NO_CONTEXT)
-    prompts = [with_context.messages(question=i.question, answer=i.answer,
-                                     reference=i.reference,
-                                     documents=_format_documents(i.documents))
-               if i.documents else
-               without.messages(question=i.question, answer=i.answer, reference=i.reference)
-               for i in items]
-    replies = backend.generate(prompts, settings, agent="grader") if prompts else []
-    return [parse_grader_reply(reply, bool(item.documents))
-            for reply, item in zip(replies, items, strict=True)]

@@ -1,7 +1,8 @@
 """A run folder written before the trust metrics took the Auto-RAG study's names (cosine
 `faithfulness`, `hallucination_rate` = 1 − sentence support, `lexical_faithfulness`, TAAS
-weights `faithfulness`/`grounding`) and before their answer-grading LLM was named the grader
-(`trust.llm_judge`/`judge_model`, a record's `llm_judge` grades, a summary's `llm_judge_*`)
+weights `faithfulness`/`grounding`; sentence-cosine `context_precision`, `evidence_noise` and
+`sentence_support_rate`, now sieverag's own `sentence_*`) and before their answer-grading LLM
+was named the grader (`trust.llm_judge`/`judge_model`, a record's `llm_judge` grades, a summary's `llm_judge_*`)
 still loads, summarises, reports, collates and exports, under today's names
 (inference/eval/migration.py, docs/compatibility.md)."""
 
@@ -102,17 +103,25 @@ def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> No
     assert trust.hallucination_rate == pytest.approx(0.25)  # the study's: 1 − faithfulness
     assert trust.sentence_similarity == 0.7  # the old cosine "faithfulness"
     assert trust.unsupported_sentence_rate == 0.5  # the old "hallucination_rate"
-    assert trust.sentence_support_rate == 0.5  # unchanged
+    # The old sentence-cosine measures are sieverag's own; the study's were not computed.
+    assert trust.sentence_support_by_sentence == 0.5
+    assert trust.sentence_context_precision == 0.25
+    assert trust.sentence_evidence_noise == 0.5
+    assert (trust.sentence_support_rate, trust.context_precision,
+            trust.evidence_noise) == (None, None, None)
     # The old `taas` was the sentence score; TAAS is the study's, from the stored terms:
-    # (AQS + faithfulness + (1 − hallucination rate)) / 3.
+    # 0.4·AQS + 0.3·faithfulness + 0.3·(1 − hallucination rate).
     assert trust.sentence_taas == 0.6
-    assert trust.taas == pytest.approx((0.6 + 0.75 + 0.75) / 3)
+    assert trust.taas == pytest.approx(0.4 * 0.6 + 0.6 * 0.75)
     assert trust.llm_grader == GraderGrades(**OLD_GRADES)
     assert {"lexical_faithfulness", "llm_judge"}.isdisjoint(record.to_json()["trust"])
     summary = summarize([record])
     assert (summary["faithfulness"], summary["hallucination_rate"]) == (0.75, 0.25)
     assert summary["sentence_similarity"] == 0.7
     assert summary["unsupported_sentence_rate"] == 0.5
+    assert summary["sentence_context_precision"] == 0.25
+    assert summary["context_precision"] is None
+    assert summary["trust_counts"]["context_precision"] == 0
     assert (summary["grader_overall"], summary["grader_invalid"]) == (4.0, 0)
 
 
@@ -146,9 +155,19 @@ def test_an_old_summary_reports_and_collates_under_the_new_names(
     factual = summary["by_kind"]["factual"]
     assert (factual["faithfulness"], factual["hallucination_rate"]) == (None, None)
     assert (factual["sentence_similarity"], factual["unsupported_sentence_rate"]) == (0.7, 0.5)
+    # Its context precision was the sentence-cosine one: now sieverag's own.
+    assert (factual["context_precision"], factual["sentence_context_precision"]) == (None, 0.25)
+    assert (summary["sentence_context_precision"], summary["sentence_evidence_noise"],
+            summary["sentence_support_by_sentence"]) == (0.25, 0.5, 0.5)
+    assert (summary["context_precision"], summary["evidence_noise"],
+            summary["sentence_support_rate"]) == (None, None, None)
+    assert counts["sentence_context_precision"] == 1 and counts["sentence_support_rate"] == 0
     table = comparison_table(summaries, TRUST_COLUMNS)
-    assert "| Faithfulness | Hallucination ↓ | Sentence similarity |" in table
-    assert "| vanilla | 1 | 1.000 | 0.600 | 0.600 | 0.667 | 0.333 | 0.700 | 0.500 |" in table
+    assert ("| Faithfulness | Hallucination ↓ | Sentence TAAS (ours) | Sentence similarity "
+            "(ours) | Sentence support by sentence (ours) | Sentence ctx precision (ours) | "
+            "Sentence evidence noise ↓ (ours) |") in table
+    assert "| vanilla | 1 | 1.000 | 0.600 | 0.667 | 0.333 | 0.600 | 0.700 | 0.500 | 0.250 | " \
+           "0.500 |" in table
     assert summary["grader_hallucination_risk"] == 2.0 and summary["grader_invalid"] == 0
     assert not any(key.startswith("llm_judge") for key in summary)
     grades = comparison_table(summaries, GRADER_COLUMNS)

@@ -310,9 +310,11 @@ def test_trust_metrics_follow_the_study_through_a_run(tmp_path, tiny_model_dir):
         trust = record["trust"]
         assert trust["retrieved"] is True
         assert 0.0 <= trust["faithfulness"] <= 1.0
-        # the study's TAAS: AQS, faithfulness and 1 − hallucination rate weighed equally
-        assert trust["taas"] == pytest.approx((trust["answer_quality"] + trust["faithfulness"]
-                                               + 1 - trust["hallucination_rate"]) / 3)
+        # the study's TAAS: 0.4·AQS + 0.3·faithfulness + 0.3·(1 − hallucination rate)
+        assert trust["taas"] == pytest.approx(0.4 * trust["answer_quality"]
+                                              + 0.3 * trust["faithfulness"]
+                                              + 0.3 * (1 - trust["hallucination_rate"]))
+        assert trust["evidence_noise"] == pytest.approx(1 - trust["context_precision"])
         assert record["contexts"] == ["C\nVitamin C prevents scurvy. Sailors ate limes."]
     assert summaries["direct"]["faithfulness"] is None
     assert summaries["direct"]["trust_counts"]["faithfulness"] == 0
