@@ -70,7 +70,8 @@ THRESHOLDS = tuple(round(0.2 + 0.05 * i, 2) for i in range(15))  # 0.20 … 0.90
 COLUMNS = (("retrieval_usage_rate", "retr."), ("accuracy", "Acc"), ("answer_quality", "AQS"),
            ("taas", "TAAS"), ("faithfulness", "Faith."), ("hallucination_rate", "Halluc.↓"),
            ("context_precision", "CtxP"), ("evidence_noise", "Noise↓"),
-           ("sentence_support_rate", "Support"), ("seconds_per_question", "s/q"))
+           ("sentence_support_rate", "SSR"), ("sentence_taas", "sTAAS(ours)"),
+           ("sentence_context_precision", "sCtxP(ours)"), ("seconds_per_question", "s/q"))
 
 
 def read_records(run: Path, pipeline: str) -> list[EvalRecord]:

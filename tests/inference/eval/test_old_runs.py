@@ -2,9 +2,9 @@
 `faithfulness`, `hallucination_rate` = 1 − sentence support, `lexical_faithfulness`, TAAS
 weights `faithfulness`/`grounding`; sentence-cosine `context_precision`, `evidence_noise` and
 `sentence_support_rate`, now sieverag's own `sentence_*`) and before their answer-grading LLM
-was named the grader (`trust.llm_judge`/`judge_model`, a record's `llm_judge` grades, a summary's `llm_judge_*`)
-still loads, summarises, reports, collates and exports, under today's names
-(inference/eval/migration.py, docs/compatibility.md)."""
+was named the grader (`trust.llm_judge`/`judge_model`, a record's `llm_judge` grades, a
+summary's `llm_judge_*`) still loads, summarises, reports, collates and exports, under today's
+names (inference/eval/migration.py, docs/compatibility.md)."""
 
 from __future__ import annotations
 
