@@ -131,7 +131,7 @@ def test_top_n_return_documents_and_the_rerank_alias(http: httpx.Client) -> None
     assert [r["document"] for r in full] == [{"text": TEXTS[r["index"]]} for r in full]
     top = rerank(http, {**body, "top_n": 2, "return_documents": False}).json()["results"]
     assert [r["index"] for r in top] == [r["index"] for r in full[:2]]
-    assert all(set(r) == {"index", "relevance_score", "kept"} for r in top)
+    assert all(set(r) == {"index", "relevance_score", "kept", "bar_rule"} for r in top)
     assert len(rerank(http, {**body, "top_n": 0}).json()["results"]) == len(DOCUMENTS)
     assert len(rerank(http, {**body, "top_n": 50}).json()["results"]) == len(DOCUMENTS)
     # Strings and {text} objects are the same documents; /rerank is /v1/rerank.
@@ -317,7 +317,9 @@ def test_the_server_says_what_each_served_model_ranks_by(
     unfitted = {k: v for k, v in shipped.items() if k != "combination"}
     rankings = served_rankings(["base", "filter", "trained"],
                                {"filter": shipped, "trained": unfitted})
-    assert rankings["filter"][0] and "combined with BM25 and dense" in rankings["filter"][1]
+    # The shipped card's fit left the filter's score out: BM25 + dense, calibrated.
+    assert rankings["filter"][0] and "by BM25 + dense alone, the combination of" in rankings[
+        "filter"][1]
     assert not rankings["trained"][0]
     assert "the filter's own score, its P(Yes)" in rankings["trained"][1]
     assert "fit-combination" in rankings["trained"][1]

@@ -155,7 +155,8 @@ def test_return_spans_false_leaves_the_spans_out(http: httpx.Client) -> None:
                for r in results)
     chunk = http.post("/rerank", json={"model": "filter", "query": question,
                                        "documents": texts[:2], "granularity": "chunk"})
-    assert all(set(r) == {"index", "relevance_score", "kept"} for r in chunk.json()["results"])
+    assert all(set(r) == {"index", "relevance_score", "kept", "bar_rule"}
+               for r in chunk.json()["results"])
 
 
 MALFORMED = [({"return_spans": True, "granularity": "chunk"}, "return_spans"),
