@@ -3,9 +3,11 @@ loop (`amber-paper`), the adaptive default (`amber-mcf`) and `amber-no-amu` side
 held-out questions — over an index and on the given passages.
 
 1. **Fit** (training questions, over the index, the `amber-open` preset): `vanilla`,
-   `amber-mcf` answering right after round 1 (`--amber.answer-at 0`) and `amber-paper` never
-   stopping early (`--amber.collector.sufficiency-threshold 1`: exactly the adaptive loop's
-   "not strong enough" branch, plus the sufficiency prompt it records). Each candidate
+   `amber-mcf` answering right after round 1 (`--amber.answer-at 0`) and, in a run of its own,
+   `amber-mcf` with the adaptive branch off never stopping early (`--no-amber.adaptive
+   --amber.collector.sufficiency-threshold 1`: exactly the adaptive loop's "not strong enough"
+   branch under the same settings, plus the sufficiency prompt it records; `amber-paper` runs
+   the paper's own settings, not these). Each candidate
    sufficiency signal — the sufficiency prompt's P(Yes) after round 1, the kept evidence's
    `max_p` and `sum_p` of MCF's calibrated P(relevant), and their logistic combination — is
    scored as a predictor of "the round-1 answer is right" (AUROC). The adaptive loop answers
@@ -13,7 +15,8 @@ held-out questions — over an index and on the given passages.
    accuracy and seconds at every bar follow from these two runs question by question; the bar
    chosen is the most accurate one whose seconds stay within 2× vanilla (ties: the cheaper).
 2. **Held-out, over the index**: the four pipelines with the chosen signal and bar, and the
-   round-1 answer once more (for the signals' held-out AUROC).
+   round-1 answer once more (for the signals' held-out AUROC; the sufficiency signal there is
+   `amber-paper`'s round-1 verdict, under the paper's settings).
 3. **Held-out, given passages** (no index, the default settings: all 10 passages in round 1):
    vanilla, amber-paper, amber-mcf. With every passage seen in round 1 the loop has nothing
    left to fetch (`pool_exhausted`), so both amber rows are MCF + one answer.
@@ -159,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
                   args.index, *settings]
 
     # 1. Fit on training questions.
-    fit = evaluate([*over_index, "--question-ids", args.train_ids, "--limit", str(train_limit),
-                    "--pipelines", "vanilla,amber-mcf,amber-paper", "--amber.answer-at", "0",
-                    "--amber.collector.sufficiency-threshold", "1"], out / "fit")
-    first, paper = fit["amber-mcf"], fit["amber-paper"]
+    training = [*over_index, "--question-ids", args.train_ids, "--limit", str(train_limit)]
+    fit = evaluate([*training, "--pipelines", "vanilla,amber-mcf", "--amber.answer-at", "0"],
+                   out / "fit")
+    paper = evaluate([*training, "--pipelines", "amber-mcf", "--no-amber.adaptive",
+                      "--amber.collector.sufficiency-threshold", "1"],
+                     out / "fit-loop")["amber-mcf"]
+    first = fit["amber-mcf"]
     found = [signals(a, b) for a, b in zip(first, paper, strict=True)]
     labels = [correct(r) for r in first]
     combination = LogisticRegression().fit(
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {'–' if value is None else value} |")
     print(f"vanilla {vanilla_seconds:.2f} s/q, accuracy "
           f"{mean([correct(r) for r in fit['vanilla']]):.3f}; round-1 answer accuracy "
-          f"{mean(labels):.3f}; paper loop accuracy {mean([correct(r) for r in paper]):.3f}")
+          f"{mean(labels):.3f}; non-adaptive loop accuracy {mean([correct(r) for r in paper]):.3f}")
     print(f"chosen: amber.evidence_signal={signal}, amber.answer_at={bar:.4f} (simulated "
           f"accuracy {fit_accuracy:.3f}, {fit_seconds:.2f} s/q = "
           f"{fit_seconds / vanilla_seconds:.2f}× vanilla)")

@@ -38,8 +38,10 @@ The trace (`trace.AmberTrace`, dumped to JSON-ready data) holds every round: que
 documents, scores and sentence choices, the three memory agents' replies, the memory after the
 round, the sufficiency verdict, the next query, and the stop reason. `amber-mcf`,
 `amber-judge`, `amber-stack` and `amber-none` are `amber` with the filter fixed, so one run can
-compare them; `amber-paper` is `amber` with the adaptive loop off (`amber.adaptive`: every
-round through the memory agents and the sufficiency check, the paper's loop); `amber-no-amu`
+compare them; `amber-paper` is the paper's loop whatever the run's `amber` and `mcf` sections
+say (`settings.paper_amber`, `settings.paper_mcf`: the sufficiency check and the memory agents
+every round, the answer from the memory, MCF on chunks then sentences; the `amber-paper` preset
+sets the same); `amber-no-amu`
 and `amber-no-aic` are `amber` with the memory agents or the collector switched off
 (`amber.amu`, `amber.aic`), so one run gives the paper's ablation table
 (-MCF is `amber-none`). Without the AMU the memory is the kept evidence itself; without the

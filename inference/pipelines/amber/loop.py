@@ -15,7 +15,12 @@ from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
 from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
 from sieverag.inference.pipelines.amber.collector import InformationCollector
 from sieverag.inference.pipelines.amber.memory import MemoryUpdater, cap_memory, shown_memory
-from sieverag.inference.pipelines.amber.settings import AMBER_SECTION, AmberConfig
+from sieverag.inference.pipelines.amber.settings import (
+    AMBER_SECTION,
+    AmberConfig,
+    paper_amber,
+    paper_mcf,
+)
 from sieverag.inference.pipelines.amber.trace import (
     AmberRound,
     AmberTrace,
@@ -39,11 +44,13 @@ from sieverag.inference.types import Document, Example
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
                                           **{f"amber-{f}": f for f in FILTER_NAMES}}
 # Variant pipeline name → the loop switch it turns off: the paper's -AMU and -AIC rows (-MCF
-# is `amber-none`), and `amber-paper`, the paper's loop (every round through the memory agents
-# and the sufficiency check, not the adaptive one). They run `amber.filter`'s filter stage.
-AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic",
-                                   "amber-paper": "adaptive"}
+# is `amber-none`). They run `amber.filter`'s filter stage.
+AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic"}
 AMBER_PIPELINES.update(dict.fromkeys(AMBER_ABLATIONS))
+# The paper's loop with the paper's MCF (`settings.paper_amber`, `settings.paper_mcf`), whatever
+# the run's `amber` and `mcf` sections say.
+PAPER_PIPELINE = "amber-paper"
+AMBER_PIPELINES[PAPER_PIPELINE] = "mcf"
 # What the final answer reads → its template (`evidence` reads as vanilla and main-rag do).
 ANSWER_TEMPLATES = {"memory": "amber_answer_memory", "memory_and_evidence": "amber_answer",
                     "evidence": "answer_with_documents"}
@@ -100,15 +107,17 @@ class AmberPipeline:
                  name: str = "amber") -> None:
         self.context = context
         self.config = context.settings(AmberConfig)
+        mcf = context.settings(MCFConfig)
         if name in AMBER_ABLATIONS:
             self.config = replace(self.config, **{AMBER_ABLATIONS[name]: False})
+        if name == PAPER_PIPELINE:
+            self.config, mcf = paper_amber(self.config), paper_mcf(mcf)
         self.filter_name = filter_name or self.config.filter
         self.name = name if filter_name is None else f"amber-{filter_name}"
         self.filter = build_filter(self.filter_name, FilterSetup(
             judge_backend=context.judge_backend, mcf_backend=context.mcf_backend,
             combination=context.filter_combination,
-            judge=context.settings(JudgeConfig), mcf=context.settings(MCFConfig),
-            stack=self.config.stack))
+            judge=context.settings(JudgeConfig), mcf=mcf, stack=self.config.stack))
         self.memory_updater = MemoryUpdater(context.generator, self.config.memory)
         self.collector = InformationCollector(context.generator, self.config.collector)
         self.answer_prompt = load_template(ANSWER_TEMPLATES[self.config.answer_from])
@@ -250,10 +259,12 @@ class AmberPipeline:
 
 
 for _name, _filter in AMBER_PIPELINES.items():
-    if _filter is not None:
+    if _filter is not None and _name != PAPER_PIPELINE:
         register_pipeline(_name, filter_stage=lambda settings, fixed=_filter: fixed,
                           sections=SECTIONS)(
             functools.partial(AmberPipeline, filter_name=_filter))
 for _name in AMBER_ABLATIONS:
     register_pipeline(_name, filter_stage=_configured_filter, sections=SECTIONS)(
         functools.partial(AmberPipeline, name=_name))
+register_pipeline(PAPER_PIPELINE, filter_stage=lambda settings: "mcf", sections=SECTIONS)(
+    functools.partial(AmberPipeline, name=PAPER_PIPELINE))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import field, replace
+from types import MappingProxyType
+from typing import Any, Literal
 
 from sieverag.inference.errors import ConfigError
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
 from sieverag.inference.pipelines.amber.collector import CollectorConfig
@@ -48,8 +51,9 @@ class AmberConfig:
     adaptive: bool = field(default=True, metadata={
         "help": "answer from the kept evidence as soon as it is strong enough (its strength "
                 "under evidence_signal >= answer_at), and run the memory agents and the "
-                "collector's next query only when it is not; off: the paper's loop, every round "
-                "through the memory agents and the sufficiency check (preset amber-paper)"})
+                "collector's next query only when it is not; off: every round through the "
+                "memory agents and the sufficiency check (the pipeline amber-paper runs the "
+                "paper's whole loop)"})
     # Signal and bar: fitted on 30 training questions over the three-source index
     # (tests/benchmarks/bench_amber_adaptive.py; docs/results/pipelines.md, "Amber pays its way").
     evidence_signal: EvidenceSignal = field(default="max_p", metadata={
@@ -76,3 +80,35 @@ class AmberConfig:
 
 
 AMBER_SECTION = Section("amber", AmberConfig, "the `amber` loop")
+
+
+# The paper's loop (Amber, arXiv 2504.05312), defined once: the `amber-paper` pipeline runs with
+# these whatever the run's `amber` and `mcf` sections say, and the `amber-paper` preset's
+# sections are these (a test holds them equal), so its ablation rows run the same loop.
+PAPER_AMBER: Mapping[str, Any] = MappingProxyType({
+    "adaptive": False,  # the sufficiency check every round (AIC), not the evidence signal
+    "amu": True,  # the memory agents every round (Reviewer, Challenger, Refiner)
+    "aic": True,
+    "filter": "mcf",
+    "answer_from": "memory",  # the answer from the memory M_t, by in-context learning
+    # 3 rounds of 5 new documents: the iterative setting of Adaptive-Note, which Amber builds
+    # on (the paper's own k and iteration cap could not be checked offline)
+    "k": 5,
+    "max_iterations": 3,
+})
+PAPER_COLLECTOR: Mapping[str, Any] = MappingProxyType({"query_source": "write"})
+# MCF at both granularities: the round's 2 best chunks, then their key sentences.
+PAPER_MCF: Mapping[str, Any] = MappingProxyType({"bar": "top_k", "top_k": 2,
+                                                 "sentence_stage": True})
+
+
+def paper_amber(config: AmberConfig) -> AmberConfig:
+    """`config` with the paper's loop (`PAPER_AMBER`, the collector writing each next query);
+    the settings the paper does not fix (memory size, prompts' budgets) stay `config`'s."""
+    return replace(config, **PAPER_AMBER,
+                   collector=replace(config.collector, **PAPER_COLLECTOR))
+
+
+def paper_mcf(config: MCFConfig) -> MCFConfig:
+    """`config` with the paper's MCF: chunk level then sentence level (`PAPER_MCF`)."""
+    return replace(config, **PAPER_MCF)

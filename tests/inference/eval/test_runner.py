@@ -269,7 +269,7 @@ def test_a_preset_supplies_defaults_that_flags_override():
                              "sieverag eval")
     assert command.mcf.sentence_stage and command.amber.answer_from == "memory"
     assert command.amber.collector.query_source == "write" and command.amber.amu
-    assert {"amber-mcf", "amber-no-amu", "amber-no-aic", "amber-none"} <= set(command.pipelines)
+    assert {"amber-paper", "amber-no-amu", "amber-no-aic", "amber-none"} <= set(command.pipelines)
     # The Auto-RAG study: LLM-only, always-RAG and auto over hybrid retrieval; the ablation's
     # cells are flags on top.
     command = parse_settings(EvalCommand, [
