@@ -29,8 +29,10 @@ The study's context precision, evidence noise and sentence support rate took its
 chunks): what was written under those names before is sieverag's own sentence-cosine measures
 (`SENTENCE_RENAMED`): `context_precision` → `sentence_context_precision`, `evidence_noise` →
 `sentence_evidence_noise`, `sentence_support_rate` → `sentence_support_by_sentence`. Data
-written without `sentence_context_precision` is that old; the study's three figures are None
-there (not computed then; a summary counts them for no answer).
+written without `sentence_context_precision` is that old. A record's study context precision
+and evidence noise are computed from its stored answer and the text it read (`contexts`, what
+the metrics read; `migrate_record`); its sentence support rate needs the encoder, so it is
+None, as are a summary's three means (not recomputed from means; counted for no answer).
 
 Anything else is returned as it is.
 """
@@ -40,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sieverag.inference.metrics.trust import taas
+from sieverag.inference.metrics.trust import context_precision, evidence_noise, taas
 
 RENAMED = {"faithfulness": "sentence_similarity",
            "hallucination_rate": "unsupported_sentence_rate",
@@ -95,6 +97,26 @@ def migrate_trust(values: Any) -> Any:
         migrated = _renamed(migrated)
         migrated["hallucination_rate"] = _complement(migrated["faithfulness"])
     return _study_evidence(_study_taas(migrated))
+
+
+def migrate_record(values: Any) -> Any:
+    """A results line whose trust was written before the study's context precision
+    (`_study_evidence`): its trust under today's names, with the study's context precision and
+    evidence noise computed from the answer scored and the text read, where the line keeps
+    that text for every document read; any other value unchanged."""
+    if not isinstance(values, Mapping) or not isinstance(values.get("trust"), Mapping):
+        return values
+    trust = values["trust"]
+    if "context_precision" not in trust or SENTENCE_MARK in trust:
+        return values
+    migrated = migrate_trust(trust)
+    contexts, read = values.get("contexts"), values.get("documents_read")
+    if (migrated.get("retrieved", True) and isinstance(contexts, list) and contexts
+            and isinstance(read, list) and len(contexts) == len(read)):
+        answer = str(values.get("prediction", ""))
+        migrated["context_precision"] = context_precision(answer, contexts)
+        migrated["evidence_noise"] = evidence_noise(answer, contexts)
+    return {**values, "trust": migrated}
 
 
 def migrate_summary(summary: Mapping[str, Any]) -> dict[str, Any]:

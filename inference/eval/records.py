@@ -18,7 +18,7 @@ from pydantic import (
 
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
-from sieverag.inference.eval.migration import migrate_trust
+from sieverag.inference.eval.migration import migrate_record, migrate_trust
 from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
@@ -231,6 +231,8 @@ class EvalRecord(JsonlRecord):
     filter: FilterRecord | None = Field(None, description="absent for pipelines without one")
     trace: Trace | None = Field(None, description="absent when the pipeline recorded none")
     trust: TrustMetrics | None = Field(None, description="absent unless trust.enabled")
+
+    _read_old_trust = model_validator(mode="before")(migrate_record)
 
     @property
     def route(self) -> RouteDecision | None:

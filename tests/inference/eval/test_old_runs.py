@@ -103,12 +103,15 @@ def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> No
     assert trust.hallucination_rate == pytest.approx(0.25)  # the study's: 1 − faithfulness
     assert trust.sentence_similarity == 0.7  # the old cosine "faithfulness"
     assert trust.unsupported_sentence_rate == 0.5  # the old "hallucination_rate"
-    # The old sentence-cosine measures are sieverag's own; the study's were not computed.
+    # The old sentence-cosine measures are sieverag's own. The study's context precision is
+    # computed from the answer and the text read: of paris, capital, france the answer uses
+    # two; its sentence support rate needs the encoder.
     assert trust.sentence_support_by_sentence == 0.5
     assert trust.sentence_context_precision == 0.25
     assert trust.sentence_evidence_noise == 0.5
-    assert (trust.sentence_support_rate, trust.context_precision,
-            trust.evidence_noise) == (None, None, None)
+    assert trust.context_precision == pytest.approx(2 / 3)
+    assert trust.evidence_noise == pytest.approx(1 / 3)
+    assert trust.sentence_support_rate is None
     # The old `taas` was the sentence score; TAAS is the study's, from the stored terms:
     # 0.4·AQS + 0.3·faithfulness + 0.3·(1 − hallucination rate).
     assert trust.sentence_taas == 0.6
@@ -120,8 +123,12 @@ def test_old_records_read_under_the_new_names_and_summarise(old_run: Path) -> No
     assert summary["sentence_similarity"] == 0.7
     assert summary["unsupported_sentence_rate"] == 0.5
     assert summary["sentence_context_precision"] == 0.25
-    assert summary["context_precision"] is None
-    assert summary["trust_counts"]["context_precision"] == 0
+    assert summary["context_precision"] == 0.6667
+    assert summary["trust_counts"]["sentence_support_rate"] == 0
+    # A line from before records kept the text read: nothing to compute from.
+    older = EvalRecord.model_validate({**OLD_RECORD, "contexts": []})
+    assert older.trust is not None and older.trust.context_precision is None
+    assert older.trust.sentence_context_precision == 0.25
     assert (summary["grader_overall"], summary["grader_invalid"]) == (4.0, 0)
 
 
