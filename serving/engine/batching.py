@@ -11,9 +11,9 @@ windows the large one still has. They are prefilled together (left-padded, group
 model name, shortest first, in passes within that budget, a slice of positions at a time:
 between two slices of a pass, the sequences other requests queued meanwhile are prefilled
 first, once per request a pass, so a short request waits for one slice of a long prompt)
-and then join the running batch of their model: continuous batching, so each decode step runs every live sequence of one
-model as one forward pass, and a request that arrives mid-generation waits one step rather
-than for the whole batch to finish.
+and then join the running batch of their model: continuous batching, so each decode step
+runs every live sequence of one model as one forward pass, and a request that arrives
+mid-generation waits one step rather than for the whole batch to finish.
 Results are delivered through `concurrent.futures.Future`s; a streamed request also gets each
 token as it is chosen (`TokenEvent`, handed to its listener on the worker thread). A cancelled
 future (`cancel`, when a client goes away) takes its sequence out of the queue or its running

@@ -30,7 +30,6 @@ import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from typing import Any
 

@@ -8,10 +8,10 @@ output), one file per source:
 * `popqa-web` — short, noisy web-style snippets: PopQA's web-search knowledge split into its
   snippets ("Title: text ; Title: text ..."), questions with at least 3 of them, and 5 hard
   negatives mined from every question's snippets; gold by STRINC.
-* `triviaqa` (file `trivia-retrieved.jsonl`: a name with "triviaqa" in it would be read as
-  the question-only TriviaQA format) — passages retrieved for TriviaQA's questions (hybrid, top 8) from an index of
-  every HotpotQA, NQ, SQuAD and PopQA passage, labelled by STRINC; questions with at least
-  one gold and one other passage.
+* `triviaqa` (file `trivia-retrieved.jsonl`: a name holding "triviaqa" reads as the
+  question-only TriviaQA format) — passages retrieved for TriviaQA's questions (hybrid,
+  top 8) from an index of every HotpotQA, NQ, SQuAD and PopQA passage, labelled by STRINC;
+  questions with at least one gold and one other passage.
 
     python tests/benchmarks/filter_sources.py --data ../shared/data --out runs/sources
 
