@@ -4,7 +4,8 @@ Amber's multi-granular filter on the trained filter (chunks, then key sentences)
 runs both. `build_filter(name, FilterSetup(...))` makes one by name. `adapters` finds the
 trained filter (a folder, a name in the user's cache, or the one shipped in `shipped/`);
 `windows` is how MCF reads a document longer than the filter was trained to read (window by
-window, judged by its best)."""
+window, judged by its best); `sentence_priors` is MCF's sentence rule without the filter (a
+sentence's BM25, dense score and place in its chunk)."""
 
 from sieverag.inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
