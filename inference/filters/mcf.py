@@ -29,7 +29,9 @@ stage gets each sentence's s with the chunk's, and its sentence stage only appli
   chunk or drops it (`empty_sentence_answer`). Sentences are the data's own split
   (`Document.sentences`, blank entries left out) where it has one, else `split_sentences`.
   Every decision is recorded in the scored document's `details`; its `key_sentences` index
-  the numbered sentences (`source_positions` maps them to the data's split).
+  the numbered sentences (`source_positions` maps them to the data's split). Under
+  `sentence_rule` priors the filter is not asked: each sentence's BM25 and dense scores and
+  its place in the chunk decide (`inference/filters/sentence_priors.py`).
 * Long documents: one longer than the filter's window (its card's training length) is read
   window by window, at most `max_windows_per_doc` windows, and judged by its best
   (`inference/filters/windows.py`); a blank document is not read (P(relevant) 0, not kept).
@@ -64,6 +66,11 @@ from sieverag.inference.filters.filter_format import (
     sentence_prompt,
 )
 from sieverag.inference.filters.judge import judge_bar
+from sieverag.inference.filters.sentence_priors import (
+    DEFAULT_SENTENCE_BAR,
+    fused_sentence_scores,
+    prior_key_sentences,
+)
 from sieverag.inference.filters.windows import (
     DEFAULT_MAX_WINDOWS,
     DEFAULT_WINDOW_TOKENS,
@@ -80,6 +87,7 @@ ChunkBar = Literal["calibrated", "top_k", "fixed", "adaptive"]
 ScoreRule = Literal["combined", "filter", "fused"]
 CardFit = Literal["card", "priors_only"]
 EmptySentenceAnswer = Literal["keep_chunk", "drop_chunk"]
+SentenceRule = Literal["filter", "priors"]
 DEFAULT_LEXICAL_WEIGHT = 1.0
 # question, passage texts, embedding model → (BM25, dense cosine) per passage
 PriorScorer = Callable[[str, Sequence[str], str],
@@ -126,14 +134,20 @@ class MCFConfig:
     sentence_stage: bool = field(default=False, metadata={
         "help": "narrow kept chunks to their key sentences (a one-pass filter: those its "
                 "one pass scored at or above sentence_p_min; a two-stage filter: a second, "
-                "generating pass)"})
+                "generating pass; or by sentence_rule)"})
+    sentence_rule: SentenceRule = field(default="filter", metadata={
+        "help": "who names the key sentences: filter (as sentence_stage says) or priors "
+                "(z(BM25) + z(dense) over the chunk's sentences, at least sentence_min_keep "
+                "kept, the rest at sentence_bar; no filter call)"})
+    sentence_bar: float = field(default=DEFAULT_SENTENCE_BAR, metadata={
+        "help": "the priors rule's bar on a sentence's fused score (z units over its chunk)"})
     sentence_p_min: float = field(default=0.5, metadata={
         "help": "a one-pass filter's sentence bar: keep the kept chunks' sentences whose "
                 "P(relevant) is at least this"})
     sentence_min_keep: int = field(default=1, metadata={
-        "help": "a one-pass filter keeps at least this many sentences of each kept chunk (its "
-                "best); 0: only those at sentence_p_min (a chunk with none is whole, or "
-                "dropped under empty_sentence_answer=drop_chunk)"})
+        "help": "a one-pass filter or the priors rule keeps at least this many sentences of "
+                "each kept chunk (its best); 0: only those at sentence_p_min (sentence_bar) (a "
+                "chunk with none is whole, or dropped under empty_sentence_answer=drop_chunk)"})
     sentence_max_new_tokens: int = field(default=16, metadata={
         "help": "length cap of the sentence-number reply"})
     empty_sentence_answer: EmptySentenceAnswer = field(default="keep_chunk", metadata={
@@ -370,6 +384,8 @@ class MultiGranularFilter:
         generation (agent `filter_sentence`); a chunk with no key sentence under
         `drop_chunk` comes back with kept=False."""
         sentences = [document_sentences(s.document) for s in kept]
+        if self.config.sentence_rule == "priors":
+            return self._narrow_by_priors(question, kept, sentences)
         if self.one_pass:
             return self._narrow_by_scores(question, kept, sentences)
         asked = [i for i, sents in enumerate(sentences) if len(sents) > 1]
@@ -383,6 +399,26 @@ class MultiGranularFilter:
             replies = dict(zip(asked, answers, strict=True))
         return [self._narrow(scored, sentences[i], replies.get(i))
                 for i, scored in enumerate(kept)]
+
+    def _narrow_by_priors(self, question: str, kept: Sequence[ScoredDocument],
+                          sentences: Sequence[list[str]]) -> list[ScoredDocument]:
+        """The priors rule's sentence stage (`sentence_priors`): no filter call."""
+        fused = fused_sentence_scores(question, sentences, self.priors,
+                                      self.combination.embedding_model)
+        return [self._with_prior_keys(scored, sents, scores)
+                for scored, sents, scores in zip(kept, sentences, fused, strict=True)]
+
+    def _with_prior_keys(self, scored: ScoredDocument, sentences: list[str],
+                         scores: list[float]) -> ScoredDocument:
+        """A kept chunk cut to the sentences the priors rule keeps (`prior_key_sentences`)."""
+        details = {**scored.details, "sentence_rule": "priors",
+                   "sentence_prior_scores": [round(s, 4) for s in scores]}
+        if len(sentences) <= 1:
+            return replace(scored, details={**details, "sentence_status": "single",
+                                            "key_sentences": list(range(len(sentences)))})
+        keys = prior_key_sentences(scores, self.config.sentence_bar,
+                                   self.config.sentence_min_keep)
+        return self._with_keys(scored, sentences, keys, details)
 
     def _narrow_by_scores(self, question: str, kept: Sequence[ScoredDocument],
                           sentences: Sequence[list[str]]) -> list[ScoredDocument]:
