@@ -148,12 +148,11 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
         priors_rule = SelectionRule("priors_alone", 1, TOP_K, None)
     chosen = full_oof if uses_filter else priors_oof
     final, priors_fit = fit_rule(rule, rounds), fit_rule(priors_rule, rounds)
-    _, bar_f1, bar_margin = best_bar(rounds, chosen, min_keep=rule.min_keep)
     report = {"fit": {**_figures(rounds, full_oof, priors_oof, chosen, isotonic_oof),
                       "questions": len(rounds), "passages": sum(len(r.labels) for r in rounds),
                       "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not uses_filter,
                       "filter_gain_meets_min_gain": gain_met, "rule": rule.as_card(),
-                      "bar_f1": bar_f1, "bar_worst_source_margin": bar_margin,
+                      **final.report,  # the chosen bar's F1 and worst source margin
                       "by_source": {source: _figures(*_of_source(source, rounds, full_oof,
                                                                  priors_oof, chosen,
                                                                  isotonic_oof))
@@ -325,7 +324,8 @@ guard; a guard that keeps no more than min_keep is no guard, and left out)."""
 def fit_rule(rule: SelectionRule, rounds: Sequence[LabelledRound],
              top_k: int = TOP_K) -> Combination:
     """`rule` fitted on `rounds`: the regression on its features, its shift guard's ranges
-    over the rounds, and its bar (`best_bar`, against retrieval's top-`top_k`)."""
+    over the rounds, and its bar (`best_bar`, against retrieval's top-`top_k`; the bar's F1
+    and worst source margin are its `report`)."""
     fitted = _fit(rounds, FEATURES if rule.features == "with_filter" else PRIOR_FEATURES)
     probabilities = [fitted.probabilities(r.scores) for r in rounds]
     guard = None
@@ -336,9 +336,10 @@ def fit_rule(rule: SelectionRule, rounds: Sequence[LabelledRound],
                                rule.guard_level)
         unlike = [guard.unlike(round_statistics(r.scores, p))
                   for r, p in zip(rounds, probabilities, strict=True)]
-    bar = best_bar(rounds, probabilities, top_k, min_keep=rule.min_keep, keep_top=rule.top_k,
-                   unlike=unlike)[0]
-    return replace(fitted, bar=bar, min_keep=rule.min_keep, top_k=rule.top_k, guard=guard)
+    bar, f1, margin = best_bar(rounds, probabilities, top_k, min_keep=rule.min_keep,
+                               keep_top=rule.top_k, unlike=unlike)
+    return replace(fitted, bar=bar, min_keep=rule.min_keep, top_k=rule.top_k, guard=guard,
+                   report={"bar_f1": f1, "bar_worst_source_margin": margin})
 
 
 def measured_on(combination: Combination, rounds: Sequence[LabelledRound],

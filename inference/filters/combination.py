@@ -437,8 +437,8 @@ def filter_role(combination: Combination) -> str:
     fit = combination.report.get("fit") or {}
     gain, questions = fit.get("filter_gain_auroc"), fit.get("questions")
     sources = len(fit.get("leave_one_source_out") or {}) or len(fit.get("by_source") or {})
-    measured = (f"{gain:+.4f} AUROC over BM25 + dense on {questions} questions from {sources} "
-                f"source(s)" if gain is not None else "")
+    measured = (f"{_gain_words(fit)} on {questions} questions from {sources} source(s)"
+                if gain is not None else "")
     sentences = ("what the filter still does: name each kept passage's key sentences "
                  "(--mcf.sentence-stage, or the proxy's granularity \"sentence\")")
     if not combination.fitted:
@@ -448,8 +448,15 @@ def filter_role(combination: Combination) -> str:
         return (f"the filter's score ranks with BM25 and dense, calibrated: it adds {measured}"
                 if measured else "the filter's score ranks with BM25 and dense, calibrated")
     return (f"retrieval ranks (BM25 + dense, calibrated): the filter's score added {measured}, "
-            f"under the {fit.get('min_gain', 0.005):g} it must add, so it is left out of the "
-            f"ranking; {sentences}")
+            f"so it is left out of the ranking; {sentences}")
+
+
+def _gain_words(fit: Mapping[str, Any]) -> str:
+    """What the filter added over BM25 + dense in a fit report, against what it must add."""
+    added = f"{fit['filter_gain_auroc']:+.4f} AUROC over BM25 + dense"
+    if fit.get("filter_gain_meets_min_gain") is False or fit.get("filter_adds_nothing"):
+        return f"{added}, under the {fit.get('min_gain', 0.005):g} it must add"
+    return added
 
 
 def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
@@ -480,10 +487,8 @@ def ranking_statement(combination: Combination, where: str, *, priors_only: bool
     fit = combination.report.get("fit") or {}
     questions = f"{fit['questions']} question(s)" if fit.get("questions") else "held-out questions"
     if not combination.uses_filter:
-        gain = fit.get("filter_gain_auroc")
-        added = ("nothing over them" if gain is None else
-                 f"{gain:+.4f} AUROC over them, under the {fit.get('min_gain', 0.005):g} it "
-                 "must add")
+        added = ("nothing over them" if fit.get("filter_gain_auroc") is None
+                 else _gain_words(fit))
         return (f"MCF ranks by BM25 + dense alone, the combination of {where}: its fit on "
                 f"{questions} left the filter's score out (it added {added})")
     if fit.get(FILTER_ALONE_FIT):

@@ -305,18 +305,7 @@ class BatchingEngine:
 
     def _step(self) -> None:
         """Start what waits (prefill), then advance every running batch by one token."""
-        new = self._take_new()
-        for name, group in _by_model(new).items():
-            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
-                                         self.max_batch_tokens):
-                # A long prefill of an earlier chunk gives clients time to go away.
-                chunk = [chunk[i] for i in self._keep_wanted(chunk)]
-                if not chunk:
-                    continue
-                try:
-                    self._prefill(name, chunk)
-                except Exception as exc:  # the server must outlive one bad batch
-                    self._abandon(chunk, exc)
+        self._prefill_all(self._take_new(), yielding=True)
         for name in list(self._running):
             rows = list(self._running[name].rows)
             try:
@@ -536,14 +525,21 @@ class BatchingEngine:
                 - sum(len(batch) for batch in self._running.values()))
         taken = self._in_turn(room, others)
         served.update(_owner(s) for s in taken)
+        self._prefill_all(taken, yielding=False)
+
+    def _prefill_all(self, taken: list[_Sequence], *, yielding: bool) -> None:
+        """Prefill `taken`, model by model, in the chunks the batch limits allow (`_prefill`,
+        `yielding` to other requests between slices or not); a chunk loses the sequences whose
+        clients went away meanwhile, and a bad chunk fails alone."""
         for name, group in _by_model(taken).items():
             for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
                                          self.max_batch_tokens):
+                # A long prefill of an earlier chunk gives clients time to go away.
                 chunk = [chunk[i] for i in self._keep_wanted(chunk)]
                 if not chunk:
                     continue
                 try:
-                    self._prefill(name, chunk, yielding=False)
+                    self._prefill(name, chunk, yielding=yielding)
                 except Exception as exc:  # the server must outlive one bad batch
                     self._abandon(chunk, exc)
 

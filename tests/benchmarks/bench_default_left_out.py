@@ -52,8 +52,6 @@ def main() -> None:
     found = find_adapter(args.filter)
     card = read_card(found.path) or {}
     folder = resolve_filter(str(found.path), card["base_model"])
-    # The shipped card lists the questions it was fitted on; a refit measures them again.
-    card = {**card, "combination": None}
     started = time.perf_counter()
     by_dataset = fitting_questions(args.dataset.split(","), card, adapter=args.filter,
                                    limit=limit)

@@ -289,11 +289,11 @@ def test_a_client_gone_has_its_remaining_windows_dropped(
     real = engine._prefill
     rows: list[int] = []
 
-    def held(name: str, chunk: list[Any]) -> None:
+    def held(name: str, chunk: list[Any], **options: Any) -> None:
         rows.append(len(chunk))
         entered.set()
         release.wait(timeout=60)
-        real(name, chunk)
+        real(name, chunk, **options)
 
     monkeypatch.setattr(engine, "_prefill", held)
     cancelled = engine.stats.cancelled
