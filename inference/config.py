@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
@@ -170,11 +169,3 @@ def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config YAML strictly (unknown keys and bad values are errors)."""
     return load_settings(RunConfig, path)
 
-
-def __getattr__(name: str) -> Any:
-    if name == "GenerationConfig":  # the run config's `generation:` section, until one name
-        warnings.warn("sieverag.inference.config.GenerationConfig is "
-                      "sieverag.inference.llm.base.GenerationSettings", DeprecationWarning,
-                      stacklevel=2)
-        return GenerationSettings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

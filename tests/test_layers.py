@@ -64,10 +64,9 @@ class Layer:
 LAYERS = (
     Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
                              f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
-                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight",
-                             f"{INFERENCE}.moved"),
+                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight"),
           role="shared types and errors, file I/O, the prompt templates (`prompts/`), the one "
-               "configuration system, many questions in flight, the old paths of moved modules"),
+               "configuration system, many questions in flight"),
     Layer("data", 1, (f"{INFERENCE}.data",), role="dataset loaders and the demo set"),
     Layer("llm", 2, (f"{INFERENCE}.llm",),
           role="the backends: in-process transformers, OpenAI-compatible servers"),

@@ -23,13 +23,8 @@ from sieverag.inference.pipelines.base import (
     build_pipeline,
 )
 
-# Old paths of modules now inside a pipeline's package (each warns when imported and names
-# where it went; kept for one release), not imported here.
-MOVED = frozenset({"amber_config", "amber_trace", "memory", "collector", "router"})
-
 for _module in pkgutil.iter_modules(__path__):  # registration on import
-    if _module.name not in MOVED:
-        importlib.import_module(f"{__name__}.{_module.name}")
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["PIPELINES", "Pipeline", "PipelineContext", "PipelineOutput", "PipelineSettings",
            "build_pipeline"]

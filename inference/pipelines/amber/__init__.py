@@ -58,7 +58,6 @@ from sieverag.inference.pipelines.amber.loop import (
 )
 from sieverag.inference.pipelines.amber.settings import AMBER_SECTION, AmberConfig
 from sieverag.inference.pipelines.amber.trace import AmberTrace
-from sieverag.inference.pipelines.rounds import RoundDocuments  # its old home, for one release
 
 __all__ = ["AMBER_ABLATIONS", "AMBER_PIPELINES", "AMBER_SECTION", "AmberConfig",
-           "AmberPipeline", "AmberTrace", "RoundDocuments"]
+           "AmberPipeline", "AmberTrace"]

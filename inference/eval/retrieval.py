@@ -1,5 +1,0 @@
-"""Moved to `sieverag.inference.metrics.retrieval` (this path is kept for one release)."""
-
-from sieverag.inference.moved import alias_moved
-
-alias_moved(__name__, "sieverag.inference.metrics.retrieval")
