@@ -17,7 +17,11 @@ filter evaluation.
   ZeRO-3 empty-adapter trap), its unique name, `sieverag_adapter.json`;
 * `filter_methods` — the trained filter's chunk and sentence stages and the baselines
   (MAIN-RAG judge, BM25 / dense top-k, keep-all) on the same passages;
-* `filter_eval` — `run_filter_eval`: held-out questions, chunk / sentence metrics, cache;
+* `filter_eval` — `run_filter_eval`: every row on each dataset, chunk / sentence metrics,
+  the cross-dataset summary;
+* `filter_eval_config` — `FilterEvalConfig`, eval-filter's settings (its flags);
+* `held_out_questions` — which questions eval-filter evaluates (training questions left out);
+* `method_cache` — `MethodCache`: eval-filter's model work on disk under a fingerprint;
 * `caching_backend` — `CachingBackend`: each distinct filter request answered once for all
   the MCF rows (its tables are eval-filter's cache);
 * `filter_report` — report.json, report.md, the precision–recall plot;

@@ -25,7 +25,7 @@ from sieverag.training.card_fit import (
     write_card_combination,
 )
 from sieverag.training.combination_fit import fitting_questions, measure_combination
-from sieverag.training.filter_eval import FilterEvalConfig
+from sieverag.training.filter_eval_config import FilterEvalConfig
 from sieverag.training.launch import (
     LaunchConfig,
     Machine,

@@ -5,10 +5,10 @@ format, `sieverag hard-negatives` sets), with a cross-dataset summary (`dataset_
 The filter rows are the real MCF (`MultiGranularFilter`, inference/filters/mcf.py) under the
 `MCFConfig`s `mcf_configs` lists, each row named for its config (`filter_methods.mcf_row_name`);
 the judge row is the real `MainRagJudge`. Every method (see `training.filter_methods`) runs on
-the SAME questions, chosen as the dataset's rows minus the questions any training split was
-built from (read from the `sieverag build-dataset` output, default: the dataset named in the
-adapter's metadata), matched by (source, question id) — so a source left out of training is
-evaluated whole. Questions without a gold passage are left out (counted).
+the SAME held-out questions (`training.held_out_questions`: the dataset's rows minus the
+questions any training split was built from, matched by (source, question id) — so a source
+left out of training is evaluated whole; questions without a gold passage left out, counted).
+The command's settings are `training.filter_eval_config.FilterEvalConfig`.
 
 Metrics (defined in `inference.metrics.filter`, with every other metric):
 
@@ -22,10 +22,11 @@ Metrics (defined in `inference.metrics.filter`, with every other metric):
   keeping whole passages (all their sentences), and two oracle reference rows on the gold
   passages (all sentences; MCF's sentence stage alone).
 
-Model work is cached in `OUT/cache/` under a fingerprint of what decides it (model, adapter
-content, and for the judge the questions and bar): the filter's answers per request
-(`filter-chunks.json`, `filter-sentences.json`, written after each stage) and the judge's
-decisions (`judge.json`), so a rerun after an interruption skips finished work.
+Model work is cached in `OUT/cache/` (`training.method_cache`) under a fingerprint of what
+decides it (model, adapter content, and for the judge the questions and bar): the filter's
+answers per request (`filter-chunks.json`, `filter-sentences.json`, written after each
+stage) and the judge's decisions (`judge.json`), so a rerun after an interruption skips
+finished work.
 
 `concurrency` questions run at once in every per-question model loop (`--concurrency`, as
 `sieverag eval` runs them: `training.questions_in_flight`); in-process models (the filter,
@@ -37,30 +38,16 @@ tables are written sorted by request, the cache also after a failed question.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from sieverag.inference.data import example_source
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.filters.adapters import CARD_FILE
-from sieverag.inference.filters.combination import (
-    CARD_KEY,
-    PRIORS_ONLY_KEY,
-    Combination,
-)
-from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
+from sieverag.inference.filters.combination import PRIORS_ONLY_KEY, Combination
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.in_flight import default_concurrency
-from sieverag.inference.io_utils import (
-    check_output_folder,
-    parse_json,
-    read_text,
-    write_atomic,
-)
+from sieverag.inference.io_utils import check_output_folder
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import (
     CallBatcher,
@@ -76,221 +63,18 @@ from sieverag.inference.metrics.filter import (
     sentence_quality,
 )
 from sieverag.inference.roles import ModelRoles, filter_card, resolve_filter_role
-from sieverag.inference.settings import FileList, settings, settings_to_data
+from sieverag.inference.settings import settings_to_data
 from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
+from sieverag.training.filter_eval_config import FilterEvalConfig
+from sieverag.training.held_out_questions import Selection, select_examples, training_questions
+from sieverag.training.method_cache import MethodCache
 
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
 ORACLE_ALL = "oracle: gold passages, all sentences"
 WHOLE = " (whole passages)"
-_MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
-
-
-@settings
-class FilterEvalConfig:
-    """What `eval-filter` compares and on which questions."""
-
-    dataset: FileList = field(metadata={
-        "help": "dataset file(s) whose passages carry gold marks (hotpotqa is_gold, nq "
-                "isgold, squad, common is_gold/isgold, `sieverag hard-negatives` output); "
-                "several, comma-separated, give a per-dataset table (the first is the "
-                "report's main one)"})
-    out: str = field(metadata={"help": "report folder"})
-    models: ModelRoles = field(default_factory=ModelRoles, metadata={
-        "help": "the trained filter (`filter`: in-process base model + adapter, default "
-                "smollm2-filter, or served) and the MAIN-RAG judge's model (`judge`; default: "
-                "the in-process filter's base model, for a served filter `generator`'s)"})
-    exclude_training: tuple[str, ...] = field(
-        default=(), metadata={"help": "build-dataset folders whose train-split questions are "
-                                      "left out; default: the adapter's training dataset"})
-    question_ids_file: str | None = field(
-        default=None, metadata={"help": "evaluate only the question ids listed (one a line)"})
-    allow_training_questions: bool = field(
-        default=False, metadata={"help": "evaluate without knowing the training questions"})
-    limit: int | None = field(default=None, metadata={"help": "first N eligible questions"})
-    threshold: float = field(default=_MCF.threshold, metadata={
-        "help": "bar of the 'MCF fixed' row on s = log P(Yes) − log P(No) (MCF's threshold); "
-                "0 keeps a passage when P(Yes) >= P(No)"})
-    top_k: int = field(default=_MCF.top_k, metadata={
-        "help": "k of the 'MCF top_k' rows and of the BM25 and dense top-k baselines"})
-    bar_n: float = field(default=_MCF.bar_n, metadata={
-        "help": "n of the 'MCF adaptive' rows' bar mean(s) − n·σ(s) (MCF's bar_n)"})
-    judge: bool = field(default=True, metadata={
-        "help": "run the MAIN-RAG judge row (the slowest: several LLM calls per passage)"})
-    judge_n: float = field(default=0.0, metadata={"help": "n of the judge bar mean(r) − n·σ(r)"})
-    lexical_weight: float = field(default=DEFAULT_LEXICAL_WEIGHT, metadata={
-        "help": "w of the '+ BM25 prior' rows (top_k and adaptive): MCF's score z(s) + "
-                "w·z(BM25) (MCF's lexical_weight); 0 leaves those rows out"})
-    sentence_max_new_tokens: int = field(default=_MCF.sentence_max_new_tokens, metadata={
-        "help": "length cap of MCF's sentence-number reply (MCF's sentence_max_new_tokens)"})
-    empty_sentence_answer: EmptySentenceAnswer = field(
-        default=_MCF.empty_sentence_answer, metadata={
-            "help": "a kept passage whose sentence reply is 'none': keep_chunk or drop_chunk "
-                    "(MCF's empty_sentence_answer)"})
-    embedding_model: str = field(default="all-minilm-l6-v2", metadata={
-        "help": "dense baseline's embedding model (run on the filter's device)"})
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.threshold):
-            raise ConfigError(f"--threshold must be a finite log-odds, got {self.threshold}")
-        if self.top_k < 1:
-            raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
-        if self.lexical_weight < 0:
-            raise ConfigError(f"--lexical-weight must be >= 0, got {self.lexical_weight}")
-        if self.sentence_max_new_tokens < 1:
-            raise ConfigError(f"--sentence-max-new-tokens must be >= 1, got "
-                              f"{self.sentence_max_new_tokens}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
-        if not self.dataset:
-            raise ConfigError("--dataset: give at least one dataset file")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The evaluated questions of one dataset and how they were chosen."""
-
-    dataset: str
-    examples: list[Example]
-    rows: int
-    excluded_training: int
-    training_sources: tuple[str, ...]
-    outside_id_list: int
-    without_gold: int = 0
-
-
-# ----- which questions ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainingQuestions:
-    """The (source, question id) pairs that trained the filter, and where they were read."""
-
-    pairs: frozenset[tuple[str, str]]
-    sources: tuple[str, ...]
-
-
-def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
-                       card: str = CARD_FILE) -> TrainingQuestions:
-    """The questions to leave out: the train splits of --exclude-training, else the
-    list in the adapter's card (it travels with a shipped or installed filter), else the train
-    split of the dataset the card names; and always the questions the card's combination was
-    fitted on."""
-    from sieverag.training.data import question_ids
-
-    fitted = frozenset(tuple(q) for q in (metadata.get(CARD_KEY) or {}).get("questions") or ())
-
-    def from_datasets(folders: Sequence[str]) -> TrainingQuestions:
-        pairs = frozenset().union(*(question_ids(f, "train") for f in folders))
-        return TrainingQuestions(pairs | fitted, tuple(folders))
-
-    if config.exclude_training:
-        return from_datasets(config.exclude_training)
-    dataset = metadata.get("dataset") or {}
-    if dataset.get("train_questions") is not None:
-        return TrainingQuestions(frozenset(tuple(q) for q in dataset["train_questions"])
-                                 | fitted, (card,))
-    trained_on = dataset.get("path")
-    if trained_on:
-        if not Path(trained_on).exists():
-            raise ConfigError(f"the adapter was trained on {trained_on}, which is gone: pass "
-                              "--exclude-training DATASET_DIR (its build-dataset "
-                              "output) so training questions are left out")
-        return from_datasets((trained_on,))
-    if config.question_ids_file or config.allow_training_questions:
-        return TrainingQuestions(fitted, ())
-    raise ConfigError("cannot tell which questions trained the filter: pass "
-                      "--exclude-training DATASET_DIR, or --question-ids-file FILE, or "
-                      "--allow-training-questions")
-
-
-def select_examples(config: FilterEvalConfig, trained: TrainingQuestions,
-                    dataset: str | None = None) -> Selection:
-    """The dataset's rows with a gold passage minus training questions (by source and id),
-    within the id list, limited; `dataset` defaults to the first of the config's."""
-    from sieverag.inference.data import load_examples
-
-    dataset = dataset or config.dataset[0]
-    examples = load_examples(dataset)
-    with_gold = [e for e in examples if any(d.is_gold for d in e.documents)]
-    if not with_gold:
-        raise DatasetError(f"{dataset}: eval-filter needs gold-marked passages (is_gold, "
-                           "isgold); no question has one (for a source without marks, "
-                           "`sieverag hard-negatives --unmarked-gold strinc` makes them)")
-    eligible = [e for e in with_gold if (example_source(e), e.id) not in trained.pairs]
-    excluded = len(with_gold) - len(eligible)
-    outside = 0
-    if config.question_ids_file:
-        wanted = _read_ids(Path(config.question_ids_file))
-        listed = [e for e in eligible if e.id in wanted]
-        outside = len(eligible) - len(listed)
-        eligible = listed
-    if config.limit is not None:
-        eligible = eligible[:config.limit]
-    if not eligible:
-        raise DatasetError(f"{dataset}: no question left to evaluate ({len(examples)} "
-                           f"rows, {len(examples) - len(with_gold)} without a gold passage, "
-                           f"{excluded} used for training, {outside} outside the id list)")
-    return Selection(dataset, eligible, len(examples), excluded, trained.sources, outside,
-                     len(examples) - len(with_gold))
-
-
-def _read_ids(path: Path) -> set[str]:
-    if not path.is_file():
-        raise ConfigError(f"--question-ids {path}: file not found")
-    ids = {line.strip() for line in read_text(path).splitlines()}
-    return ids - {""}
-
-
-# ----- metrics -----------------------------------------------------------------------------
-
-
-# ----- the run -----------------------------------------------------------------------------
-
-
-class MethodCache:
-    """One JSON file per kind of model work under OUT/cache, valid while its fingerprint
-    matches."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def load(self, key: str, fingerprint: Mapping[str, Any]) -> Any | None:
-        """The value stored under `key` for this fingerprint, else None.
-
-        A file that is not such an entry (unreadable, not UTF-8, not JSON Python can read,
-        not an object with this fingerprint and a value) is a miss, never an error: the work
-        is done again and the file overwritten, as a cache should.
-        """
-        path = self.folder / f"{key}.json"
-        if not path.is_file():
-            return None
-        try:
-            stored = parse_json(path.read_bytes(), str(path))
-        except (OSError, DatasetError):
-            return None
-        if not isinstance(stored, dict) or stored.get("fingerprint") != _digest(fingerprint):
-            return None
-        return stored.get("value")
-
-    def store(self, key: str, fingerprint: Mapping[str, Any], value: Any) -> None:
-        write_atomic(self.folder / f"{key}.json",
-                     json.dumps({"fingerprint": _digest(fingerprint), "value": value}))
-
-    def get_or_compute(self, key: str, fingerprint: Mapping[str, Any],
-                       compute: Callable[[], Any]) -> Any:
-        stored = self.load(key, fingerprint)
-        if stored is not None:
-            return stored
-        value = compute()
-        self.store(key, fingerprint, value)
-        return value
-
-
-def _digest(fingerprint: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
 
 
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,

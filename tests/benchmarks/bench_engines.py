@@ -105,11 +105,9 @@ from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: 
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
-from sieverag.training.filter_eval import (  # noqa: E402
-    FilterEvalConfig,
-    run_filter_eval,
-    training_questions,
-)
+from sieverag.training.filter_eval import run_filter_eval  # noqa: E402
+from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.held_out_questions import training_questions  # noqa: E402
 
 ENGINES = ("embedded", "vllm")
 FILTER = "filter"  # the adapter's served name on both engines

@@ -33,7 +33,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sieverag.inference.config import ModelRoles  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
-from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval  # noqa: E402
+from sieverag.training.filter_eval import run_filter_eval  # noqa: E402
+from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
 from sieverag.training.filter_report import summary_table  # noqa: E402
 
 FIGURES = (("filter_auroc", "AUROC (filter alone: score s, no prior)"),

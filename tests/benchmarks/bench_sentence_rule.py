@@ -84,8 +84,8 @@ from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import decision_quality  # noqa: E402
 from sieverag.inference.types import Example  # noqa: E402
 from sieverag.training.caching_backend import CachingBackend  # noqa: E402
-from sieverag.training.filter_eval import (  # noqa: E402
-    FilterEvalConfig,
+from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.held_out_questions import (  # noqa: E402
     select_examples,
     training_questions,
 )

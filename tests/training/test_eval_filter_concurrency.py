@@ -26,6 +26,8 @@ from sieverag.training import cli as training_cli
 from sieverag.training import combination_fit, filter_eval, questions_in_flight
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
+from sieverag.training.filter_eval_config import FilterEvalConfig
+from sieverag.training.held_out_questions import TrainingQuestions, select_examples
 
 ROOT = REPO
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
@@ -109,7 +111,7 @@ SERVED = ModelRoles(generator=BackendSpec(model="scripted-judge"),
 
 def evaluate(out: Path, books: Path, concurrency: int | None, models: ModelRoles = IN_PROCESS,
              **settings) -> dict:
-    config = filter_eval.FilterEvalConfig(
+    config = FilterEvalConfig(
         dataset=(str(SAMPLE), str(books)), out=str(out), models=models,
         allow_training_questions=True, **settings)
     return filter_eval.run_filter_eval(config, progress=False, concurrency=concurrency)
@@ -190,9 +192,9 @@ def test_a_failing_question_is_named_what_finished_is_kept_and_a_rerun_asks_the_
 def test_the_sentence_rows_are_the_same_at_one_and_four_in_flight():
     """`mcf_sentence_results` through a batched CachingBackend: each question's results as
     one at a time gives them, by id in dataset order."""
-    examples = filter_eval.select_examples(
-        filter_eval.FilterEvalConfig(dataset=(str(SAMPLE),), out="unused"),
-        filter_eval.TrainingQuestions(frozenset(), ())).examples
+    examples = select_examples(
+        FilterEvalConfig(dataset=(str(SAMPLE),), out="unused"),
+        TrainingQuestions(frozenset(), ())).examples
     configs = [MCFConfig(bar="top_k", top_k=1), MCFConfig(bar="fixed", threshold=0.0)]
     alone = methods.mcf_sentence_results(CachingBackend(ThreadNotingBackend()), examples,
                                          configs, progress=False)

@@ -69,7 +69,8 @@ def roles(base: Path, adapter: Path | str | None = None, *, endpoint: str | None
 
 def evaluate(**settings) -> dict:
     """`run_filter_eval` with the given FilterEvalConfig fields, no progress bars."""
-    from sieverag.training.filter_eval import FilterEvalConfig, run_filter_eval
+    from sieverag.training.filter_eval import run_filter_eval
+    from sieverag.training.filter_eval_config import FilterEvalConfig
 
     return run_filter_eval(FilterEvalConfig(**{"dataset": str(SAMPLE), **settings}),
                            progress=False)
@@ -217,7 +218,8 @@ def load_sample() -> list[Example]:
 
 
 def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> None:
-    from sieverag.training.filter_eval import FilterEvalConfig, select_examples, training_questions
+    from sieverag.training.filter_eval_config import FilterEvalConfig
+    from sieverag.training.held_out_questions import select_examples, training_questions
 
     data = training_dataset(tmp_path / "data", [SECOND])
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
@@ -245,7 +247,8 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 
 
 def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Path) -> None:
-    from sieverag.training.filter_eval import FilterEvalConfig, training_questions
+    from sieverag.training.filter_eval_config import FilterEvalConfig
+    from sieverag.training.held_out_questions import training_questions
 
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path))
     with pytest.raises(ConfigError, match="--exclude-training DATASET_DIR"):
@@ -265,7 +268,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
     from sieverag.inference.settings import validate_settings
-    from sieverag.training.filter_eval import FilterEvalConfig
+    from sieverag.training.filter_eval_config import FilterEvalConfig
 
     with pytest.raises(ConfigError, match=message):
         validate_settings(FilterEvalConfig, {"dataset": str(SAMPLE), "out": "out", **kwargs},
@@ -291,7 +294,7 @@ def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatc
                                                             tiny_model_dir: Path) -> None:
     from sieverag.inference.filters import adapters
     from sieverag.inference.roles import resolve_filter_role
-    from sieverag.training.filter_eval import FilterEvalConfig
+    from sieverag.training.filter_eval_config import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped")
@@ -318,7 +321,7 @@ def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) 
         "half-written"])
 def test_a_corrupt_cache_entry_is_a_miss_recomputed_and_overwritten(
         tmp_path: Path, content: bytes) -> None:
-    from sieverag.training.filter_eval import MethodCache
+    from sieverag.training.method_cache import MethodCache
 
     cache = MethodCache(tmp_path)
     (tmp_path / "judge.json").write_bytes(content)
