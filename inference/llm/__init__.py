@@ -1,7 +1,8 @@
 """LLM backends behind one protocol (`LLMBackend`: generate, label_logprobs,
-continuation_logprob): `hf` in-process transformers and `openai` for any OpenAI-compatible
-server. `build_backend(BackendSpec)` makes one; `resolve_model` finds embedded models;
-`context.ContextGuard` fits every prompt to the model's context (cut or refused)."""
+continuation_logprob): `hf` in-process transformers and `openai_backend` for any
+OpenAI-compatible server (its requests sent by `openai_transport`). `build_backend(BackendSpec)`
+makes one; `resolve_model` finds embedded models; `context.ContextGuard` fits every prompt to
+the model's context (cut or refused)."""
 
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend, Usage, UsageMeter
 from sieverag.inference.llm.registry import BackendSpec, build_backend

@@ -25,7 +25,7 @@ from sieverag.inference.errors import (
     ContextError,
     SieveragError,
 )
-from sieverag.inference.llm import openai_backend
+from sieverag.inference.llm import openai_transport
 from sieverag.inference.llm.base import (
     GenerationSettings,
     LLMBackend,
@@ -63,13 +63,13 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backoff_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The waits the SDK's client takes between attempts, in order."""
     waits: list[float] = []
-    calculate = openai_backend.SieveragOpenAI._calculate_retry_timeout
+    calculate = openai_transport.SieveragOpenAI._calculate_retry_timeout
 
     def recorded(client: Any, *args: Any, **kwargs: Any) -> float:
         waits.append(calculate(client, *args, **kwargs))
         return waits[-1]
 
-    monkeypatch.setattr(openai_backend.SieveragOpenAI, "_calculate_retry_timeout", recorded)
+    monkeypatch.setattr(openai_transport.SieveragOpenAI, "_calculate_retry_timeout", recorded)
     return waits
 
 
