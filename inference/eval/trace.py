@@ -61,7 +61,12 @@ def _document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[str]:
     if entry.p_yes is not None:
         extras.append(f"P(Yes) {entry.p_yes:.2f}")
     if entry.bm25 is not None:  # a score fused with the lexical prior: show both parts
-        extras.append(f"filter s {entry.filter_score:+.2f} · BM25 {entry.bm25:.2f}")
+        # s is None where the filter was not called (MCF's `reads_filter`)
+        filter_part = ("" if entry.filter_score is None
+                       else f"filter s {entry.filter_score:+.2f} · ")
+        extras.append(f"{filter_part}BM25 {entry.bm25:.2f}")
+    if entry.p_yes is None and entry.p_relevant is not None:
+        extras.append(f"P(relevant) {entry.p_relevant:.2f}")
     if entry.mcf_score is not None:
         extras.append(f"mcf {entry.mcf_score:+.2f}{'✓' if entry.mcf_kept else '✗'}")
     if entry.judge_score is not None:
