@@ -4,6 +4,8 @@ Each module beside this one generates one part — `cli_reference` (every comman
 `presets` (the shipped presets), `benchmarks` (each benchmark script's docstring), `layers`
 (the parts and layers tests/test_layers.py declares) — for its
 `PAGE`, which holds its `MARKER` line; the build replaces the line with `generate()`.
+`results_tables` renders every table of the results pages from the JSON its measurement
+wrote (`docs/results/data/`), region by region, whatever the committed page holds.
 """
 
 from __future__ import annotations
@@ -27,9 +29,15 @@ def _load(name: str) -> ModuleType:
 
 
 GENERATORS = {module.PAGE: module for module in map(_load, PARTS)}
+RESULTS_TABLES = _load("results_tables")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri.startswith("results/"):
+        try:
+            markdown = RESULTS_TABLES.render_page(markdown, Path(page.file.abs_src_path))
+        except RESULTS_TABLES.TableError as error:
+            raise PluginError(f"{page.file.src_uri}: {error}") from error
     part = GENERATORS.get(page.file.src_uri)
     if part is None:
         return markdown
