@@ -17,10 +17,12 @@ at float32). The comparison is the GPU check's (tests/gpu/gpu_check.py `compare_
 tolerance's margin. The tests hold float32 to 1e-3 and bf16 to the GPU check's tolerances
 (|ΔP(Yes)| <= 0.05, |Δr| <= 0.5 nats).
 
-    python tests/benchmarks/bench_vllm_scores.py [--quick] [--questions 5]
+    python tests/benchmarks/bench_vllm_scores.py [--quick] [--questions 5] \\
+        [--results-json docs/results/data/vllm_scores.json]
 
 About 4 minutes on 2 CPU cores (two vLLM starts of ~40 s each); `--quick` (1 question) about 2.
-Prints a table, then one line of JSON.
+Prints a table, then one line of JSON; `--results-json` also writes docs/results/serving.md's
+table.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "gpu"))
+import results_json  # noqa: E402
 from gpu_check import compare_filter, compare_judge  # noqa: E402
 
 from sieverag.inference.data.loading import load_examples  # noqa: E402
@@ -88,6 +91,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 question (10 chunks)")
     parser.add_argument("--questions", type=int, default=5,
                         help="held-out questions, 10 chunks each (at most 5)")
+    results_json.add_option(parser)
     args = parser.parse_args()
     questions = 1 if args.quick else args.questions
     if not 1 <= questions <= 5:
@@ -134,7 +138,22 @@ def main() -> int:
             ("max_abs_delta_judge_r", report["judge"]["max_abs_delta_log_odds"]),
             ("filter_flips", len(report["filter"]["verdict_flips_outside_margin"])),
             ("judge_flips", len(report["judge"]["verdict_flips_outside_margin"])))}}))
+    if args.results_json:
+        results_json.write(args.results_json, {"main": results_table(reports)})
     return 0
+
+
+def results_table(reports: dict[str, dict]) -> dict:
+    """docs/results/serving.md's table: per vLLM dtype the largest differences, and the
+    keep/drop verdicts (filter's and judge's together) that flipped outside the margin."""
+    return results_json.table(
+        ["vLLM dtype", "max |ΔP(Yes)|", "max |Δr| (nats)", "keep/drop flips outside the margin"],
+        [[dtype, report["filter"]["max_abs_delta_p_yes"],
+          report["judge"]["max_abs_delta_log_odds"],
+          len(report["filter"]["verdict_flips_outside_margin"])
+          + len(report["judge"]["verdict_flips_outside_margin"])]
+         for dtype, report in reports.items()],
+        align=["", "right", "right", "right"], formats=[None, ".6f", ".6f", "d"])
 
 
 if __name__ == "__main__":
