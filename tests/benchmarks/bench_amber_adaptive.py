@@ -27,7 +27,9 @@ held-out questions — over an index and on the given passages.
         [--set amber.collector.query_source=bridge] [--out runs/bench-adaptive] [--quick]
 
 The index must exist (`bench_open_retrieval.py` builds it). Each step writes its own run
-folder under `--out`, and a rerun adds only what is new. Prints the tables and one JSON line.
+folder under `--out`, and a rerun adds only what is new. Prints the tables and one JSON line;
+`--results-json PATH` also writes docs/results/pipelines.md's three held-out tables
+(docs/results/data/amber_adaptive.json).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
+import results_json  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
@@ -111,31 +114,33 @@ def simulate(bar: float, values: Sequence[float], round_one: Sequence[dict],
     return mean(right), mean(seconds)
 
 
-def table(runs: dict[str, list[dict]], reference: str = "vanilla") -> list[str]:
+def table(runs: dict[str, list[dict]], reference: str = "vanilla") -> dict:
+    """A row per pipeline: its answers' figures, seconds, their ratio to `reference`'s and
+    the share of questions that stopped after round 1."""
     base = mean([r["seconds"] for r in runs[reference]])
-    lines = ["| pipeline | n | EM | F1 | Acc | s/q | ÷ vanilla | stopped after round 1 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for name, records in runs.items():
         seconds = mean([r["seconds"] for r in records])
         traces = [r.get("trace") or {} for r in records]
         one = [len(t["rounds"]) == 1 for t in traces if "rounds" in t]
-        lines.append(f"| {name} | {len(records)} | "
-                     f"{mean([r['metrics']['em'] for r in records]):.3f} | "
-                     f"{mean([r['metrics']['f1'] for r in records]):.3f} | "
-                     f"{mean([correct(r) for r in records]):.3f} | {seconds:.2f} | "
-                     f"{seconds / base:.2f} | {f'{mean(one):.2f}' if one else '–'} |")
-    return lines
+        rows.append([name, len(records), mean([r["metrics"]["em"] for r in records]),
+                     mean([r["metrics"]["f1"] for r in records]),
+                     mean([correct(r) for r in records]), seconds, seconds / base,
+                     mean(one) if one else None])
+    return results_json.table(
+        ["pipeline", "n", "EM", "F1", "Acc", "s/q", "÷ vanilla", "stopped after round 1"], rows,
+        align=["", *["right"] * 7], formats=[None, "d", ".3f", ".3f", ".3f", ".2f", ".2f", ".2f"])
 
 
-def agent_seconds(runs: dict[str, list[dict]]) -> list[str]:
+def agent_seconds(runs: dict[str, list[dict]]) -> dict:
+    """A row per pipeline: the seconds a question each agent's LLM calls took."""
     agents = sorted({a for records in runs.values() for r in records for a in r["usage"]})
-    lines = ["| pipeline | " + " | ".join(agents) + " |",
-             "|---|" + "---:|" * len(agents)]
-    for name, records in runs.items():
-        cells = [mean([r["usage"][a]["seconds"] if a in r["usage"] else 0.0 for r in records])
-                 for a in agents]
-        lines.append(f"| {name} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    return lines
+    rows = [[name, *[mean([r["usage"][a]["seconds"] if a in r["usage"] else 0.0
+                           for r in records]) for a in agents]]
+            for name, records in runs.items()]
+    return results_json.table(["seconds/q by agent", *agents], rows,
+                              align=["", *["right"] * len(agents)],
+                              formats=[None, *[".2f"] * len(agents)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-given", action="store_true",
                         help="leave out step 3 (the given passages)")
     parser.add_argument("--quick", action="store_true", help="4 questions a step")
+    results_json.add_option(parser)
     args = parser.parse_args(argv)
     train_limit, limit = (4, 4) if args.quick else (args.train_limit, args.limit)
     out = Path(args.out)
@@ -214,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         held_auroc["combined"] = auroc(combination.decision_function(
             [[s["sufficiency"], s["sum_p"]] for s in held_found]), held_labels)
     print(f"\n2. Held-out, over the index ({len(held['vanilla'])} questions)")
-    print("\n".join(table(held)))
-    print("\nseconds per question by agent:\n" + "\n".join(agent_seconds(held)))
+    tables = {"index": table(held), "agents": agent_seconds(held)}
+    print(results_json.markdown(tables["index"]))
+    print("\n" + results_json.markdown(tables["agents"]))
     print("\n| signal (round 1) | held-out AUROC for a right round-1 answer |\n|---|---:|")
     for name, value in held_auroc.items():
         print(f"| {name} | {'–' if value is None else value} |")
@@ -228,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                           "vanilla,amber-paper,amber-mcf"], out / "heldout-given")
         print(f"\n3. Held-out, given passages ({len(given['vanilla'])} questions; every "
               "passage is seen in round 1, so the loop has nothing to fetch)")
-        print("\n".join(table(given)))
-        print("\nseconds per question by agent:\n" + "\n".join(agent_seconds(given)))
+        tables["given"] = table(given)
+        print(results_json.markdown(tables["given"]))
+        print("\nseconds per question by agent:\n" + results_json.markdown(agent_seconds(given)))
 
     def summary(runs: dict[str, list[dict]]) -> dict:
         return {name: {"accuracy": round(mean([correct(r) for r in records]), 4),
@@ -241,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                               "auroc": fit_auroc},
                       "heldout_index": summary(held), "heldout_auroc": held_auroc,
                       "heldout_given": summary(given)}))
+    if args.results_json:
+        results_json.write(args.results_json, tables)
     return 0
 
 

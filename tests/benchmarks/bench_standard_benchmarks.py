@@ -15,7 +15,8 @@ from the main-rag run's stored judge scores (`judge-sweep --order`), no second j
         [--k 5] [--datasets hotpotqa,popqa] [--out runs/bench-standard] [--no-order-ablation]
 
 A rerun into the same --out resumes each run. Prints the papers' tables (`sieverag report`)
-and one JSON line.
+and one JSON line; `--results-json PATH` also writes docs/results/pipelines.md's two tables
+(docs/results/data/standard_benchmarks.json).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: standard_exports
 
+import results_json  # noqa: E402
 from standard_exports import EXPORTS, read_jsonl, write_jsonl  # noqa: E402
 
 from sieverag.inference.cli.run import EvalCommand  # noqa: E402
@@ -75,6 +77,7 @@ def main() -> None:
     parser.add_argument("--pipelines", default="direct,vanilla,main-rag")
     parser.add_argument("--out", default="runs/bench-standard")
     parser.add_argument("--no-order-ablation", action="store_true")
+    results_json.add_option(parser)
     args = parser.parse_args()
     chosen = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not set(chosen) <= set(SOURCES):
@@ -122,6 +125,36 @@ def main() -> None:
             order: {k: summary.get(k) for k in ("examples", "em", "f1", "accuracy")}
             for order, summary in figures["popqa main-rag order"].items()}
     print(json.dumps({"limit": args.limit, "k": args.k, "figures": figures}))
+    if args.results_json:
+        results_json.write(args.results_json, results_tables(figures, chosen))
+
+
+def results_tables(figures: dict, datasets: list[str]) -> dict:
+    """docs/results/pipelines.md's tables: per pipeline and dataset, the accuracy (with the
+    choice accuracy where the dataset has choices), then F1 / generator tokens / seconds a
+    question."""
+    pipelines = list(dict.fromkeys(p for d in datasets for p in figures[d]))
+
+    def accuracy(s: dict | None) -> str | None:
+        if s is None:
+            return None
+        choice = s.get("choice_accuracy")
+        return f"{s['accuracy']:.3f}" + (f" ({choice:.3f})" if choice is not None else "")
+
+    def cost(s: dict | None) -> str | None:
+        return None if s is None else (f"{s['f1']:.3f} / "
+                                       f"{s['generator_input_tokens_per_question']:,.0f} / "
+                                       f"{s['seconds_per_question']:.1f}")
+
+    def rows(cell) -> list[list]:
+        return [[p, *[cell(figures[d].get(p)) for d in datasets]] for p in pipelines]
+
+    align = ["", *["right"] * len(datasets)]
+    return {"accuracy": results_json.table(["accuracy (contains a gold answer)", *datasets],
+                                           rows(accuracy), align=align),
+            "f1_tokens_seconds": results_json.table(
+                ["F1 / generator tokens per question / s per question", *datasets],
+                rows(cost), align=align)}
 
 
 if __name__ == "__main__":

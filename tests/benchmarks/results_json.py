@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+RENDERER = REPO / "docs" / "hooks" / "results_tables.py"
 ALIGNMENTS = ("", "left", "right", "center")
 
 
@@ -51,6 +53,16 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
             raise ValueError(f"row {number} has {len(row)} cells, the table {width} columns")
     return {"columns": list(columns), "align": align, "formats": formats,
             "rows": [list(row) for row in rows]}
+
+
+def markdown(written: dict[str, Any]) -> str:
+    """A `table(...)` as the results page will show it (the docs hook's own renderer, so a
+    benchmark prints what the page renders)."""
+    spec = importlib.util.spec_from_file_location("results_tables", RENDERER)
+    assert spec is not None and spec.loader is not None
+    renderer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(renderer)
+    return renderer.render_table(written, "the benchmark's table")
 
 
 def _commit() -> str:
