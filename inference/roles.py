@@ -117,7 +117,8 @@ class FilterCard:
                      else "the in-process filter has no adapter")
         return ranking_statement(self.combination, where,
                                  priors_only=mcf.combination == "priors_only",
-                                 score_rule=mcf.score_rule, lexical_weight=mcf.lexical_weight)
+                                 score_rule=mcf.score_rule, lexical_weight=mcf.lexical_weight,
+                                 always_score=mcf.always_score_chunks)
 
 
 def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:

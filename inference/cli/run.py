@@ -80,7 +80,8 @@ class AskCommand:
         "help": "the pipeline: " + ", ".join(sorted(PIPELINES))})
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
     k: int = field(default=5, metadata={"help": "documents retrieved for the question"})
-    trace: bool = field(default=False, metadata={"help": "also show amber's rounds"})
+    trace: bool = field(default=False, metadata={
+        "help": "also show the pipeline's trace (amber: its rounds)"})
     models: ModelRoles = models_field()
 
 
@@ -241,11 +242,17 @@ def _gold_first_line(results: Path) -> str:
             continue
         graded += 1
         for name, key in parts.items():
-            firsts[name] += all(getattr(gold[0], key) >= getattr(s, key) for s in scored)
+            if getattr(gold[0], key) is None:  # the filter was not called for chunks
+                firsts.pop(name, None)
+                continue
+            if name in firsts:
+                firsts[name] += all(getattr(gold[0], key) >= getattr(s, key) for s in scored)
     if not graded:
         return "(no fused filter scores to break down)"
+    unread = ("" if "the filter alone" in firsts else
+              " (the filter was not called for chunks: its card ranks by BM25 + dense)")
     return ("relevant document ranked first in round 1: " + ", ".join(
-        f"by {name} in {count} of {graded}" for name, count in firsts.items()))
+        f"by {name} in {count} of {graded}" for name, count in firsts.items()) + unread)
 
 
 def _demo_verdict(vanilla: dict, amber: dict) -> str:
@@ -282,7 +289,7 @@ def run_judge_sweep(command: JudgeSweepCommand) -> int:
 
 
 def run_ask(command: AskCommand) -> int:
-    from sieverag.inference.eval.trace import render_loop
+    from sieverag.inference.eval.trace import render_trace
     from sieverag.inference.pipelines import build_pipeline
     from sieverag.inference.types import Example
 
@@ -305,9 +312,9 @@ def run_ask(command: AskCommand) -> int:
     print(f"\nEvidence read ({len(output.documents_read)}):")
     for number, document in enumerate(output.documents_read, start=1):
         print(f"[{number}] {document.title or document.id}: {document.text}")
-    if command.trace and "rounds" in output.trace:
+    if command.trace and output.trace:
         print()
-        print(render_loop(output.trace))
+        print(render_trace(output.trace))
     return 0
 
 

@@ -460,7 +460,20 @@ def _gain_words(fit: Mapping[str, Any]) -> str:
 
 
 def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
-                      score_rule: str = "combined", lexical_weight: float | None = None) -> str:
+                      score_rule: str = "combined", lexical_weight: float | None = None,
+                      always_score: bool = False) -> str:
+    """The line every command that ranks by a filter prints at start (`_ranking_words`),
+    saying too when no chunk is sent to the filter (its score unused and `always_score`,
+    `mcf.always_score_chunks`, off)."""
+    words = _ranking_words(combination, where, priors_only=priors_only,
+                           score_rule=score_rule, lexical_weight=lexical_weight)
+    unused = score_rule == "combined" and (priors_only or not combination.uses_filter)
+    return words + ("; no chunk is sent to the filter (--mcf.always-score-chunks sends them)"
+                    if unused and not always_score else "")
+
+
+def _ranking_words(combination: Combination, where: str, *, priors_only: bool,
+                   score_rule: str, lexical_weight: float | None) -> str:
     """The line every command that ranks by a filter prints at start: which score MCF ranks
     passages by, and why. `combination`: the filter card's (`card_combination`); `where`:
     where that card was read, or why there is none; `priors_only`: `--mcf.combination

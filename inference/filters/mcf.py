@@ -157,6 +157,10 @@ class MCFConfig:
         "help": "a document longer than the filter's window is read in at most this many "
                 "windows, those BM25 + dense rank best, and judged by its best (as Cohere's "
                 "max_chunks_per_doc)"})
+    always_score_chunks: bool = field(default=False, metadata={
+        "help": "call the filter on every chunk even where the chunk score does not read it "
+                "(the card's combination leaves the filter out): the records then show its s "
+                "and P(Yes); off: such rounds make no filter call for chunks"})
     window_tokens: int | None = field(default=None, metadata={
         "help": "tokens of text in a window; default: the filter card's (its training "
                 f"records' length), else {DEFAULT_WINDOW_TOKENS}"})
@@ -259,6 +263,10 @@ def narrowed(document: Document, sentences: Sequence[str], keep: Sequence[int]) 
     return replace(document, text=" ".join(kept), sentences=kept, supporting_sentences=gold)
 
 
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 MCF_SECTION = Section("mcf", MCFConfig, "the trained filter's (MCF's) rules")
 
 
@@ -282,6 +290,17 @@ class MultiGranularFilter:
                 raise ConfigError(f"mcf.combination=priors_only: {err}") from None
         self.priors = priors
         self.windows = window_rule(backend, self.config, self.combination)
+
+    @property
+    def reads_filter(self) -> bool:
+        """Whether the chunk stage calls the filter: its score is the filter's own, a fusion
+        with it, or a combination that weighs it (`Combination.uses_filter`), or the config
+        asks for its scores anyway (`always_score_chunks`). A combination of BM25 and dense
+        alone (the shipped card's) needs no filter call: every chunk's s is then unknown
+        (None in the records), and a long document's best window is the one BM25 + dense
+        rank first. The sentence stage calls the filter on its own (`sentence_rule`)."""
+        return (self.config.score_rule != "combined" or self.combination.uses_filter
+                or self.config.always_score_chunks)
 
     @property
     def one_pass(self) -> bool:
@@ -321,7 +340,10 @@ class MultiGranularFilter:
             return FilterResult(kept=(), scored=(), threshold=None)
         round_ = WindowedRound.of(question, documents, self.windows, self.priors,
                                   self.combination.embedding_model)
-        best = round_.best(self.chunk_scores(question, round_.read))
+        scores = (self.chunk_scores(question, round_.read) if self.reads_filter
+                  else round_.prior_scores(question, self.priors,
+                                           self.combination.embedding_model))
+        best = round_.best(scores)
         if not best:  # every document blank
             return round_.result(best, FilterResult(kept=(), scored=(), threshold=None))
         return round_.result(best, self.chunk_verdicts(
@@ -332,12 +354,15 @@ class MultiGranularFilter:
         """The chunk stage's verdicts on `documents` (at least one) from their `chunk_scores`:
         each chunk's score under the config's rule, its P(relevant) from the combination, the
         bar applied, kept ones best first."""
-        log_odds = [s["score"] for s in scores]
+        # s of a chunk the filter did not read (`reads_filter`) is unknown: 0 in the
+        # combination's inputs, which then give it no weight.
+        log_odds = [s["score"] if s["p_yes"] is not None else 0.0 for s in scores]
         bm25, dense = self.priors(question, [d.as_context() for d in documents],
                                   self.combination.embedding_model)
         combined = self.combination.logits(RoundScores(tuple(log_odds), tuple(bm25),
                                                        tuple(dense)))
-        details = [{"p_yes": round(s["p_yes"], 4), "filter_score": round(s["score"], 4),
+        details = [{"p_yes": _rounded(s["p_yes"], 4),
+                    "filter_score": _rounded(s["score"] if s["p_yes"] is not None else None, 4),
                     "bm25": round(b, 4), "dense": round(d, 4),
                     "p_relevant": round(p_relevant(c), 6),
                     **({"sentence_scores": [None if v is None else round(v, 4)

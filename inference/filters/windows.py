@@ -219,6 +219,21 @@ class WindowedRound:
         """Every window the filter reads, document after document."""
         return [window for windows in self.reads for window in windows]
 
+    def prior_scores(self, question: str, priors: PriorScorer, embedding_model: str
+                     ) -> list[dict]:
+        """Scores of `read` in its order where the filter does not read them (MCF's
+        `reads_filter`): a windowed document's windows by z(BM25) + z(dense) over them (as
+        `windows_read` ranks them), a document read whole 0; no P(Yes) (None)."""
+        scores: list[dict] = []
+        for windows in self.reads:
+            if len(windows) <= 1:
+                scores.extend({"score": 0.0, "p_yes": None} for _ in windows)
+                continue
+            bm25, dense = priors(question, [w.text for w in windows], embedding_model)
+            scores.extend({"score": b + d, "p_yes": None} for b, d in
+                          zip(z_scores(list(bm25)), z_scores(list(dense)), strict=True))
+        return scores
+
     def best(self, scores: Sequence[dict]) -> list[BestWindow]:
         """Each read document's best window, from `scores`, the filter's scores of `read` in
         its order: the one scored highest (ties to the earlier)."""

@@ -437,8 +437,13 @@ def test_mcf_runs_the_cards_priors_only_fit_by_name(tmp_path):
     by_name = MultiGranularFilter(backend, MCFConfig(combination="priors_only"), read)
     assert by_name.combination.weights == priors.weights
     result = by_name.select("Who built the bridge?", documents)
-    probabilities = priors.probabilities(RoundScores(*(
-        tuple(s.details[k] for s in result.scored) for k in ("filter_score", "bm25", "dense"))))
+    # The priors-only fit does not read the filter: no chunk is sent to it, s is unknown.
+    assert backend.calls == [] and not by_name.reads_filter
+    assert all(s.details["filter_score"] is None and s.details["p_yes"] is None
+               for s in result.scored)
+    probabilities = priors.probabilities(RoundScores(
+        (0.0,) * len(result.scored),
+        *(tuple(s.details[k] for s in result.scored) for k in ("bm25", "dense"))))
     # The details hold BM25 and dense rounded to 4 decimals: the probabilities agree to 1e-3.
     assert [s.details["p_relevant"] for s in result.scored] == pytest.approx(probabilities,
                                                                               abs=1e-3)

@@ -134,4 +134,7 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
     assert "left the filter's score out (it added +0.00" in said.err
     assert "Pipeline amber (filter mcf)" in shown
     assert "Round 1 — query: 'Where was Liora Tamsin born?'" in shown
-    assert "P(Yes) 0." in shown and "Liora Tamsin (a#0)" in shown
+    # The filter is not called for chunks (its score unused): P(relevant) of the priors.
+    assert "no chunk is sent to the filter" in said.err
+    assert "P(Yes)" not in shown and "filter s" not in shown
+    assert "P(relevant) 0." in shown and "Liora Tamsin (a#0)" in shown
