@@ -23,7 +23,8 @@ from sieverag.serving.api.field_policy import ignored_header, unknown_fields
 from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.api.streaming import MEDIA_TYPE as STREAM_MEDIA_TYPE
 from sieverag.serving.config import LocalOptions
-from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest, SequenceResult
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 from sieverag.serving.engine.tokens import max_token_chars
 
 

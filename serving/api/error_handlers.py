@@ -17,7 +17,7 @@ from sieverag.serving.api.errors import APIError, error_body
 from sieverag.serving.api.field_policy import CANNOT_HONOUR
 from sieverag.serving.api.middleware.body_limit import RequestTooLarge
 from sieverag.serving.api.request_fields import UNENCODABLE_TEXT, is_branch_tag
-from sieverag.serving.engine.batching import EngineClosedError
+from sieverag.serving.engine.sequence_types import EngineClosedError
 
 logger = logging.getLogger(__name__)
 

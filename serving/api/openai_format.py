@@ -28,7 +28,7 @@ from sieverag.serving.api.completions.protocol import (
     CompletionLogprobs,
 )
 from sieverag.serving.api.generation_protocol import Usage
-from sieverag.serving.engine.batching import SequenceResult, TokenLogprob
+from sieverag.serving.engine.sequence_types import SequenceResult, TokenLogprob
 from sieverag.serving.engine.tokens import EncodedPrompt, prefix_offsets, token_text
 
 

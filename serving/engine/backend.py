@@ -36,7 +36,8 @@ from sieverag.inference.llm.base import (
 )
 from sieverag.inference.llm.hf import reply_token_ids
 from sieverag.inference.types import Conversation
-from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest, SequenceResult
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 
 _DEFAULT_SETTINGS = GenerationSettings()
 

@@ -19,6 +19,9 @@ token as it is chosen (`TokenEvent`, handed to its listener on the worker thread
 future (`cancel`, when a client goes away) takes its sequence out of the queue or its running
 batch before the worker's next forward pass; a forward pass under way whose every sequence is
 cancelled stops at its next decoder layer.
+
+The turn order and the prefill packing are `scheduling`'s; the request, token and result
+types `sequence_types`'.
 """
 
 from __future__ import annotations
@@ -27,12 +30,11 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
@@ -41,121 +43,30 @@ from sieverag.inference.llm.base import first_stop
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.serving.engine.decode_batch import RunningBatch
 from sieverag.serving.engine.sampling import Sampling, choose_tokens
+from sieverag.serving.engine.scheduling import (
+    CPU_PREFILL_TOKEN_BUDGET,
+    PREFILL_TOKEN_BUDGET,
+    OwnerTurns,
+    by_model,
+    owner_of,
+    prefill_chunks,
+    slice_positions,
+)
+from sieverag.serving.engine.sequence_types import (
+    EngineClosedError,
+    FinishReason,
+    SequenceRequest,
+    SequenceResult,
+    TokenEvent,
+    TokenListener,
+    TokenLogprob,
+)
 from sieverag.serving.engine.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
-# Prompt tokens per prefill pass, and logits kept per forward step for prompt log-probs
-# (rows x positions x vocabulary floats). A prompt longer than PROMPT_SLICE is run through the
-# model PROMPT_SLICE positions at a time (its cache growing), so one prefill's attention
-# scores and logits stay bounded however long the prompt: an 8k-token echo request no longer
-# holds 8k x vocabulary logits and 8k x 8k attention scores at once. Prefill is compute-bound
-# on CPU (~1.6 ms a token for SmolLM2-135M on 2 cores), so a full pass takes seconds; a pass
-# whose every sequence is cancelled stops at its next decoder layer (`_AbandonCheck`)
-# rather than run to its end. Smaller passes would bound that work too, but cost throughput:
-# the 1,000-request load ran 4.07 requests/s with 256-token passes against 4.87 with 2,048.
-PREFILL_TOKEN_BUDGET = 2048
-# On CPU a step's time grows with its tokens, so a short request waits for the step under way
-# in proportion to it: a quarter of the GPU budget, about two filter windows (one a step when
-# two owners share it), holds that wait to a window's time.
-CPU_PREFILL_TOKEN_BUDGET = 512
-# On CPU a prefill pass also yields to other requests' new sequences every this many
-# positions: a short request waits for one such slice of a long prompt.
-CPU_PROMPT_SLICE = 128
-PROMPT_LOGITS_BUDGET = 1 << 26
-PROMPT_SLICE = 512
-
-FinishReason = Literal["stop", "length"]
-
-
 class _Abandoned(Exception):
     """Every sequence of the forward pass under way was cancelled: the pass stops here."""
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was shut down before the request finished."""
-
-
-@dataclass(frozen=True)
-class SequenceRequest:
-    """One prompt to continue; `model` is a served name (the base or an adapter)."""
-
-    model: str
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    top_logprobs: int = 0  # alternatives reported per token (the chosen one is always reported)
-    prompt_logprobs: bool = False  # also score the prompt's tokens (for echo)
-    stop: tuple[str, ...] = ()
-    # Tokens whose log-probs at the first new position are reported (a Yes/No verdict read
-    # in one step, as `label_logprobs` reads it); with max_tokens=0 nothing is generated.
-    label_token_ids: tuple[int, ...] = ()
-    # Prompt positions (in order) after which those tokens' log-probs are reported too: the
-    # next-token distribution at each, as `marked_label_logprobs` reads a verdict at every
-    # mark. Read from the logits the prompt log-probs' pass computes, so it needs them.
-    label_positions: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
-        if self.max_tokens < 0 or self.top_logprobs < 0:
-            raise ValueError(f"max_tokens and top_logprobs must be >= 0, got "
-                             f"{self.max_tokens} and {self.top_logprobs}")
-        if self.label_positions:
-            if not (self.prompt_logprobs and self.label_token_ids):
-                raise ValueError("label_positions needs prompt_logprobs and label_token_ids")
-            positions = self.label_positions
-            if (list(positions) != sorted(positions) or positions[0] < 0
-                    or positions[-1] >= len(self.prompt_ids)):
-                raise ValueError(f"label_positions must be in order, within the prompt's "
-                                 f"{len(self.prompt_ids)} tokens, got {self.label_positions}")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A token, its log-prob, and the most likely alternatives at its position."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """A token just chosen for a streamed sequence, as its listener gets it.
-
-    `last`: the sequence finished with this token (its text may then be cut by a stop string:
-    the final text is the `SequenceResult`'s). `prompt_logprobs`: the prompt's log-probs when
-    the request asked for them (set from the first token on)."""
-
-    token: TokenLogprob
-    last: bool
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
-
-
-# Called on the engine's worker thread, once per token: it must be quick and must not raise.
-TokenListener = Callable[[TokenEvent], None]
-
-
-@dataclass(frozen=True)
-class SequenceResult:
-    """Generated tokens (an EOS included), text (stop strings and EOS cut off), log-probs.
-
-    `prompt_logprobs` is set when asked for: one entry per prompt token, the first None.
-    `label_logprobs` holds the log-prob of each of the request's `label_token_ids` as the
-    first new token, in their order; `marked_label_logprobs` the same at each of its
-    `label_positions`, one tuple per position.
-    """
-
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: FinishReason
-    logprobs: tuple[TokenLogprob, ...]
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
-    label_logprobs: tuple[float, ...] = ()
-    marked_label_logprobs: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass
@@ -206,8 +117,7 @@ class BatchingEngine:
             PREFILL_TOKEN_BUDGET if served.device.type == "cuda" else CPU_PREFILL_TOKEN_BUDGET)
         self.stats = EngineStats()
         self._queue: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
-        # Sequences not started, by owner, in the order the owners take their turns.
-        self._waiting: dict[Hashable, deque[_Sequence]] = {}
+        self._waiting: OwnerTurns[_Sequence] = OwnerTurns()  # not started, by owner
         self._running: dict[str, RunningBatch[_Sequence]] = {}
         self._held: set[_Sequence] = set()  # submitted and not yet let go; guarded by _lock
         self._pass_rows: Sequence[_Sequence] = ()  # the sequences of the forward pass under way
@@ -370,15 +280,15 @@ class BatchingEngine:
             raise _Abandoned
 
     def _take_new(self) -> list[_Sequence]:
-        """Sequences to start now, in turn from each owner waiting (`_in_turn`): wait (with the
-        batch window) only when nothing runs or waits."""
+        """Sequences to start now, in turn from each owner waiting (`OwnerTurns.take`): wait
+        (with the batch window) only when nothing runs or waits."""
         if not self._running and not self._waiting:
             first = self._queue.get()
             if first is None:
                 return []
-            self._wait(first)
+            self._waiting.add(first)
             deadline = time.monotonic() + self.batch_window_s
-            while sum(map(len, self._waiting.values())) < self.max_batch_size:
+            while len(self._waiting) < self.max_batch_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -388,17 +298,12 @@ class BatchingEngine:
                     break
                 if item is None:
                     return []
-                self._wait(item)
+                self._waiting.add(item)
         if not self._drain_queue():
             return []
-        for owner, waiting in list(self._waiting.items()):  # cancelled ones leave first
-            kept = deque(waiting[i] for i in self._keep_wanted(list(waiting)))
-            if kept:
-                self._waiting[owner] = kept
-            else:
-                del self._waiting[owner]
+        self._waiting.keep(self._keep_wanted)  # cancelled ones leave first
         room = self.max_batch_size - sum(len(batch) for batch in self._running.values())
-        return self._in_turn(room)
+        return self._waiting.take(room, self.max_batch_tokens)
 
     def _drain_queue(self) -> bool:
         """Move what was submitted into `_waiting`, without waiting; False once the engine is
@@ -411,39 +316,12 @@ class BatchingEngine:
             if item is None:
                 self._queue.put(None)
                 return False
-            self._wait(item)
-
-    def _wait(self, sequence: _Sequence) -> None:
-        """Queue `sequence` behind its owner's (a new owner takes its turn after the others)."""
-        self._waiting.setdefault(_owner(sequence), deque()).append(sequence)
-
-    def _in_turn(self, room: int, owners: set[Hashable] | None = None) -> list[_Sequence]:
-        """Up to `room` waiting sequences (of `owners` only, where given), one of each owner
-        in a round, round after round, until their prompts pass `max_batch_tokens` (the first
-        is taken whatever its length); an owner served goes to the back of the turn order."""
-        taken: list[_Sequence] = []
-        tokens = 0
-        while len(taken) < room and any(owners is None or o in owners for o in self._waiting):
-            for owner in list(self._waiting):
-                if owners is not None and owner not in owners:
-                    continue
-                waiting = self._waiting[owner]
-                size = len(waiting[0].request.prompt_ids)
-                if taken and tokens + size > self.max_batch_tokens:
-                    return taken
-                taken.append(waiting.popleft())
-                tokens += size
-                del self._waiting[owner]
-                if waiting:
-                    self._waiting[owner] = waiting
-                if len(taken) == room:
-                    break
-        return taken
+            self._waiting.add(item)
 
     def _prefill(self, name: str, chunk: list[_Sequence], *, yielding: bool = True) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows.
 
-        The prompts go through the model a slice of positions at a time (`_slice_positions`);
+        The prompts go through the model a slice of positions at a time (`slice_positions`);
         rows that asked for prompt log-probs get them (and their label positions' reads) slice
         by slice, so only one slice's logits exist at once. Between two slices, other
         requests' sequences queued meanwhile are prefilled first (`yielding`: `_serve_others`),
@@ -457,8 +335,8 @@ class BatchingEngine:
         entries: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
         marked = [row for row in scored if chunk[row].request.label_positions]
         cache = kv.growing_cache(self.served.model.config, self.served.name)
-        positions = self._slice_positions()
-        served: set[Hashable] = {_owner(s) for s in chunk}  # owners this pass yields to once
+        positions = slice_positions(self.served.device)
+        served: set[Hashable] = {owner_of(s) for s in chunk}  # owners this pass yields to once
         try:
             for start in range(0, width, positions):
                 stop = min(start + positions, width)
@@ -504,13 +382,6 @@ class BatchingEngine:
             else:
                 self._running[name] = batch
 
-    def _slice_positions(self) -> int:
-        """Positions a prefill pass computes at a time: PROMPT_SLICE, and on CPU (where a
-        slice's time grows with its tokens) at most CPU_PROMPT_SLICE."""
-        if self.served.device.type == "cuda":
-            return PROMPT_SLICE
-        return min(PROMPT_SLICE, CPU_PROMPT_SLICE)
-
     def _serve_others(self, rows: int, served: set[Hashable]) -> None:
         """Between two slices of a pass of `rows` sequences: prefill the sequences that
         requests (owners) not yet `served` during it have queued, in turn and within
@@ -523,17 +394,17 @@ class BatchingEngine:
             return
         room = (self.max_batch_size - rows
                 - sum(len(batch) for batch in self._running.values()))
-        taken = self._in_turn(room, others)
-        served.update(_owner(s) for s in taken)
+        taken = self._waiting.take(room, self.max_batch_tokens, others)
+        served.update(owner_of(s) for s in taken)
         self._prefill_all(taken, yielding=False)
 
     def _prefill_all(self, taken: list[_Sequence], *, yielding: bool) -> None:
         """Prefill `taken`, model by model, in the chunks the batch limits allow (`_prefill`,
         `yielding` to other requests between slices or not); a chunk loses the sequences whose
         clients went away meanwhile, and a bad chunk fails alone."""
-        for name, group in _by_model(taken).items():
-            for chunk in _prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
-                                         self.max_batch_tokens):
+        for name, group in by_model(taken).items():
+            for chunk in prefill_chunks(group, self.max_batch_size, len(self.served.tokenizer),
+                                        self.max_batch_tokens):
                 # A long prefill of an earlier chunk gives clients time to go away.
                 chunk = [chunk[i] for i in self._keep_wanted(chunk)]
                 if not chunk:
@@ -643,18 +514,6 @@ class BatchingEngine:
         return self.served.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def _owner(sequence: _Sequence) -> Hashable:
-    """Whose turn `sequence` waits for: its owner, or itself."""
-    return sequence if sequence.owner is None else sequence.owner
-
-
-def _by_model(sequences: list[_Sequence]) -> dict[str, list[_Sequence]]:
-    groups: dict[str, list[_Sequence]] = defaultdict(list)
-    for sequence in sequences:
-        groups[sequence.request.model].append(sequence)
-    return groups
-
-
 class _AbandonCheck:
     """A decoder layer's pre-hook: the engine's `_before_layer` for that layer. A copy of the
     model (an adapter's, made while the engine runs) gets a hook that does nothing: it is not
@@ -678,31 +537,6 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer's decoder layers (a class named `...DecoderLayer`, as transformers
     names them); none found means passes stop only between passes."""
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-
-
-def _prefill_chunks(group: list[_Sequence], max_rows: int, vocab_size: int,
-                    token_budget: int = PREFILL_TOKEN_BUDGET) -> list[list[_Sequence]]:
-    """Split one model's new sequences into prefill passes of similar length within
-    `token_budget` padded tokens, shortest first.
-
-    Sequences that need prompt log-probs (every position's logits, one slice at a time) go in
-    passes of their own.
-    """
-    chunks: list[list[_Sequence]] = []
-    ordered = sorted(group, key=lambda s: (s.request.prompt_logprobs, len(s.request.prompt_ids)))
-    for sequence in ordered:
-        echo = sequence.request.prompt_logprobs
-        if chunks and chunks[-1][0].request.prompt_logprobs == echo:
-            rows, width = len(chunks[-1]) + 1, len(sequence.request.prompt_ids)  # the widest
-            fits = rows <= max_rows and rows * width <= token_budget
-            if echo:
-                logits = rows * min(width, PROMPT_SLICE) * vocab_size
-                fits = fits and logits <= PROMPT_LOGITS_BUDGET
-            if fits:
-                chunks[-1].append(sequence)
-                continue
-        chunks.append([sequence])
-    return chunks
 
 
 def _prompt_logprobs(logits: torch.Tensor, targets: Sequence[int], k: int

@@ -23,12 +23,8 @@ import pytest
 from sieverag.serving.api.chat import serving as chat_serving
 from sieverag.serving.api.completions import serving as completions_serving
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine.batching import (
-    BatchingEngine,
-    SequenceRequest,
-    SequenceResult,
-    TokenListener,
-)
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult, TokenListener
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
 
@@ -276,9 +272,9 @@ def test_a_long_prefill_stops_between_slices_once_its_client_is_gone(
 ) -> None:
     """A prompt of three slices whose request is cancelled during the first slice's forward
     pass runs no further slice, and leaves the engine."""
-    from sieverag.serving.engine import batching as engine_module
+    from sieverag.serving.engine import scheduling
 
-    monkeypatch.setattr(engine_module, "PROMPT_SLICE", 16)
+    monkeypatch.setattr(scheduling, "PROMPT_SLICE", 16)
     request = prompt(engine, " ".join(f"word{i}" for i in range(16)), LONG)
     assert 32 < len(request.prompt_ids) <= 48
     passes: list[int] = []

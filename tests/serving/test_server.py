@@ -28,13 +28,10 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import batching
-from sieverag.serving.engine.batching import (
-    PREFILL_TOKEN_BUDGET,
-    BatchingEngine,
-    EngineClosedError,
-    SequenceRequest,
-)
+from sieverag.serving.engine import scheduling
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.scheduling import PREFILL_TOKEN_BUDGET
+from sieverag.serving.engine.sequence_types import EngineClosedError, SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
 
@@ -135,7 +132,7 @@ def test_long_prompts_of_different_lengths_prefill_slice_by_slice(
     each one's prompt log-probs and greedy continuation are the model's own on that prompt
     alone."""
     monkeypatch.setattr(server.engine, "max_batch_tokens", PREFILL_TOKEN_BUDGET)
-    monkeypatch.setattr(batching, "CPU_PROMPT_SLICE", batching.PROMPT_SLICE)
+    monkeypatch.setattr(scheduling, "CPU_PROMPT_SLICE", scheduling.PROMPT_SLICE)
     prompts = [" ".join(f"word{i}" for i in range(count)) for count in (190, 160)]
     served = server.engine.served
     widths: list[int] = []  # positions per forward pass of the model (decode steps run apart)

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from sieverag.inference.llm.base import first_stop
 from sieverag.serving.api.streaming import StreamedText
-from sieverag.serving.engine.batching import TokenEvent, TokenLogprob
+from sieverag.serving.engine.sequence_types import TokenEvent, TokenLogprob
 from sieverag.serving.engine.tokens import prefix_offsets
 from sieverag.serving.local_server import LocalServer
 

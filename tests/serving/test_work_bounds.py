@@ -26,9 +26,10 @@ from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
 from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine import batching
+from sieverag.serving.engine import scheduling
 from sieverag.serving.engine.backend import EngineBackend
-from sieverag.serving.engine.batching import BatchingEngine, SequenceRequest
+from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
 
@@ -248,7 +249,7 @@ def test_a_long_prefill_yields_to_other_requests_between_slices(
     """A prompt of three slices runs; another request queues two short sequences during the
     first slice: one runs before the second slice (once per request a pass), the other after
     the long one."""
-    monkeypatch.setattr(batching, "CPU_PROMPT_SLICE", 16)
+    monkeypatch.setattr(scheduling, "CPU_PROMPT_SLICE", 16)
     served = load_served_model(str(tiny_model_dir), ())
     tokenizer = served.tokenizer
     long_ids = tuple(tokenizer(" ".join(f"word{i}" for i in range(16)))["input_ids"])

@@ -15,7 +15,7 @@ from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.openai_format import chat_body
 from sieverag.serving.api.streaming import chat_stream
-from sieverag.serving.engine.batching import SequenceRequest
+from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.tokens import EncodedPrompt, encode_text
 
 

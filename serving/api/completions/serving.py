@@ -12,7 +12,7 @@ from sieverag.serving.api.completions.protocol import CompletionRequest
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.openai_format import completion_body
 from sieverag.serving.api.streaming import completion_stream
-from sieverag.serving.engine.batching import SequenceRequest
+from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.tokens import EncodedPrompt, encode_ids, encode_text
 
 

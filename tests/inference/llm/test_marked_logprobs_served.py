@@ -19,7 +19,7 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.types import Conversation
 from sieverag.serving.engine.backend import EngineBackend
-from sieverag.serving.engine.batching import SequenceRequest
+from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.local_server import LocalServer
 from sieverag.training.caching_backend import CachingBackend
 
