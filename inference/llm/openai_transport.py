@@ -56,19 +56,6 @@ class SieveragOpenAI(openai.AsyncOpenAI):
 @dataclass
 class _Session:
     """The private event loop, its thread, and the client and pool bound to it; `end` closes
-    them, once: when the backend is closed, collected, or the interpreter exits (an aiohttp
-    session left open complains on stderr)."""
-
-    loop: asyncio.AbstractEventLoop
-    thread: threading.Thread
-    client: SieveragOpenAI
-    slots: asyncio.Semaphore
-    end: weakref.finalize
-
-
-@dataclass
-class _Session:
-    """The private event loop, its thread, and the client and pool bound to it; `end` closes
     them, once: when the transport is closed, collected, or the interpreter exits (an aiohttp
     session left open complains on stderr)."""
 
