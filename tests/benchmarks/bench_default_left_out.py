@@ -16,7 +16,8 @@ filter run once; this script then takes seconds), or are scored here with the sh
     python tests/benchmarks/bench_default_left_out.py --scores runs/left-out/scores.jsonl \\
         --dataset ../shared/data/hotpotqa_distractor.jsonl,runs/sources/nq.jsonl,...
 
-Ends with one line of JSON.
+Ends with one line of JSON; `--results-json PATH` also writes the table of
+docs/results/filter.md (docs/results/data/left_out.json).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import argparse
 import json
 import time
 from dataclasses import replace
+
+import results_json
 
 from sieverag.inference.filters.adapters import find_adapter, read_card, resolve_filter
 from sieverag.inference.metrics.filter import top_k_indices
@@ -47,6 +50,7 @@ def main() -> None:
     parser.add_argument("--filter", default="smollm2-filter")
     parser.add_argument("--limit", type=int, default=60, help="questions a source")
     parser.add_argument("--quick", action="store_true", help="10 questions a source")
+    results_json.add_option(parser)
     args = parser.parse_args()
     limit = 10 if args.quick else args.limit
     found = find_adapter(args.filter)
@@ -103,6 +107,23 @@ def main() -> None:
                                          for m in ("f1", "margin", "ece", "kept_per_question",
                                                    "guarded")}}
                                   for s, r in table.items()}}))
+    if args.results_json:
+        results_json.write(args.results_json, {"main": results_table(table)})
+
+
+def results_table(table: dict) -> dict:
+    """The left-out table of docs/results/filter.md: a row per source left out."""
+    return results_json.table(
+        ["left out", "q", "BM25 top-2 F1", "dense top-2 F1", "default F1",
+         "margin over the better", "ECE", "kept/q", "rounds guarded", "same rule, no guard",
+         "best rule with the filter"],
+        [[source, row["questions"], row["bm25_top2_f1"], row["dense_top2_f1"],
+          row["default"]["f1"], row["default"]["margin"], row["default"]["ece"],
+          row["default"]["kept_per_question"], row["default"]["guarded"],
+          row["without_guard"]["f1"], row["with_filter"]["f1"]]
+         for source, row in table.items()],
+        align=["", *["right"] * 10],
+        formats=[None, "d", ".3f", ".3f", ".3f", "+.3f", ".3f", ".2f", ".2f", ".3f", ".3f"])
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ filter also generates, the slowest), so the default (30 questions a source) take
 minutes a source besides vLLM's start (~1.5 minutes); `--quick` (3 questions a source) about
 5 minutes for two sources, start included.
 
-Prints a table per source, then one line of JSON with every figure.
+Prints a table per source, then one line of JSON with every figure; `--results-json PATH`
+also writes docs/results/filter.md's table (docs/results/data/end_to_end.json).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx  # noqa: E402
+import results_json  # noqa: E402
 from bench_engines import (  # noqa: E402
     VLLM_ACCESS_LOG_OFF,
     VLLM_EAGER,
@@ -329,6 +331,17 @@ def print_source(source: str, examples: Sequence[Example],
             for key, _, spec in FIGURES))
 
 
+def results_table(figures: dict[str, dict[str, dict[str, float | None]]]) -> dict:
+    """docs/results/filter.md's table: a row per source and arm."""
+    return results_json.table(
+        ["source", "arm", "accuracy", "prompt tokens/q", "vs all", "s/q", "gold kept",
+         "passages/q"],
+        [[source, arm, *(values[key] for key, _, _ in FIGURES)]
+         for source, arms in figures.items() for arm, values in arms.items()],
+        align=["", "", *["right"] * len(FIGURES)],
+        formats=[None, None, ".3f", ",.0f", ".3f", ".2f", ".3f", ".2f"])
+
+
 def rounded(value: Any) -> Any:
     if isinstance(value, float):
         return round(value, 4)
@@ -358,6 +371,7 @@ def main() -> int:
                         help=f"a smoke run: {QUICK_QUESTIONS} questions a source")
     parser.add_argument("--arms", type=parse_arms, default=ARMS,
                         help=f"comma-separated arms (default every one: {','.join(ARMS)})")
+    results_json.add_option(parser)
     args = parser.parse_args()
     files = [f for f in args.dataset.split(",") if f]
     missing = [f for f in files if not os.path.exists(f)]
@@ -409,6 +423,8 @@ def main() -> int:
     print(json.dumps({"setup": setup, "skipped": skipped, "sources": {
         source: {"questions": len(questions[source]), "arms": rounded(source_figures)}
         for source, source_figures in figures.items()}}))
+    if args.results_json:
+        results_json.write(args.results_json, {"main": results_table(figures)})
     return 0
 
 

@@ -35,7 +35,8 @@ Default sets: HotpotQA from the shared data folder and runs/sources/{nq,squad,po
 popqa-web}.jsonl (tests/benchmarks/filter_sources.py writes them). The filter's replies are
 kept in `--cache` after every question, so an interrupted run resumes (its seconds count
 only the replies asked this run). `--quick`: 5 questions a source. Prints the tables, then
-one line of JSON.
+one line of JSON; `--results-json PATH` also writes them for docs/results/filter.md
+(docs/results/data/sentence_rule.json).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import results_json  # noqa: E402
 from bench_data import HOTPOT, ROOT  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -287,43 +289,50 @@ def rule_cell(first_prior: float, bar: float) -> str:
     return f"+{first_prior:g}, {bar_cell(bar)}"
 
 
-def print_tables(rows: dict[str, dict], table: dict[str, dict],
-                 default_rule: tuple[float, float]) -> None:
+def results_tables(rows: dict[str, dict], table: dict[str, dict]) -> dict[str, dict]:
+    """The three tables of docs/results/filter.md: left out, every rule in-sample, and the
+    seconds a chunk (`--results-json` writes them; the run prints them)."""
+    left_out = []
+    for source, row in rows.items():
+        whole, filt, priors = row["rules"][WHOLE], row["rules"][FILTER], table[source]
+        left_out.append([
+            source, row["questions"], row["chunks"],
+            f"{cell(whole['precision'])} / {cell(whole['f1'])}", cell(row["rules"][FIRST]["f1"]),
+            f"{cell(filt['precision'])} / {cell(filt['recall'])} / {cell(filt['f1'])}",
+            cell(filt["token_share"], 2), rule_cell(priors["first_prior"], priors["bar"]),
+            f"{cell(priors['precision'])} / {cell(priors['recall'])} / {cell(priors['f1'])}",
+            cell(priors["token_share"], 2), f"{priors['margin_over_filter']:+.3f}",
+            priors["winner"]])
+    names = [WHOLE, FIRST, FILTER, *(priors_name(rule) for rule in RULES)]
+    in_sample = [[name, *(f"{cell(row['rules'][name]['f1'])} "
+                          f"({cell(row['rules'][name]['token_share'], 2)})"
+                          for row in rows.values())] for name in names]
+    seconds = [[source, cell(row["seconds_per_chunk"].get("filter"), 4),
+                cell(row["seconds_per_chunk"].get("priors"), 4),
+                f"{row['filter_names_first_alone']:.0%}"] for source, row in rows.items()]
+    return {
+        "left_out": results_json.table(
+            ["source", "q", "chunks", "whole P / F1", "first sentence F1", "filter P / R / F1",
+             "filter tokens", "priors rule", "priors P / R / F1", "priors tokens",
+             "priors − filter F1", "winner"], left_out, align=["", *["right"] * 10, ""]),
+        "in_sample": results_json.table(["rule", *rows], in_sample,
+                                        align=["", *["right"] * len(rows)]),
+        "seconds": results_json.table(
+            ["source", "seconds a chunk: filter", "priors", "filter names sentence 1 alone"],
+            seconds, align=["", "right", "right", "right"])}
+
+
+def print_tables(tables: dict[str, dict], default_rule: tuple[float, float]) -> None:
     print("\nLeft out: the priors rule fitted on the other sources (first-sentence prior, "
           "bar), against the whole chunk, the first sentence and the filter's sentence stage "
           "(sentence P / R / F1 on the gold passages; tokens kept ÷ whole chunk)")
-    print("| source | q | chunks | whole P / F1 | first sentence F1 | filter P / R / F1 | "
-          "filter tokens | priors rule | priors P / R / F1 | priors tokens | "
-          "priors − filter F1 | winner |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for source, row in rows.items():
-        whole, filt, priors = row["rules"][WHOLE], row["rules"][FILTER], table[source]
-        print(f"| {source} | {row['questions']} | {row['chunks']} | "
-              f"{cell(whole['precision'])} / {cell(whole['f1'])} | "
-              f"{cell(row['rules'][FIRST]['f1'])} | "
-              f"{cell(filt['precision'])} / {cell(filt['recall'])} / {cell(filt['f1'])} | "
-              f"{cell(filt['token_share'], 2)} | "
-              f"{rule_cell(priors['first_prior'], priors['bar'])} | "
-              f"{cell(priors['precision'])} / {cell(priors['recall'])} / "
-              f"{cell(priors['f1'])} | {cell(priors['token_share'], 2)} | "
-              f"{priors['margin_over_filter']:+.3f} | {priors['winner']} |")
-    names = [WHOLE, FIRST, FILTER, *(priors_name(rule) for rule in RULES)]
+    print(results_json.markdown(tables["left_out"]))
     print(f"\nEvery rule on every source, in-sample: sentence F1 (tokens kept ÷ whole chunk); "
           f"the rule chosen on every source: {rule_cell(*default_rule)}")
-    print("| rule | " + " | ".join(rows) + " |")
-    print("|---|" + "---:|" * len(rows))
-    for name in names:
-        print(f"| {name} | " + " | ".join(
-            f"{cell(row['rules'][name]['f1'])} ({cell(row['rules'][name]['token_share'], 2)})"
-            for row in rows.values()) + " |")
+    print(results_json.markdown(tables["in_sample"]))
     print("\nSeconds a chunk (the filter's generating pass; the priors rule with its "
           "sentence priors), and how often the filter's reply names the first sentence alone")
-    print("| source | filter | priors | filter names sentence 1 alone |")
-    print("|---|---:|---:|---:|")
-    for source, row in rows.items():
-        s = row["seconds_per_chunk"]
-        print(f"| {source} | {cell(s.get('filter'), 4)} | {cell(s.get('priors'), 4)} | "
-              f"{row['filter_names_first_alone']:.0%} |")
+    print(results_json.markdown(tables["seconds"]))
 
 
 # ----- the run -----------------------------------------------------------------------------
@@ -359,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None,
                         help="JSON file keeping the filter's replies (resume, rerun)")
     parser.add_argument("--quick", action="store_true", help="5 questions a source")
+    results_json.add_option(parser)
     args = parser.parse_args(argv)
 
     sets = dict(SOURCES)
@@ -400,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_cache(args.cache, cache.replies)
         rows[name] = summarise(figures)
     table, default_rule = left_out(rows)
-    print_tables(rows, table, default_rule)
+    tables = results_tables(rows, table)
+    print_tables(tables, default_rule)
     worst = min(table, key=lambda s: table[s]["margin_over_filter"])
     verdict = {"worst_source": worst, "worst_margin": table[worst]["margin_over_filter"],
                "priors_wins_worst_source": table[worst]["margin_over_filter"] > 0}
@@ -415,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "left_out": {s: {k: (bar_cell(v) if k == "bar" else v)
                                        for k, v in row.items()} for s, row in table.items()},
                       "sources": rows}))
+    if args.results_json:
+        results_json.write(args.results_json, tables)
     return 0
 
 
