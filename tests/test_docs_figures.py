@@ -117,7 +117,7 @@ def test_a_region_without_its_closing_line_or_a_row_of_the_wrong_width_is_refuse
         tmp_path: Path):
     with pytest.raises(tables.TableError, match="has no '<!-- end generated -->' line"):
         tables.regions(tables.opening_line("data/m.json", "main") + "\n| a |\n")
-    with pytest.raises(tables.TableError, match="m.json#main: row 1 has 1 cells, the table 2 columns"):
+    with pytest.raises(tables.TableError, match="m.json#main: row 1 has 1 cells, the table 2"):
         tables.render_table({"columns": ["a", "b"], "rows": [["x"]]}, "m.json#main")
 
 
