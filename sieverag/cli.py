@@ -48,7 +48,7 @@ COMMANDS: dict[str, Command] = {
                       "show one question's saved result and amber trace"),
     "report": _command(_INFERENCE, "ReportCommand", "run_report",
                        "the papers' tables across runs: a row per pipeline, a column per "
-                       "dataset"),
+                       "dataset; --html: each run's report.html"),
     "export": _command(_INFERENCE, "ExportCommand", "run_export",
                        "a run's records as RAGAS-style jsonl: question, contexts read, "
                        "response, reference"),

@@ -64,9 +64,11 @@ class Layer:
 LAYERS = (
     Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
                              f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
-                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight"),
+                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight",
+                             f"{INFERENCE}.html"),
           role="shared types and errors, file I/O, the prompt templates (`prompts/`), the one "
-               "configuration system, many questions in flight"),
+               "configuration system, many questions in flight, self-contained HTML pages "
+               "(`html/`)"),
     Layer("data", 1, (f"{INFERENCE}.data",), role="dataset loaders and the demo set"),
     Layer("llm", 2, (f"{INFERENCE}.llm",),
           role="the backends: in-process transformers, OpenAI-compatible servers"),

@@ -135,7 +135,9 @@ def _print_summary(out: Path, summaries: dict) -> None:
     print(comparison_table(summaries))
     print()
     print(comparison_table(summaries, TRUST_COLUMNS))
-    print(f"\nresults: {out}/summary.json, {out}/report.md, {out}/results/")
+    print(f"\nresults: {out}/summary.json, {out}/report.md, {out}/results/\n"
+          f"report: {out / 'report.html'} (every question, what each pipeline read, kept "
+          "and answered; open it in a browser)")
 
 
 def run_eval(command: EvalCommand) -> int:
@@ -185,6 +187,8 @@ def run_demo(command: DemoCommand) -> int:
     if card is not None:
         print(f"\nwhat ranked: {filter_role(card.combination)}")
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
+    # Last, so a terminal user finds it: the page showing every question of the demo.
+    print(f"report: {out / 'run' / 'report.html'}")
     return 0
 
 
@@ -321,18 +325,29 @@ def run_ask(command: AskCommand) -> int:
 @settings
 class ReportCommand:
     """The papers' tables across runs: per metric a row per pipeline and a column per dataset,
-    then each run's own table."""
+    then each run's own table; with --html, each run's report.html instead."""
 
     runs: tuple[str, ...] = field(metadata={
         "help": "run folders of `sieverag eval`, one dataset each, comma-separated"})
     out: str | None = field(default=None, metadata={
         "help": "also write the Markdown here (default: print only)"})
+    html: bool = field(default=False, metadata={
+        "help": "instead, write each run's report.html (every question, what each pipeline "
+                "read, kept and answered; also for a run not finished) and print its path"})
 
 
 def run_report(command: ReportCommand) -> int:
     from sieverag.inference.eval.report import collate_runs
     from sieverag.inference.io_utils import write_atomic
 
+    if command.html:
+        from sieverag.inference.eval.html_report import write_html_report
+
+        if not command.runs:
+            raise ConfigError("report --html needs at least one run folder (--runs DIR,...)")
+        for run in command.runs:
+            print(f"report: {write_html_report(run)}")
+        return 0
     text = collate_runs(command.runs)
     if command.out:
         write_atomic(command.out, text + "\n")

@@ -1,7 +1,9 @@
-"""Run pipelines over a dataset: resumable per-example jsonl, summary.json, report.md.
+"""Run pipelines over a dataset: resumable per-example jsonl, summary.json, report.md and
+report.html.
 
 A run folder holds `config.yaml` (the resolved config plus provenance), `results/<pipeline>.jsonl`
-(one line per finished example, appended as it finishes), `summary.json` and `report.md`.
+(one line per finished example, appended as it finishes), `summary.json`, `report.md` and
+`report.html` (`html_report`: every question, what each pipeline read, kept and answered).
 Rerunning into the same folder skips finished examples; a different config is refused.
 """
 
@@ -20,6 +22,7 @@ from sieverag.inference.compose import RunPlan, build_context, plan_run
 from sieverag.inference.config import RunConfig, grader_spec, load_run_config
 from sieverag.inference.data import dataset_fingerprint, load_examples
 from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.eval.html_report import write_html_report
 from sieverag.inference.eval.records import (
     EvalRecord,
     HygieneRemoval,
@@ -91,6 +94,8 @@ def provenance(plan: RunPlan) -> dict:
         "question_ids_sha256": (dataset_fingerprint(config.question_ids)
                                 if config.question_ids else None),
         "filter_adapter": dict(card) if card is not None else None,
+        # What ranked and why (the line the run printed at start): report.html shows it.
+        "ranking": plan.ranking,
         "prompt_sha256": {
             p.stem: load_template(p.stem).sha256[:16] for p in sorted(PROMPTS_DIR.glob("*.yaml"))
         },
@@ -194,4 +199,5 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                    indent=2) + "\n",
     )
     write_report(out_dir, config.dataset, summaries, all_records)
+    write_html_report(out_dir, examples)
     return summaries

@@ -57,6 +57,8 @@ def test_run_writes_config_results_summary_and_report(tmp_path, demo_file, tiny_
     report = (out / "report.md").read_text()
     assert "| main-rag | 4 |" in report and "judge_scores_main-rag.png" in report
     assert (out / "judge_scores_main-rag.png").stat().st_size > 0
+    page = (out / "report.html").read_text()  # every question, its data embedded
+    assert all(f'"id":"demo-0-{i}"' in page for i in range(4))
 
 
 def test_interrupted_run_resumes_without_redoing_finished_examples(
