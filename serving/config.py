@@ -61,6 +61,15 @@ class ServedModelConfig:
             raise ConfigError("api_key_env must name an environment variable, got ''")
 
 
+def client_base_url(host: str, port: int) -> str:
+    """The OpenAI base URL a client on this machine uses for a server bound to `host`:`port`,
+    e.g. http://127.0.0.1:8000/v1: a wildcard bind ('0.0.0.0' or '') is reached on the
+    loopback, an IPv6 address in brackets."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/v1"
+
+
 @settings
 class LocalOptions:
     """How the embedded server (`--engine local`) loads the model and batches requests."""

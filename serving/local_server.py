@@ -30,7 +30,7 @@ from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.app import create_app
-from sieverag.serving.config import LocalServerConfig
+from sieverag.serving.config import LocalServerConfig, client_base_url
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
@@ -91,9 +91,7 @@ class LocalServer:
     @property
     def base_url(self) -> str:
         """The OpenAI base URL, e.g. http://127.0.0.1:8000/v1 (the bound port once started)."""
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/v1"
+        return client_base_url(self.config.host, self.port)
 
     def run(self) -> None:
         """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly."""

@@ -41,7 +41,7 @@ import httpx
 from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
-from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig
+from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig, client_base_url
 from sieverag.serving.errors import AdapterError, ServerStartError
 
 logger = logging.getLogger(__name__)
@@ -239,9 +239,8 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.config.port}/v1"
+        """The OpenAI base URL vLLM answers at, e.g. http://127.0.0.1:8000/v1."""
+        return client_base_url(self.config.host, self.config.port)
 
     def start(self) -> VLLMServer:
         """Start the subprocess (in its own session, so a terminal's Ctrl-C reaches it only

@@ -17,7 +17,12 @@ from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.settings import parse_settings
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.cli import ServeCommand, engine_config
-from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig
+from sieverag.serving.config import (
+    VLLM_PYTHON_ENV,
+    VLLM_VENV,
+    VLLMLaunchConfig,
+    client_base_url,
+)
 from sieverag.serving.errors import AdapterError, ServerStartError
 from sieverag.serving.vllm import launcher as vllm_launcher
 from sieverag.serving.vllm.launcher import (
@@ -61,6 +66,20 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 # ----- the command line (pure) -----
+
+@pytest.mark.parametrize(("host", "port", "expected"), [
+    ("127.0.0.1", 8000, "http://127.0.0.1:8000/v1"),
+    ("0.0.0.0", 9001, "http://127.0.0.1:9001/v1"),
+    ("", 8000, "http://127.0.0.1:8000/v1"),
+    ("::1", 8000, "http://[::1]:8000/v1"),
+    ("gpu-box", 80, "http://gpu-box:80/v1"),
+])
+def test_the_base_url_a_client_uses_reaches_the_bound_host(host: str, port: int,
+                                                           expected: str) -> None:
+    """Both engines' `base_url` (the embedded server's and vLLM's launcher's)."""
+    assert client_base_url(host, port) == expected
+    assert VLLMServer(VLLMLaunchConfig(host=host, port=port)).base_url == expected
+
 
 @pytest.mark.parametrize(("rank", "expected"), [
     (1, 8), (8, 8), (9, 16), (64, 64), (200, 256), (300, 320), (321, 512), (512, 512)])
