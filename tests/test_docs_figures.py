@@ -136,3 +136,49 @@ def test_a_benchmark_writes_a_table_the_pages_render(tmp_path: Path):
     assert not list(path.parent.glob("*.tmp"))
     with pytest.raises(ValueError, match="row 1 has 2 cells, the table 3 columns"):
         results_json.table(["a", "b", "c"], [["x", 1]])
+
+
+def test_the_build_renders_a_results_page_from_its_json_whatever_the_page_says():
+    hook = _load(REPO / "docs" / "hooks" / "generated.py")
+    page_path = RESULTS / "filter.md"
+    text = page_path.read_text(encoding="utf-8")
+    start, end, file, table = tables.regions(text)[0]
+    lines = text.split("\n")
+    row = next(n for n in range(start, end) if lines[n].startswith("| ") and n > start + 3)
+    stale = "\n".join([*lines[:row], "| typed | by | hand |", *lines[row + 1:]])
+    page = type("Page", (), {"file": type("File", (), {
+        "src_uri": "results/filter.md", "abs_src_path": str(page_path)})()})()
+    assert hook.on_page_markdown(stale, page, None, None) == text
+
+
+SHIPPED_CARD = REPO / "inference" / "filters" / "shipped" / "smollm2-filter" / \
+    "sieverag_adapter.json"
+
+
+def test_the_shipped_cards_rows_are_the_commands_own():
+    """The card's held-out rows are what `filter package --eval-dir` copies from an eval-filter
+    report (no row typed beside them), and its left-out rows, written by `filter
+    fit-combination --by-left-out-source`, are the figures docs/results/filter.md shows
+    (left_out.json, written by bench_default_left_out.py from the same scores)."""
+    from sieverag.inference.filters.packaging import HELD_OUT_FIGURES
+
+    card = json.loads(SHIPPED_CARD.read_text(encoding="utf-8"))
+    for name, figures in card["held_out"]["chunk"].items():
+        assert set(figures) <= set(HELD_OUT_FIGURES), (
+            f"the card's held-out row {name!r} has figures eval-filter's report does not give "
+            f"({sorted(set(figures) - set(HELD_OUT_FIGURES))}): was it typed?")
+    fit = card["combination"]["fit"]["leave_one_source_out"]
+    shown = json.loads((RESULTS / "data" / "left_out.json").read_text(encoding="utf-8"))
+    main = shown["tables"]["main"]
+    column = {name: i for i, name in enumerate(main["columns"])}
+    assert {row[0] for row in main["rows"]} == set(fit)
+    for row in main["rows"]:
+        measured = fit[row[0]]
+        assert row[column["q"]] == measured["questions"]
+        for title, key in (("default F1", "f1"), ("margin over the better", "margin"),
+                           ("ECE", "ece"), ("kept/q", "kept_per_question"),
+                           ("rounds guarded", "guarded")):
+            assert row[column[title]] == pytest.approx(measured["default"][key], abs=1e-12), (
+                f"{row[0]}: {title} differs between the card and left_out.json")
+        assert row[column["best rule with the filter"]] == pytest.approx(
+            measured["with_filter"]["f1"], abs=1e-12)
