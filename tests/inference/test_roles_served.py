@@ -12,21 +12,17 @@ a second request, tested in test_openai_backend.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from served_runs import comparison_config, records
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
+from sieverag.inference.config import ModelRoles, RunConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
-from sieverag.inference.filters.judge import JudgeConfig
-from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 
@@ -59,18 +55,8 @@ def yes_no_model(tiny_model_dir: Path, out: Path) -> Path:
 
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
-    # MCF's top 2 by the filter's score fused with BM25: the random test adapter has no
-    # fitted combination in a card, and without one the default bar reads retrieval alone.
-    return RunConfig(dataset=str(dataset), pipelines=PIPELINES, limit=len(QUESTIONS),
-                     models=models, generation=GenerationSettings(max_new_tokens=4),
-                     judge=JudgeConfig(predictor_max_new_tokens=4),
-                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False),
-                     mcf=MCFConfig(bar="top_k", lexical_weight=1.0))
-
-
-def records(out: Path, pipeline: str) -> list[dict]:
-    lines = (out / "results" / f"{pipeline}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
+    # The random test adapter has no fitted combination in a card: the fused top 2 reads it.
+    return comparison_config(dataset, models, PIPELINES, limit=len(QUESTIONS), max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")

@@ -32,24 +32,24 @@ import httpx
 import psutil
 import pytest
 from repo_paths import TEST_DATA, TESTS
+from served_runs import comparison_config, records
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
+from sieverag.inference.config import ModelRoles, RunConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.data.loading import load_examples
 from sieverag.inference.errors import SieveragError
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
-from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
-from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.inference.llm.base import LABEL_MARK, GenerationSettings
+from sieverag.inference.filters.judge import MainRagJudge
+from sieverag.inference.filters.mcf import MultiGranularFilter
+from sieverag.inference.llm.base import LABEL_MARK
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 from sieverag.serving.errors import ServerStartError
@@ -285,19 +285,10 @@ def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(
 # ----- pipelines with every role served by vLLM -----
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
-    # MCF's fused top 2 on both sides: this test compares the engines, not the default. The
-    # filter is served as FILTER, a name no installed filter has and vLLM shows no card for,
-    # so the served role names its card (`models.filter_card`, `roles.filter_card`).
-    return RunConfig(dataset=str(dataset), pipelines=("main-rag", "amber-mcf"), limit=1,
-                     models=models, generation=GenerationSettings(max_new_tokens=16),
-                     judge=JudgeConfig(predictor_max_new_tokens=16),
-                     amber=AmberConfig(max_iterations=1), trust=TrustConfig(enabled=False),
-                     mcf=MCFConfig(bar="top_k", lexical_weight=1.0))
-
-
-def records(out: Path, pipeline: str) -> list[dict]:
-    lines = (out / "results" / f"{pipeline}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
+    # The filter is served as FILTER, a name no installed filter has and vLLM shows no card
+    # for, so the served role names its card (`models.filter_card`, `roles.filter_card`).
+    return comparison_config(dataset, models, ("main-rag", "amber-mcf"), limit=1,
+                             max_new_tokens=16)
 
 
 def test_main_rag_and_amber_through_vllm_keep_what_in_process_keeps(
