@@ -89,28 +89,14 @@ def test_invalid_reply_is_corrected_once(tmp_path: Path) -> None:
     assert "the reply: not valid JSON" in correction[3]["content"]
 
 
-def test_twice_invalid_reply_is_recorded_invalid_not_accepted(tmp_path: Path) -> None:
-    bad = '{"relevant": true, "key_sentences": [7]}'
-    with FakeOpenAIServer() as server:
-        server.script(Reply(body=chat_reply(bad)), Reply(body=chat_reply(bad)))
-        teacher = client(server, tmp_path)
-        [verdict] = teacher.label([REQUEST])
-        teacher.close()
-        assert (verdict.status, verdict.relevant, verdict.attempts) == ("invalid", None, 2)
-        assert "do not exist" in verdict.error
-        assert teacher.stats.invalid == 1
-        rerun = client(server, tmp_path)
-        assert rerun.label([REQUEST])[0].status == "invalid"
-        rerun.close()
-        assert len(server.requests) == 2  # the invalid verdict is final: not asked again
-
-
 @pytest.mark.parametrize(("bad", "reason"), [
+    ('{"relevant": true, "key_sentences": [7]}', "do not exist"),
     (DEEP_REPLY, "nested too deeply"), (BIG_NUMBER_REPLY, "holds a number longer than")],
-    ids=["nested 100,000 deep", "5,000-digit integer"])
-def test_a_reply_past_pythons_limits_is_an_invalid_reply(tmp_path: Path, bad: str,
-                                                        reason: str) -> None:
-    """Corrected once, then recorded invalid like any unparsable reply; the run goes on."""
+    ids=["a sentence that does not exist", "nested 100,000 deep", "5,000-digit integer"])
+def test_twice_invalid_reply_is_recorded_invalid_not_accepted(tmp_path: Path, bad: str,
+                                                              reason: str) -> None:
+    """Corrected once, then recorded invalid (also a reply past Python's limits); the run goes
+    on, and the invalid verdict is final: a rerun reads it from the cache."""
     with FakeOpenAIServer() as server:
         server.script(Reply(body=chat_reply(bad)), Reply(body=chat_reply(bad)))
         teacher = client(server, tmp_path)
@@ -119,10 +105,11 @@ def test_a_reply_past_pythons_limits_is_an_invalid_reply(tmp_path: Path, bad: st
         assert (verdict.status, verdict.relevant, verdict.attempts) == ("invalid", None, 2)
         assert reason in verdict.error
         assert reason in server.requests[1].json["messages"][-1]["content"]
-        rerun = client(server, tmp_path)  # the cache holding the reply reads back
+        assert teacher.stats.invalid == 1
+        rerun = client(server, tmp_path)
         assert rerun.label([REQUEST])[0].status == "invalid"
         rerun.close()
-        assert len(server.requests) == 2
+        assert len(server.requests) == 2  # not asked again
 
 
 @pytest.mark.parametrize("failure", [

@@ -219,35 +219,24 @@ def test_explicit_format_overrides_the_name(tmp_path: Path) -> None:
 
 # ---- detection -------------------------------------------------------------------------
 
+# Each sample file and the format it is detected as.
+SAMPLE_FORMATS = [
+    ("hotpotqa_sample.jsonl", "hotpotqa"),
+    ("nq_sample.jsonl", "nq"),
+    ("popqa_sample.jsonl", "popqa"),
+    ("triviaqa_sample.jsonl", "triviaqa"),
+    ("arc_sample.jsonl", "arc"),
+    ("common_sample.jsonl", "common"),
+    ("squad_sample.json", "squad"),
+]
 
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("hotpotqa_sample.jsonl", "hotpotqa"),
-        ("nq_sample.jsonl", "nq"),
-        ("popqa_sample.jsonl", "popqa"),
-        ("triviaqa_sample.jsonl", "triviaqa"),
-        ("arc_sample.jsonl", "arc"),
-        ("common_sample.jsonl", "common"),
-        ("squad_sample.json", "squad"),
-    ],
-)
+
+@pytest.mark.parametrize(("name", "expected"), SAMPLE_FORMATS)
 def test_detect_by_file_name(name: str, expected: str) -> None:
     assert detect_format(DATA / name) == expected
 
 
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("hotpotqa_sample.jsonl", "hotpotqa"),
-        ("nq_sample.jsonl", "nq"),
-        ("popqa_sample.jsonl", "popqa"),
-        ("triviaqa_sample.jsonl", "triviaqa"),
-        ("arc_sample.jsonl", "arc"),
-        ("common_sample.jsonl", "common"),
-        ("squad_sample.json", "squad"),
-    ],
-)
+@pytest.mark.parametrize(("name", "expected"), SAMPLE_FORMATS)
 def test_detect_by_first_record_keys(tmp_path: Path, name: str, expected: str) -> None:
     anonymous = shutil.copy(DATA / name, tmp_path / "dev.jsonl")
     assert detect_format(anonymous) == expected
