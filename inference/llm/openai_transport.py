@@ -20,7 +20,7 @@ import random
 import threading
 import weakref
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import openai
@@ -66,25 +66,27 @@ class _Session:
     end: weakref.finalize
 
 
+@dataclass(eq=False, kw_only=True)
 class OpenAITransport:
     """Posts JSON payloads to one OpenAI-compatible server (`base_url`, serving `model`) and
     returns the parsed replies; the client, its pool and its event loop start on the first
-    request and end on `close` (a later request starts them again) or when collected."""
+    request and end on `close` (a later request starts them again) or when collected. `key`:
+    the bearer token sent, None for no Authorization header."""
 
-    def __init__(self, *, base_url: str, model: str, key: str | None, max_concurrency: int,
-                 timeout_s: float, max_retries: int, backoff_s: float) -> None:
-        self.base_url = base_url
-        self.model = model
-        self.max_concurrency = max_concurrency
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self._key = key
-        # Without a key the SDK's Authorization header is left out of every request.
-        self._headers: Mapping[str, Any] = (
-            {"Authorization": openai.Omit()} if key is None else {})
-        self._lock = threading.Lock()
-        self._session: _Session | None = None
+    base_url: str
+    model: str
+    key: str | None = field(repr=False)
+    max_concurrency: int
+    timeout_s: float
+    max_retries: int
+    backoff_s: float
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _session: _Session | None = field(default=None, init=False, repr=False)
+
+    @property
+    def _headers(self) -> Mapping[str, Any]:
+        """Without a key the SDK's Authorization header is left out of every request."""
+        return {"Authorization": openai.Omit()} if self.key is None else {}
 
     def post_all(self, endpoint: Endpoint, payloads: list[dict[str, Any]]) -> list[Any]:
         """Send every payload to `endpoint` concurrently; the parsed replies in payload order.
@@ -127,7 +129,7 @@ class OpenAITransport:
             return self._session
 
     async def _client(self) -> SieveragOpenAI:
-        return SieveragOpenAI(base_url=self.base_url, api_key=self._key or "none",
+        return SieveragOpenAI(base_url=self.base_url, api_key=self.key or "none",
                               timeout=self.timeout_s, max_retries=self.max_retries,
                               backoff_s=self.backoff_s, http_client=_http_client())
 
