@@ -64,7 +64,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     app.state.models = ModelListing(context)
     app.state.completions = Completions(context)
     app.state.reranker = Reranker(context)
-    app.state.scorer = Scorer(context, app.state.reranker)
+    app.state.scorer = Scorer(context)
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(completions_router)

@@ -1,8 +1,10 @@
 """What every endpoint class is built on (`ServingContext`): the engine and its served model,
 the server's request limits and rules, each adapter's filter card and the combination it
 holds, and the steps every
-endpoint shares — the `model` check, running sequences on the engine (cancelled together),
-and sending a typed body built off the event loop with the header naming ignored fields.
+endpoint shares — the `model` check (and, for the filter's endpoints, `model_of`: the model a
+request names, or the one adapter served), running sequences on the engine (cancelled
+together), and sending a typed body built off the event loop with the header naming ignored
+fields.
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ class ServingContext:
             raise APIError(404, f"the model {name!r} does not exist; this server serves "
                            f"{', '.join(self.served.names)}", param="model",
                            code="model_not_found")
+
+    def model_of(self, name: str | None) -> str:
+        """The served model a request names (404 where this server does not serve it);
+        without one (TEI names none), the one adapter served (400 where there are none or
+        several)."""
+        if name is not None:
+            self.check_model(name)
+            return name
+        adapters = self.served.names[1:]
+        if len(adapters) != 1:
+            raise APIError(400, "model is missing and this server serves "
+                           f"{len(adapters)} adapters: name the filter to rank with, one of "
+                           f"{', '.join(self.served.names)}", param="model")
+        return adapters[0]
 
     async def run_all(self, requests: list[SequenceRequest]) -> list[SequenceResult]:
         """Every sequence's result, queued as one owner's (the engine takes them in turn with

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.errors import APIError
-from sieverag.serving.api.rerank.serving import Reranker
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 
@@ -285,7 +285,7 @@ def test_a_request_without_model_needs_a_server_with_one_adapter(names: list[str
                                                                  refusal: str) -> None:
     context = SimpleNamespace(served=SimpleNamespace(names=names))
     with pytest.raises(APIError) as caught:
-        Reranker(context).model_of(None)  # type: ignore[arg-type]
+        ServingContext.model_of(context, None)  # type: ignore[arg-type]
     assert caught.value.param == "model" and refusal in caught.value.message
     one = SimpleNamespace(served=SimpleNamespace(names=["base", "f"]))
-    assert Reranker(one).model_of(None) == "f"  # type: ignore[arg-type]
+    assert ServingContext.model_of(one, None) == "f"  # type: ignore[arg-type]

@@ -20,7 +20,8 @@ from sieverag.serving.api.field_policy import (
     MAX_HEADER_NAMES,
     markdown_table,
 )
-from sieverag.serving.api.rerank.protocol import RerankRequest, RerankV2Request
+from sieverag.serving.api.rerank.detection import RerankRequest
+from sieverag.serving.api.rerank.dialects.cohere import RerankV2Request
 from sieverag.serving.api.score.protocol import ScoreRequest
 from sieverag.serving.local_server import LocalServer
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sieverag.serving.api.rerank.protocol import RerankRequest, RerankV2Request
+from sieverag.serving.api.rerank.detection import RerankRequest
+from sieverag.serving.api.rerank.dialects.cohere import RerankV2Request
 from sieverag.serving.api.rerank.serving import Reranker
 
 router = APIRouter()

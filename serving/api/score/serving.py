@@ -20,13 +20,12 @@ from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.types import RerankResult
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.generation_protocol import Usage
-from sieverag.serving.api.rerank.serving import Reranker
+from sieverag.serving.api.rerank.protocol import prompt_token_cut
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
 from sieverag.serving.filtering import (
     DocumentRefusal,
     FilterRequest,
     PreparedRound,
-    Truncation,
     prepare_filter,
     run_prepared,
 )
@@ -35,17 +34,16 @@ from sieverag.serving.filtering import (
 class Scorer:
     """The score endpoint on the context's engine."""
 
-    def __init__(self, context: ServingContext, reranker: Reranker) -> None:
+    def __init__(self, context: ServingContext) -> None:
         self.context = context
-        self.reranker = reranker
 
     async def score(self, body: ScoreRequest) -> Response:
         context = self.context
-        model = self.reranker.model_of(body.model)
+        model = context.model_of(body.model)
         pairs = body.pairs()
         field = body.document_field()
         limit = body.truncate_prompt_tokens
-        cut_rule = None if limit is None else Truncation(None if limit == -1 else limit)
+        cut_rule = None if limit is None else prompt_token_cut(limit)
         refusal = DocumentRefusal(field, "send truncate_prompt_tokens: -1 to cut it")
         context.limits.check_documents([document for _, document in pairs], param=field)
         by_query: dict[str, list[int]] = defaultdict(list)

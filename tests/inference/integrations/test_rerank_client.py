@@ -15,7 +15,7 @@ from sieverag.inference.errors import ConfigError
 from sieverag.inference.integrations.rerank_client import RerankEndpoint, RerankEndpointError
 from sieverag.inference.types import RerankResult
 from sieverag.serving.api.bodies import to_json
-from sieverag.serving.api.rerank.serving import rerank_response
+from sieverag.serving.api.rerank.dialects.cohere import rerank_response
 
 URL = "http://127.0.0.1:9/v1"
 TEXTS = ["a", "b", "c"]
