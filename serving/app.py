@@ -74,9 +74,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         app.state.chat = Chat(context)
         app.include_router(chat_router)
     else:
-        app.state.chat_proxy = ChatProxy(
-            engine, proxy.filter_model, options.rerank, context.limits, upstream,
-            context.combinations.get(proxy.filter_model))
+        app.state.chat_proxy = ChatProxy(context, proxy.filter_model, upstream)
         app.include_router(proxy_router)
 
     app.add_middleware(CancelOnDisconnect)  # innermost: it watches once the body is read

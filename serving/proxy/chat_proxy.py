@@ -34,12 +34,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sieverag.inference.filters.base import FilterResult
-from sieverag.inference.filters.combination import Combination
-from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
+from sieverag.inference.filters.mcf import MultiGranularFilter
 from sieverag.inference.types import Document
-from sieverag.serving.api.limits import PromptLimits
+from sieverag.serving.api.context import ServingContext
 from sieverag.serving.engine.backend import EngineBackend
-from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.proxy.marked_documents import (
     MarkedRequest,
@@ -62,18 +60,15 @@ class ProxyTarget:
 
 
 class ChatProxy:
-    """The proxy's chat endpoint: filter the marked documents on `engine`'s `filter_model`
-    under `rules` with the filter's `combination` (None: `PRIORS_ONLY`), then forward through
-    `upstream`."""
+    """The proxy's chat endpoint: filter the marked documents on the context's engine with
+    `filter_model`, under the server's rerank rules and limits and with the filter card's
+    combination (none: `PRIORS_ONLY`), then forward through `upstream`."""
 
-    def __init__(self, engine: BatchingEngine, filter_model: str, rules: MCFConfig,
-                 limits: PromptLimits, upstream: UpstreamClient,
-                 combination: Combination | None = None) -> None:
-        self.engine = engine
+    def __init__(self, context: ServingContext, filter_model: str,
+                 upstream: UpstreamClient) -> None:
+        self.context = context
         self.filter_model = filter_model
-        self.rules = rules
-        self.combination = combination
-        self.limits = limits
+        self.combination = context.combinations.get(filter_model)
         self.upstream = upstream
         self.upstream_model = upstream.upstream.model
 
@@ -133,12 +128,13 @@ class ChatProxy:
 
     async def _filtered(self, marked: MarkedRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         """MCF's verdict on the marked passages (`sieverag` info) and the body to forward."""
-        rules = self.rules
+        context = self.context
+        rules = context.options.rerank
         if marked.granularity is not None:
             rules = dataclasses.replace(rules, sentence_stage=marked.granularity == "sentence")
         documents = [p.document for p in marked.passages]
         if documents:  # none (an empty list or block) is no work, not an error
-            self.limits.check_documents([d.text for d in documents])
+            context.limits.check_documents([d.text for d in documents])
         combination = self.combination
 
         def select(backend: EngineBackend, judged: list[Document]
@@ -157,12 +153,12 @@ class ChatProxy:
 
         request = FilterRequest(self.filter_model, rules, marked.question, documents,
                                 combination)
-        answer, _ = await run_filter(self.engine, self.limits, request, select)
+        answer, _ = await run_filter(context.engine, context.limits, request, select)
         return answer
 
     def _block_tokens(self, passages: Sequence[Passage]) -> int:
         block = documents_block(passages)
-        return len(self.engine.served.tokenizer(block, add_special_tokens=False)["input_ids"])
+        return len(self.context.tokenizer(block, add_special_tokens=False)["input_ids"])
 
 
 def _parse(raw: bytes) -> tuple[Any, MarkedRequest | None]:
