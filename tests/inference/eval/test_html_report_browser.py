@@ -99,7 +99,8 @@ def test_a_kept_sentence_is_highlighted_at_its_spans(browser):
     assert dropped == []
     assert console_errors(browser) == []
     if os.environ.get("SIEVERAG_WRITE_SCREENSHOT") == "1":
-        browser.execute_script("arguments[0].scrollIntoView()", browser.find_element(
-            "css selector", "section.question"))
+        # The view the docs show: amber's first round, its kept sentences highlighted.
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})",
+                               card.find_element("css selector", "div.round"))
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(str(SCREENSHOT))
