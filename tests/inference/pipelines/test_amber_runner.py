@@ -155,4 +155,7 @@ def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
     assert (out / "bridge-index" / "manifest.json").is_file()
     assert main(["trace", str(out / "bridge-run"), "bridge-0", "--pipeline", "amber-mcf"]) == 0
     assert "Round 2 — query:" in capsys.readouterr().out
-    assert shown.rstrip().splitlines()[-1].startswith("demo finished in ")
+    *_, finished, report = shown.rstrip().splitlines()
+    assert finished.startswith("demo finished in ")
+    assert report == f"report: {out / 'run' / 'report.html'}"  # the page, named last
+    assert '"id":"demo-0-1"' in (out / "run" / "report.html").read_text(encoding="utf-8")
