@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sieverag.inference.llm.base import (
     GenerationSettings,
@@ -51,6 +51,7 @@ _DEFAULT_SETTINGS = GenerationSettings()
 # questions that start together), and the most prompts one merged call carries.
 BATCH_WINDOW_S = 0.005
 MAX_BATCH_PROMPTS = 256
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -132,16 +133,11 @@ class CallBatcher:
     def _drain(self) -> bool:
         """Move every queued call to the waiting line; False once closed (after running what
         was already waiting)."""
-        while True:
-            try:
-                call = self._queue.get_nowait()
-            except queue.Empty:
-                return True
-            if call is None:
-                while self._waiting:
-                    self._run(self._next_batch())
-                return False
-            self._waiting.append(call)
+        if drain_queue(self._queue, self._waiting.append):
+            return True
+        while self._waiting:
+            self._run(self._next_batch())
+        return False
 
     def _next_batch(self) -> list[_Call]:
         """The oldest waiting call and the later ones it can run with, up to max_prompts."""
@@ -170,6 +166,19 @@ class CallBatcher:
             return
         for call, result in zip(batch, results, strict=True):
             call.future.set_result(result)
+
+
+def drain_queue(source: queue.SimpleQueue[T | None], take: Callable[[T], object]) -> bool:
+    """Hand every item queued in `source` to `take`, in order, without waiting: True once the
+    queue is empty, False at the closing sentinel None (items queued after it stay queued)."""
+    while True:
+        try:
+            item = source.get_nowait()
+        except queue.Empty:
+            return True
+        if item is None:
+            return False
+        take(item)
 
 
 def _run_merged(batch: Sequence[_Call]) -> list[list[Any]]:

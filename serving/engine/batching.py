@@ -40,6 +40,7 @@ import torch
 
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import first_stop
+from sieverag.inference.llm.batching import drain_queue
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.serving.engine.decode_batch import RunningBatch
 from sieverag.serving.engine.sampling import Sampling, choose_tokens
@@ -308,15 +309,10 @@ class BatchingEngine:
     def _drain_queue(self) -> bool:
         """Move what was submitted into `_waiting`, without waiting; False once the engine is
         closing (the sentinel is put back for `_take_new`)."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return True
-            if item is None:
-                self._queue.put(None)
-                return False
-            self._waiting.add(item)
+        if drain_queue(self._queue, self._waiting.add):
+            return True
+        self._queue.put(None)
+        return False
 
     def _prefill(self, name: str, chunk: list[_Sequence], *, yielding: bool = True) -> None:
         """Run the prompts of `chunk` together, pick each first token, keep the live rows.
