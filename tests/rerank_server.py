@@ -5,16 +5,19 @@ tests/conftest.py's `filter_url` fixture wraps `serving_filter`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from tiny_adapter import make_lora_adapter
 
+from sieverag.inference.integrations.rerank_client import RerankEndpointError
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 
@@ -65,3 +68,20 @@ def nothing_listening() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
+
+
+def assert_endpoint_errors(down: str, filter_url: str, *, ask_down: Callable[[], object],
+                           ask_down_async: Callable[[], Awaitable[object]],
+                           ask_without_key: Callable[[], object]) -> None:
+    """What every framework adapter raises, one `RerankEndpointError` each: asked through an
+    endpoint at `down` (nothing listens there), in sync and async code, it names the endpoint
+    and asks whether the server runs; asked at `filter_url` without the right key, it gives
+    the server's HTTP 401 and names the api_key."""
+    with pytest.raises(RerankEndpointError, match=f"cannot reach the rerank endpoint "
+                       f"{down}/rerank .*is the server running"):
+        ask_down()
+    with pytest.raises(RerankEndpointError, match="cannot reach"):
+        asyncio.run(ask_down_async())
+    with pytest.raises(RerankEndpointError, match=f"{filter_url}/rerank refused the request "
+                       "with HTTP 401: .*api_key"):
+        ask_without_key()

@@ -16,7 +16,14 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
-from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly
+from rerank_server import (
+    CORPUS,
+    KEY,
+    QUERY,
+    assert_endpoint_errors,
+    nothing_listening,
+    rerank_directly,
+)
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.langchain import FilteredRetriever, SieveragCompressor
@@ -113,15 +120,12 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
                                                  retriever: BaseRetriever) -> None:
     down = nothing_listening()
     compressed = SieveragCompressor(base_url=down, api_key=KEY).wrap(retriever)
-    with pytest.raises(RerankEndpointError, match=f"cannot reach the rerank endpoint "
-                       f"{down}/rerank .*is the server running"):
-        compressed.invoke(QUERY)
-    with pytest.raises(RerankEndpointError, match="cannot reach"):
-        asyncio.run(compressed.ainvoke(QUERY))
-    with pytest.raises(RerankEndpointError, match=f"{filter_url}/rerank refused the request "
-                       "with HTTP 401: .*api_key"):
-        SieveragCompressor(base_url=filter_url, api_key="sk-wrong").compress_documents(
-            retriever.invoke(QUERY), QUERY)
+    assert_endpoint_errors(
+        down, filter_url, ask_down=lambda: compressed.invoke(QUERY),
+        ask_down_async=lambda: compressed.ainvoke(QUERY),
+        ask_without_key=lambda: SieveragCompressor(
+            base_url=filter_url, api_key="sk-wrong").compress_documents(
+                retriever.invoke(QUERY), QUERY))
     with pytest.raises(RerankEndpointError, match="HTTP 404: the model 'nope' does not exist"):
         SieveragCompressor(base_url=filter_url, api_key=KEY, model="nope").compress_documents(
             retriever.invoke(QUERY), QUERY)

@@ -14,11 +14,17 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
-from rerank_server import CORPUS, KEY, QUERY, nothing_listening, rerank_directly
+from rerank_server import (
+    CORPUS,
+    KEY,
+    QUERY,
+    assert_endpoint_errors,
+    nothing_listening,
+    rerank_directly,
+)
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.llamaindex import SieveragPostprocessor
-from sieverag.inference.integrations.rerank_client import RerankEndpointError
 
 
 @pytest.fixture(scope="module")
@@ -109,15 +115,11 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
     down = nothing_listening()
     engine = index.as_query_engine(
         llm=MockLLM(), node_postprocessors=[SieveragPostprocessor(base_url=down)])
-    with pytest.raises(RerankEndpointError, match=f"cannot reach the rerank endpoint "
-                       f"{down}/rerank .*is the server running"):
-        engine.query(QUERY)
-    with pytest.raises(RerankEndpointError, match="cannot reach"):
-        asyncio.run(engine.aquery(QUERY))
-    with pytest.raises(RerankEndpointError, match=f"{filter_url}/rerank refused the request "
-                       "with HTTP 401: .*api_key"):
-        SieveragPostprocessor(base_url=filter_url).postprocess_nodes(retrieved(index),
-                                                                     query_str=QUERY)
+    assert_endpoint_errors(
+        down, filter_url, ask_down=lambda: engine.query(QUERY),
+        ask_down_async=lambda: engine.aquery(QUERY),
+        ask_without_key=lambda: SieveragPostprocessor(base_url=filter_url).postprocess_nodes(
+            retrieved(index), query_str=QUERY))
     with pytest.raises(ValueError, match="query"):
         SieveragPostprocessor(base_url=filter_url, api_key=KEY).postprocess_nodes(
             retrieved(index))
