@@ -70,9 +70,9 @@ def nothing_listening() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def assert_endpoint_errors(down: str, filter_url: str, *, ask_down: Callable[[], object],
-                           ask_down_async: Callable[[], Awaitable[object]],
-                           ask_without_key: Callable[[], object]) -> None:
+def assert_errors(down: str, filter_url: str, *, ask_down: Callable[[], object],
+                  ask_down_async: Callable[[], Awaitable[object]],
+                  ask_without_key: Callable[[], object]) -> None:
     """What every framework adapter raises, one `RerankEndpointError` each: asked through an
     endpoint at `down` (nothing listens there), in sync and async code, it names the endpoint
     and asks whether the server runs; asked at `filter_url` without the right key, it gives

@@ -16,14 +16,7 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
-from rerank_server import (
-    CORPUS,
-    KEY,
-    QUERY,
-    assert_endpoint_errors,
-    nothing_listening,
-    rerank_directly,
-)
+from rerank_server import CORPUS, KEY, QUERY, assert_errors, nothing_listening, rerank_directly
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.langchain import FilteredRetriever, SieveragCompressor
@@ -120,7 +113,7 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
                                                  retriever: BaseRetriever) -> None:
     down = nothing_listening()
     compressed = SieveragCompressor(base_url=down, api_key=KEY).wrap(retriever)
-    assert_endpoint_errors(
+    assert_errors(
         down, filter_url, ask_down=lambda: compressed.invoke(QUERY),
         ask_down_async=lambda: compressed.ainvoke(QUERY),
         ask_without_key=lambda: SieveragCompressor(

@@ -14,14 +14,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
-from rerank_server import (
-    CORPUS,
-    KEY,
-    QUERY,
-    assert_endpoint_errors,
-    nothing_listening,
-    rerank_directly,
-)
+from rerank_server import CORPUS, KEY, QUERY, assert_errors, nothing_listening, rerank_directly
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.integrations.llamaindex import SieveragPostprocessor
@@ -115,7 +108,7 @@ def test_endpoint_errors_are_one_clear_exception(filter_url: str,
     down = nothing_listening()
     engine = index.as_query_engine(
         llm=MockLLM(), node_postprocessors=[SieveragPostprocessor(base_url=down)])
-    assert_endpoint_errors(
+    assert_errors(
         down, filter_url, ask_down=lambda: engine.query(QUERY),
         ask_down_async=lambda: engine.aquery(QUERY),
         ask_without_key=lambda: SieveragPostprocessor(base_url=filter_url).postprocess_nodes(
