@@ -80,12 +80,13 @@ WHOLE = " (whole passages)"
 def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                     command: str | None = None, concurrency: int | None = None
                     ) -> dict[str, Any]:
-    """Evaluate the filter and the baselines on each dataset; write report.json, report.md and
-    the plot. The report's top-level figures are the first dataset's; `datasets` holds every
-    dataset's section and `by_dataset` the cross-dataset summary.
+    """Evaluate the filter and the baselines on each dataset; write report.json, report.md,
+    the plot and report.html. The report's top-level figures are the first dataset's;
+    `datasets` holds every dataset's section and `by_dataset` the cross-dataset summary.
 
     `concurrency`: questions in flight in each model loop (unset: 16 when the filter, and the
     judge where it runs, are served, else 1); the report is the same at any value."""
+    from sieverag.training.filter_eval_html import write_filter_eval_html
     from sieverag.training.filter_report import DatasetDecisions, write_report
 
     check_output_folder(config.out)
@@ -156,6 +157,7 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                        for name, section in sections.items()},
     }
     write_report(report, outputs, out)
+    write_filter_eval_html(report, outputs, out)
     return report
 
 

@@ -1,5 +1,5 @@
-"""The `eval-filter` report: report.json, report.md, pr_curve.png, per-question decisions and
-report.html (`filter_eval_html`)."""
+"""The `eval-filter` report: report.json, report.md, pr_curve.png and per-question decisions
+(its HTML page: `filter_eval_html`)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ class DatasetDecisions:
 
 def write_report(report: Mapping[str, Any], datasets: Sequence[DatasetDecisions],
                  out: Path) -> None:
-    """Write the JSON report, the Markdown report, the plot (the first dataset's),
-    decisions.jsonl and report.html (`filter_eval_html`) into `out`.
+    """Write the JSON report, the Markdown report, the plot (the first dataset's) and
+    decisions.jsonl into `out`.
 
     decisions.jsonl: per question of every dataset, its dataset's name, each chunk row's kept
     passage ids and scores, and (for questions with supporting facts) each sentence row's kept
@@ -66,10 +66,6 @@ def write_report(report: Mapping[str, Any], datasets: Sequence[DatasetDecisions]
                 record["kept_sentences"] = sentences
             lines.append(json.dumps(record))
     write_atomic(out / "decisions.jsonl", "\n".join(lines) + "\n")
-    # Imported here: the page module reads this one's tables (an import at the top would loop).
-    from sieverag.training.filter_eval_html import write_filter_eval_html
-
-    write_filter_eval_html(full, datasets, out)
 
 
 def table(rows: Mapping[str, Mapping[str, float | None]],

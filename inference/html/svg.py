@@ -59,11 +59,16 @@ def _x_ticks(low: float, high: float, fmt: str = "{:.2f}") -> str:
     return "".join(parts)
 
 
+LEGEND_CHARS = 60  # a longer name is cut in the legend, whole in its tooltip
+
+
 def _legend(names: Sequence[str]) -> str:
-    return "".join(f'<rect x="{LEFT + 8 + 120 * (i % 3)}" y="{TOP + 6 + 14 * (i // 3)}" '
-                   f'width="10" height="10" fill="{colour(i)}"/>'
-                   f'<text x="{LEFT + 22 + 120 * (i % 3)}" y="{TOP + 15 + 14 * (i // 3)}">'
-                   f"{escape(name)}</text>" for i, name in enumerate(names))
+    """One line per name, top left inside the frame."""
+    return "".join(f'<rect x="{LEFT + 8}" y="{TOP + 6 + 14 * i}" width="10" height="10" '
+                   f'fill="{colour(i)}"/>'
+                   f'<text x="{LEFT + 22}" y="{TOP + 15 + 14 * i}"><title>{escape(name)}</title>'
+                   f"{escape(name if len(name) <= LEGEND_CHARS else name[:LEGEND_CHARS] + '…')}"
+                   "</text>" for i, name in enumerate(names))
 
 
 def grouped_bars(title: str, groups: Mapping[str, Mapping[str, float | None]],
@@ -72,7 +77,7 @@ def grouped_bars(title: str, groups: Mapping[str, Mapping[str, float | None]],
     (e.g. accuracy, F1), heights 0..1 (or the largest value); a missing value draws none."""
     values = [v for g in groups.values() for s in series if (v := g.get(s)) is not None]
     top = max([1.0, *values])
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM - 28
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM - 14 * len(series) - 8
     slot = plot_w / max(len(groups), 1)
     bar = slot * 0.8 / max(len(series), 1)
     parts = []
@@ -99,7 +104,8 @@ def scatter(title: str, points: Mapping[str, tuple[float, float]], x_label: str,
     if not points:
         return ""
     x_top = max(x for x, _ in points.values()) * 1.1 or 1.0
-    y_top = max([1.0, *(y for _, y in points.values())])
+    # Headroom: a point at the top keeps its label inside the frame.
+    y_top = max([1.0, *(y for _, y in points.values())]) * 1.1
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     parts = []
     for i, (name, (x, y)) in enumerate(points.items()):
@@ -134,7 +140,7 @@ def histograms(title: str, samples: Mapping[str, Sequence[float]], x_label: str,
             counts[min(int((v - low) / width), bins - 1)] += 1
         shares[name] = [c / max(len(values), 1) for c in counts]
     top = max(max(s) for s in shares.values()) or 1.0
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM - 28
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM - 14 * len(samples) - 8
     parts = []
     for i, share in enumerate(shares.values()):
         for b, value in enumerate(share):
@@ -144,9 +150,10 @@ def histograms(title: str, samples: Mapping[str, Sequence[float]], x_label: str,
                          f'height="{h:.1f}" fill="{colour(i)}" fill-opacity="0.55"/>')
     if marker is not None:
         x = LEFT + plot_w * (marker - low) / (high - low)
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + 28}" y2="{HEIGHT - BOTTOM}" '
-                     'class="marker"/>'
-                     f'<text x="{x + 4:.1f}" y="{TOP + 40}">{escape(marker_label)}</text>')
+        legend = 14 * len(samples) + 8
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + legend}" '
+                     f'y2="{HEIGHT - BOTTOM}" class="marker"/>'
+                     f'<text x="{x + 4:.1f}" y="{TOP + legend + 12}">{escape(marker_label)}</text>')
     labels = [f"{name} (n={len(samples[name])})" for name in samples]
     body = (_y_ticks(top * (HEIGHT - TOP - BOTTOM) / plot_h, "{:.0%}")
             + _x_ticks(low, high) + "".join(parts) + _legend(labels))
