@@ -502,12 +502,18 @@ def test_a_cycle_is_found_however_long() -> None:
 
 
 PIPELINES_DIR = REPO / PART_FOLDERS[INFERENCE] / "pipelines"
+EVAL_DIR = REPO / PART_FOLDERS[INFERENCE] / "eval"
 # The modules every pipeline shares, which must name none of them: composition, the run config,
-# the pipelines' shared context and registry, the package's door and its round-by-round source.
+# the pipelines' shared context, registry and traces, the package's door, its round-by-round
+# source, and evaluation (which reads what each pipeline declares: its trace and renderer,
+# what it compares with, whether a judge sweep may run it).
 PIPELINE_NEUTRAL = ("compose.py", "config.py", "pipelines/__init__.py", "pipelines/base.py",
-                    "pipelines/rounds.py")
+                    "pipelines/rounds.py", "pipelines/traces.py",
+                    *sorted(str(path.relative_to(EVAL_DIR.parent))
+                            for path in EVAL_DIR.rglob("*.py")))
 # A string there that equals a pipeline's name but means something else, with what it means.
-NOT_A_PIPELINE = {("config.py", "auto"): "dataset_format's loader detection"}
+NOT_A_PIPELINE = {("config.py", "auto"): "dataset_format's loader detection",
+                  ("eval/html_report.py", "auto"): "dataset_format's loader detection"}
 
 
 def registered_pipeline_names() -> set[str]:
@@ -544,10 +550,12 @@ def code_strings(path: Path) -> Iterator[ast.Constant]:
 
 
 def test_no_pipeline_is_named_outside_its_own_package() -> None:
-    """What a pipeline needs built, it declares (`register_pipeline`: `inner`, `part`), so the
-    shared modules decide nothing by a pipeline's name."""
+    """What a pipeline needs built, it declares (`register_pipeline`: `inner`, `part`), and
+    what evaluation needs of it too (`trace`, `render_trace`, `compares_with`, `judge_sweep`),
+    so the shared modules and eval decide nothing by a pipeline's name."""
     names = registered_pipeline_names()
     assert {"vanilla", "auto", "amber", "main-rag"} <= names
+    assert "eval/records.py" in PIPELINE_NEUTRAL and "eval/trace.py" in PIPELINE_NEUTRAL
     named = [f"{file}:{node.lineno} names {node.value!r}"
              for file in PIPELINE_NEUTRAL
              for node in code_strings(REPO / PART_FOLDERS[INFERENCE] / file)

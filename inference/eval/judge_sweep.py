@@ -1,4 +1,5 @@
-"""`sieverag judge-sweep`: MAIN-RAG's n·σ ablation from one run's stored judge scores.
+"""`sieverag judge-sweep`: MAIN-RAG's n·σ ablation from one run's stored judge scores, for a
+pipeline whose records hold them under one bar τq (`register_pipeline(judge_sweep=True)`).
 
 For each n, every question's bar τq = mean(r) − n·σ(r) is recomputed over the judge scores r
 its record holds, the documents with r ≥ τq are kept and put in the run's `judge.order`
@@ -48,6 +49,7 @@ from sieverag.inference.io_utils import (
 from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher
 from sieverag.inference.pipelines.base import (
+    PIPELINES,
     DocumentSource,
     PipelineOutput,
     Reader,
@@ -55,9 +57,6 @@ from sieverag.inference.pipelines.base import (
 )
 from sieverag.inference.types import Document, Example
 
-# Pipelines whose records hold judge scores r under one bar τq over all their documents
-# (main-rag-naive's verdicts have no score; amber's rounds each had their own bar).
-SWEEPABLE = frozenset({"main-rag"})
 # Entries of a stored scored document that are not the filter's evidence for it.
 _NOT_DETAILS = {"id", "title", "score", "kept", "is_gold"}
 SWEEP_COLUMNS = (
@@ -94,6 +93,28 @@ def sweep_folder(run_dir: str | Path, pipeline: str, order: str | None = None) -
     return Path(run_dir) / f"judge-sweep-{pipeline}{f'-{order}' if order else ''}"
 
 
+def sweepable() -> list[str]:
+    """The registered pipelines whose records hold judge scores r under one bar τq over all
+    their documents (`register_pipeline(judge_sweep=True)`)."""
+    return sorted(name for name, entry in PIPELINES.items() if entry.judge_sweep)
+
+
+def swept_pipeline(pipeline: str | None) -> str:
+    """`pipeline`, or where none is given the one registered pipeline a sweep may run; a
+    ConfigError for a pipeline it may not (naming those it may)."""
+    allowed = sweepable()
+    if pipeline is None:
+        if len(allowed) != 1:
+            raise ConfigError(f"name the pipeline to sweep (--pipeline): one of "
+                              f"{', '.join(allowed) or 'none registered'}")
+        return allowed[0]
+    if pipeline not in allowed:
+        raise ConfigError(
+            f"--pipeline {pipeline}: its records hold no judge scores under one bar τq; "
+            f"judge-sweep recomputes the bar of {', '.join(allowed) or 'no registered pipeline'}")
+    return pipeline
+
+
 def load_run(run_dir: Path, pipeline: str) -> tuple[RunConfig, list[EvalRecord]]:
     """The run's config and its finished records of `pipeline` (which must be sweepable)."""
     if not run_dir.is_dir():
@@ -104,10 +125,7 @@ def load_run(run_dir: Path, pipeline: str) -> tuple[RunConfig, list[EvalRecord]]
         raise ConfigError(f"--run {run_dir}: holds no config.yaml; is it a run folder written "
                           "by `sieverag eval`?")
     config = load_run_config(config_path)
-    if pipeline not in SWEEPABLE:
-        raise ConfigError(
-            f"--pipeline {pipeline}: its records hold no judge scores under one bar τq; "
-            f"judge-sweep recomputes the bar of {', '.join(sorted(SWEEPABLE))}")
+    pipeline = swept_pipeline(pipeline)
     results = run_dir / "results" / f"{pipeline}.jsonl"
     if not results.is_file():
         known = sorted(p.stem for p in (run_dir / "results").glob("*.jsonl"))
@@ -120,7 +138,7 @@ def load_run(run_dir: Path, pipeline: str) -> tuple[RunConfig, list[EvalRecord]]
     unscored = next((r for r in records if r.filter is None), None)
     if unscored is not None:
         raise DatasetError(f"{results}: question {unscored.id!r} has no judge scores (no "
-                           "`filter` entry); was the file written by main-rag?")
+                           f"`filter` entry); was the file written by {pipeline}?")
     return config, records
 
 
@@ -174,15 +192,17 @@ def _check_same_sweep(out: Path, identity: dict) -> None:
                           "another --out")
 
 
-def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str = "main-rag",
+def sweep_judge_bar(run_dir: str | Path, ns: Sequence[float], pipeline: str | None = None,
                     out: str | Path | None = None, *, order: DocumentOrder | None = None,
                     progress: bool = True, concurrency: int | None = None) -> dict:
-    """Answer the run's questions again for each n in `ns`, reading the kept documents in
+    """Answer the run's `pipeline` questions again (unset: the one registered pipeline a
+    sweep may run, `swept_pipeline`) for each n in `ns`, reading the kept documents in
     `order` (default: the run's `judge.order`; see the module docstring); returns what
     OUT/summary.json holds: the run and pipeline, the `judge_order` used, the run's
     `run_bar_n`, and each n's summary under `bars` by `bar_label`. `concurrency`: questions
     in flight, as `sieverag eval` runs them (`inference.in_flight`)."""
     run_dir = Path(run_dir)
+    pipeline = swept_pipeline(pipeline)
     config, records = load_run(run_dir, pipeline)
     if order is not None:
         config = replace(config, judge=replace(config.judge, order=order))

@@ -6,15 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    JsonValue,
-    Tag,
-    model_validator,
-)
+from pydantic import Field, PlainValidator, SerializeAsAny, model_validator
 
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.gold_match import read_passage_ids
@@ -33,9 +25,8 @@ from sieverag.inference.metrics.answers import (
 )
 from sieverag.inference.metrics.grader import GraderItem, grade_answers
 from sieverag.inference.metrics.trust import Embed, trust_report
-from sieverag.inference.pipelines.amber.trace import AmberTrace
-from sieverag.inference.pipelines.auto.router import RouteDecision
-from sieverag.inference.pipelines.base import PipelineOutput, question_text
+from sieverag.inference.pipelines.base import PipelineOutput, declared_traces, question_text
+from sieverag.inference.pipelines.traces import PipelineTrace, trace_model
 from sieverag.inference.types import Example
 
 
@@ -157,29 +148,22 @@ class TrustMetrics(JsonlRecord):
     _read_old_names = model_validator(mode="before")(migrate_trust)
 
 
-class PipelineTrace(JsonlRecord):
-    """The trace of a pipeline other than amber: `auto`'s route, and any field a pipeline
-    adds (JSON values)."""
-
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
-
-    route: RouteDecision | None = Field(None, description="`auto`'s routing decision")
-
-
-_AMBER_KEYS = frozenset(AmberTrace.model_fields) - {"route"}
-
-
-def _trace_kind(trace: Any) -> str:
-    """`amber` for a trace holding any of amber's keys (so a renamed one is an error, not
-    another pipeline's trace), else `other`."""
-    if isinstance(trace, BaseModel):
-        return "amber" if isinstance(trace, AmberTrace) else "other"
-    return "amber" if isinstance(trace, Mapping) and _AMBER_KEYS & trace.keys() else "other"
+def read_trace(data: PipelineTrace | Mapping[str, Any]) -> PipelineTrace:
+    """A pipeline's trace (a `PipelineOutput.trace`, a record's `trace`) as the model the
+    registered pipelines declare for its keys (`traces.trace_model`): several declared
+    models found are one, an instance of each (`auto`'s route beside the routed pipeline's
+    trace); keys no declared model has are an `OpenTrace` (any JSON values). A pydantic
+    ValidationError names a bad key by its place."""
+    if isinstance(data, PipelineTrace):
+        return data
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a trace is a JSON object, got {type(data).__name__}")
+    return trace_model(data, declared_traces()).model_validate(data)
 
 
-Trace = Annotated[Annotated[AmberTrace, Tag("amber")] | Annotated[PipelineTrace, Tag("other")],
-                  Discriminator(_trace_kind)]
+# Read by the registry at validation time, so a pipeline registered after this module was
+# imported has its trace read as its own model too.
+Trace = Annotated[SerializeAsAny[PipelineTrace], PlainValidator(read_trace)]
 
 
 class HygieneRemoval(JsonlRecord):
@@ -229,15 +213,13 @@ class EvalRecord(JsonlRecord):
                           "example's searches, in the order removed, each once; absent when "
                           "hygiene is off or the run reads no index")
     filter: FilterRecord | None = Field(None, description="absent for pipelines without one")
-    trace: Trace | None = Field(None, description="absent when the pipeline recorded none")
+    trace: Trace | None = Field(None, description=(
+        "how the pipeline answered, as the model it declares (`register_pipeline(trace=...)`; "
+        "`read_trace`: a trace no declared model matches is an `OpenTrace`, any JSON values); "
+        "absent when the pipeline recorded none"))
     trust: TrustMetrics | None = Field(None, description="absent unless trust.enabled")
 
     _read_old_trust = model_validator(mode="before")(migrate_record)
-
-    @property
-    def route(self) -> RouteDecision | None:
-        """`auto`'s routing decision; None for other pipelines."""
-        return self.trace.route if self.trace is not None else None
 
 
 def answer_metrics(example: Example, answer: str) -> AnswerMetrics:
@@ -297,15 +279,13 @@ def build_record(
         seconds=round(seconds, 4), **optional)
 
 
-def answered_with_retrieval(route: RouteDecision | Mapping[str, Any] | None,
+def answered_with_retrieval(trace: PipelineTrace | None,
                             documents_read: Sequence[object]) -> bool:
-    """r(q): whether the question was answered with retrieval — `auto`'s routing decision
-    where it routed, else whether the generator read retrieved context."""
-    if isinstance(route, RouteDecision):
-        return route.retrieve
-    if isinstance(route, Mapping):
-        return bool(route.get("retrieve"))
-    return bool(documents_read)
+    """r(q): whether the question was answered with retrieval — the pipeline's own decision
+    where its trace holds one (`PipelineTrace.retrieval_decision`: a router's), else whether
+    the generator read retrieved context."""
+    decided = trace.retrieval_decision() if trace is not None else None
+    return decided if decided is not None else bool(documents_read)
 
 
 def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
@@ -317,7 +297,8 @@ def trust_metrics(example: Example, output: PipelineOutput, embed: Embed | None,
     report = trust_report(
         question_text(example), output.answer, output.documents_read,
         [reference] if reference else example.answers, embed,
-        retrieved=answered_with_retrieval(output.trace.get("route"), output.documents_read),
+        retrieved=answered_with_retrieval(read_trace(output.trace) if output.trace else None,
+                                          output.documents_read),
         keywords=example.metadata.get("keywords"), support_threshold=config.support_threshold,
         noise_threshold=config.noise_threshold, alignment_threshold=config.alignment_threshold,
         quality_weights=config.quality, taas_weights=config.taas)

@@ -10,6 +10,7 @@ from sieverag.inference.eval.migration import migrate_summary
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.io_utils import parse_json, read_text, write_atomic
 from sieverag.inference.metrics.grader import GRADER_CRITERIA, LOWER_IS_BETTER
+from sieverag.inference.pipelines.base import PIPELINES
 
 TABLE_COLUMNS = (
     ("em", "EM"),
@@ -62,8 +63,9 @@ TRUST_COLUMNS = (
 GRADER_COLUMNS = tuple(
     (f"grader_{c}", c.replace("_", " ") + (" ↓" if c in LOWER_IS_BETTER else ""))
     for c in GRADER_CRITERIA) + (("grader_invalid", "invalid replies"),)
-# Per-question Δ(auto − LLM-only) of these (the study's comparison of routing with the model
-# alone), per kind where the records have kinds.
+# Per-question Δ of these between a pipeline and the one it declares it compares with
+# (`register_pipeline(compares_with=...)`; the study's routing against the model alone), per
+# kind where the records have kinds.
 DELTA_METRICS = (("taas", "TAAS"), ("answer_quality", "AQS"))
 
 
@@ -157,18 +159,18 @@ def _trust_value(record: EvalRecord, metric: str) -> float | None:
     return getattr(record.trust, metric) if record.trust is not None else None
 
 
-def delta_table(records: Mapping[str, Sequence[EvalRecord]], auto: str = "auto",
-                alone: str = "direct") -> list[str]:
-    """Per-question Δ(auto − LLM-only) of TAAS and AQS, overall and per kind: mean Δ and
-    how many questions auto wins, ties and loses. Empty unless both pipelines ran."""
-    if auto not in records or alone not in records:
+def delta_table(records: Mapping[str, Sequence[EvalRecord]], pipeline: str,
+                baseline: str) -> list[str]:
+    """Per-question Δ(pipeline − baseline) of TAAS and AQS, overall and per kind: mean Δ and
+    how many questions the pipeline wins, ties and loses. Empty unless both ran."""
+    if pipeline not in records or baseline not in records:
         return []
-    base = {r.id: r for r in records[alone]}
-    pairs = [(r, base[r.id]) for r in records[auto] if r.id in base]
+    base = {r.id: r for r in records[baseline]}
+    pairs = [(r, base[r.id]) for r in records[pipeline] if r.id in base]
     groups = {"all": pairs}
     for kind in dict.fromkeys(r.kind for r, _ in pairs if r.kind is not None):
         groups[kind] = [(a, b) for a, b in pairs if a.kind == kind]
-    lines = [f"## Per-question Δ({auto} − {alone})\n",
+    lines = [f"## Per-question Δ({pipeline} − {baseline})\n",
              "| questions | n | " + " | ".join(f"mean Δ {t} | {t} wins/ties/losses"
                                                for _, t in DELTA_METRICS) + " |",
              "|---|---|" + "---|---|" * len(DELTA_METRICS)]
@@ -184,6 +186,14 @@ def delta_table(records: Mapping[str, Sequence[EvalRecord]], auto: str = "auto",
                       f"{sum(d < -1e-9 for d in deltas)}"]
         lines.append(f"| {group} | {len(members)} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def delta_tables(records: Mapping[str, Sequence[EvalRecord]]) -> list[str]:
+    """A `delta_table` for each pipeline of the run that declares one it compares with
+    (`compares_with`) where both ran; a pipeline no longer registered declares none."""
+    return [line for name in records
+            if (entry := PIPELINES.get(name)) is not None and entry.compares_with is not None
+            for line in delta_table(records, name, entry.compares_with)]
 
 
 def usage_table(summary: Mapping) -> list[str]:
@@ -220,8 +230,7 @@ def write_report(
         parts += ["LLM grader (1-5; ↓ lower is better):\n",
                   comparison_table(summaries, GRADER_COLUMNS), ""]
     parts += kind_tables(summaries)
-    auto = next((name for name in summaries if name.startswith("auto")), "auto")
-    parts += delta_table(records, auto)
+    parts += delta_tables(records)
     for name, summary in summaries.items():
         parts.append(f"## {name}\n")
         parts += usage_table(summary)

@@ -27,8 +27,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def retrieval_usage(records: Sequence[EvalRecord]) -> float | None:
     """Share of questions answered with retrieval, r(q) = 1 (`answered_with_retrieval`: the
-    routing decision where `auto` routed, else whether retrieved context was read)."""
-    return _mean([float(answered_with_retrieval(r.route, r.documents_read)) for r in records])
+    pipeline's own decision where its trace holds one, a router's, else whether retrieved
+    context was read)."""
+    return _mean([float(answered_with_retrieval(r.trace, r.documents_read)) for r in records])
 
 
 def trust_summary(records: Sequence[EvalRecord]) -> dict:

@@ -1,26 +1,32 @@
 """Readable rendering of one saved example (a line of RUN_DIR/results/<pipeline>.jsonl):
-answer and metrics, and for `amber` every round of its trace — query, documents with scores
-and key sentences, the three memory agents, the memory, the sufficiency verdict, the next
-query — then the evidence the generator read and the usage by agent."""
+answer and metrics, its trace shown by the renderer its pipeline declares
+(`register_pipeline(render_trace=...)`: amber's rounds, auto's route, ...) or else the
+documents read and the filter's scores, then the usage by agent."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.filters.base import ScoredDocumentRecord
+from sieverag.inference.eval.records import EvalRecord, read_trace
 from sieverag.inference.io_utils import parse_json, validated_record
-from sieverag.inference.pipelines.amber.trace import AmberRound, AmberTrace
+from sieverag.inference.pipelines.base import declared_traces
+from sieverag.inference.pipelines.traces import (
+    OpenTrace,
+    PipelineTrace,
+    TraceDeclaration,
+    scored_document_lines,
+    wrap,
+)
 
-WIDTH = 100
-SNIPPET = 240
+SNIPPET = 240  # characters of an open trace's value shown
 
 
-def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") -> EvalRecord:
+def find_record(run_dir: str | Path, question_id: str, pipeline: str) -> EvalRecord:
     """The record of `question_id` in RUN_DIR/results/<pipeline>.jsonl."""
     results = Path(run_dir) / "results"
     path = results / f"{pipeline}.jsonl"
@@ -45,103 +51,27 @@ def find_record(run_dir: str | Path, question_id: str, pipeline: str = "amber") 
     raise ConfigError(f"no question {question_id!r} in {path} ({len(ids)} records: {shown})")
 
 
-def _wrap(label: str, text: str, indent: int = 2) -> list[str]:
-    prefix = " " * indent + label
-    body = " ".join(str(text).split()) or "(empty)"
-    return textwrap.wrap(body, WIDTH, initial_indent=prefix,
-                         subsequent_indent=" " * len(prefix)) or [prefix]
+def _declarations(trace: PipelineTrace) -> list[TraceDeclaration]:
+    """The declared traces `trace` is an instance of, each model once, those sitting beside an
+    inner trace first (shown before it)."""
+    found = {d.model: d for d in declared_traces() if isinstance(trace, d.model)}
+    return sorted(found.values(), key=lambda d: not d.beside_inner)
 
 
-def _document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[str]:
-    mark = "✓" if entry.kept else "✗"
-    gold = " [gold]" if entry.is_gold else ""
-    title = f"{entry.title} " if entry.title else ""
-    line = f"{' ' * indent}{mark} {entry.score:+7.3f}  {title}({entry.id}){gold}"
-    extras = []
-    if entry.p_yes is not None:
-        extras.append(f"P(Yes) {entry.p_yes:.2f}")
-    if entry.bm25 is not None:  # a score fused with the lexical prior: show both parts
-        # s is None where the filter was not called (MCF's `reads_filter`)
-        filter_part = ("" if entry.filter_score is None
-                       else f"filter s {entry.filter_score:+.2f} · ")
-        extras.append(f"{filter_part}BM25 {entry.bm25:.2f}")
-    if entry.p_yes is None and entry.p_relevant is not None:
-        extras.append(f"P(relevant) {entry.p_relevant:.2f}")
-    if entry.mcf_score is not None:
-        extras.append(f"mcf {entry.mcf_score:+.2f}{'✓' if entry.mcf_kept else '✗'}")
-    if entry.judge_score is not None:
-        extras.append(f"judge {entry.judge_score:+.2f}{'✓' if entry.judge_kept else '✗'}")
-    if entry.predicted_answer is not None:
-        extras.append(f"predicted {entry.predicted_answer!r}")
-    if entry.verdict is not None:
-        extras.append(f"verdict {entry.verdict!r}")
-    if entry.kept and entry.sentence_status is not None:
-        numbers = ", ".join(str(i + 1) for i in entry.key_sentences or []) or "none"
-        extras.append(f"sentences {numbers} ({entry.sentence_status})")
-    lines = [line]
-    if extras:
-        lines.append(" " * (indent + 11) + " · ".join(extras))
-    return lines
+def _open_lines(trace: PipelineTrace) -> list[str]:
+    """The keys of a trace no declared model has, a line each (JSON, shortened)."""
+    if not isinstance(trace, OpenTrace):
+        return []
+    return [line for key, value in (trace.model_extra or {}).items()
+            for line in wrap(f"{key}: ", textwrap.shorten(json.dumps(value), SNIPPET))]
 
 
-def _round_lines(entry: AmberRound) -> list[str]:
-    bar = entry.threshold
-    lines = [f"Round {entry.round} — query: {entry.query!r}",
-             f"  retrieved {len(entry.retrieved)} new document(s), skipped "
-             f"{entry.skipped_seen} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
-    if entry.rule:
-        lines += _wrap("Bar rule:   ", f"{entry.rule} — {entry.rule_reason or ''}")
-    for scored in entry.scored:
-        lines += _document_lines(scored)
-    branch = entry.branch
-    if branch is not None:
-        lines += _wrap("Branch:     ", f"{branch.branch} — {branch.reason}")
-    update = entry.memory_update
-    if update is None:
-        lines.append("  memory agents: not run (" + (
-            "the kept evidence is strong enough to answer" if branch is not None
-            and branch.branch == "answer" else
-            "the answer reads the evidence, not the memory" if entry.kept
-            else "nothing new kept") + ")")
-    else:
-        lines += _wrap("Reviewer:   ", update.reviewer)
-        lines += _wrap("Challenger: ", update.challenger)
-        lines += _wrap("Refiner:    ", update.refiner
-                       + (" [cut to the memory cap]" if update.truncated else ""))
-    lines += _wrap("Memory:     ", entry.memory)
-    verdict = entry.sufficiency
-    if verdict is not None:
-        lines.append(f"  Sufficient? P(Yes) = {verdict.p_yes:.2f} → "
-                     f"{'yes' if verdict.sufficient else 'no'}")
-    following = entry.next_query
-    if following is not None:
-        if following.query is None:
-            lines += _wrap("Next query: ", f"none new (writer said {following.written!r})")
-        else:
-            lines += _wrap("Next query: ", f"{following.query!r} ({following.source})")
-        if following.candidates:
-            lines += _wrap("Candidates: ", " · ".join(
-                f"{c.name} P(Yes) {c.p_yes:.2f}" for c in following.candidates))
-    return lines
-
-
-def render_loop(trace: AmberTrace | Mapping[str, Any]) -> str:
-    """An amber trace (a pipeline output's JSON trace is validated first): the stop reason,
-    every round, and the evidence the generator read."""
-    if not isinstance(trace, AmberTrace):
-        trace = AmberTrace.model_validate(trace)
-    lines = [f"Pipeline {trace.pipeline} (filter {trace.filter}): stopped "
-             f"({trace.stop_reason}) after {len(trace.rounds)} round(s); "
-             f"answer from {trace.answer_from}"]
-    for entry in trace.rounds:
-        lines += ["", *_round_lines(entry)]
-    lines += ["", "Evidence the generator read:"]
-    for number, item in enumerate(trace.evidence, start=1):
-        lines += _wrap(f"[{number}] ", f"{item.title or item.id} (round {item.round}, "
-                       f"{item.score:+.2f}): {textwrap.shorten(item.text, SNIPPET)}")
-    if not trace.evidence:
-        lines.append("  (none)")
-    return "\n".join(lines)
+def render_trace(trace: PipelineTrace | Mapping[str, Any]) -> str:
+    """A pipeline's trace (a pipeline output's JSON trace is read first, `read_trace`) as
+    text: each declared part by its pipeline's renderer, then any keys no declared model
+    has."""
+    trace = read_trace(trace)
+    return "\n".join([*(d.render(trace) for d in _declarations(trace)), *_open_lines(trace)])
 
 
 def render_record(record: EvalRecord) -> str:
@@ -156,14 +86,16 @@ def render_record(record: EvalRecord) -> str:
     if record.truncated_prompts:
         lines.append(f"Context: {record.truncated_prompts} prompt(s) cut to fit the model's "
                      f"context, {record.tokens_dropped} tokens dropped")
-    if record.route is not None:
-        lines.append(f"Router: {'retrieve' if record.route.retrieve else 'answer directly'} "
-                     f"({record.route.reason})")
+    declared = _declarations(record.trace) if record.trace is not None else []
+    # A trace beside an inner one (a router's decision) heads the record; the main trace's
+    # renderer shows what was read, else the documents read and the filter's scores do.
+    lines += [d.render(record.trace) for d in declared if d.beside_inner]
     if record.hygiene_removed:
-        lines += _wrap("Evidence hygiene removed: ", "; ".join(
+        lines += wrap("Evidence hygiene removed: ", "; ".join(
             f"{removal.id} ({removal.reason})" for removal in record.hygiene_removed), indent=0)
-    if isinstance(record.trace, AmberTrace):
-        lines.append(render_loop(record.trace))
+    main = [d for d in declared if not d.beside_inner]
+    if main:
+        lines += [d.render(record.trace) for d in main]
     else:
         lines += ["", f"Documents read: {', '.join(record.documents_read) or '(none)'}"]
         if record.filter is not None:
@@ -171,7 +103,9 @@ def render_record(record: EvalRecord) -> str:
             lines.append(f"Filter scores (bar {record.filter.threshold}"
                          + (f", {rule}: {record.filter.rule_reason}" if rule else "") + "):")
             for scored in record.filter.scores:
-                lines += _document_lines(scored, indent=2)
+                lines += scored_document_lines(scored, indent=2)
+        if record.trace is not None and _open_lines(record.trace):
+            lines += ["Trace:", *_open_lines(record.trace)]
     if record.usage:
         lines += ["", f"  {'agent':<22}{'calls':>6}{'prompt tokens':>15}{'completion':>12}"
                       f"{'seconds':>10}"]

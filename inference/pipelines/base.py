@@ -4,9 +4,12 @@ A pipeline is one module of this package, or one package when it has parts (`amb
 `auto/`): its class, registered with `register_pipeline`, which declares what it needs —
 whether it reads documents, its filter stage, the model roles it calls, the settings sections
 it reads (each nested under the run config by its key), the other pipelines it runs inside it
-and the part composition must build for it (auto: its router). Composition and the commands
-read these declarations and name no pipeline; importing the package imports every module in
-it, so a new pipeline module needs no other file changed.
+and the part composition must build for it (auto: its router); and, for evaluation, its trace
+(the model and the renderer `sieverag trace` shows it with, `traces.py`), the pipeline its
+answers are compared with question by question, and whether a judge sweep may run it.
+Composition, evaluation and the commands read these declarations and name no pipeline;
+importing the package imports every module in it, so a new pipeline module needs no other
+file changed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.registry import FILTER_ROLES
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.pipelines.traces import (
+    PipelineTrace,
+    TraceDeclaration,
+    TraceRenderer,
+    check_declaration,
+)
 from sieverag.inference.prompt_templates import load_template
 from sieverag.inference.settings import Section, with_sections
 from sieverag.inference.types import Document, Example
@@ -37,8 +46,8 @@ ANSWER_GENERATION = GenerationSettings(max_new_tokens=32)
 @dataclass(frozen=True)
 class PipelineOutput:
     """One question's result: the scored answer, the raw reply, what the generator read, and
-    the pipeline's trace as JSON-ready data (amber: an `AmberTrace`, dumped; `auto` adds its
-    `route`)."""
+    the pipeline's trace as JSON-ready data (its declared trace model, dumped; empty where it
+    records none)."""
 
     answer: str
     raw_answer: str
@@ -147,6 +156,13 @@ class PipelineEntry:
     sections: tuple[Section, ...]  # the settings sections it reads
     inner: InnerPipelines = _no_inner  # the pipelines it runs inside it
     part: PartBuilder | None = None  # what composition builds for it (context.part(name))
+    trace: TraceDeclaration | None = None  # its trace's model and renderer; None: undeclared
+    # The pipeline its answers are compared with question by question (the report's Δ table;
+    # `auto` with the model alone, `direct`); None: none.
+    compares_with: str | None = None
+    # Its records hold judge scores under one bar over all their documents, so `sieverag
+    # judge-sweep` may recompute the bar from them.
+    judge_sweep: bool = False
 
     def roles_in(self, settings: PipelineSettings) -> frozenset[str]:
         """The model roles it calls in a run with these settings: its own and its filter's."""
@@ -168,9 +184,18 @@ def register_pipeline(name: str, *, reads_documents: bool = True,
                       inner: InnerPipelines = _no_inner,
                       part: PartBuilder | None = None,
                       default: bool = False,
+                      trace: type[PipelineTrace] | None = None,
+                      render_trace: TraceRenderer | None = None,
+                      trace_beside_inner: bool = False,
+                      compares_with: str | None = None,
+                      judge_sweep: bool = False,
                       ) -> Callable[[PipelineFactory], PipelineFactory]:
     """Class decorator adding a pipeline to the registry under `name`, with what it needs;
-    `default`: the pipeline a run runs when its config names none (one pipeline says so)."""
+    `default`: the pipeline a run runs when its config names none (one pipeline says so).
+    `trace` and `render_trace` come together: the model of its `PipelineOutput.trace` (a
+    `traces.PipelineTrace`) and the function showing one as text; `trace_beside_inner`: its
+    trace's keys sit beside those of the pipeline it runs inside it (`auto`'s route).
+    `compares_with` and `judge_sweep`: see `PipelineEntry`."""
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ConfigError(f"pipeline {name!r} declares unknown role(s) {sorted(unknown)} "
@@ -181,13 +206,21 @@ def register_pipeline(name: str, *, reads_documents: bool = True,
             raise ConfigError(f"pipeline {name!r} declares section {section.key!r} as "
                               f"{section.cls.__name__}, already declared as "
                               f"{known.cls.__name__}")
+    if (trace is None) != (render_trace is None):
+        raise ConfigError(f"pipeline {name!r} declares a trace without its renderer, or a "
+                          "renderer without its trace: give both `trace` and `render_trace`")
+    declared = (TraceDeclaration(trace, render_trace, trace_beside_inner)
+                if trace is not None and render_trace is not None else None)
+    if declared is not None:
+        check_declaration(name, declared, declared_traces())
 
     def add(factory: PipelineFactory) -> PipelineFactory:
         if default and DEFAULT and DEFAULT[0] != name:
             raise ConfigError(f"pipelines {DEFAULT[0]!r} and {name!r} both declare "
                               "themselves the default")
         PIPELINES[name] = PipelineEntry(factory, reads_documents, filter_stage,
-                                        frozenset(roles), tuple(sections), inner, part)
+                                        frozenset(roles), tuple(sections), inner, part,
+                                        declared, compares_with, judge_sweep)
         if default:
             DEFAULT[:] = [name]
         return factory
@@ -208,6 +241,12 @@ def pipeline_entry(name: str) -> PipelineEntry:
     if name not in PIPELINES:
         raise ConfigError(f"unknown pipeline {name!r} (known: {', '.join(sorted(PIPELINES))})")
     return PIPELINES[name]
+
+
+def declared_traces() -> list[TraceDeclaration]:
+    """The traces the registered pipelines declare, in the order they registered (a model
+    several pipelines share, once per pipeline)."""
+    return [entry.trace for entry in PIPELINES.values() if entry.trace is not None]
 
 
 def pipelines_run(names: Iterable[str], settings: PipelineSettings) -> frozenset[str]:

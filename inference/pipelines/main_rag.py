@@ -30,7 +30,10 @@ def judge_model(context: PipelineContext) -> LLMBackend:
     return FilterSetup(judge_backend=context.judge_backend).judge_model("main-rag")
 
 
-@register_pipeline("main-rag", filter_stage=lambda settings: "judge", sections=[JUDGE_SECTION])
+# Its records hold the judge's score r of every document under one bar τq, so `sieverag
+# judge-sweep` may recompute the bar (main-rag-naive's verdicts have no score).
+@register_pipeline("main-rag", filter_stage=lambda settings: "judge", sections=[JUDGE_SECTION],
+                   judge_sweep=True)
 class MainRagPipeline:
     """Predictor + Judge (inference/filters/judge.py) → Final-Predictor on kept documents."""
 

@@ -216,7 +216,8 @@ def main() -> None:
             print(row(names[name], [r for r in records
                                     if r.id not in tuning and r.kind == kind]))
     for name in [n for n in runs if n.startswith("auto")]:
-        print("\n" + "\n".join(delta_table({name: runs[name], "direct": runs["direct"]}, name)))
+        print("\n" + "\n".join(delta_table({name: runs[name], "direct": runs["direct"]}, name,
+                                             "direct")))
     print(header(f"ABLATION: vanilla, {len(ablation[next(iter(ablation))])} questions, "
                  "retrieval mode × evidence filtering"))
     for folder, records in ablation.items():

@@ -27,6 +27,7 @@ from sieverag.inference.pipelines.amber.trace import (
     BranchEntry,
     EvidenceEntry,
     StopReason,
+    render_amber_trace,
 )
 from sieverag.inference.pipelines.base import (
     PipelineContext,
@@ -99,7 +100,11 @@ def _combined(results: Sequence[FilterResult]) -> FilterResult:
                         rule="+".join(rules) or None, rule_reason=" | ".join(reasons) or None)
 
 
-@register_pipeline("amber", filter_stage=_configured_filter, sections=SECTIONS)
+# Every amber variant's trace: its model, and how `sieverag trace` shows it.
+TRACE = {"trace": AmberTrace, "render_trace": render_amber_trace}
+
+
+@register_pipeline("amber", filter_stage=_configured_filter, sections=SECTIONS, **TRACE)
 class AmberPipeline:
     """Retrieve → filter → memory update → sufficient? → next query …, then answer."""
 
@@ -261,10 +266,11 @@ class AmberPipeline:
 for _name, _filter in AMBER_PIPELINES.items():
     if _filter is not None and _name != PAPER_PIPELINE:
         register_pipeline(_name, filter_stage=lambda settings, fixed=_filter: fixed,
-                          sections=SECTIONS)(
+                          sections=SECTIONS, **TRACE)(
             functools.partial(AmberPipeline, filter_name=_filter))
 for _name in AMBER_ABLATIONS:
-    register_pipeline(_name, filter_stage=_configured_filter, sections=SECTIONS)(
+    register_pipeline(_name, filter_stage=_configured_filter, sections=SECTIONS, **TRACE)(
         functools.partial(AmberPipeline, name=_name))
-register_pipeline(PAPER_PIPELINE, filter_stage=lambda settings: "mcf", sections=SECTIONS)(
+register_pipeline(PAPER_PIPELINE, filter_stage=lambda settings: "mcf", sections=SECTIONS,
+                  **TRACE)(
     functools.partial(AmberPipeline, name=PAPER_PIPELINE))

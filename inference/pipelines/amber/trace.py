@@ -1,9 +1,11 @@
 """The typed trace of `amber` (`PipelineOutput.trace`, and a result record's `trace`): every
 round's query, documents, scores, memory agents, memory, sufficiency verdict and next query;
-the evidence read; why the loop stopped."""
+the evidence read; why the loop stopped. `render_amber_trace` shows it as `sieverag trace`
+and `sieverag ask --trace` print it; both are declared where amber registers."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Literal, get_args
 
 from pydantic import Field
@@ -12,7 +14,7 @@ from sieverag.inference.filters.base import ScoredDocumentRecord
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.pipelines.amber.settings import AnswerFrom, Branch
-from sieverag.inference.pipelines.auto.router import RouteDecision
+from sieverag.inference.pipelines.traces import PipelineTrace, scored_document_lines, wrap
 
 # Why a question's loop ended (amber's module docstring says when).
 StopReason = Literal["sufficient", "max_iterations", "no_progress", "no_new_query",
@@ -103,7 +105,7 @@ class EvidenceEntry(JsonlRecord):
     key_sentences: list[int] | None = Field(description="MCF's 0-based key sentences")
 
 
-class AmberTrace(JsonlRecord):
+class AmberTrace(PipelineTrace):
     """An amber question's whole loop."""
 
     pipeline: str = Field(
@@ -120,5 +122,65 @@ class AmberTrace(JsonlRecord):
         default_factory=list,
         description="ids of dropped chunks read to reach `min_evidence` (absent in runs made "
                     "before it existed)")
-    route: RouteDecision | None = Field(
-        None, description="`auto`'s routing decision, when `auto` ran amber (absent otherwise)")
+
+
+SNIPPET = 240  # characters of an evidence chunk shown
+
+
+def _round_lines(entry: AmberRound) -> list[str]:
+    bar = entry.threshold
+    lines = [f"Round {entry.round} — query: {entry.query!r}",
+             f"  retrieved {len(entry.retrieved)} new document(s), skipped "
+             f"{entry.skipped_seen} seen; bar {'–' if bar is None else f'{bar:+.3f}'}"]
+    if entry.rule:
+        lines += wrap("Bar rule:   ", f"{entry.rule} — {entry.rule_reason or ''}")
+    for scored in entry.scored:
+        lines += scored_document_lines(scored)
+    branch = entry.branch
+    if branch is not None:
+        lines += wrap("Branch:     ", f"{branch.branch} — {branch.reason}")
+    update = entry.memory_update
+    if update is None:
+        lines.append("  memory agents: not run (" + (
+            "the kept evidence is strong enough to answer" if branch is not None
+            and branch.branch == "answer" else
+            "the answer reads the evidence, not the memory" if entry.kept
+            else "nothing new kept") + ")")
+    else:
+        lines += wrap("Reviewer:   ", update.reviewer)
+        lines += wrap("Challenger: ", update.challenger)
+        lines += wrap("Refiner:    ", update.refiner
+                      + (" [cut to the memory cap]" if update.truncated else ""))
+    lines += wrap("Memory:     ", entry.memory)
+    verdict = entry.sufficiency
+    if verdict is not None:
+        lines.append(f"  Sufficient? P(Yes) = {verdict.p_yes:.2f} → "
+                     f"{'yes' if verdict.sufficient else 'no'}")
+    following = entry.next_query
+    if following is not None:
+        if following.query is None:
+            lines += wrap("Next query: ", f"none new (writer said {following.written!r})")
+        else:
+            lines += wrap("Next query: ", f"{following.query!r} ({following.source})")
+        if following.candidates:
+            lines += wrap("Candidates: ", " · ".join(
+                f"{c.name} P(Yes) {c.p_yes:.2f}" for c in following.candidates))
+    return lines
+
+
+def render_amber_trace(trace: AmberTrace) -> str:
+    """The stop reason, every round (query, documents with scores and key sentences, the
+    three memory agents, the memory, the sufficiency verdict, the next query), then the
+    evidence the generator read."""
+    lines = [f"Pipeline {trace.pipeline} (filter {trace.filter}): stopped "
+             f"({trace.stop_reason}) after {len(trace.rounds)} round(s); "
+             f"answer from {trace.answer_from}"]
+    for entry in trace.rounds:
+        lines += ["", *_round_lines(entry)]
+    lines += ["", "Evidence the generator read:"]
+    for number, item in enumerate(trace.evidence, start=1):
+        lines += wrap(f"[{number}] ", f"{item.title or item.id} (round {item.round}, "
+                      f"{item.score:+.2f}): {textwrap.shorten(item.text, SNIPPET)}")
+    if not trace.evidence:
+        lines.append("  (none)")
+    return "\n".join(lines)

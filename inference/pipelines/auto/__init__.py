@@ -1,12 +1,14 @@
 """`auto`: a retrieve-or-not router in front of another pipeline (the Auto-RAG study's
 conditional routing). `pipeline` holds the pipeline, its `auto` section (`AutoConfig`: what it
-routes to) and what composition builds for it; `router` the rule and its `router` section.
+routes to), its trace (`RouteTrace`) and what composition builds for it; `router` the rule
+and its `router` section.
 """
 
 from sieverag.inference.pipelines.auto.pipeline import (
     AUTO_SECTION,
     AutoConfig,
     AutoPipeline,
+    RouteTrace,
     build_router,
     router_encoder,
 )
@@ -18,4 +20,4 @@ from sieverag.inference.pipelines.auto.router import (
 )
 
 __all__ = ["AUTO_SECTION", "ROUTER_SECTION", "AutoConfig", "AutoPipeline", "RouteDecision",
-           "Router", "RouterConfig", "build_router", "router_encoder"]
+           "RouteTrace", "Router", "RouterConfig", "build_router", "router_encoder"]

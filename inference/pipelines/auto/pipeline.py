@@ -6,7 +6,9 @@ answered directly. Under the router's `knowledge` rule the direct answer comes f
 draft the router compares with the question: a question the model knows returns that draft as
 it is (one generator call), one it does not runs the routed pipeline too (the draft's call then
 shows in the record's usage). Under `corpus-match` the router decides from the question alone.
-The decision and its features are kept in the trace.
+The decision and its features are kept in the trace (`RouteTrace`: its `route`, beside the
+trace of the pipeline that answered), and the report compares its answers with the model
+alone's (`direct`) question by question.
 
 What composition builds for it, it declares here: the routed pipeline (`inner`), planned and
 built with the run's own, and the router (`part`), whose sentence encoder loads before any
@@ -19,9 +21,16 @@ from collections.abc import Callable
 from dataclasses import field, replace
 from typing import TYPE_CHECKING
 
+from pydantic import Field
+
 from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.pipelines.auto.router import ROUTER_SECTION, Router, RouterConfig
+from sieverag.inference.pipelines.auto.router import (
+    ROUTER_SECTION,
+    RouteDecision,
+    Router,
+    RouterConfig,
+)
 from sieverag.inference.pipelines.base import (
     PartInputs,
     PipelineContext,
@@ -32,6 +41,7 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.simple import DirectPipeline
+from sieverag.inference.pipelines.traces import PipelineTrace
 from sieverag.inference.settings import Section, settings
 from sieverag.inference.types import Example
 
@@ -86,9 +96,26 @@ def routed(settings: PipelineSettings) -> tuple[str]:
     return (settings(AutoConfig).routed_pipeline,)
 
 
+class RouteTrace(PipelineTrace):
+    """`auto`'s trace: its routing decision, beside the trace of the pipeline that answered
+    (the routed one's, or none for a direct answer)."""
+
+    route: RouteDecision = Field(description="the router's decision")
+
+    def retrieval_decision(self) -> bool:
+        return self.route.retrieve
+
+
+def render_route(trace: RouteTrace) -> str:
+    """The router's decision in a line."""
+    route = trace.route
+    return f"Router: {'retrieve' if route.retrieve else 'answer directly'} ({route.reason})"
+
+
 # Its documents are its routed pipeline's, which the run counts among its pipelines.
 @register_pipeline(NAME, reads_documents=False, sections=[AUTO_SECTION, ROUTER_SECTION],
-                   inner=routed, part=build_router)
+                   inner=routed, part=build_router, trace=RouteTrace, render_trace=render_route,
+                   trace_beside_inner=True, compares_with=DirectPipeline.name)
 class AutoPipeline:
     """Route each question to retrieval (the routed pipeline) or to a direct answer."""
 
@@ -111,5 +138,4 @@ class AutoPipeline:
         else:
             decision = self.router.decide(example.question)
             output = (self.routed if decision.retrieve else self.direct).run(example)
-        trace = {**output.trace, "route": decision.to_json()}
-        return replace(output, trace=trace)
+        return replace(output, trace={**output.trace, **RouteTrace(route=decision).to_json()})

@@ -14,16 +14,17 @@ from scripted_amber import EXAMPLE, Agents
 
 from sieverag.inference.config import TrustConfig
 from sieverag.inference.errors import DatasetError
-from sieverag.inference.eval.records import EvalRecord, PipelineTrace, build_record, trust_metrics
-from sieverag.inference.eval.trace import find_record, render_loop
+from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
+from sieverag.inference.eval.trace import find_record, render_trace
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.base import Usage
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.settings import AmberConfig
-from sieverag.inference.pipelines.amber.trace import AmberTrace
-from sieverag.inference.pipelines.auto import AutoConfig
+from sieverag.inference.pipelines.amber.trace import AmberTrace, render_amber_trace
+from sieverag.inference.pipelines.auto import AutoConfig, RouteTrace
 from sieverag.inference.pipelines.auto.router import Router, RouterConfig
+from sieverag.inference.pipelines.traces import OpenTrace
 
 GRADES = json.dumps({"correctness": 4, "relevance": 5, "completeness": 3,
                      "evidence_grounding": 4, "hallucination_risk": 5, "overall": 4})
@@ -49,7 +50,7 @@ def records(pipeline: str, *, retrieve: bool = True) -> list[EvalRecord]:
 
 @pytest.mark.parametrize(("pipeline", "retrieve", "trace"), [
     ("amber-stack", True, AmberTrace), ("auto", True, AmberTrace),
-    ("auto", False, PipelineTrace), ("main-rag", True, type(None))])
+    ("auto", False, RouteTrace), ("main-rag", True, type(None))])
 def test_a_record_is_read_back_unchanged(tmp_path: Path, pipeline: str, retrieve: bool,
                                          trace: type) -> None:
     (record,) = records(pipeline, retrieve=retrieve)
@@ -74,11 +75,18 @@ def test_a_record_is_read_back_unchanged(tmp_path: Path, pipeline: str, retrieve
         assert any("sentence_status" in s for s in line["trace"]["rounds"][0]["scored"])
     if pipeline == "auto":
         assert line["trace"]["route"]["retrieve"] is retrieve
-        assert read.route is not None and read.route.retrieve is retrieve
+        # The route beside the routed pipeline's trace: one model, an instance of both.
+        assert isinstance(read.trace, RouteTrace) and read.trace.route.retrieve is retrieve
+        assert read.trace.retrieval_decision() is retrieve
         assert ("rounds" in line["trace"]) is retrieve
-    # `sieverag ask --trace` renders a pipeline output's JSON trace as it is.
-    if isinstance(record.trace, AmberTrace):
-        assert render_loop(written["trace"]) == render_loop(record.trace)
+    # `sieverag ask --trace` renders a pipeline output's JSON trace as it is, each part by
+    # the renderer its pipeline declares.
+    if record.trace is not None:
+        shown = render_trace(written["trace"])
+        assert shown == render_trace(record.trace)
+        if isinstance(record.trace, AmberTrace):
+            assert render_amber_trace(record.trace) in shown
+        assert ("Router: " in shown) is (pipeline == "auto")
 
 
 def write_results(run: Path, lines: list[dict]) -> Path:
@@ -105,10 +113,10 @@ def test_a_renamed_or_missing_key_names_the_file_line_and_key(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("change", "named"), [
     (lambda r: r["trace"]["rounds"][0].pop("skipped_seen"),
-     "trace.amber.rounds.0.skipped_seen: missing key"),
+     "trace.rounds.0.skipped_seen: missing key"),
     (lambda r: r["trace"]["rounds"][0]["scored"][0].update(bm_25=1.0),
-     "trace.amber.rounds.0.scored.0.bm_25: unknown key"),
-    (lambda r: r["trace"].update(stop="sufficient"), "trace.amber.stop: unknown key"),
+     "trace.rounds.0.scored.0.bm_25: unknown key"),
+    (lambda r: r["trace"].update(stop="sufficient"), "trace.stop: unknown key"),
     (lambda r: r["filter"]["scores"][1].pop("kept"), "filter.scores.1.kept: missing key"),
     (lambda r: r["usage"]["generator"].update(calls="many"),
      "usage.generator.calls: Input should be a valid integer"),
@@ -123,13 +131,19 @@ def test_a_bad_nested_key_is_named_by_its_place(tmp_path: Path, change, named: s
 
 
 def test_a_trace_with_any_amber_key_must_be_amber_s_whole_trace() -> None:
-    """A renamed amber key is an error, not another pipeline's open trace; a trace without
-    any amber key is open (typed JSON values beside auto's route)."""
+    """A renamed amber key is an error, not another pipeline's open trace; a trace no
+    declared model has a key of is open (JSON values), also beside auto's route."""
     line = records("amber-stack")[0].to_json()
     line["trace"]["round"] = line["trace"].pop("rounds")
-    with pytest.raises(ValidationError, match=r"trace\.amber\.rounds\n\s+Field required"):
+    with pytest.raises(ValidationError, match=r"trace\.rounds\n\s+Field required"):
         EvalRecord.model_validate(line)
-    line["trace"] = {"route": None, "steps": [1, {"a": None}]}
-    other = EvalRecord.model_validate(line)
-    assert isinstance(other.trace, PipelineTrace) and other.route is None
-    assert other.to_json()["trace"] == line["trace"]
+    route = records("auto", retrieve=False)[0].to_json()["trace"]["route"]
+    for trace in ({"steps": [1, {"a": None}]}, {"route": route, "steps": [1, {"a": None}]}):
+        line["trace"] = trace
+        other = EvalRecord.model_validate(line)
+        assert isinstance(other.trace, OpenTrace) and other.trace.model_extra["steps"]
+        assert isinstance(other.trace, RouteTrace) is ("route" in trace)
+        assert other.to_json()["trace"] == trace
+    line["trace"] = {"route": None}  # a route is the router's decision, never null
+    with pytest.raises(ValidationError, match=r"trace\.route\n\s+Input should be"):
+        EvalRecord.model_validate(line)

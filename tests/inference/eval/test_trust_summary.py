@@ -11,7 +11,12 @@ from sieverag.inference.eval.records import (
     GraderGrades,
     TrustMetrics,
 )
-from sieverag.inference.eval.report import delta_table, kind_tables, trust_counts_line
+from sieverag.inference.eval.report import (
+    delta_table,
+    delta_tables,
+    kind_tables,
+    trust_counts_line,
+)
 from sieverag.inference.eval.summary import summarize
 
 
@@ -105,9 +110,12 @@ def test_by_kind_is_the_studys_table_5() -> None:
 
 
 def test_delta_auto_minus_direct_per_question_and_kind() -> None:
-    table = "\n".join(delta_table({"auto": AUTO, "direct": DIRECT}))
+    # `auto` declares the pipeline it compares with (`compares_with`): the report's tables.
+    assert delta_tables({"auto": AUTO, "direct": DIRECT}) == delta_table(
+        {"auto": AUTO, "direct": DIRECT}, "auto", "direct")
+    table = "\n".join(delta_tables({"auto": AUTO, "direct": DIRECT}))
     # TAAS Δ: q1 +0.3, q2 0, q3 −0.1 → mean 0.0667; 1 win, 1 tie, 1 loss
     assert "| all | 3 | 0.067 | 1/1/1 |" in table
     assert "| factual | 2 | 0.150 | 1/1/0 |" in table
     assert "| conceptual | 1 | -0.100 | 0/0/1 |" in table
-    assert delta_table({"auto": AUTO}) == []
+    assert delta_tables({"auto": AUTO}) == [] == delta_table({"auto": AUTO}, "auto", "direct")

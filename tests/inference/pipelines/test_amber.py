@@ -10,7 +10,7 @@ from fake_backend import ScriptedBackend
 from scripted_amber import EXAMPLE, POOL, Agents
 
 from sieverag.inference.errors import ConfigError
-from sieverag.inference.eval.trace import render_loop
+from sieverag.inference.eval.trace import render_trace
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.collector import CollectorConfig, normalise_query
@@ -238,7 +238,7 @@ def test_the_adaptive_loop_answers_at_once_from_strong_evidence():
     assert first["memory_update"] is None and first["sufficiency"] is None
     assert set(usage(backend)) <= {"filter_chunk", "filter_sentence", "generator"}
     assert [d.id for d in output.documents_read] == first["kept"]
-    shown = render_loop(trace)
+    shown = render_trace(trace)
     assert "stopped (strong_evidence) after 1 round(s)" in shown
     assert "Branch:     answer — sum_p of the kept evidence" in shown
     assert "memory agents: not run (the kept evidence is strong enough to answer)" in shown

@@ -5,6 +5,7 @@ configured and given flags without any other file naming it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -252,3 +253,115 @@ def test_a_new_pipeline_is_one_module(tmp_path: Path) -> None:
     assert "roles ['generator'] documents False" in run.stdout
     assert "answer hi hi" in run.stdout
     assert "--echo.times" in run.stdout and "how many times to repeat" in run.stdout
+
+
+# A new pipeline with a trace of its own, as a newcomer writes it: its trace model and the
+# renderer `sieverag trace` shows it with are declared where it registers; nothing else edited.
+TALLY_MODULE = '''
+"""`tally`: answers with the title of the longest document it is given (a test pipeline)."""
+
+from pydantic import Field
+
+from sieverag.inference.io_utils import JsonlRecord
+from sieverag.inference.pipelines.base import PipelineOutput, register_pipeline
+from sieverag.inference.pipelines.traces import PipelineTrace
+
+
+class Count(JsonlRecord):
+    id: str = Field(description="the document's id")
+    words: int = Field(description="its words")
+
+
+class TallyTrace(PipelineTrace):
+    counts: list[Count] = Field(description="every document's words, in the given order")
+    longest: str = Field(description="the id of the longest")
+
+
+def render_tally(trace: TallyTrace) -> str:
+    return "\\n".join([f"Tally: longest {trace.longest}",
+                       *(f"  {c.id}: {c.words} words" for c in trace.counts)])
+
+
+@register_pipeline("tally", trace=TallyTrace, render_trace=render_tally)
+class TallyPipeline:
+    name = "tally"
+
+    def __init__(self, context) -> None:
+        self.documents = context.documents
+
+    def run(self, example):
+        documents = tuple(self.documents(example))
+        counts = [Count(id=d.id, words=len(d.text.split())) for d in documents]
+        longest = max(documents, key=lambda d: len(d.text.split()))
+        trace = TallyTrace(counts=counts, longest=longest.id)
+        return PipelineOutput(answer=longest.title, raw_answer=longest.title,
+                              documents_read=(longest,), trace=trace.to_json())
+'''
+
+# Runs `tally` through `sieverag eval` in process (no model: it calls none), alone and behind
+# `auto`'s router, then reads its records back and shows one with `sieverag trace`.
+TALLY_RUN = '''
+import importlib.util, json, sys
+from pathlib import Path
+spec = importlib.util.find_spec("sieverag.inference.pipelines")
+spec.submodule_search_locations.append(sys.argv[1])
+package = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = package
+spec.loader.exec_module(package)
+
+import sieverag.inference.compose as compose
+from sieverag.cli import main
+from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.runner import run_evaluation
+from sieverag.inference.io_utils import JsonlLog
+from sieverag.inference.pipelines.auto import RouteTrace
+from sieverag.inference.pipelines.tally import TallyTrace
+
+compose.build_backend = lambda spec: object()  # no model: tally calls none
+dataset, out = sys.argv[2], Path(sys.argv[3])
+config = RunConfig(dataset=dataset, pipelines=("tally", "auto"), trust=TrustConfig(enabled=False),
+                   auto={"routed_pipeline": "tally"},
+                   router={"rule": "corpus-match", "long_query_tokens": 1})
+run_evaluation(config, out, progress=False, announce=False)
+for name in ("tally", "auto"):
+    path = out / "results" / f"{name}.jsonl"
+    line = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+    (record,) = JsonlLog(path).read_records(EvalRecord)
+    print(name, "tally trace", isinstance(record.trace, TallyTrace), "route",
+          isinstance(record.trace, RouteTrace), "round trip", record.to_json() == line,
+          "longest", record.trace.longest)
+bad = dict(line, trace={**line["trace"], "longest_id": "q1/1"})
+try:
+    EvalRecord.model_validate(bad)
+except ValueError as error:
+    print("renamed key refused:", "trace.longest_id" in str(error))
+main(["trace", str(out), "q1", "--pipeline", "auto"])
+'''
+
+
+def test_a_new_pipeline_declares_its_trace_and_eval_shows_it(tmp_path: Path) -> None:
+    """A pipeline with its own trace model and renderer is one module too: `sieverag eval`
+    stores its trace, reads it back as its model (also beside `auto`'s route, when `auto`
+    runs it), refuses a renamed key, and `sieverag trace` shows it by its renderer."""
+    folder = tmp_path / "more_pipelines"
+    folder.mkdir()
+    (folder / "tally.py").write_text(textwrap.dedent(TALLY_MODULE), encoding="utf-8")
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text(json.dumps({
+        "id": "q1", "question": "Which river is longest?", "answers": ["Nile"],
+        "ctxs": [{"title": "Seine", "text": "The Seine is a river."},
+                 {"title": "Nile", "text": "The Nile is the longest river of all."}],
+    }) + "\n", encoding="utf-8")
+    run = subprocess.run([sys.executable, "-c", TALLY_RUN, str(folder), str(dataset),
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert run.returncode == 0, run.stderr
+    assert "tally tally trace True route False round trip True longest q1/1" in run.stdout
+    assert "auto tally trace True route True round trip True longest q1/1" in run.stdout
+    assert "renamed key refused: True" in run.stdout
+    # `sieverag trace`: the router's line, then tally's own renderer.
+    shown = run.stdout[run.stdout.index("Question q1"):]
+    assert "Router: retrieve (" in shown
+    assert "Tally: longest q1/1\n  q1/0: 5 words\n  q1/1: 8 words" in shown
+    assert shown.index("Router: ") < shown.index("Tally: ")
