@@ -105,7 +105,7 @@ def simulated_taas(auto: list[EvalRecord], direct: dict[str, EvalRecord],
     `threshold`: from each question's recorded similarity and complexity."""
     taas, retrieved = [], []
     for record in auto:
-        features = record.route.features
+        features = record.trace.route.features  # auto's RouteTrace
         goes = (features["knowledge_similarity"] < threshold
                 or (min_complexity > 0 and features["complexity"] >= min_complexity))
         source = vanilla if goes else direct
