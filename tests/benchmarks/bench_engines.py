@@ -72,8 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 import httpx  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 from sieverag.inference.config import ModelRoles  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402

@@ -45,8 +45,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 import httpx  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402

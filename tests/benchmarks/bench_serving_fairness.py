@@ -33,8 +33,9 @@ import sys
 import time
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 import httpx  # noqa: E402
 

@@ -34,8 +34,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 import openai  # noqa: E402
 from bench_filter_anywhere import start_server, wait_ready  # noqa: E402

@@ -34,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from offline_env import run_offline
+
+run_offline()
 
 import yaml  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402
