@@ -265,8 +265,8 @@ def write_data(hotpotqa: Path, sources: Path, names: Sequence[str], per_source: 
         source_of.update((row["id"], name) for row in mine)
     training = out / "train.jsonl"
     write_atomic(training, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    seen = set(json.loads(SHIPPED_CARD.read_text(encoding="utf-8"))["dataset"][
-        "train_questions"])
+    seen = {question for _, question in json.loads(SHIPPED_CARD.read_text(
+        encoding="utf-8"))["dataset"]["train_questions"]}  # (source, id) pairs
     held = [e for e in load_examples(str(hotpotqa)) if e.id not in seen][:limit]
     ids = out / "heldout-ids.txt"
     write_atomic(ids, "".join(f"{e.id}\n" for e in held))
