@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.config import LocalServerConfig
@@ -33,7 +34,9 @@ TOO_LONG = "Liora Tamsin mapped the coast of Quorrin. " * 400
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[LocalServer]:
+    # No card: BM25 + dense rank; the filter still reads every chunk (its tokens counted).
     config = LocalServerConfig(model=str(tiny_model_dir), adapters=(f"filter={adapter_dir}",),
+                               rerank=MCFConfig(always_score_chunks=True),
                                port=0, access_log=False)
     with LocalServer(config) as running:
         yield running

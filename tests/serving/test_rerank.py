@@ -43,7 +43,9 @@ MAX_DOCUMENTS = 6
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[LocalServer]:
     os.environ[KEY_ENV] = KEY
+    # No card: BM25 + dense rank; the filter still reads every chunk (its tokens counted).
     config = LocalServerConfig(model=str(tiny_model_dir), adapters=(f"filter={adapter_dir}",),
+                               rerank=MCFConfig(always_score_chunks=True),
                                port=0, access_log=False, api_key_env=KEY_ENV,
                                max_rerank_documents=MAX_DOCUMENTS)
     try:

@@ -204,10 +204,12 @@ def test_a_served_filter_without_a_card_fails_before_the_run_writes_anything(
     assert "--models.filter-card NAME_OR_FOLDER" in err
     assert "--models.filter-card retrieval-only" in err
     assert not (out / "config.yaml").exists()
-    # Asked for by name, the run goes on to the filter (down here) in that folder.
-    assert main([*args, "--models.filter-card", "retrieval-only"]) == 2
+    # Asked for by name, the run goes on in that folder: BM25 + dense rank, so no chunk is
+    # sent to the filter (down here), and the run says so at start.
+    assert main([*args, "--models.filter-card", "retrieval-only"]) == 0
     err = capsys.readouterr().err
-    assert "127.0.0.1:9" in err and "different configuration" not in err
+    assert "no chunk is sent to the filter" in err and "different configuration" not in err
+    assert (out / "results" / "amber-mcf.jsonl").exists()
     assert yaml.safe_load((out / "config.yaml").read_text())["models"]["filter_card"] == (
         "retrieval-only")
 

@@ -60,7 +60,9 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     assert trace["pipeline"] == "amber-mcf" and trace["filter"] == "mcf"
     assert trace["stop_reason"] in STOP_REASONS
     assert trace["rounds"][0]["query"] == record["question"]
-    assert record["usage"]["filter_chunk"]["calls"] == len(trace["rounds"][0]["retrieved"])
+    # BM25 + dense rank (no card), so no chunk is sent to the filter.
+    assert "filter_chunk" not in record["usage"]
+    assert all(s["filter_score"] is None for s in trace["rounds"][0]["scored"])
     assert record["usage"]["generator"]["calls"] == 1
     assert record["generator_input_tokens"] == record["usage"]["generator"]["prompt_tokens"]
     assert record["documents_read"] == [e["id"] for e in trace["evidence"]]
@@ -78,7 +80,7 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
     assert main(["trace", str(out), "demo-0-0", "--pipeline", "amber-mcf"]) == 0
     shown = capsys.readouterr().out
     assert "Round 1 — query: 'In which town was" in shown and "Memory:" in shown
-    assert "stopped (" in shown and "filter_chunk" in shown
+    assert "stopped (" in shown and "generator" in shown
     assert main(["trace", str(out), "demo-0-0"]) == 2  # no results/amber.jsonl
     assert "pick one with --pipeline: amber-judge, amber-mcf" in capsys.readouterr().err
     assert main(["trace", str(out), "nope", "--pipeline", "amber-judge"]) == 2
@@ -146,7 +148,9 @@ def test_demo_compares_pipelines_and_explains_amber_with_the_default_filter(
     for pipeline in ("direct", "vanilla", "main-rag", "amber-mcf"):
         assert f"| {pipeline} | 2 |" in shown
     assert "amber with the trained filter" in shown and "beat" in shown
-    assert "relevant document ranked first in round 1: by the filter alone in" in shown
+    # The shipped card ranks by BM25 + dense alone: the filter is not asked about chunks.
+    assert "relevant document ranked first in round 1: by BM25 alone in" in shown
+    assert "(the filter was not called for chunks: its card ranks by BM25 + dense)" in shown
     assert "Question demo-0-0:" in shown and "Round 1 — query:" in shown
     # The two-hop example over an index: two rounds, the second led by a kept name.
     bridge = shown.split("a two-hop question over an index", 1)[1]

@@ -15,6 +15,7 @@ from sieverag.inference.config import TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.records import trust_metrics
 from sieverag.inference.filters.judge import JudgeConfig
+from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.types import Document, Example
@@ -56,8 +57,10 @@ def test_every_agent_reads_the_options_of_a_multiple_choice_question(pipeline):
     ("amber-judge", ("predictor", "judge")), ("amber-mcf", ("filter_chunk",))])
 def test_amber_filters_read_the_options_and_its_query_stays_the_plain_question(pipeline, agents):
     backend = scripted()
+    # MCF asked to score every chunk with the filter (no card: BM25 + dense rank alone).
     context = PipelineContext(generator=backend, judge_backend=backend, mcf_backend=backend,
-                              settings=PipelineSettings([AmberConfig(k=3, max_iterations=1)]))
+                              settings=PipelineSettings([AmberConfig(k=3, max_iterations=1),
+                                                         MCFConfig(always_score_chunks=True)]))
     output = build_pipeline(pipeline, context).run(ARC)
     for agent in agents:
         prompts = prompts_of(backend, agent)
