@@ -12,7 +12,7 @@ from dataclasses import field
 from sieverag.data_gen.dataset import DatasetConfig
 from sieverag.data_gen.labelling import LabelRunConfig
 from sieverag.data_gen.passages import PassageSetConfig
-from sieverag.inference.settings import narrow, settings
+from sieverag.inference.core.settings import narrow, settings
 
 
 @settings

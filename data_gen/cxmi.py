@@ -36,11 +36,11 @@ import torch
 from transformers.cache_utils import Cache
 
 from sieverag.data_gen.templates import load_data_gen_template
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.context import FittedPrompt
 from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
-from sieverag.inference.types import Conversation
 
 AGENT = "cxmi"
 

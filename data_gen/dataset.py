@@ -35,7 +35,9 @@ from tqdm import tqdm
 from sieverag.data_gen.labelling import CONFIG_FILE, LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.records import LabelRecord, read_labels
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import check_output_folder, parse_json, read_text
+from sieverag.inference.core.settings import settings
 from sieverag.inference.filters.filter_format import (
     TASKS,
     FilterFormat,
@@ -44,9 +46,7 @@ from sieverag.inference.filters.filter_format import (
     sentence_record,
     training_token_count,
 )
-from sieverag.inference.io_utils import check_output_folder, parse_json, read_text
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.settings import settings
 
 SPLITS = ("train", "validation")
 VERDICT_TASKS = ("chunk", "passage")  # records whose completion is a passage's Yes/No

@@ -46,25 +46,25 @@ from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
-from sieverag.inference.data import (
-    dataset_identity,
-    detect_format,
-    example_source,
-    load_examples,
-)
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.in_flight import InFlightProgress, question_failure
-from sieverag.inference.io_utils import (
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.in_flight import InFlightProgress, question_failure
+from sieverag.inference.core.io_utils import (
     JsonlLog,
     check_output_folder,
     parse_json,
     read_text,
     write_atomic,
 )
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Device, Document, Example
+from sieverag.inference.data import (
+    dataset_identity,
+    detect_format,
+    example_source,
+    load_examples,
+)
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Device, Document, Example
 
 CXMILevel = Literal["chunk", "sentence", "both"]
 LABELS_FILE = "labels.jsonl"

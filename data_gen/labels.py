@@ -45,8 +45,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sieverag.data_gen.records import ChunkLabels, LabelRecord
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.settings import settings
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
 
 ChunkRule = Literal["teacher_and_auto", "auto", "teacher", "strinc", "cxmi"]
 SentenceRule = Literal["teacher_or_strinc", "auto", "teacher", "strinc", "cxmi"]

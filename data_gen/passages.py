@@ -42,12 +42,12 @@ from typing import Literal
 import numpy as np
 
 from sieverag.data_gen.strinc import strinc
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import write_atomic
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
 from sieverag.inference.data.loading import example_source
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.io_utils import write_atomic
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Document, Example
 
 NegativeRetriever = Literal["bm25", "dense", "hybrid"]
 Shape = Literal["passage", "snippet"]

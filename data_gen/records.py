@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sieverag.inference.io_utils import JsonlLog, JsonlRecord
+from sieverag.inference.core.io_utils import JsonlLog, JsonlRecord
 
 
 class CXMIEntry(JsonlRecord):

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sieverag.data_gen.templates import load_data_gen_template
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import JsonlLog, parse_json
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.filters.filter_format import numbered_sentences
-from sieverag.inference.io_utils import JsonlLog, parse_json
 from sieverag.inference.llm.base import GenerationSettings, Usage
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Conversation
 
 AGENT = "teacher"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sieverag.inference.prompt_templates import PromptTemplate, load_template
+from sieverag.inference.core.prompt_templates import PromptTemplate, load_template
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 

@@ -12,8 +12,8 @@ import logging
 from dataclasses import field
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.settings import narrow, settings
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import narrow, settings
 from sieverag.serving.config import (
     LocalOptions,
     LocalServerConfig,

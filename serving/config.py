@@ -16,12 +16,12 @@ import shlex
 from dataclasses import field
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Device, DType
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Device, DType
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 VLLMDType = Literal["auto", "float32", "bfloat16", "float16"]

@@ -1,6 +1,6 @@
 """User-facing errors of the serving package (the CLI prints them as one line)."""
 
-from sieverag.inference.errors import SieveragError
+from sieverag.inference.core.errors import SieveragError
 from sieverag.inference.filters.adapters import AdapterError
 
 __all__ = ["AdapterError", "ServerStartError"]

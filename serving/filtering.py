@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.combination import PRIORS_ONLY, Combination
 from sieverag.inference.filters.filter_format import (
     FilterFormat,
@@ -39,7 +40,6 @@ from sieverag.inference.filters.filter_format import (
 from sieverag.inference.filters.mcf import MCFConfig, document_sentences, window_rule
 from sieverag.inference.filters.windows import WindowRule, window_document
 from sieverag.inference.llm.base import marked_prompt_ids
-from sieverag.inference.types import Document
 from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.batching import BatchingEngine

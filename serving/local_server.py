@@ -23,7 +23,7 @@ from typing import Any
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
 from sieverag.inference.filters.combination import card_combination, ranking_statement
 from sieverag.inference.llm.models import resolve_model

@@ -142,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"sieverag: error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from sieverag.inference.errors import SieveragError
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.errors import SieveragError
+    from sieverag.inference.core.settings import parse_settings
 
     command = COMMANDS[name]
     try:

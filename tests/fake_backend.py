@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import LABEL_MARK, GenerationSettings, UsageMeter
-from sieverag.inference.types import Conversation
 
 
 def user_text(conversation: Conversation) -> str:
@@ -56,7 +56,7 @@ class ScriptedBackend:
 
 def serve_every_role(monkeypatch, backend: object) -> None:
     """Composition builds `backend` for every role a run calls (no model loads)."""
-    from sieverag.inference import compose
+    from sieverag.inference.composition import compose
 
     def build_roles(models, roles, batcher=None):
         served = batcher.wrap(backend) if batcher is not None else backend

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from sieverag.inference.types import Document, Example
+from sieverag.inference.core.types import Document, Example
 
 POOL = tuple(
     Document(id=f"d{i}", title=f"Topic {i}",

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
+from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import GenerationSettings

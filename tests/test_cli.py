@@ -26,7 +26,7 @@ def test_help_lists_every_command_without_importing_torch():
 
 
 def test_every_command_names_a_settings_class_and_a_run_function():
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.settings import parse_settings
 
     for name, command in COMMANDS.items():
         module, _, settings_name = command.settings.partition(":")
@@ -64,7 +64,7 @@ def test_flags_the_command_line_cannot_read_are_one_clear_error(capsys, tmp_path
 
 def test_none_is_a_choice_and_None_is_no_value_on_the_command_line():
     from sieverag.inference.cli.run import EvalCommand
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.settings import parse_settings
 
     command = parse_settings(EvalCommand, ["--dataset", "d.jsonl", "--amber.filter", "none",
                                            "--mcf.lexical-weight", "None"], "sieverag eval")

@@ -62,10 +62,7 @@ class Layer:
 
 
 LAYERS = (
-    Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.types", f"{INFERENCE}.errors",
-                             f"{INFERENCE}.io_utils", f"{INFERENCE}.prompt_templates",
-                             f"{INFERENCE}.settings", f"{INFERENCE}.in_flight",
-                             f"{INFERENCE}.html"),
+    Layer("shared base", 0, (INFERENCE, f"{INFERENCE}.core"),
           role="shared types and errors, file I/O, the prompt templates (`prompts/`), the one "
                "configuration system, many questions in flight, self-contained HTML pages "
                "(`html/`)"),
@@ -74,7 +71,7 @@ LAYERS = (
           role="the backends: in-process transformers, OpenAI-compatible servers"),
     Layer("retrieval", 2, (f"{INFERENCE}.retrieval",),
           role="BM25, dense and hybrid retrieval, indexes; runs no LLM"),
-    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.answers", f"{INFERENCE}.roles"),
+    Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.agents"),
           role="the filters (MCF, the MAIN-RAG judge, their stack, the shipped filter), who "
                "runs each model role, cutting the scored answer from a reply"),
     # Every metric's definition (the runner and reports sit above, in evaluation): functions of
@@ -86,7 +83,7 @@ LAYERS = (
     Layer("pipelines", 4, (f"{INFERENCE}.pipelines",),
           role="a pipeline is a module, or a package with its parts (`amber/`, `auto/`); the "
                "shared modules name no pipeline"),
-    Layer("composition", 5, (f"{INFERENCE}.config", f"{INFERENCE}.compose"),
+    Layer("composition", 5, (f"{INFERENCE}.composition",),
           role="a run's settings (`presets/`); plan a run, build its roles and pipelines"),
     Layer("integrations", 5, (f"{INFERENCE}.integrations",),
           role="the filter inside LangChain and LlamaIndex, through the rerank endpoint or in "
@@ -290,7 +287,7 @@ def test_no_import_runs_up_the_layers() -> None:
      "retrieval imports evaluation, a layer above it"),
     ("sieverag.inference.retrieval.corpus", "sieverag.inference.metrics.answers",
      "retrieval imports metrics, a layer above it"),
-    ("sieverag.training.filter_eval", "sieverag.inference.compose",
+    ("sieverag.training.filter_eval", "sieverag.inference.composition.compose",
      "sieverag.training imports `inference`'s shared core only, not its composition layer"),
     ("sieverag.serving.app", "sieverag.inference.pipelines.amber",
      "not its pipelines layer (inference proper)"),
@@ -300,11 +297,11 @@ def test_no_import_runs_up_the_layers() -> None:
      "llm imports retrieval, a layer beside it"),
     ("sieverag.inference.data.readers", "sieverag.inference.retrieval.sentences",
      "data imports retrieval, a layer above it"),
-    ("sieverag.inference.types", "sieverag.inference.data",
+    ("sieverag.inference.core.types", "sieverag.inference.data",
      "shared base imports data, a layer above it"),
     ("sieverag.inference.filters.judge", "sieverag.inference.cli.run",
      "agents imports command line, a layer above it"),
-    ("sieverag.inference.pipelines.base", "sieverag.inference.config",
+    ("sieverag.inference.pipelines.base", "sieverag.inference.composition.config",
      "pipelines imports composition, a layer above it"),
     ("sieverag.inference.eval.runner", "sieverag.data_gen.cxmi", "`inference` imports none of"),
     ("sieverag.inference.cli.run", "sieverag.accelerate_configs", "`inference` imports none of"),
@@ -323,7 +320,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
 @pytest.mark.parametrize(("importer", "target"), [
     ("sieverag.inference.retrieval.corpus", "sieverag.inference.data"),
     ("sieverag.inference.eval.runner", "sieverag.inference.data"),
-    ("sieverag.inference.data.loading", "sieverag.inference.errors"),
+    ("sieverag.inference.data.loading", "sieverag.inference.core.errors"),
     ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
     ("sieverag.inference.pipelines.amber.collector", "sieverag.inference.pipelines.amber.memory"),
     ("sieverag.inference.cli.index", "sieverag.inference.llm.models"),
@@ -331,7 +328,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
     ("sieverag.training.filter_eval", "sieverag.inference.metrics.answers"),
     ("sieverag.training.cli", "sieverag.accelerate_configs"),
-    ("sieverag.cli", "sieverag.inference.settings"),
+    ("sieverag.cli", "sieverag.inference.core.settings"),
     ("sieverag.__main__", "sieverag.cli"),
 ])
 def test_imports_down_the_layers_are_allowed(importer: str, target: str) -> None:
@@ -507,12 +504,12 @@ EVAL_DIR = REPO / PART_FOLDERS[INFERENCE] / "eval"
 # the pipelines' shared context, registry and traces, the package's door, its round-by-round
 # source, and evaluation (which reads what each pipeline declares: its trace and renderer,
 # what it compares with, whether a judge sweep may run it).
-PIPELINE_NEUTRAL = ("compose.py", "config.py", "pipelines/__init__.py", "pipelines/base.py",
+PIPELINE_NEUTRAL = ("composition/compose.py", "composition/config.py", "pipelines/__init__.py", "pipelines/base.py",
                     "pipelines/rounds.py", "pipelines/traces.py",
                     *sorted(str(path.relative_to(EVAL_DIR.parent))
                             for path in EVAL_DIR.rglob("*.py")))
 # A string there that equals a pipeline's name but means something else, with what it means.
-NOT_A_PIPELINE = {("config.py", "auto"): "dataset_format's loader detection",
+NOT_A_PIPELINE = {("composition/config.py", "auto"): "dataset_format's loader detection",
                   ("eval/html_report.py", "auto"): "dataset_format's loader detection"}
 
 

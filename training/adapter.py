@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import SieveragError
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.io_utils import write_atomic
 from sieverag.inference.filters.adapters import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
     content_name,
 )
-from sieverag.inference.io_utils import write_atomic
 
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the sharded LoRA weights must be gathered before saving "
               "(the trainer's save_model does it, a model's own save_pretrained does not): "

@@ -25,8 +25,8 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend, UsageMeter
-from sieverag.inference.types import Conversation
 
 
 def request_key(prompt: Conversation, detail: object) -> str:

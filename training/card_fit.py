@@ -19,7 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import SieveragError
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.in_flight import default_concurrency
+from sieverag.inference.core.types import Device, Example
 from sieverag.inference.filters.combination import (
     CARD_KEY,
     DEFAULT_EMBEDDING_MODEL,
@@ -31,10 +33,8 @@ from sieverag.inference.filters.combination import (
     ranking_statement,
 )
 from sieverag.inference.filters.filter_format import card_format
-from sieverag.inference.in_flight import default_concurrency
 from sieverag.inference.llm.batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
-from sieverag.inference.types import Device, Example
 from sieverag.training.combination_fit import (
     LabelledRound,
     best_bar,
@@ -78,8 +78,8 @@ def write_card_combination(folder: Path, card: Mapping[str, Any], combination: C
                            datasets: Sequence[str], rounds: Sequence[LabelledRound]) -> Path:
     """Write `combination` into the card of `folder` (its `combination` section, with the
     datasets and questions it was fitted on); returns the card's path."""
+    from sieverag.inference.core.io_utils import write_json_atomic
     from sieverag.inference.filters.adapters import CARD_FILE
-    from sieverag.inference.io_utils import write_json_atomic
 
     section = {**combination.as_card(), "datasets": [Path(d).name for d in datasets],
                "questions": sorted([r.source, r.question_id] for r in rounds)}

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.in_flight import CONCURRENCY_HELP, check_concurrency
+from sieverag.inference.core.settings import FileList, narrow, settings
+from sieverag.inference.core.types import Device
 from sieverag.inference.filters.combination import DEFAULT_EMBEDDING_MODEL, describe_combination
-from sieverag.inference.in_flight import CONCURRENCY_HELP, check_concurrency
-from sieverag.inference.settings import FileList, narrow, settings
-from sieverag.inference.types import Device
 from sieverag.training.card_fit import (
     FOLDS,
     MIN_GAIN,

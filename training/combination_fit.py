@@ -52,8 +52,9 @@ from typing import Any
 
 import numpy as np
 
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.combination import (
     DEFAULT_EMBEDDING_MODEL,
     FEATURES,
@@ -76,7 +77,6 @@ from sieverag.inference.metrics.filter import (
     decision_quality,
     top_k_indices,
 )
-from sieverag.inference.types import Example
 from sieverag.training.questions_in_flight import by_question
 
 BAR_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))  # 0.05 … 0.95

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.filters.filter_format import (
     RELEVANT,
     FilterFormat,
@@ -104,7 +104,7 @@ def labelled_datasets(path: str | Path) -> list[str]:
     stats.json records each label folder's): where their passages are read again, e.g. to fit
     the filter's combination on the validation questions. `DatasetError` saying what is
     missing where the folder records none."""
-    from sieverag.inference.io_utils import parse_json, read_text
+    from sieverag.inference.core.io_utils import parse_json, read_text
 
     stats = Path(path) / STATS_FILE
     if not stats.is_file():

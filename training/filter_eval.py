@@ -43,11 +43,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.agents.roles import ModelRoles, filter_card, resolve_filter_role
+from sieverag.inference.core.in_flight import default_concurrency
+from sieverag.inference.core.io_utils import check_output_folder
+from sieverag.inference.core.settings import settings_to_data
+from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
 from sieverag.inference.filters.combination import PRIORS_ONLY_KEY, Combination
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.in_flight import default_concurrency
-from sieverag.inference.io_utils import check_output_folder
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import (
     CallBatcher,
@@ -62,9 +65,6 @@ from sieverag.inference.metrics.filter import (
     paired_f1_difference,
     sentence_quality,
 )
-from sieverag.inference.roles import ModelRoles, filter_card, resolve_filter_role
-from sieverag.inference.settings import settings_to_data
-from sieverag.inference.types import Example
 from sieverag.training import filter_methods as methods
 from sieverag.training.caching_backend import CachingBackend
 from sieverag.training.filter_eval_config import FilterEvalConfig

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import field
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.agents.roles import ModelRoles
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import FileList, settings
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
-from sieverag.inference.roles import ModelRoles
-from sieverag.inference.settings import FileList, settings
 
 _MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.html import svg
-from sieverag.inference.html.page import asset, escape, table, write_page
+from sieverag.inference.core.html import svg
+from sieverag.inference.core.html.page import asset, escape, table, write_page
 from sieverag.training.filter_report import CHUNK_COLUMNS, SUMMARY_COLUMNS, DatasetDecisions
 
 REPORT_FILE = "report.html"

@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from sieverag.inference.core.types import Example
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.metrics.filter import top_k_indices
-from sieverag.inference.types import Example
 from sieverag.training.questions_in_flight import by_question
 
 SentenceIds = set[tuple[str, int]]

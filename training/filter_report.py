@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.io_utils import write_atomic
-from sieverag.inference.types import Example
+from sieverag.inference.core.io_utils import write_atomic
+from sieverag.inference.core.types import Example
 from sieverag.training.filter_methods import ChunkDecisions
 
 CHUNK_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"), ("auroc", "AUROC"),

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import read_text
+from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.combination import CARD_KEY
-from sieverag.inference.io_utils import read_text
-from sieverag.inference.types import Example
 from sieverag.training.filter_eval_config import FilterEvalConfig
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sieverag.accelerate_configs import ACCELERATE_CONFIGS, ACCELERATE_CONFIGS_DIR
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.settings import read_yaml_mapping
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import read_yaml_mapping
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.io_utils import parse_json, write_atomic
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import parse_json, write_atomic
 
 
 class MethodCache:

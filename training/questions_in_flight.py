@@ -13,8 +13,8 @@ from typing import TypeVar
 
 from tqdm.auto import tqdm
 
-from sieverag.inference.in_flight import run_in_flight
-from sieverag.inference.types import Example
+from sieverag.inference.core.in_flight import run_in_flight
+from sieverag.inference.core.types import Example
 
 Result = TypeVar("Result")
 

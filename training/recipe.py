@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 
 from trl import SFTConfig, TrlParser
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.settings import read_yaml_mapping
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import read_yaml_mapping
 from sieverag.training.launch import process_defaults
 from sieverag.training.sft_config import FilterModelConfig, FilterScriptArguments
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sieverag.inference.errors import ConfigError, DatasetError, SieveragError
+from sieverag.inference.core.errors import ConfigError, DatasetError, SieveragError
 from sieverag.training.recipe import Recipe, parse_recipe
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.llm.models import DEFAULT_MODEL
 
 # Llama-family names of every attention (q, k, v, o) and MLP (gate, up, down) projection.

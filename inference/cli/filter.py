@@ -11,11 +11,11 @@ from dataclasses import field
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, read_card
 from sieverag.inference.filters.combination import adapter_combination, describe_combination
 from sieverag.inference.filters.filter_format import FORMAT_KEY
-from sieverag.inference.settings import settings
 
 
 @settings

@@ -17,8 +17,10 @@ from typing import Literal, get_args
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.io_utils import cache_root, write_json_atomic
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import cache_root, write_json_atomic
+from sieverag.inference.core.settings import FileList, narrow, settings
+from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
@@ -35,8 +37,6 @@ from sieverag.inference.retrieval.index import (
     ensure_index,
 )
 from sieverag.inference.retrieval.rerank import CrossEncoderReranker
-from sieverag.inference.settings import FileList, narrow, settings
-from sieverag.inference.types import Example
 
 DATA_DIR_ENV = "SIEVERAG_DATA_DIR"
 Retriever = Literal["bm25", "dense"]

@@ -18,18 +18,19 @@ from pathlib import Path
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.compose import build_context, plan_run
-from sieverag.inference.config import (
+from sieverag.inference.composition.compose import build_context, plan_run
+from sieverag.inference.composition.config import (
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
     models_field,
 )
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.in_flight import CONCURRENCY_HELP
+from sieverag.inference.core.settings import narrow, settings
 from sieverag.inference.filters.combination import filter_role
 from sieverag.inference.filters.judge import DocumentOrder
-from sieverag.inference.in_flight import CONCURRENCY_HELP
 from sieverag.inference.pipelines.base import (
     PIPELINES,
     section_values,
@@ -37,7 +38,6 @@ from sieverag.inference.pipelines.base import (
 )
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import SearchMode
-from sieverag.inference.settings import narrow, settings
 
 DEMO_PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf")
 
@@ -232,8 +232,8 @@ def _gold_first_line(results: Path) -> str:
     in amber's first round: which part of MCF's score did the work."""
     firsts = {"the filter alone": 0, "BM25 alone": 0, "the fused score": 0}
     parts = {"the filter alone": "filter_score", "BM25 alone": "bm25", "the fused score": "score"}
+    from sieverag.inference.core.io_utils import JsonlLog
     from sieverag.inference.eval.records import EvalRecord
-    from sieverag.inference.io_utils import JsonlLog
     from sieverag.inference.pipelines.amber.trace import AmberTrace
 
     graded = 0
@@ -293,9 +293,9 @@ def run_judge_sweep(command: JudgeSweepCommand) -> int:
 
 
 def run_ask(command: AskCommand) -> int:
+    from sieverag.inference.core.types import Example
     from sieverag.inference.eval.trace import render_trace
     from sieverag.inference.pipelines import build_pipeline
-    from sieverag.inference.types import Example
 
     if not Path(command.index).is_dir():
         raise ConfigError(f"index folder {command.index} not found; build one with "
@@ -337,8 +337,8 @@ class ReportCommand:
 
 
 def run_report(command: ReportCommand) -> int:
+    from sieverag.inference.core.io_utils import write_atomic
     from sieverag.inference.eval.report import collate_runs
-    from sieverag.inference.io_utils import write_atomic
 
     if command.html:
         from sieverag.inference.eval.html_report import write_html_report

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.core.io_utils import write_atomic
 
 FIRST = ["Mara", "Tobin", "Elsa", "Quentin", "Ilse", "Rafael", "Nadia", "Oskar", "Liora",
          "Casimir", "Wren", "Anselm", "Petra", "Dorian", "Yusra", "Fenn"]

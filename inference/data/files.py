@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.io_utils import parse_json
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import parse_json
 
 Record = dict[str, Any]
 """One JSON object of a dataset file (a jsonl line, or a nested record)."""

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.types import Example
 from sieverag.inference.data.files import Record
 from sieverag.inference.data.records import RecordSource
 from sieverag.inference.data.sources import DatasetSource
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Example
 
 ExampleReader = Callable[[DatasetSource, bool], Iterator[Example]]
 """Reads a dataset (source, require_documents) into examples, lazily and in order."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sieverag.inference.types import Document, Example
+from sieverag.inference.core.types import Document, Example
 
 
 def _normalized(text: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.core.errors import DatasetError
 
 if TYPE_CHECKING:
     from datasets import Dataset

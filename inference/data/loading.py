@@ -10,10 +10,10 @@ from pathlib import Path
 
 import sieverag.inference.data.readers  # noqa: F401  (registers the built-in formats)
 import sieverag.inference.data.standard_schemas  # noqa: F401  (registers the published schemas)
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.types import Example
 from sieverag.inference.data.formats import DATASET_FORMATS
 from sieverag.inference.data.sources import DatasetSource, open_dataset
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Example
 
 
 def load_examples(

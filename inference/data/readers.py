@@ -30,6 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.files import Record, check_readable, json_type, load_json_document
 from sieverag.inference.data.formats import register_format, register_record_format
 from sieverag.inference.data.records import (
@@ -48,8 +50,6 @@ from sieverag.inference.data.records import (
     supporting_facts,
     titled_passage,
 )
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Document, Example
 
 
 def load_squad_paragraphs(path: str | Path) -> list[Document]:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.files import Record, json_type
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Document, Example
 
 
 @dataclass(frozen=True)

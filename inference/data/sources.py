@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.data.files import (
     Record,
     check_readable,
@@ -30,7 +31,6 @@ from sieverag.inference.data.hf_datasets import (
     load_disk_split,
     load_hub_split,
 )
-from sieverag.inference.errors import DatasetError
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -27,6 +27,7 @@ golden_answers, metadata}` jsonl are read by the `popqa`, `arc` and `common` for
 
 from __future__ import annotations
 
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.files import Record, json_type
 from sieverag.inference.data.formats import register_record_format
 from sieverag.inference.data.readers import squad_answer_texts, squad_title
@@ -45,7 +46,6 @@ from sieverag.inference.data.records import (
     title_pairs,
     titled_passage,
 )
-from sieverag.inference.types import Document, Example
 
 _HOTPOT_KEYS = ("question", "answer", "context", "supporting_facts")
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import JsonlLog, write_atomic
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.io_utils import JsonlLog, write_atomic
 
 
 def export_row(pipeline: str, record: EvalRecord) -> dict[str, Any]:

@@ -31,14 +31,14 @@ from typing import Any
 
 import yaml
 
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.html.page import asset, write_page
+from sieverag.inference.core.io_utils import parse_json, read_text, validated_record
+from sieverag.inference.core.types import Example
 from sieverag.inference.eval.html_sections import run_header
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.html.page import asset, write_page
-from sieverag.inference.io_utils import parse_json, read_text, validated_record
 from sieverag.inference.retrieval.sentences import sentence_spans
-from sieverag.inference.types import Example
 
 REPORT_FILE = "report.html"
 SCRIPT = "html_report.js"

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
+from sieverag.inference.core.html import svg
+from sieverag.inference.core.html.page import definition_list, escape, table
 from sieverag.inference.eval.report import GRADER_COLUMNS, TABLE_COLUMNS, TRUST_COLUMNS
-from sieverag.inference.html import svg
-from sieverag.inference.html.page import definition_list, escape, table
 
 # The card's fields worth a line at the top (the whole card is in the config shown below).
 CARD_FIELDS = ("name", "trained_as", "base_model", "base_model_hub_name", "format")

@@ -29,23 +29,24 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.compose import build_context, plan_run
-from sieverag.inference.config import RunConfig, load_run_config
-from sieverag.inference.data import dataset_fingerprint
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.eval.records import EvalRecord, build_record
-from sieverag.inference.eval.report import comparison_table
-from sieverag.inference.eval.runner import selected_examples
-from sieverag.inference.eval.summary import summarize
-from sieverag.inference.filters.judge import DocumentOrder, judge_selection
-from sieverag.inference.in_flight import default_concurrency, run_in_flight
-from sieverag.inference.io_utils import (
+from sieverag.inference.composition.compose import build_context, plan_run
+from sieverag.inference.composition.config import RunConfig, load_run_config
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.in_flight import default_concurrency, run_in_flight
+from sieverag.inference.core.io_utils import (
     JsonlLog,
     check_output_folder,
     parse_json,
     read_text,
     write_atomic,
 )
+from sieverag.inference.core.types import Document, Example
+from sieverag.inference.data import dataset_fingerprint
+from sieverag.inference.eval.records import EvalRecord, build_record
+from sieverag.inference.eval.report import comparison_table
+from sieverag.inference.eval.runner import selected_examples
+from sieverag.inference.eval.summary import summarize
+from sieverag.inference.filters.judge import DocumentOrder, judge_selection
 from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher
 from sieverag.inference.pipelines.base import (
@@ -55,7 +56,6 @@ from sieverag.inference.pipelines.base import (
     Reader,
     question_text,
 )
-from sieverag.inference.types import Document, Example
 
 # Entries of a stored scored document that are not the filter's evidence for it.
 _NOT_DETAILS = {"id", "title", "score", "kept", "is_gold"}

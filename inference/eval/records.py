@@ -8,11 +8,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator, SerializeAsAny, model_validator
 
-from sieverag.inference.config import TrustConfig
+from sieverag.inference.composition.config import TrustConfig
+from sieverag.inference.core.io_utils import JsonlRecord
+from sieverag.inference.core.types import Example
 from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.migration import migrate_record, migrate_trust
 from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend, Usage
 from sieverag.inference.metrics.answers import (
     answer_accuracy,
@@ -27,7 +28,6 @@ from sieverag.inference.metrics.grader import GraderItem, grade_answers
 from sieverag.inference.metrics.trust import Embed, trust_report
 from sieverag.inference.pipelines.base import PipelineOutput, declared_traces, question_text
 from sieverag.inference.pipelines.traces import PipelineTrace, trace_model
-from sieverag.inference.types import Example
 
 
 class AnswerMetrics(JsonlRecord):

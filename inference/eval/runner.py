@@ -18,10 +18,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.compose import RunPlan, build_context, plan_run
-from sieverag.inference.config import RunConfig, grader_spec, load_run_config
+from sieverag.inference.composition.compose import RunPlan, build_context, plan_run
+from sieverag.inference.composition.config import RunConfig, grader_spec, load_run_config
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.in_flight import default_concurrency, run_in_flight
+from sieverag.inference.core.io_utils import (
+    JsonlLog,
+    check_output_folder,
+    read_text,
+    write_atomic,
+)
+from sieverag.inference.core.prompt_templates import PROMPTS_DIR, load_template
+from sieverag.inference.core.types import Example
 from sieverag.inference.data import dataset_fingerprint, load_examples
-from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval.html_report import write_html_report
 from sieverag.inference.eval.records import (
     EvalRecord,
@@ -31,19 +40,10 @@ from sieverag.inference.eval.records import (
 )
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.in_flight import default_concurrency, run_in_flight
-from sieverag.inference.io_utils import (
-    JsonlLog,
-    check_output_folder,
-    read_text,
-    write_atomic,
-)
 from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher, warn_capped_requests
 from sieverag.inference.pipelines import build_pipeline
-from sieverag.inference.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.retrieval.hygiene import HygieneLog
-from sieverag.inference.types import Example
 
 
 def read_question_ids(path: str | Path) -> list[str]:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import parse_json, validated_record
 from sieverag.inference.eval.records import EvalRecord, read_trace
-from sieverag.inference.io_utils import parse_json, validated_record
 from sieverag.inference.pipelines.base import declared_traces
 from sieverag.inference.pipelines.traces import (
     OpenTrace,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sieverag.inference.errors import SieveragError
-from sieverag.inference.io_utils import atomic_directory, parse_json, read_text
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.io_utils import atomic_directory, parse_json, read_text
 from sieverag.inference.llm.models import adapters_dir
 
 CONFIG_FILE = "adapter_config.json"
@@ -213,8 +213,8 @@ def _weights_sha256(stamp: tuple[tuple[str, int, int], ...]) -> str:
 def filter_template_hashes(filter_format: str | None = None) -> dict[str, str]:
     """sha256 of each filter prompt template file in use, by template name: those of one
     filter format (`filter_format.FORMAT_TEMPLATES`), or of every format (None)."""
+    from sieverag.inference.core.prompt_templates import load_template
     from sieverag.inference.filters.filter_format import FORMAT_TEMPLATES
-    from sieverag.inference.prompt_templates import load_template
 
     names = ([n for names in FORMAT_TEMPLATES.values() for n in names] if filter_format is None
              else FORMAT_TEMPLATES[filter_format])

@@ -10,8 +10,8 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
-from sieverag.inference.io_utils import JsonlRecord
-from sieverag.inference.types import Document
+from sieverag.inference.core.io_utils import JsonlRecord
+from sieverag.inference.core.types import Document
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import LABEL_MARK, chat_prompt_text, marked_prompt_ids
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.types import Conversation
 
 CHUNK_TEMPLATE = "filter_chunk"
 SENTENCE_TEMPLATE = "filter_sentence"

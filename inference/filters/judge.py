@@ -26,13 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.types import Conversation, Document
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.filter_format import relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import Section, settings
-from sieverag.inference.types import Conversation, Document
 
 YES, NO = "Yes", "No"
 DocumentOrder = Literal["descending", "ascending", "random"]

@@ -43,7 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import field, replace
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.combination import (
@@ -80,8 +82,6 @@ from sieverag.inference.filters.windows import (
 )
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import Section, settings
-from sieverag.inference.types import Document
 
 ChunkBar = Literal["calibrated", "top_k", "fixed", "adaptive"]
 ScoreRule = Literal["combined", "filter", "fused"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.judge import YES, JudgeConfig, MainRagJudge
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.types import Document
 
 
 def says_yes(verdict: str) -> bool:

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import (
+    atomic_directory,
+    parse_json,
+    read_text,
+    write_json_atomic,
+)
 from sieverag.inference.filters.adapters import (
     BASE_SHA_KEY,
     CARD_FILE,
@@ -44,12 +50,6 @@ from sieverag.inference.filters.adapters import (
     weights_sha256,
 )
 from sieverag.inference.filters.filter_format import FORMAT_KEY, card_format
-from sieverag.inference.io_utils import (
-    atomic_directory,
-    parse_json,
-    read_text,
-    write_json_atomic,
-)
 
 CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card;

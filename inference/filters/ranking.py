@@ -6,7 +6,7 @@ implementation, so every number is MCF's. It is MCF's own `select`, the call the
 proxy makes, so what a result says was kept is what the proxy forwards.
 
 Rerank documents are plain texts: MCF reads each with no title and its position in the
-request as its id (`as_documents`). Each comes back as a `RerankResult` (inference/types.py):
+request as its id (`as_documents`). Each comes back as a `RerankResult` (inference/core/types.py):
 `relevance_score` is MCF's P(relevant), the filter's score combined with the request's BM25
 and dense scores by the filter's card (`inference/filters/combination.py`; calibrated where
 the card holds a fitted combination, else retrieval's fusion of BM25 and dense,
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sieverag.inference.core.types import Document, RerankResult, SentenceSpan
 from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import p_relevant
@@ -34,7 +35,6 @@ from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.windows import WindowRule
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.retrieval.sentences import sentence_spans
-from sieverag.inference.types import Document, RerankResult, SentenceSpan
 
 
 def as_documents(texts: Sequence[str]) -> list[Document]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.filters.base import DocumentFilter, KeepAll
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Document
 
 StackCombine = Literal["both", "either", "zmean"]
 

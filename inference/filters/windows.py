@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.retrieval.sentences import sentence_spans
-from sieverag.inference.types import Document
 
 # The shipped filter's training max_length: the window of a filter whose card gives no figure.
 DEFAULT_WINDOW_TOKENS = 256

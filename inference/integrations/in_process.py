@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from sieverag.inference.core.types import Device, RerankResult
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
@@ -28,7 +29,6 @@ from sieverag.inference.integrations.selection import (
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.types import Device, RerankResult
 
 
 class InProcessFilter:

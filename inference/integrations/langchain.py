@@ -27,8 +27,8 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever, RetrieverLike
 from pydantic import ConfigDict, PrivateAttr
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.integrations.rerank_client import Ranker, RerankSettings
-from sieverag.inference.types import RerankResult
 
 
 class SieveragCompressor(RerankSettings, BaseDocumentCompressor):

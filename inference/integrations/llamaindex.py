@@ -23,8 +23,8 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import ConfigDict, PrivateAttr
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.integrations.rerank_client import Ranker, RerankSettings
-from sieverag.inference.types import RerankResult
 
 
 class SieveragPostprocessor(RerankSettings, BaseNodePostprocessor):

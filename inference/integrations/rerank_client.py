@@ -5,7 +5,7 @@ instead (`in_process.InProcessFilter`), with the same selection.
 
 The server runs the trained filter (MCF) on the documents and answers in the Cohere/Jina
 schema with sieverag's `kept` verdicts (README, "Reranking with the filter"); each result is
-read as a `RerankResult` (inference/types.py), the shape the server writes. Which results a
+read as a `RerankResult` (inference/core/types.py), the shape the server writes. Which results a
 caller gets (`keep`, `top_n`) is `selection`'s, shared with the in-process filter;
 `keep="top_n"` also works against any Cohere/Jina-schema reranker. `Keep`, `Granularity`,
 `Ranker`, `check_selection` and `choose` are importable from here too.
@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from sieverag.inference.errors import ConfigError, SieveragError, validation_problems
+from sieverag.inference.core.errors import ConfigError, SieveragError, validation_problems
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.integrations.selection import (
     Granularity,
@@ -30,7 +31,6 @@ from sieverag.inference.integrations.selection import (
     choose,
 )
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.types import RerankResult
 
 # What each refused status most likely means for a caller of this client.
 _ADVICE = {

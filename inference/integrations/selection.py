@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, Protocol, get_args
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.types import RerankResult
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import RerankResult
 
 Keep = Literal["kept", "top_n"]
 Granularity = Literal["chunk", "sentence"]

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Conversation
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Conversation
 
 Result = TypeVar("Result")
 

@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import (
     GenerationSettings,
     LLMBackend,
@@ -41,7 +42,6 @@ from sieverag.inference.llm.base import (
     current_question_usage,
     rows_owned_by,
 )
-from sieverag.inference.types import Conversation
 
 if TYPE_CHECKING:
     from sieverag.inference.llm.registry import BackendSpec

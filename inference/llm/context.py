@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sieverag.inference.errors import ConfigError, ContextError
-from sieverag.inference.prompt_templates import CUT_ORDER, TemplateText
-from sieverag.inference.types import ContextOverflow, Conversation
+from sieverag.inference.core.errors import ConfigError, ContextError
+from sieverag.inference.core.prompt_templates import CUT_ORDER, TemplateText
+from sieverag.inference.core.types import ContextOverflow, Conversation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

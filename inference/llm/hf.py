@@ -19,7 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import ContextOverflow, Conversation, Device, DType
 from sieverag.inference.llm import kv
 from sieverag.inference.llm.base import (
     GenerationSettings,
@@ -39,7 +40,6 @@ from sieverag.inference.llm.decode_step import Decoder
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, agreed
-from sieverag.inference.types import ContextOverflow, Conversation, Device, DType
 
 # Prompt tokens per prefill pass. On CPU a wide pass is slower per token than a narrow one
 # (its activations spill out of the caches). SmolLM2-135M, float32, 2 cores, Yes/No reads of

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase

@@ -12,8 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sieverag.inference.errors import ModelNotFoundError
-from sieverag.inference.io_utils import cache_root
+from sieverag.inference.core.errors import ModelNotFoundError
+from sieverag.inference.core.io_utils import cache_root
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

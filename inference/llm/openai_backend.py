@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sieverag.inference.errors import ConfigError, SieveragError
+from sieverag.inference.core.errors import ConfigError, SieveragError
+from sieverag.inference.core.types import ContextOverflow, Conversation
 from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
@@ -64,7 +65,6 @@ from sieverag.inference.llm.base import (
 )
 from sieverag.inference.llm.context import ContextGuard, check_context_settings
 from sieverag.inference.llm.openai_transport import Endpoint, OpenAITransport
-from sieverag.inference.types import ContextOverflow, Conversation
 
 _DEFAULT_SETTINGS = GenerationSettings()
 _WORD_MARKERS = "▁Ġ"  # SentencePiece and byte-level BPE spellings of a leading space

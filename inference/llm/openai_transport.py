@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 import openai
 
-from sieverag.inference.errors import BackendUnavailableError, SieveragError
+from sieverag.inference.core.errors import BackendUnavailableError, SieveragError
 
 T = TypeVar("T")
 # A Retry-After the client waits for (longer ones, too: the SDK then gives up at once).

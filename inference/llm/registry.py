@@ -7,14 +7,14 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Literal
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import ContextOverflow, Device, DType
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.context import check_context_settings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
-from sieverag.inference.settings import settings
-from sieverag.inference.types import ContextOverflow, Device, DType
 
 BackendKind = Literal["hf", "openai"]
 

@@ -9,8 +9,8 @@ import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
+from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.answers import filter_scores
-from sieverag.inference.types import Example
 
 
 def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]],

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.io_utils import parse_json
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import parse_json
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.types import Document
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.types import Document
 
 Evidence = Document | str
 

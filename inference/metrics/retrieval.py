@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sieverag.inference.core.types import Example
 from sieverag.inference.retrieval.index import Index, SearchMode
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
-from sieverag.inference.types import Example
 
 T = TypeVar("T")
 

@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import reads_old_keys, settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import reads_old_keys, settings
-from sieverag.inference.types import Document
 
 # The study's Eq. 14 names its alignment threshold τ but the text gives no value: sieverag
 # keeps the cosine its own sentence support uses.

@@ -18,8 +18,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from sieverag.inference.answers import AnswerExtraction, extract_answer
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.agents.answers import AnswerExtraction, extract_answer
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.settings import Section, with_sections
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.registry import FILTER_ROLES
@@ -30,9 +33,6 @@ from sieverag.inference.pipelines.traces import (
     TraceRenderer,
     check_declaration,
 )
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import Section, with_sections
-from sieverag.inference.types import Document, Example
 
 T = TypeVar("T")
 Role = Literal["generator", "judge", "filter"]

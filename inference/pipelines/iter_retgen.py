@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
@@ -23,8 +25,6 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.rounds import RoundDocuments
-from sieverag.inference.settings import Section, settings
-from sieverag.inference.types import Document, Example
 
 
 @settings

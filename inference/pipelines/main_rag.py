@@ -9,6 +9,7 @@ document source gives for the plain question.
 
 from __future__ import annotations
 
+from sieverag.inference.core.types import Example
 from sieverag.inference.filters.base import DocumentFilter
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig, MainRagJudge
 from sieverag.inference.filters.naive_judge import NaiveJudge
@@ -21,7 +22,6 @@ from sieverag.inference.pipelines.base import (
     question_text,
     register_pipeline,
 )
-from sieverag.inference.types import Example
 
 
 def judge_model(context: PipelineContext) -> LLMBackend:

@@ -3,10 +3,10 @@ each round's query gets the top k documents no earlier round saw."""
 
 from __future__ import annotations
 
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.pipelines.base import PipelineContext
 from sieverag.inference.retrieval.bm25 import BM25Index
-from sieverag.inference.types import Document, Example
 
 
 class RoundDocuments:

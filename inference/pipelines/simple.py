@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from sieverag.inference.core.types import Example
 from sieverag.inference.pipelines.base import (
     PipelineContext,
     PipelineOutput,
     Reader,
     register_pipeline,
 )
-from sieverag.inference.types import Example
 
 
 @register_pipeline("direct", reads_documents=False)

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, JsonValue
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.io_utils import JsonlRecord
 
 WIDTH = 100  # the terminal width a rendered trace wraps at
 

@@ -19,9 +19,9 @@ import numpy as np
 import Stemmer
 from bm25s.tokenization import Tokenizer
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.io_utils import atomic_directory
-from sieverag.inference.settings import settings
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import atomic_directory
+from sieverag.inference.core.settings import settings
 
 BM25Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopWords = Literal["en", "none"]

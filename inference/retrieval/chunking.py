@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Document
 
 ChunkStrategy = Literal["tokens", "sentences", "none"]
 CHUNK_STRATEGIES: tuple[str, ...] = get_args(ChunkStrategy)

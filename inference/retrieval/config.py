@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, field
 from typing import Any
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings, validate_settings
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat
 from sieverag.inference.retrieval.dense import DenseConfig
 from sieverag.inference.retrieval.hybrid import RRF_K
-from sieverag.inference.settings import settings, validate_settings
 
 
 @settings

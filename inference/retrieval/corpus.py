@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import iter_jsonl, load_squad_corpus
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.types import Document, Example
 
 CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
 CORPUS_FORMATS: tuple[str, ...] = get_args(CorpusFormat)

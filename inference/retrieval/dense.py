@@ -32,10 +32,10 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from sieverag.inference.errors import ConfigError, ModelNotFoundError
-from sieverag.inference.io_utils import atomic_file, atomic_path, write_json_atomic
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Device
+from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.core.io_utils import atomic_file, atomic_path, write_json_atomic
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Device
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar, get_args
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.retrieval.rerank import Reranker
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import split_sentences

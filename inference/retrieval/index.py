@@ -23,8 +23,8 @@ from typing import Literal, get_args
 
 from tqdm.auto import tqdm
 
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.io_utils import atomic_file
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import atomic_file
 from sieverag.inference.retrieval import bm25 as bm25_files
 from sieverag.inference.retrieval import dense as dense_files
 from sieverag.inference.retrieval.bm25 import BM25Index

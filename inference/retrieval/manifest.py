@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from sieverag import __version__
-from sieverag.inference.errors import ConfigError, DatasetError
-from sieverag.inference.io_utils import write_json_atomic
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import write_json_atomic
 from sieverag.inference.retrieval.config import IndexConfig
 
 FORMAT_VERSION = 1

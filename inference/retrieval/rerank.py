@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.core.errors import ModelNotFoundError
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 

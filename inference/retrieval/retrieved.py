@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sieverag.inference.types import Document
+from sieverag.inference.core.types import Document
 
 # (corpus position, score) pairs, best first: the currency between retrievers and fusion.
 Ranking = list[tuple[int, float]]

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Hashable, Sequence
 from concurrent.futures import CancelledError, Future
 
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import (
     GenerationSettings,
     UsageMeter,
@@ -35,7 +36,6 @@ from sieverag.inference.llm.base import (
     metered,
 )
 from sieverag.inference.llm.hf import reply_token_ids
-from sieverag.inference.types import Conversation
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 

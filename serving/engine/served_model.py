@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Device, DType
 from sieverag.inference.llm.hf import load_causal_lm
 from sieverag.inference.llm.kv import eos_token_ids
-from sieverag.inference.types import Device, DType
 from sieverag.serving.adapters import Adapter
 from sieverag.serving.errors import AdapterError
 

@@ -33,9 +33,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.mcf import MultiGranularFilter
-from sieverag.inference.types import Document
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from sieverag.inference.types import Document
+from sieverag.inference.core.types import Document
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.request_fields import Text
 

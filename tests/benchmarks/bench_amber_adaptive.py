@@ -60,13 +60,13 @@ import results_json  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from sieverag.inference.cli.run import EvalCommand  # noqa: E402
-from sieverag.inference.config import RunConfig  # noqa: E402
+from sieverag.inference.composition.config import RunConfig  # noqa: E402
+from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
+from sieverag.inference.core.settings import narrow, parse_settings  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
-from sieverag.inference.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import build_index  # noqa: E402
-from sieverag.inference.settings import narrow, parse_settings  # noqa: E402
 
 SIGNALS = ("sufficiency", "max_p", "sum_p")
 GATE_SIGNALS = ("max_p", "sum_p")  # what the loop reads without an extra call

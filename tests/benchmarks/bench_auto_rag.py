@@ -44,18 +44,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
 
-from sieverag.inference.config import (  # noqa: E402
+from sieverag.inference.composition.config import (  # noqa: E402
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
 )
+from sieverag.inference.core.io_utils import JsonlLog, write_atomic  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.records import EvalRecord  # noqa: E402
 from sieverag.inference.eval.report import delta_table  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.eval.summary import summarize  # noqa: E402
-from sieverag.inference.io_utils import JsonlLog, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402

@@ -39,10 +39,10 @@ from bench_data import HOTPOT  # noqa: E402
 from sieverag.data_gen.cxmi import SharedPrefixCXMI, naive_cxmi  # noqa: E402
 from sieverag.data_gen.labelling import chunk_sentences  # noqa: E402
 from sieverag.data_gen.strinc import strinc  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 
 DATA = HOTPOT
 THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)

@@ -81,9 +81,11 @@ from bench_data import HOTPOT  # noqa: E402
 from bench_filter_anywhere import free_port, start_server, wait_ready  # noqa: E402
 from bench_server_abuse import stop_server  # noqa: E402
 
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.core.errors import SieveragError  # noqa: E402
+from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source, load_examples  # noqa: E402
-from sieverag.inference.errors import SieveragError  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.filters.adapters import (  # noqa: E402
     CARD_FILE,
@@ -96,14 +98,12 @@ from sieverag.inference.filters.filter_format import (  # noqa: E402
     chunk_prompt,
     relevance_log_odds,
 )
-from sieverag.inference.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
 from sieverag.inference.llm.openai_backend import (  # noqa: E402
     OpenAIBackend,
     OpenAIBackendConfig,
 )
 from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 from sieverag.training.filter_eval import run_filter_eval  # noqa: E402

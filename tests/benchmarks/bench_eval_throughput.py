@@ -70,13 +70,13 @@ from bench_engines import (  # noqa: E402
 )
 from bench_filter_anywhere import free_port  # noqa: E402
 
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
 from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 

@@ -63,6 +63,8 @@ run_offline()
 import httpx  # noqa: E402
 from bench_data import HOTPOT  # noqa: E402
 
+from sieverag.inference.core.prompt_templates import load_template  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
@@ -71,8 +73,6 @@ from sieverag.inference.filters.ranking import as_documents, rank_by_filter  # n
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
-from sieverag.inference.prompt_templates import load_template  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
 from sieverag.serving.engine.backend import EngineBackend  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402

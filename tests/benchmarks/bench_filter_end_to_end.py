@@ -85,8 +85,9 @@ from bench_engines import (  # noqa: E402
 from bench_filter_anywhere import MAX_ANSWER_TOKENS, free_port, question_messages  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
+from sieverag.inference.core.errors import SieveragError  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
-from sieverag.inference.errors import SieveragError  # noqa: E402
 from sieverag.inference.filters.adapters import (  # noqa: E402
     CARD_FILE,
     DEFAULT_FILTER_NAME,
@@ -98,7 +99,6 @@ from sieverag.inference.filters.combination import card_combination  # noqa: E40
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.serving.app import create_app  # noqa: E402
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402

@@ -48,6 +48,7 @@ from offline_env import run_offline
 run_offline()
 
 from sieverag.data_gen.strinc import strinc  # noqa: E402
+from sieverag.inference.core.types import Document, Example  # noqa: E402
 from sieverag.inference.filters.adapters import resolve_filter  # noqa: E402
 from sieverag.inference.filters.base import ScoredDocument  # noqa: E402
 from sieverag.inference.filters.combination import passage_priors  # noqa: E402
@@ -68,7 +69,6 @@ from sieverag.inference.filters.mcf import (  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import auroc, decision_quality  # noqa: E402
-from sieverag.inference.types import Document, Example  # noqa: E402
 
 # The one-pass sentence rules measured: (sentence_p_min, sentence_min_keep).
 SENTENCE_RULES = ((0.5, 0), (0.5, 1), (0.3, 1), (0.2, 1), (0.1, 1), (0.05, 1))

@@ -31,16 +31,16 @@ from offline_env import run_offline
 run_offline()
 
 from sieverag.inference.cli.run import EvalCommand  # noqa: E402
-from sieverag.inference.compose import plan_run  # noqa: E402
-from sieverag.inference.config import RunConfig  # noqa: E402
+from sieverag.inference.composition.compose import plan_run  # noqa: E402
+from sieverag.inference.composition.config import RunConfig  # noqa: E402
+from sieverag.inference.core.settings import narrow, parse_settings  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.report import usage_table  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
-from sieverag.inference.settings import narrow, parse_settings  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 
 
 def rounds_of(pipeline: str, record: dict) -> list[tuple[list[str], list[str]]]:

@@ -54,6 +54,7 @@ from bench_data import HOTPOT  # noqa: E402
 from bench_filter_anywhere import free_port, start_server, wait_ready  # noqa: E402
 from bench_server_abuse import stop_server  # noqa: E402
 
+from sieverag.inference.core.types import Conversation  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.filter_format import chunk_prompt  # noqa: E402
@@ -62,7 +63,6 @@ from sieverag.inference.llm.openai_backend import (  # noqa: E402
     OpenAIBackend,
     OpenAIBackendConfig,
 )
-from sieverag.inference.types import Conversation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_COMMIT = "2794b9dad31b3559a51c05dcc30a2e4de8592bda"

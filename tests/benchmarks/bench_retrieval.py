@@ -47,7 +47,7 @@ from bench_data import DATA_DIR  # noqa: E402
 from sieverag.inference.cli.index import (  # noqa: E402
     default_eval_index_dir,
 )
-from sieverag.inference.io_utils import cache_root  # noqa: E402
+from sieverag.inference.core.io_utils import cache_root  # noqa: E402
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset  # noqa: E402
 from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402

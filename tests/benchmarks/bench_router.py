@@ -43,22 +43,22 @@ sys.path.insert(0, str(ROOT))
 
 from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
 
-from sieverag.inference.config import (  # noqa: E402
+from sieverag.inference.composition.config import (  # noqa: E402
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
 )
+from sieverag.inference.core.io_utils import cache_root, write_atomic  # noqa: E402
+from sieverag.inference.core.types import Document, Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.io_utils import cache_root, write_atomic  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
 from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
 from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
-from sieverag.inference.types import Document, Example  # noqa: E402
 
 SOURCES = ("hotpotqa", "popqa", "nutrition")
 # the name a row shows → the pipeline it runs

@@ -61,6 +61,7 @@ from bench_data import HOTPOT, ROOT  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from sieverag.data_gen.strinc import strinc  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
 from sieverag.inference.filters.adapters import CARD_FILE, read_card, resolve_filter  # noqa: E402
 from sieverag.inference.filters.base import FilterResult, ScoredDocument  # noqa: E402
@@ -84,7 +85,6 @@ from sieverag.inference.filters.windows import token_offsets_of  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import decision_quality  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.training.caching_backend import CachingBackend  # noqa: E402
 from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
 from sieverag.training.held_out_questions import (  # noqa: E402

@@ -35,14 +35,14 @@ import results_json  # noqa: E402
 from standard_exports import EXPORTS, read_jsonl, write_jsonl  # noqa: E402
 
 from sieverag.inference.cli.run import EvalCommand  # noqa: E402
-from sieverag.inference.config import RunConfig  # noqa: E402
+from sieverag.inference.composition.config import RunConfig  # noqa: E402
+from sieverag.inference.core.settings import narrow, parse_settings  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.judge_sweep import bar_label, sweep_judge_bar  # noqa: E402
 from sieverag.inference.eval.report import collate_runs  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.index import build_index  # noqa: E402
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
-from sieverag.inference.settings import narrow, parse_settings  # noqa: E402
 
 SOURCES = {"hotpotqa": "hotpotqa_distractor.jsonl", "nq-open": "nq-open-oracle.jsonl.gz",
            "triviaqa": "triviaqa_test_ctrla.jsonl", "popqa": "popqa_longtail_with_passages.jsonl",

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from sieverag.data_gen.passages import PassageSetConfig, common_row, mine_passages
 from sieverag.data_gen.strinc import strinc
+from sieverag.inference.core.io_utils import write_atomic
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
-from sieverag.inference.io_utils import write_atomic
-from sieverag.inference.types import Document, Example
 
 WEB_SEPARATOR = " ; "
 TRIVIAQA_DEPTH = 8

@@ -22,10 +22,10 @@ from sieverag.data_gen.labelling import (
     run_labelling,
 )
 from sieverag.data_gen.teacher import TeacherConfig
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.in_flight import QuestionFailedError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.in_flight import QuestionFailedError
+from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.settings import parse_settings
 
 TOLERANCE = 1e-4
 

@@ -26,10 +26,10 @@ from sieverag.data_gen.labelling import (
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.records import ChunkLabels, LabelRecord, read_labels
 from sieverag.data_gen.teacher import TeacherConfig
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.io_utils import JsonlLog
+from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.filters.filter_format import parse_sentence_answer
-from sieverag.inference.io_utils import JsonlLog
-from sieverag.inference.settings import parse_settings
 
 
 def entry(*, strinc=False, cxmi=None, teacher=None, gold=None, sentences=3,

@@ -18,9 +18,9 @@ from sieverag.data_gen.passages import (
 )
 from sieverag.data_gen.records import read_labels
 from sieverag.data_gen.strinc import strinc
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import example_source, load_examples
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.types import Document, Example
 
 # Eight NQ-style questions, one gold passage each; the passages of rivers, of bridges and of
 # composers share words, so BM25 finds close negatives for each question among the others'.

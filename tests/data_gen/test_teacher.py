@@ -18,7 +18,7 @@ from sieverag.data_gen.teacher import (
     cache_key,
     parse_teacher_reply,
 )
-from sieverag.inference.errors import BackendUnavailableError, SieveragError
+from sieverag.inference.core.errors import BackendUnavailableError, SieveragError
 
 REQUEST = TeacherRequest("Where was Lise Meitner born?",
                          ("Lise Meitner was born in Vienna.", "She studied physics."),

@@ -75,6 +75,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS), str(TESTS / "benchmarks")]  # tiny_model, tiny_adapter, bench_train
 
+from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
+from sieverag.inference.core.prompt_templates import load_template  # noqa: E402
+from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.filters.adapters import resolve_filter, weights_sha256  # noqa: E402
 from sieverag.inference.filters.filter_format import (  # noqa: E402
@@ -85,12 +88,9 @@ from sieverag.inference.filters.filter_format import (  # noqa: E402
 )
 from sieverag.inference.filters.judge import MainRagJudge, judge_bar  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
-from sieverag.inference.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.models import resolve_model  # noqa: E402
-from sieverag.inference.prompt_templates import load_template  # noqa: E402
-from sieverag.inference.types import Example  # noqa: E402
 from sieverag.training.sft import package_versions  # noqa: E402
 
 ROOT = TESTS.parent

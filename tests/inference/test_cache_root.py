@@ -9,7 +9,7 @@ import pytest
 from platformdirs import user_cache_dir
 
 from sieverag.inference.cli.index import default_eval_index_dir
-from sieverag.inference.io_utils import cache_root
+from sieverag.inference.core.io_utils import cache_root
 from sieverag.inference.llm import models
 from sieverag.inference.retrieval.config import IndexConfig
 

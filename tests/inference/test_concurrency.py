@@ -10,20 +10,20 @@ import pytest
 from fake_backend import ScriptedBackend, serve_every_role
 from repo_paths import REPO
 
-from sieverag.inference.config import RunConfig, TrustConfig
-from sieverag.inference.data.demo import write_demo_dataset
-from sieverag.inference.errors import SieveragError
-from sieverag.inference.eval import runner
-from sieverag.inference.in_flight import (
+from sieverag.inference.agents.roles import ModelRoles
+from sieverag.inference.composition.config import RunConfig, TrustConfig
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.in_flight import (
     QuestionFailedError,
     default_concurrency,
     run_in_flight,
 )
+from sieverag.inference.data.demo import write_demo_dataset
+from sieverag.inference.eval import runner
 from sieverag.inference.llm.base import GenerationSettings, question_usage
 from sieverag.inference.llm.batching import CallBatcher
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.roles import ModelRoles
 
 # ----- the thread pool -----
 

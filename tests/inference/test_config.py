@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.config import RunConfig, load_run_config
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.prompt_templates import load_template, parse_template
-from sieverag.inference.settings import validate_settings
+from sieverag.inference.composition.config import RunConfig, load_run_config
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template, parse_template
+from sieverag.inference.core.settings import validate_settings
 
 
 def test_round_trip_through_yaml(tmp_path):

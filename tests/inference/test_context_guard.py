@@ -9,7 +9,9 @@ import pickle
 import pytest
 
 from sieverag.data_gen.cxmi import BatchedCXMI, SharedPrefixCXMI
-from sieverag.inference.errors import ConfigError, ContextError
+from sieverag.inference.core.errors import ConfigError, ContextError
+from sieverag.inference.core.prompt_templates import TemplateText, load_template
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.records import build_record
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import MainRagJudge
@@ -19,8 +21,6 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines import PipelineContext, build_pipeline
 from sieverag.inference.pipelines.base import format_documents
-from sieverag.inference.prompt_templates import TemplateText, load_template
-from sieverag.inference.types import Document, Example
 
 CONTEXT = 256
 QUESTION = "Which river flows through the city of Cairo in Egypt?"

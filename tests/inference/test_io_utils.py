@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.errors import DatasetError
-from sieverag.inference.io_utils import (
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import (
     JsonlLog,
     atomic_directory,
     atomic_file,

@@ -19,7 +19,7 @@ import pytest
 from served_runs import comparison_config, records
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.config import ModelRoles, RunConfig
+from sieverag.inference.composition.config import ModelRoles, RunConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.llm.registry import BackendSpec, build_backend

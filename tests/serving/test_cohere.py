@@ -14,13 +14,13 @@ from pathlib import Path
 import cohere
 import pytest
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
 from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.types import RerankResult
 from sieverag.serving.api.field_policy import IGNORED_HEADER
 from sieverag.serving.api.rerank.serving import cut_to_tokens
 from sieverag.serving.config import LocalServerConfig
@@ -211,9 +211,9 @@ def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
     import httpx
     import openai
 
+    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.filters.adapters import read_card
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card
 
     shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
     entries = {m["id"]: m for m in httpx.get(

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 

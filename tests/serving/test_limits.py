@@ -19,7 +19,7 @@ import httpx
 import pytest
 from tiny_server import model
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.serving.api.chat import serving as chat_serving
 from sieverag.serving.api.completions import serving as completions_serving
 from sieverag.serving.api.limits import PromptLimits

@@ -21,10 +21,10 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, Reply, chat_reply
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.proxy.marked_documents import Passage, documents_block

@@ -289,9 +289,9 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
     """The tiny adapter has no card: /v1/models shows none for it, no filter has its served
     name, so a run's filter role on it is refused, naming both remedies; the model list
     itself needs the server's key."""
-    from sieverag.inference.errors import ConfigError
+    from sieverag.inference.agents.roles import filter_card
+    from sieverag.inference.core.errors import ConfigError
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card
 
     role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)
     with pytest.raises(ConfigError, match="served at .* as 'filter' has no filter card") as no:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sieverag.inference.types import RerankResult
+from sieverag.inference.core.types import RerankResult
 from sieverag.serving.api.bodies import to_json
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.rerank.detection import COHERE, DIALECTS, RerankRequest, dialect_of

@@ -389,7 +389,7 @@ def test_api_key_is_required_and_never_logged(
 
 def test_missing_key_variable_is_a_clear_error(tiny_model_dir: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from sieverag.inference.errors import ConfigError
+    from sieverag.inference.core.errors import ConfigError
 
     monkeypatch.delenv("SIEVERAG_UNSET_KEY", raising=False)
     with pytest.raises(ConfigError, match="SIEVERAG_UNSET_KEY"):
@@ -466,7 +466,7 @@ def test_cli_refuses_options_of_the_other_engine_without_starting_a_server(
 
 
 def test_serve_settings_build_each_engine_config(tmp_path: Path) -> None:
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.settings import parse_settings
     from sieverag.serving.cli import ServeCommand, engine_config
     from sieverag.serving.config import VLLMLaunchConfig
 

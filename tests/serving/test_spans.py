@@ -16,10 +16,10 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 from repo_paths import TEST_DATA
 
+from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.proxy.marked_documents import Passage, documents_block

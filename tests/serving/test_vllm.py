@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.settings import parse_settings
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.cli import ServeCommand, engine_config
 from sieverag.serving.config import (

@@ -21,10 +21,10 @@ import pytest
 import torch
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
-from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import scheduling
 from sieverag.serving.engine.backend import EngineBackend

@@ -14,10 +14,10 @@ import pytest
 from fake_backend import ScriptedBackend
 from repo_paths import REPO
 
-from sieverag.inference.config import ModelRoles
-from sieverag.inference.errors import SieveragError
+from sieverag.inference.composition.config import ModelRoles
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.in_flight import QuestionFailedError
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.in_flight import QuestionFailedError
 from sieverag.inference.llm import batching
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.batching import CallBatcher

@@ -11,11 +11,11 @@ import pytest
 import torch
 from repo_paths import REPO
 
-from sieverag.inference.config import ModelRoles
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.composition.config import ModelRoles
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.filters.filter_format import chunk_record
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.types import Document, Example
 
 ROOT = REPO
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
@@ -267,7 +267,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
      "adapter 'x' is for an in-process model"),
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
-    from sieverag.inference.settings import validate_settings
+    from sieverag.inference.core.settings import validate_settings
     from sieverag.training.filter_eval_config import FilterEvalConfig
 
     with pytest.raises(ConfigError, match=message):
@@ -292,8 +292,8 @@ def test_a_bad_adapter_fails_before_any_work(adapter: str, message: str, tmp_pat
 def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatch,
                                                             tiny_adapter: Path,
                                                             tiny_model_dir: Path) -> None:
+    from sieverag.inference.agents.roles import resolve_filter_role
     from sieverag.inference.filters import adapters
-    from sieverag.inference.roles import resolve_filter_role
     from sieverag.training.filter_eval_config import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))

@@ -10,8 +10,8 @@ import re
 import pytest
 from headless_chromium import chromium, console_errors
 
-from sieverag.inference.html.page import DATA_ELEMENT
-from sieverag.inference.types import Document, Example
+from sieverag.inference.core.html.page import DATA_ELEMENT
+from sieverag.inference.core.types import Document, Example
 from sieverag.training.filter_eval_html import question_f1, write_filter_eval_html
 from sieverag.training.filter_methods import ChunkDecisions
 from sieverag.training.filter_report import DatasetDecisions

@@ -105,7 +105,7 @@ def test_zero3_training_is_one_process_with_gathered_weights(bf16_gpu: None,
 
 
 def test_serve_command_is_the_embedded_server_on_cuda() -> None:
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.settings import parse_settings
     from sieverag.serving.cli import ServeCommand, engine_config
     from sieverag.serving.config import LocalServerConfig
 

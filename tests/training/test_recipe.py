@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 
 ROOT = REPO
 RECIPES = sorted((ROOT / "training" / "recipes").glob("*.yaml"))

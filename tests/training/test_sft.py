@@ -164,7 +164,7 @@ def test_scoring_label_positions_only_gives_the_same_loss_and_gradients(
 def test_lora_on_the_upper_layers_only(tiny_model_dir: Path) -> None:
     """`lora_layers_from` puts LoRA on the decoder layers from that index up, and names the
     model's layer count when it is past the last."""
-    from sieverag.inference.errors import ConfigError
+    from sieverag.inference.core.errors import ConfigError
     from sieverag.training.sft import lora_config
     from sieverag.training.sft_config import FilterModelConfig
 

@@ -17,10 +17,10 @@ from sft_runs import filter_records, write_filter_dataset
 
 from sieverag.accelerate_configs import ACCELERATE_CONFIGS, ACCELERATE_CONFIGS_DIR
 from sieverag.cli import main
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import parse_settings, read_yaml_mapping
 from sieverag.inference.filters.adapters import read_card
 from sieverag.inference.filters.combination import PRIORS_ONLY, Combination, card_combination
-from sieverag.inference.settings import parse_settings, read_yaml_mapping
 from sieverag.training.cli import RECIPES_DIR, TrainCommand, launch_command, plan_launch
 from sieverag.training.launch import Machine
 

@@ -31,13 +31,13 @@ from typing import Literal
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.settings import settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.amber.memory import shown_memory
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import settings
-from sieverag.inference.types import Document
 
 YES, NO = "Yes", "No"
 _WORD = re.compile(r"\w+")

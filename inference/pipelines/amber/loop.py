@@ -8,7 +8,9 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from sieverag.inference.answers import extract_answer
+from sieverag.inference.agents.answers import extract_answer
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig
 from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
@@ -38,8 +40,6 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.rounds import RoundDocuments
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.types import Document, Example
 
 # Pipeline name → the filter it fixes (None: `amber.filter` of the run config).
 AMBER_PIPELINES: dict[str, str | None] = {"amber": None,

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.settings import settings
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import settings
 
 EMPTY_MEMORY = "(empty)"
 REVIEW_AGENT = "reviewer"

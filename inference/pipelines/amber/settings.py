@@ -7,13 +7,13 @@ from dataclasses import field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
 from sieverag.inference.pipelines.amber.collector import CollectorConfig
 from sieverag.inference.pipelines.amber.memory import MemoryConfig
-from sieverag.inference.settings import Section, settings
 
 AnswerFrom = Literal["memory", "memory_and_evidence", "evidence"]
 # What the adaptive loop does after a round's filter.

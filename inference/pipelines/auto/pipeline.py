@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from sieverag.inference.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.types import Example
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.pipelines.auto.router import (
     ROUTER_SECTION,
@@ -42,8 +44,6 @@ from sieverag.inference.pipelines.base import (
 )
 from sieverag.inference.pipelines.simple import DirectPipeline
 from sieverag.inference.pipelines.traces import PipelineTrace
-from sieverag.inference.settings import Section, settings
-from sieverag.inference.types import Example
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.dense import Encoder

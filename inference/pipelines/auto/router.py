@@ -81,12 +81,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import ConfigDict, Field, JsonValue
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import JsonlRecord
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
-from sieverag.inference.io_utils import JsonlRecord
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.settings import Section, settings
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.dense import Encoder

@@ -10,7 +10,7 @@ import os
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.serving.api.errors import error_body
 
 # The paths open without the key: the liveness probe, as on vLLM.

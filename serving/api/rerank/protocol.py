@@ -35,7 +35,7 @@ from pydantic import (
     model_serializer,
 )
 
-from sieverag.inference.types import RerankResult, SentenceSpan
+from sieverag.inference.core.types import RerankResult, SentenceSpan
 from sieverag.serving.api.bodies import SparseBody
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import Ignored, OnlyAt

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import best_first
-from sieverag.inference.types import RerankResult
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.filtering import DocumentRefusal, Truncation
 

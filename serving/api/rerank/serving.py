@@ -7,7 +7,7 @@ dialect's fields.
 The query's documents are ranked by `rank_by_filter` (inference/filters/ranking.py: one
 round of MCF, by MCF's own code) on the served model or adapter the request names
 (`serving.filtering`, shared with the filtering proxy), so every number is MCF's by
-construction; each result is a `RerankResult` (inference/types.py), the shape the clients
+construction; each result is a `RerankResult` (inference/core/types.py), the shape the clients
 read:
 
 * `relevance_score` — MCF's P(relevant): the filter's score combined with the request's BM25
@@ -40,9 +40,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
+from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.combination import logit_of
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.inference.types import Document, RerankResult
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.rerank.detection import RerankRequest, dialect_of
 from sieverag.serving.api.rerank.dialects import cohere

@@ -16,8 +16,8 @@ from collections import defaultdict
 
 from fastapi.responses import Response
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.inference.types import RerankResult
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.api.generation_protocol import Usage
 from sieverag.serving.api.rerank.protocol import prompt_token_cut

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sieverag.cli import main
-from sieverag.inference.compose import plan_run
-from sieverag.inference.config import RetrievalConfig, RunConfig
+from sieverag.inference.composition.compose import plan_run
+from sieverag.inference.composition.config import RetrievalConfig, RunConfig
+from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.data import dataset_fingerprint, detect_format, load_examples
-from sieverag.inference.errors import DatasetError
 from sieverag.inference.eval.runner import selected_examples
 from sieverag.inference.pipelines.auto import AutoConfig
 

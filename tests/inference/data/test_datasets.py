@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from repo_paths import SHARED_DATA, TEST_DATA
 
+from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.data import (
     DATASET_FORMATS,
     detect_format,
@@ -18,7 +19,6 @@ from sieverag.inference.data import (
     load_squad_corpus,
     load_squad_paragraphs,
 )
-from sieverag.inference.errors import DatasetError
 
 DATA = TEST_DATA
 

@@ -10,14 +10,19 @@ from pathlib import Path
 from repo_paths import TEST_DATA
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.config import ModelRoles, RetrievalConfig, RunConfig, TrustConfig
+from sieverag.inference.composition.config import (
+    ModelRoles,
+    RetrievalConfig,
+    RunConfig,
+    TrustConfig,
+)
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
 from sieverag.inference.data.gold_match import PassageMatcher, mark_gold, read_passage_ids
 from sieverag.inference.eval import runner
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index
-from sieverag.inference.types import Document, Example
 
 DATA = TEST_DATA
 BRIDGE = ("The Calder Bridge over the river Tamsin was opened in 1901 by the mayor of "

@@ -16,17 +16,22 @@ from fake_dense import FAKE_DENSE, fake_encoder
 
 from sieverag.cli import main
 from sieverag.inference.cli.run import EvalCommand
-from sieverag.inference.config import RetrievalConfig, RunConfig, TrustConfig, load_run_config
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.composition.config import (
+    RetrievalConfig,
+    RunConfig,
+    TrustConfig,
+    load_run_config,
+)
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import JsonlLog
+from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.eval import runner
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.retrieval import dense, rerank
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.index import Index, build_index
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
-from sieverag.inference.settings import parse_settings
 
 QUESTION = "Who opened the Calder Bridge?"
 CORPUS = [

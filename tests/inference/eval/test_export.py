@@ -10,14 +10,14 @@ import pytest
 from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
-from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.composition.config import RunConfig, TrustConfig
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.eval.export import export_row
 from sieverag.inference.eval.records import build_record
 from sieverag.inference.llm.base import Usage
 from sieverag.inference.pipelines.base import PipelineOutput
-from sieverag.inference.types import Document, Example
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 from synthetic_runs import HOSTILE, PIPELINES, drops_gold, write_synthetic_run, wrong
 
 from sieverag.cli import main
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.html.page import DATA_ELEMENT
 from sieverag.inference.eval.html_report import REPORT_FILE, write_html_report
-from sieverag.inference.html.page import DATA_ELEMENT
 from sieverag.inference.retrieval.sentences import sentence_spans
 
 QUESTIONS = 12

@@ -13,9 +13,9 @@ from fake_backend import ScriptedBackend, serve_every_role
 
 from sieverag.cli import main
 from sieverag.inference.cli.run import JudgeSweepCommand
-from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.composition.config import RunConfig, TrustConfig
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.data.demo import write_demo_dataset
-from sieverag.inference.errors import ConfigError
 from sieverag.inference.eval import runner
 from sieverag.inference.eval.judge_sweep import sweep_judge_bar, sweep_table
 from sieverag.inference.filters.judge import JudgeConfig, judge_bar

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from sieverag.cli import main
-from sieverag.inference.config import RunConfig, TAASWeights, TrustConfig, load_run_config
+from sieverag.inference.composition.config import (
+    RunConfig,
+    TAASWeights,
+    TrustConfig,
+    load_run_config,
+)
+from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval.export import export_run
 from sieverag.inference.eval.records import EvalRecord, GraderGrades, TrustMetrics
 from sieverag.inference.eval.report import (
@@ -25,7 +31,6 @@ from sieverag.inference.eval.report import (
     write_report,
 )
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.registry import BackendSpec
 
 OLD_CONFIG = """dataset: data/nutrition.jsonl

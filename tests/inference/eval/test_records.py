@@ -12,12 +12,12 @@ from fake_backend import ScriptedBackend
 from pydantic import ValidationError
 from scripted_amber import EXAMPLE, Agents
 
-from sieverag.inference.config import TrustConfig
-from sieverag.inference.errors import DatasetError
+from sieverag.inference.composition.config import TrustConfig
+from sieverag.inference.core.errors import DatasetError
+from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
 from sieverag.inference.eval.trace import find_record, render_trace
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.io_utils import JsonlLog
 from sieverag.inference.llm.base import Usage
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.settings import AmberConfig

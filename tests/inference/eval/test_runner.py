@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from sieverag.cli import main
-from sieverag.inference.compose import plan_run
-from sieverag.inference.config import ModelRoles, RunConfig
+from sieverag.inference.composition.compose import plan_run
+from sieverag.inference.composition.config import ModelRoles, RunConfig
+from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.data.demo import write_demo_dataset
-from sieverag.inference.errors import ConfigError, DatasetError
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.llm.base import GenerationSettings
@@ -192,7 +192,7 @@ def test_a_served_filter_without_a_card_fails_before_the_run_writes_anything(
     """No card named, none shown by its server, no filter of its served name: one clear
     message naming both remedies, before config.yaml is written, so the command it gives
     runs in the same folder."""
-    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
+    monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
     out = tmp_path / "o"
     args = ["eval", "--pipelines", "amber-mcf", "--dataset", str(demo_file), "--limit", "1",
             "--models.generator.model", str(tiny_model_dir),
@@ -247,7 +247,7 @@ def test_unknown_config_keys_and_flags_are_refused_by_name(tmp_path, demo_file, 
 
 def test_a_preset_supplies_defaults_that_flags_override():
     from sieverag.inference.cli.run import EvalCommand
-    from sieverag.inference.settings import parse_settings
+    from sieverag.inference.core.settings import parse_settings
 
     command = parse_settings(EvalCommand, ["--preset", "amber-smollm2", "--dataset", "d.jsonl",
                                            "--amber.k", "4"], "sieverag eval")

@@ -13,7 +13,8 @@ import random
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
 from sieverag.inference.filters.combination import (
     FEATURES,
@@ -30,7 +31,6 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.metrics.filter import calibration_error, paired_f1_difference
-from sieverag.inference.types import Document
 from sieverag.training.combination_fit import (
     LabelledRound,
     SelectionRule,
@@ -206,8 +206,8 @@ def test_a_card_without_a_fit_ranks_by_the_filters_own_score_where_no_card_ranks
 
 
 def test_every_start_says_which_score_ranks_and_why(tmp_path):
+    from sieverag.inference.agents.roles import RETRIEVAL_ONLY_SOURCE, FilterCard
     from sieverag.inference.filters.combination import ranking_statement
-    from sieverag.inference.roles import RETRIEVAL_ONLY_SOURCE, FilterCard
 
     fitted = measure_combination(synthetic_rounds(60, seed=4), folds=3)
     useless = measure_combination(synthetic_rounds(60, seed=6, filter_noise=True), folds=3,
@@ -286,11 +286,11 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
     that shows no card, the filter brings its card's fitted combination to MCF, as
     in-process; under another name with no card named, it is one error naming both
     remedies."""
+    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card
 
-    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
+    monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
     shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model=DEFAULT_FILTER_NAME)
     assert filter_card(served).folder == shipped
@@ -309,11 +309,11 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
 
 def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.MonkeyPatch
                                                 ) -> None:
+    from sieverag.inference.agents.roles import ModelRoles, filter_card
     from sieverag.inference.filters.adapters import CONFIG_FILE
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import ModelRoles, filter_card
 
-    monkeypatch.setattr("sieverag.inference.roles.served_card", lambda spec: None)
+    monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
     with pytest.raises(ConfigError, match="models.filter_card: adapter 'no-such-filter'"):
         filter_card(served, "no-such-filter")
@@ -329,8 +329,8 @@ def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.Mo
 def test_a_server_that_cannot_be_reached_is_named() -> None:
     import socket
 
+    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card
 
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
@@ -344,8 +344,8 @@ def test_the_card_is_asked_for_with_the_key_the_role_sends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The model list is read with the role's own key (`openai_backend.server_key`): a key
     variable named but unset is refused by name before anything is sent."""
+    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.llm.registry import BackendSpec
-    from sieverag.inference.roles import filter_card
 
     monkeypatch.delenv("SIEVERAG_TEST_NO_SUCH_KEY", raising=False)
     served = BackendSpec(endpoint="http://127.0.0.1:9/v1", model="filter",

@@ -8,11 +8,11 @@ import math
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import ScoredDocument
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar, reading_order
 from sieverag.inference.filters.naive_judge import NaiveJudge
-from sieverag.inference.types import Document
 
 
 def test_judge_bar_is_mean_minus_n_population_std():

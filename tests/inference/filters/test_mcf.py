@@ -7,7 +7,9 @@ import pytest
 from fake_backend import ScriptedBackend
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import validate_settings
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters import (
     FilterSetup,
     MainRagJudge,
@@ -20,8 +22,6 @@ from sieverag.inference.filters import (
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.stack import z_scores
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.settings import validate_settings
-from sieverag.inference.types import Document
 
 DOCUMENTS = [
     Document(id="gold", title="Liora Tamsin", text="Liora Tamsin was born in Quorrin in 1848. "

@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.combination import FILTER_ALONE, PRIORS_ONLY, card_combination
 from sieverag.inference.filters.filter_format import (
     IGNORED,
@@ -26,7 +27,6 @@ from sieverag.inference.filters.filter_format import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.base import LABEL_MARK, marked_prompt_ids
-from sieverag.inference.types import Document
 
 QUESTION = "Who founded the Bridge Company?"
 SENTENCES = ["The Bridge Company builds bridges.", "It was founded by Ada Byron.",
@@ -269,7 +269,7 @@ def test_one_pass_training_trains_at_the_verdicts_and_its_card_says_so(tmp_path,
 def test_a_split_mixing_formats_is_refused():
     from datasets import Dataset
 
-    from sieverag.inference.errors import DatasetError
+    from sieverag.inference.core.errors import DatasetError
     from sieverag.inference.filters.filter_format import chunk_record
     from sieverag.training.data import filter_format_of
 

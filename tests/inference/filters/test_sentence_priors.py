@@ -9,7 +9,8 @@ import pytest
 from fake_backend import ScriptedBackend
 from fake_dense import fake_encoder
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import _passage_priors
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
@@ -19,7 +20,6 @@ from sieverag.inference.filters.sentence_priors import (
     fused_sentence_scores,
     prior_key_sentences,
 )
-from sieverag.inference.types import Document
 
 QUESTION = "Who designed the Eiffel Tower in Paris?"
 TOWER = ("Paris is the capital of France. "

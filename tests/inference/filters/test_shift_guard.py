@@ -11,6 +11,7 @@ import pytest
 from fake_backend import ScriptedBackend
 from test_filter_combination import synthetic_rounds
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters.combination import (
     Combination,
     RoundScores,
@@ -21,7 +22,6 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.ranking import rank_by_filter
-from sieverag.inference.types import Document
 from sieverag.training.combination_fit import (
     TIE_MARGIN,
     LabelledRound,
@@ -177,7 +177,7 @@ def test_scored_rounds_are_kept_and_read_back(tmp_path, monkeypatch):
         calls.append(text)
         return {"Yes": -0.5, "No": -1.5}
 
-    from sieverag.inference.types import Example
+    from sieverag.inference.core.types import Example
 
     examples = [Example(id=f"q{i}", question=f"who built bridge {i}?", answers=("x",),
                         documents=(Document(id="a", text="the bridge was built", is_gold=True),

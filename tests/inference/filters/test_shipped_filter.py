@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from repo_paths import TEST_DATA
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import (
     CARD_FILE,
@@ -22,7 +23,6 @@ from sieverag.inference.filters.adapters import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
-from sieverag.inference.types import Document
 
 pytestmark = pytest.mark.integration
 

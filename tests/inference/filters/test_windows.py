@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 from fake_backend import ScriptedBackend
 
+from sieverag.inference.core.types import Document
 from sieverag.inference.filters import combination
 from sieverag.inference.filters.combination import Combination, card_combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
@@ -23,7 +24,6 @@ from sieverag.inference.filters.windows import (
     word_piece_offsets,
 )
 from sieverag.inference.retrieval.sentences import sentence_spans
-from sieverag.inference.types import Document
 
 QUESTION = "Where was Liora Tamsin born?"
 FILLER = [f"Filler sentence number {i} says little." for i in range(10)]

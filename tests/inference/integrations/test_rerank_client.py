@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.integrations.rerank_client import RerankEndpoint, RerankEndpointError
-from sieverag.inference.types import RerankResult
 from sieverag.serving.api.bodies import to_json
 from sieverag.serving.api.rerank.dialects.cohere import rerank_response
 

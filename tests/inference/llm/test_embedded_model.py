@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.core.errors import ModelNotFoundError
 from sieverag.inference.llm import models
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 

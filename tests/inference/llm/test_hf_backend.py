@@ -229,8 +229,8 @@ def test_greedy_decoding_matches_transformers_generate(tiny_model_dir, prefix_to
 
 
 def test_the_memory_agents_read_the_evidence_once_through_the_prompt_cache(tiny_model_dir):
+    from sieverag.inference.core.prompt_templates import load_template
     from sieverag.inference.pipelines.amber.memory import MemoryConfig, MemoryUpdater
-    from sieverag.inference.prompt_templates import load_template
 
     evidence = "[1] " + "The bridge was opened in 1901 by the mayor. " * 10
     config = MemoryConfig(review_max_new_tokens=4, refine_max_new_tokens=4)

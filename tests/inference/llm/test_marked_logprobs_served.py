@@ -13,11 +13,11 @@ import torch
 from fake_backend import ScriptedBackend
 from tiny_server import model
 
-from sieverag.inference.errors import ConfigError, ContextError
+from sieverag.inference.core.errors import ConfigError, ContextError
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.base import LABEL_MARK, marked_prompt_ids
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.types import Conversation
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.local_server import LocalServer

@@ -19,12 +19,14 @@ from fake_openai_server import (
     echo_reply,
 )
 
-from sieverag.inference.errors import (
+from sieverag.inference.core.errors import (
     BackendUnavailableError,
     ConfigError,
     ContextError,
     SieveragError,
 )
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm import openai_transport
 from sieverag.inference.llm.base import (
     GenerationSettings,
@@ -34,8 +36,6 @@ from sieverag.inference.llm.base import (
 )
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.types import Conversation
 
 BackendFactory = Callable[..., OpenAIBackend]
 

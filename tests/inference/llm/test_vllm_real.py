@@ -36,10 +36,11 @@ from served_runs import comparison_config, records
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
-from sieverag.inference.config import ModelRoles, RunConfig
+from sieverag.inference.composition.config import ModelRoles, RunConfig
+from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.types import Document
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.data.loading import load_examples
-from sieverag.inference.errors import SieveragError
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
@@ -50,7 +51,6 @@ from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.inference.llm.registry import BackendSpec, build_backend
-from sieverag.inference.types import Document
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.local_server import LocalServer

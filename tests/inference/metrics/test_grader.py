@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sieverag.inference.core.prompt_templates import load_template
+from sieverag.inference.core.types import Document
 from sieverag.inference.llm.base import GenerationSettings, UsageMeter
 from sieverag.inference.metrics.grader import (
     GRADER_CRITERIA,
@@ -13,8 +15,6 @@ from sieverag.inference.metrics.grader import (
     grade_answers,
     parse_grader_reply,
 )
-from sieverag.inference.prompt_templates import load_template
-from sieverag.inference.types import Document
 
 DOCS = [Document(id="d1", text="Paris is the capital of France.", is_gold=True)]
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from sieverag.inference.config import TrustConfig
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.composition.config import TrustConfig
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document
 from sieverag.inference.metrics.trust import (
     STUDY_TAAS_WEIGHTS,
     QualityWeights,
@@ -33,7 +34,6 @@ from sieverag.inference.metrics.trust import (
     trust_report,
     unsupported_sentence_rate,
 )
-from sieverag.inference.types import Document
 
 DOCS = [
     Document(id="d1", text="Paris is the capital of France.", is_gold=True),

@@ -9,7 +9,7 @@ import pytest
 from fake_backend import ScriptedBackend
 from scripted_amber import EXAMPLE, POOL, Agents
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.eval.trace import render_trace
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline

@@ -8,7 +8,7 @@ import json
 import pytest
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
-from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.composition.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.pipelines.amber.collector import CollectorConfig

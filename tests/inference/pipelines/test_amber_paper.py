@@ -8,10 +8,10 @@ from fake_backend import ScriptedBackend
 from scripted_amber import EXAMPLE, Agents
 
 from sieverag.inference.cli.run import EvalCommand
+from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.settings import AmberConfig, paper_amber, paper_mcf
-from sieverag.inference.settings import parse_settings
 
 
 def run(pipeline: str, amber: AmberConfig, mcf: MCFConfig):

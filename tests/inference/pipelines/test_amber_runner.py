@@ -12,8 +12,8 @@ import yaml
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
-from sieverag.inference import compose
-from sieverag.inference.config import ModelRoles, RunConfig, TrustConfig
+from sieverag.inference.composition import compose
+from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters

@@ -8,7 +8,8 @@ import math
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document
 from sieverag.inference.pipelines.amber.collector import (
     CollectorConfig,
     InformationCollector,
@@ -17,7 +18,6 @@ from sieverag.inference.pipelines.amber.collector import (
     expanded_query,
     normalise_query,
 )
-from sieverag.inference.types import Document
 
 
 def test_sufficiency_is_p_yes_normalised_over_yes_and_no_against_the_threshold():

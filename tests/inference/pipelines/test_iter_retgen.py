@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.records import EvalRecord, build_record
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig, next_query
-from sieverag.inference.types import Document, Example
 
 POOL = (
     Document(id="d0", title="Liora Tamsin", text="Liora Tamsin was born in Quorrin.",

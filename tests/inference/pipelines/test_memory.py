@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.pipelines.amber.memory import (
     EMPTY_MEMORY,
     MemoryConfig,
     MemoryUpdater,
     cap_memory,
 )
-from sieverag.inference.prompt_templates import load_template
 
 
 def agent_reply(text: str) -> str:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sieverag.inference import compose
-from sieverag.inference.config import ModelRoles, RunConfig, load_run_config
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.composition import compose
+from sieverag.inference.composition.config import ModelRoles, RunConfig, load_run_config
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import Section
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines import PIPELINES
 from sieverag.inference.pipelines.amber.settings import AmberConfig
@@ -32,7 +33,6 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig
-from sieverag.inference.settings import Section
 
 # A served filter: planning a run that calls it resolves nothing on disk.
 SERVED = ModelRoles(filter=BackendSpec(endpoint="http://127.0.0.1:9/v1", model="filter"))
@@ -191,7 +191,7 @@ from dataclasses import field
 
 from sieverag.inference.pipelines.base import (
     PipelineContext, PipelineOutput, register_pipeline)
-from sieverag.inference.settings import Section, settings
+from sieverag.inference.core.settings import Section, settings
 
 
 @settings
@@ -222,17 +222,17 @@ package = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = package
 spec.loader.exec_module(package)
 
-from sieverag.inference.compose import build_context, plan_run
-from sieverag.inference.config import RunConfig
+from sieverag.inference.composition.compose import build_context, plan_run
+from sieverag.inference.composition.config import RunConfig
 from sieverag.inference.pipelines import build_pipeline
-from sieverag.inference.types import Example
+from sieverag.inference.core.types import Example
 import sieverag.inference.llm.registry as registry
 
 config = RunConfig(dataset="d", pipelines=("echo",), echo={"times": 2})
 plan = plan_run(config)
 print("roles", sorted(plan.roles), "documents", plan.reads_given_documents)
 registry.build_backend = lambda spec: object()  # no model: echo calls none
-import sieverag.inference.compose as compose
+import sieverag.inference.composition.compose as compose
 compose.build_backend = registry.build_backend
 context, _ = build_context(plan)
 echo = build_pipeline("echo", context)
@@ -262,7 +262,7 @@ TALLY_MODULE = '''
 
 from pydantic import Field
 
-from sieverag.inference.io_utils import JsonlRecord
+from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.pipelines.base import PipelineOutput, register_pipeline
 from sieverag.inference.pipelines.traces import PipelineTrace
 
@@ -309,12 +309,12 @@ package = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = package
 spec.loader.exec_module(package)
 
-import sieverag.inference.compose as compose
+import sieverag.inference.composition.compose as compose
 from sieverag.cli import main
-from sieverag.inference.config import RunConfig, TrustConfig
+from sieverag.inference.composition.config import RunConfig, TrustConfig
 from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.eval.runner import run_evaluation
-from sieverag.inference.io_utils import JsonlLog
+from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.pipelines.auto import RouteTrace
 from sieverag.inference.pipelines.tally import TallyTrace
 

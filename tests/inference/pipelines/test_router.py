@@ -16,15 +16,17 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.cli.run import EvalCommand
-from sieverag.inference.compose import build_context, plan_run
-from sieverag.inference.config import (
+from sieverag.inference.composition.compose import build_context, plan_run
+from sieverag.inference.composition.config import (
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
     load_run_config,
 )
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import parse_settings
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines import PipelineContext
@@ -35,8 +37,6 @@ from sieverag.inference.retrieval import dense
 from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index
-from sieverag.inference.settings import parse_settings
-from sieverag.inference.types import Document, Example
 
 CORPUS = [
     "Scurvy is caused by a lack of vitamin C.",

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.io_utils import JsonlRecord
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.pipelines import PIPELINES
 from sieverag.inference.pipelines.amber.trace import AmberTrace
 from sieverag.inference.pipelines.base import PipelineEntry, register_pipeline

@@ -12,7 +12,8 @@ import pytest
 from fake_dense import FAKE_DENSE, fake_encoder
 from repo_paths import SHARED_DATA
 
-from sieverag.inference.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.types import Document
 from sieverag.inference.metrics.retrieval import (
     ranked_sources,
     recall_at_k,
@@ -39,7 +40,6 @@ from sieverag.inference.retrieval.index import Index, build_index
 from sieverag.inference.retrieval.manifest import IndexFormatError
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import sentence_spans, split_sentences
-from sieverag.inference.types import Document
 
 SHARED = SHARED_DATA
 

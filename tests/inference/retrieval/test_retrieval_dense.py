@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sieverag.inference.errors import ModelNotFoundError
+from sieverag.inference.core.errors import ModelNotFoundError
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.dense import DenseConfig, DenseIndex, resolve_embedding_model

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import best_first
-from sieverag.inference.types import RerankResult
 from sieverag.serving.api.bodies import SparseBody
 from sieverag.serving.api.field_policy import OnlyAt
 from sieverag.serving.api.rerank.protocol import (

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sieverag.inference.errors import SieveragError
+from sieverag.inference.core.errors import SieveragError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

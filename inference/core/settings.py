@@ -29,12 +29,12 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from yaml.reader import ReaderError
 
-from sieverag.inference.errors import ConfigError, validation_problems
-from sieverag.inference.io_utils import read_text
+from sieverag.inference.core.errors import ConfigError, validation_problems
+from sieverag.inference.core.io_utils import read_text
 
 T = TypeVar("T")
 
-PRESETS_DIR = Path(__file__).parent / "presets"
+PRESETS_DIR = Path(__file__).parents[1] / "presets"
 
 
 def _one_or_more(value: Any) -> Any:

@@ -34,7 +34,7 @@ from typing import IO, Any, TypeVar
 from platformdirs import user_cache_dir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sieverag.inference.errors import (
+from sieverag.inference.core.errors import (
     ConfigError,
     DatasetError,
     SieveragError,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.io_utils import write_atomic
+from sieverag.inference.core.io_utils import write_atomic
 
 ASSETS = Path(__file__).parent
 DATA_ELEMENT = "page-data"

@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from sieverag.inference.errors import ConfigError
-from sieverag.inference.types import Conversation
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.types import Conversation
 
-PROMPTS_DIR = Path(__file__).parent / "prompts"
+PROMPTS_DIR = Path(__file__).parents[1] / "prompts"
 
 # The inputs a prompt too long for its model may lose text from, group by group: all of the
 # first group's (retrieved text), and only then the memory notes.

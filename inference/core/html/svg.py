@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sieverag.inference.html.page import escape
+from sieverag.inference.core.html.page import escape
 
 WIDTH, HEIGHT = 520, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 56

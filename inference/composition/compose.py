@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.config import RetrievalConfig, RunConfig, grader_spec
+from sieverag.inference.agents.roles import FilterCard, ModelRoles, filter_card, resolve_filter_role
+from sieverag.inference.composition.config import RetrievalConfig, RunConfig, grader_spec
+from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
+from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.gold_match import mark_gold
-from sieverag.inference.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import CallBatcher, on_batcher
@@ -40,8 +42,6 @@ from sieverag.inference.pipelines.base import (
     pipelines_run,
 )
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
-from sieverag.inference.roles import FilterCard, ModelRoles, filter_card, resolve_filter_role
-from sieverag.inference.types import Document, Example
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.index import Index

@@ -6,8 +6,15 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.answers import AnswerExtraction
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.agents.answers import AnswerExtraction
+from sieverag.inference.agents.roles import ModelRoles
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import (
+    load_settings,
+    reads_old_keys,
+    settings,
+    settings_to_yaml,
+)
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.metrics.trust import (
@@ -26,13 +33,6 @@ from sieverag.inference.pipelines.base import (
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
-from sieverag.inference.roles import ModelRoles
-from sieverag.inference.settings import (
-    load_settings,
-    reads_old_keys,
-    settings,
-    settings_to_yaml,
-)
 
 
 @settings

@@ -1,4 +1,4 @@
-// The shared script of sieverag's HTML pages (inference/html/page.py inlines it): reading the
+// The shared script of sieverag's HTML pages (inference/core/html/page.py inlines it): reading the
 // embedded data, building elements from text only (never parsing data as HTML), sortable
 // tables, kept sentences highlighted at their offsets, and a paged list rendered on demand.
 "use strict";

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from sieverag.inference.errors import ConfigError
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
 from sieverag.inference.filters.adapters import (
     CARD_FILE,
     DEFAULT_FILTER_NAME,
@@ -26,7 +27,6 @@ from sieverag.inference.filters.combination import (
     ranking_statement,
 )
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.settings import settings
 
 if TYPE_CHECKING:
     from sieverag.inference.filters.mcf import MCFConfig

@@ -1,0 +1,3 @@
+"""Who runs each model role (`roles`: the generator, the filter and the judge, their cards)
+and cutting the scored answer from a reply (`answers`): the agents' rank, beside
+`filters/` and `metrics/`."""
