@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import field
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.core.types import Document, Example
@@ -25,6 +27,7 @@ from sieverag.inference.pipelines.base import (
     register_pipeline,
 )
 from sieverag.inference.pipelines.rounds import RoundDocuments
+from sieverag.inference.pipelines.traces import PipelineTrace
 
 
 @settings
@@ -48,7 +51,34 @@ def next_query(question: str, answer: str) -> str:
     return f"{question} {answer}".strip()
 
 
-@register_pipeline("iter-retgen", sections=[ITER_RETGEN_SECTION])
+class Iteration(BaseModel):
+    """One retrieve-then-generate iteration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(description="what this iteration searched for")
+    retrieved: list[str] = Field(description="the ids of the documents it read")
+    answer: str = Field(description="the generator's raw answer from them")
+
+
+class IterRetGenTrace(PipelineTrace):
+    """`iter-retgen`'s trace: each iteration's query, documents and raw answer."""
+
+    iterations: list[Iteration] = Field(description="the iterations, in order")
+
+
+def render_iterations(trace: IterRetGenTrace) -> str:
+    """Each iteration in two lines: its query and documents, then its answer."""
+    lines = []
+    for number, step in enumerate(trace.iterations, start=1):
+        lines.append(f"Iteration {number} — query: {step.query!r}; read "
+                     f"{', '.join(step.retrieved) or 'nothing'}")
+        lines.append(f"  answer: {' '.join(step.answer.split()) or '(empty)'}")
+    return "\n".join(lines)
+
+
+@register_pipeline("iter-retgen", sections=[ITER_RETGEN_SECTION], trace=IterRetGenTrace,
+                   render_trace=render_iterations)
 class IterRetGenPipeline:
     """Retrieve with question + last answer, generate, repeat; answer with the last one."""
 

@@ -10,7 +10,12 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.records import EvalRecord, build_record
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
-from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig, next_query
+from sieverag.inference.pipelines.iter_retgen import (
+    IterRetGenConfig,
+    IterRetGenTrace,
+    next_query,
+    render_iterations,
+)
 
 POOL = (
     Document(id="d0", title="Liora Tamsin", text="Liora Tamsin was born in Quorrin.",
@@ -44,7 +49,11 @@ def test_each_iteration_queries_with_the_last_answer_and_the_last_answer_wins():
     record = build_record(EXAMPLE, output, {}, 0.1)
     assert record.read_scores is not None and record.read_scores.recall == 1.0
     # The trace is not mistaken for amber's and survives the jsonl round trip.
-    assert EvalRecord.model_validate(record.to_json()).trace.model_extra["iterations"]
+    # Read back as its declared trace, which `sieverag trace` renders by iteration.
+    trace = EvalRecord.model_validate(record.to_json()).trace
+    assert isinstance(trace, IterRetGenTrace) and len(trace.iterations) == 2
+    shown = render_iterations(trace)
+    assert "Iteration 1 — query: " in shown and "Iteration 2 — query: " in shown
 
 
 def test_an_index_search_is_used_and_documents_are_not_deduplicated():
