@@ -132,22 +132,32 @@ def simulate(bar: float, values: Sequence[float], round_one: Sequence[dict],
     return mean(right), mean(seconds)
 
 
+def llm_tokens(record: dict) -> int:
+    """Every LLM call's prompt and completion tokens for one question: the cost that does not
+    depend on what else the machine runs."""
+    return sum(u["prompt_tokens"] + u["completion_tokens"] for u in record["usage"].values())
+
+
 def table(runs: dict[str, list[dict]], reference: str = "vanilla") -> dict:
-    """A row per pipeline: its answers' figures, seconds, their ratio to `reference`'s and
-    the share of questions that stopped after round 1."""
+    """A row per pipeline: its answers' figures, seconds and LLM tokens, their ratios to
+    `reference`'s, and the share of questions that stopped after round 1."""
     base = mean([r["seconds"] for r in runs[reference]])
+    base_tokens = mean([llm_tokens(r) for r in runs[reference]])
     rows = []
     for name, records in runs.items():
         seconds = mean([r["seconds"] for r in records])
+        tokens = mean([llm_tokens(r) for r in records])
         traces = [r.get("trace") or {} for r in records]
         one = [len(t["rounds"]) == 1 for t in traces if "rounds" in t]
         rows.append([name, len(records), mean([r["metrics"]["em"] for r in records]),
                      mean([r["metrics"]["f1"] for r in records]),
                      mean([correct(r) for r in records]), seconds, seconds / base,
-                     mean(one) if one else None])
+                     tokens, tokens / base_tokens, mean(one) if one else None])
     return results_json.table(
-        ["pipeline", "n", "EM", "F1", "Acc", "s/q", "÷ vanilla", "stopped after round 1"], rows,
-        align=["", *["right"] * 7], formats=[None, "d", ".3f", ".3f", ".3f", ".2f", ".2f", ".2f"])
+        ["pipeline", "n", "EM", "F1", "Acc", "s/q", "÷ vanilla", "LLM tokens/q", "÷ vanilla",
+         "stopped after round 1"], rows,
+        align=["", *["right"] * 9],
+        formats=[None, "d", ".3f", ".3f", ".3f", ".2f", ".2f", ".0f", ".2f", ".2f"])
 
 
 def agent_seconds(runs: dict[str, list[dict]]) -> dict:
