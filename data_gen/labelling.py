@@ -55,7 +55,7 @@ from sieverag.inference.core.io_utils import (
     read_text,
     write_atomic,
 )
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device, Document, Example
 from sieverag.inference.data import (
     dataset_identity,
@@ -63,6 +63,7 @@ from sieverag.inference.data import (
     example_source,
     load_examples,
 )
+from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
 
@@ -92,11 +93,10 @@ ScorerName = Annotated[str | None, BeforeValidator(_none_word)]
 class LabelRunConfig:
     """Settings of a `label` run."""
 
-    dataset: str = field(metadata={"help": "dataset file (hotpotqa, nq, popqa, squad, or "
-                                           "common {question, answers, ctxs} jsonl)"})
+    dataset: str = dataset_field()
     out: str = field(metadata={"help": "label folder (rerunning into it resumes)"})
-    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto (detect)"})
-    limit: int | None = field(default=None, metadata={"help": "first N questions only"})
+    dataset_format: str = dataset_format_field()
+    limit: int | None = limit_field()
     scorer: ScorerName = field(default=DEFAULT_MODEL, metadata={
         "help": "CXMI scorer: embedded name or local Hugging Face folder; none: no CXMI"})
     cxmi_level: CXMILevel = field(default="both", metadata={
@@ -118,16 +118,10 @@ class LabelRunConfig:
     concurrency: int = field(default=1, metadata={"help": LABEL_CONCURRENCY_HELP})
 
     def __post_init__(self) -> None:
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {self.limit}")
-        if self.batch_size < 1 or self.questions_per_step < 1:
-            raise ConfigError("batch_size and questions_per_step must be >= 1")
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.max_documents is not None and self.max_documents < 1:
-            raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
-        if self.borrowed_negatives < 0:
-            raise ConfigError(f"borrowed_negatives must be >= 0, got {self.borrowed_negatives}")
+        at_least(1, limit=self.limit, batch_size=self.batch_size,
+                 questions_per_step=self.questions_per_step, concurrency=self.concurrency,
+                 max_documents=self.max_documents)
+        at_least(0, borrowed_negatives=self.borrowed_negatives)
 
     def fingerprint(self, source: str) -> dict[str, Any]:
         """The settings that decide the labels (a resumed run must match them)."""

@@ -42,11 +42,12 @@ from typing import Literal
 import numpy as np
 
 from sieverag.data_gen.strinc import strinc
-from sieverag.inference.core.errors import ConfigError, DatasetError
+from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.io_utils import write_atomic
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
+from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field
 from sieverag.inference.data.loading import example_source
 
 NegativeRetriever = Literal["bm25", "dense", "hybrid"]
@@ -87,10 +88,9 @@ def with_borrowed_negatives(examples: list[Example], count: int, seed: int) -> l
 class PassageSetConfig:
     """Settings of `sieverag hard-negatives`."""
 
-    dataset: str = field(metadata={"help": "dataset file with passages (hotpotqa, nq, squad, "
-                                           "popqa or common jsonl)"})
+    dataset: str = dataset_field()
     out: str = field(metadata={"help": "output jsonl (common format)"})
-    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
+    dataset_format: str = dataset_format_field()
     negatives: int = field(default=5, metadata={"help": "hard negatives per question"})
     retriever: NegativeRetriever = field(default="bm25", metadata={
         "help": "bm25, dense (the embedding model) or hybrid (their reciprocal-rank fusion)"})
@@ -108,12 +108,8 @@ class PassageSetConfig:
                 "whether they hold an answer alias (evaluation sets of unmarked sources)"})
 
     def __post_init__(self) -> None:
-        if self.negatives < 0:
-            raise ConfigError(f"negatives must be >= 0, got {self.negatives}")
-        if self.sample is not None and self.sample < 1:
-            raise ConfigError(f"sample must be >= 1, got {self.sample}")
-        if self.snippet_sentences < 1:
-            raise ConfigError(f"snippet_sentences must be >= 1, got {self.snippet_sentences}")
+        at_least(0, negatives=self.negatives)
+        at_least(1, sample=self.sample, snippet_sentences=self.snippet_sentences)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.in_flight import CONCURRENCY_HELP, check_concurrency
 from sieverag.inference.core.settings import FileList, narrow, settings
 from sieverag.inference.core.types import Device
+from sieverag.inference.data.dataset_fields import limit_field
 from sieverag.inference.filters.combination import DEFAULT_EMBEDDING_MODEL, describe_combination
 from sieverag.training.card_fit import (
     FOLDS,
@@ -196,8 +197,7 @@ class FitCombinationCommand:
     split_dir: str | None = field(default=None, metadata={
         "help": "a build-dataset folder: fit only on its validation questions (the filter's "
                 "validation split)"})
-    limit: int | None = field(default=None, metadata={
-        "help": "first N eligible questions of each dataset"})
+    limit: int | None = limit_field()
     folds: int = field(default=FOLDS, metadata={"help": "cross-validation folds (by question)"})
     min_gain: float = field(default=MIN_GAIN, metadata={
         "help": "AUROC the filter must add over the priors alone to be used"})

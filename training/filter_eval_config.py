@@ -12,6 +12,7 @@ from dataclasses import field
 from sieverag.inference.agents.roles import ModelRoles
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import FileList, settings
+from sieverag.inference.data.dataset_fields import limit_field
 from sieverag.inference.filters.mcf import DEFAULT_LEXICAL_WEIGHT, EmptySentenceAnswer, MCFConfig
 
 _MCF = MCFConfig()  # amber's defaults, which the MCF rows' settings start from
@@ -38,7 +39,7 @@ class FilterEvalConfig:
         default=None, metadata={"help": "evaluate only the question ids listed (one a line)"})
     allow_training_questions: bool = field(
         default=False, metadata={"help": "evaluate without knowing the training questions"})
-    limit: int | None = field(default=None, metadata={"help": "first N eligible questions"})
+    limit: int | None = limit_field()
     threshold: float = field(default=_MCF.threshold, metadata={
         "help": "bar of the 'MCF fixed' row on s = log P(Yes) − log P(No) (MCF's threshold); "
                 "0 keeps a passage when P(Yes) >= P(No)"})

@@ -29,6 +29,7 @@ from sieverag.inference.composition.config import (
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.in_flight import CONCURRENCY_HELP
 from sieverag.inference.core.settings import narrow, settings
+from sieverag.inference.data.dataset_fields import limit_field
 from sieverag.inference.filters.combination import filter_role
 from sieverag.inference.filters.judge import DocumentOrder
 from sieverag.inference.pipelines.base import (
@@ -60,7 +61,7 @@ class DemoCommand:
     vanilla, main-rag and amber with the trained filter on it, show one amber trace."""
 
     out: str = field(default="runs/demo", metadata={"help": "demo folder"})
-    limit: int | None = field(default=None, metadata={"help": "first N demo questions only"})
+    limit: int | None = limit_field()
     per_template: int = field(default=2, metadata={
         "help": "questions per kind of fact (6 kinds; 2: 12 questions, about 2.5 minutes on "
                 "2 CPU cores)"})

@@ -10,11 +10,13 @@ from sieverag.inference.agents.answers import AnswerExtraction
 from sieverag.inference.agents.roles import ModelRoles
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import (
+    at_least,
     load_settings,
     reads_old_keys,
     settings,
     settings_to_yaml,
 )
+from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.metrics.trust import (
@@ -53,8 +55,7 @@ class RetrievalConfig:
         "help": "local cross-encoder model folder to rerank the hits (default: none)"})
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ConfigError(f"retrieval.k must be >= 1, got {self.k}")
+        at_least(1, "retrieval.", k=self.k)
         if self.reranker is not None and not self.reranker.strip():
             raise ConfigError("retrieval.reranker must name a local cross-encoder model "
                               "folder, or be left unset")
@@ -125,12 +126,11 @@ class RunConfig:
     After its own fields come the settings sections the pipelines declare (`amber`, `judge`,
     `mcf`, `iter_retgen`, `router`, ...: see `sieverag.inference.pipelines.base`)."""
 
-    dataset: str = field(metadata={"help": "dataset: a file, a save_to_disk FOLDER[:SPLIT] or "
-                                         "hf:NAME[:CONFIG]:SPLIT (see docs/data-formats.md)"})
+    dataset: str = dataset_field()
     pipelines: tuple[str, ...] = field(default=(default_pipeline(),), metadata={
         "help": "pipeline names: " + ", ".join(sorted(PIPELINES))})
-    dataset_format: str = field(default="auto", metadata={"help": "loader name or auto"})
-    limit: int | None = field(default=None, metadata={"help": "first N examples only"})
+    dataset_format: str = dataset_format_field()
+    limit: int | None = limit_field()
     question_ids: str | None = field(default=None, metadata={
         "help": "file of example ids to evaluate, one a line (e.g. build-dataset's "
                 "validation_ids.txt: the questions a filter was not trained on); limit then "
@@ -153,10 +153,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.pipelines:
             raise ConfigError("pipelines must name at least one pipeline")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {self.limit}")
-        if self.max_documents is not None and self.max_documents < 1:
-            raise ConfigError(f"max_documents must be >= 1, got {self.max_documents}")
+        at_least(1, limit=self.limit, max_documents=self.max_documents)
 
     def without_provenance(self) -> RunConfig:
         return replace(self, provenance={})

@@ -15,6 +15,8 @@
 * `records` — reading one record's fields, with errors that name the dataset, record and field;
 * `files` — jsonl (gzip told by content), parquet and whole JSON documents (zipped or not);
 * `demo` — `write_demo_dataset`: the demo set of invented facts (`sieverag demo`).
+* `dataset_fields` — the `dataset`, `dataset_format` and `limit` settings fields every command
+  that reads a dataset declares alike.
 
 It imports only the shared base (`inference.types`, `inference.errors`); retrieval,
 evaluation, data_gen and training import it (tests/test_layers.py keeps it so).
