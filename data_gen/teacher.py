@@ -35,7 +35,7 @@ from typing import Any, Literal
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import JsonlLog, parse_json
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Conversation
 from sieverag.inference.filters.filter_format import numbered_sentences
 from sieverag.inference.llm.base import GenerationSettings, Usage
@@ -60,9 +60,8 @@ class TeacherConfig:
     max_tokens: int = field(default=256, metadata={"help": "reply length cap in tokens"})
 
     def __post_init__(self) -> None:
-        if self.max_concurrency < 1 or self.max_tokens < 1 or self.max_retries < 0:
-            raise ConfigError("teacher max_concurrency and max_tokens must be >= 1, "
-                              "max_retries >= 0")
+        at_least(1, "teacher.", max_concurrency=self.max_concurrency, max_tokens=self.max_tokens)
+        at_least(0, "teacher.", max_retries=self.max_retries)
 
     def backend_config(self) -> OpenAIBackendConfig:
         try:

@@ -17,7 +17,7 @@ from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device, DType
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
@@ -110,16 +110,14 @@ class LocalOptions:
                 "(sentence-stage: the default granularity of a request that names none)"})
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not self.batch_window_ms >= 0:
+        at_least(1, max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
+                 max_request_bytes=self.max_request_bytes,
+                 max_prompts_per_request=self.max_prompts_per_request,
+                 default_chat_max_tokens=self.default_chat_max_tokens,
+                 max_rerank_documents=self.max_rerank_documents,
+                 max_request_tokens=self.max_request_tokens)
+        if not self.batch_window_ms >= 0:  # NaN too
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
-        for name in ("max_request_bytes", "max_prompts_per_request", "default_chat_max_tokens",
-                     "max_rerank_documents", "max_request_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise ConfigError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
 
 
 @settings
@@ -233,21 +231,15 @@ class VLLMOptions:
         "help": "seconds a stopping vLLM gets before it is killed"})
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be >= 1, got "
-                              f"{self.tensor_parallel_size}")
+        at_least(1, tensor_parallel_size=self.tensor_parallel_size,
+                 max_model_len=self.max_model_len, cpu_kvcache_gib=self.cpu_kvcache_gib)
+        at_least(0, max_logprobs=self.max_logprobs)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.max_logprobs < 0:
-            raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if not self.startup_timeout_s > 0 or not self.stop_timeout_s > 0:
             raise ConfigError(f"startup_timeout_s and stop_timeout_s must be > 0, got "
                               f"{self.startup_timeout_s} and {self.stop_timeout_s}")
-        if self.cpu_kvcache_gib < 1:
-            raise ConfigError(f"cpu_kvcache_gib must be >= 1, got {self.cpu_kvcache_gib}")
         if self.cpu_cores not in ("auto", "all") and not _CORE_LIST.fullmatch(self.cpu_cores):
             raise ConfigError(f"cpu_cores must be auto, all or a list of cores such as 0-7 or "
                               f"0,2,4, got {self.cpu_cores!r}")

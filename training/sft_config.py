@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from trl import ModelConfig
 
 from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import at_least
 from sieverag.inference.llm.models import DEFAULT_MODEL
 
 # Llama-family names of every attention (q, k, v, o) and MLP (gate, up, down) projection.
@@ -54,10 +55,8 @@ class FilterScriptArguments:
         if not self.dataset_path:
             raise ConfigError("dataset_path is required: give the `sieverag build-dataset` "
                               "output folder (--dataset_path DIR or `dataset_path:` in the recipe)")
-        for name in ("max_train_examples", "max_eval_examples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1 (or null for all), got {value}")
+        at_least(1, max_train_examples=self.max_train_examples,
+                 max_eval_examples=self.max_eval_examples)
         if self.train_split == self.eval_split:
             raise ConfigError(f"train_split and eval_split are both {self.train_split!r}: "
                               "evaluate on held-out questions")
@@ -86,14 +85,12 @@ class FilterModelConfig(ModelConfig):
                               f"({DEFAULT_MODEL}) or a local Hugging Face folder")
         if not self.use_peft:
             raise ConfigError("use_peft must be true: the filter is trained as a LoRA adapter")
-        if self.lora_r < 1:
-            raise ConfigError(f"lora_r must be >= 1, got {self.lora_r}")
+        at_least(1, lora_r=self.lora_r)
         if self.lora_alpha <= 0:
             raise ConfigError(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.lora_layers_from < 0:
-            raise ConfigError(f"lora_layers_from must be >= 0, got {self.lora_layers_from}")
+        at_least(0, lora_layers_from=self.lora_layers_from)
         if not self.lora_target_modules:
             raise ConfigError("lora_target_modules must name at least one module "
                               f"(e.g. {', '.join(ALL_PROJECTIONS)})")

@@ -11,8 +11,7 @@ from dataclasses import field
 
 from pydantic_settings import CliPositionalArg
 
-from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, read_card
 from sieverag.inference.filters.combination import adapter_combination, describe_combination
 from sieverag.inference.filters.filter_format import FORMAT_KEY
@@ -55,8 +54,7 @@ class FilterPackageCommand:
         "help": "validation passages scored by both the bf16 and float32 adapters"})
 
     def __post_init__(self) -> None:
-        if self.check_passages < 1:
-            raise ConfigError(f"check_passages must be >= 1, got {self.check_passages}")
+        at_least(1, check_passages=self.check_passages)
 
 
 def _held_out_f1(card: dict | None) -> str:

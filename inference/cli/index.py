@@ -19,7 +19,7 @@ from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import cache_root, write_json_atomic
-from sieverag.inference.core.settings import FileList, narrow, settings
+from sieverag.inference.core.settings import FileList, at_least, narrow, settings
 from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.retrieval.bm25 import BM25Config
@@ -98,8 +98,7 @@ class IndexSearchCommand:
         "help": "how searches fuse and rerank"})
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ConfigError(f"k must be >= 1, got {self.k}")
+        at_least(1, k=self.k)
 
 
 @settings
@@ -144,8 +143,7 @@ class EvalRetrievalCommand:
             raise ConfigError(f"modes must name at least one of {', '.join(SEARCH_MODES)}")
         if not self.ks or min(self.ks) < 1:
             raise ConfigError(f"ks must be positive integers, got {list(self.ks)}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {self.limit}")
+        at_least(1, limit=self.limit)
 
 
 def default_eval_index_dir(corpus: str, config: IndexConfig, data: Path) -> Path:

@@ -8,6 +8,8 @@
   folder's config.yaml), then flags (`--limit 5`, nested fields as dotted flags:
   `--amber.collector.max-queries 3`). Later sources override earlier ones key by key.
 * `load_settings` / `settings_to_yaml` read and write a config as YAML, strictly.
+* `at_least(1, limit=self.limit)` refuses a setting below its minimum, in one wording for
+  every config's `__post_init__`.
 * `reads_old_keys(OLD_TO_NEW)` lets a config class read the keys it had before a rename
   (a run folder's old config.yaml still loads).
 
@@ -268,6 +270,15 @@ def _parse_flags(cls: type, argv: list[str], prog: str) -> dict:
         return source(args=argv)()
     except SettingsError as err:  # a flag value the command-line source cannot read
         raise ConfigError(f"invalid flags for {prog}: {err}") from None
+
+
+def at_least(minimum: int, /, section: str = "", **values: float | None) -> None:
+    """Refuse a setting below `minimum`: one `ConfigError` "SECTIONNAME must be >= MINIMUM,
+    got VALUE" naming the first of `values` that is (None is unset and passes). For a config's
+    `__post_init__`: `at_least(1, "amber.", k=self.k, max_iterations=self.max_iterations)`."""
+    for name, value in values.items():
+        if value is not None and value < minimum:
+            raise ConfigError(f"{section}{name} must be >= {minimum}, got {value}")
 
 
 def narrow(config: Any, cls: type[T]) -> T:

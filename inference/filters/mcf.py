@@ -44,7 +44,7 @@ from dataclasses import field, replace
 from typing import Literal
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
@@ -179,31 +179,18 @@ class MCFConfig:
         return self.lexical_weight or 0.0
 
     def __post_init__(self) -> None:
-        if self.top_k < 1:
-            raise ConfigError(f"mcf.top_k must be >= 1, got {self.top_k}")
-        if self.min_keep is not None and self.min_keep < 0:
-            raise ConfigError(f"mcf.min_keep must be >= 0, got {self.min_keep}")
+        at_least(1, "mcf.", top_k=self.top_k, sentence_max_new_tokens=self.sentence_max_new_tokens,
+                 max_windows_per_doc=self.max_windows_per_doc, window_tokens=self.window_tokens)
+        at_least(0, "mcf.", min_keep=self.min_keep, lexical_weight=self.lexical_weight,
+                 sentence_min_keep=self.sentence_min_keep)
         if self.p_min is not None and not 0.0 < self.p_min < 1.0:
             raise ConfigError(f"mcf.p_min must be a probability in (0, 1), got {self.p_min}")
-        if self.lexical_weight is not None and self.lexical_weight < 0:
-            raise ConfigError(f"mcf.lexical_weight must be >= 0, got {self.lexical_weight}")
         if self.lexical_weight and self.bar == "fixed":
             raise ConfigError("mcf.lexical_weight needs bar adaptive or top_k: a fused score "
                               "is relative to the round, a fixed threshold on it means nothing")
         if not 0.0 < self.sentence_p_min < 1.0:
             raise ConfigError(f"mcf.sentence_p_min must be a probability in (0, 1), got "
                               f"{self.sentence_p_min}")
-        if self.sentence_min_keep < 0:
-            raise ConfigError(f"mcf.sentence_min_keep must be >= 0, got "
-                              f"{self.sentence_min_keep}")
-        if self.sentence_max_new_tokens < 1:
-            raise ConfigError(f"mcf.sentence_max_new_tokens must be >= 1, got "
-                              f"{self.sentence_max_new_tokens}")
-        if self.max_windows_per_doc < 1:
-            raise ConfigError(f"mcf.max_windows_per_doc must be >= 1, got "
-                              f"{self.max_windows_per_doc}")
-        if self.window_tokens is not None and self.window_tokens < 1:
-            raise ConfigError(f"mcf.window_tokens must be >= 1, got {self.window_tokens}")
 
 
 def window_rule(backend: LLMBackend, config: MCFConfig, combination: Combination

@@ -30,8 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Conversation
 
 Result = TypeVar("Result")
@@ -49,10 +48,8 @@ class GenerationSettings:
         "help": "strings that end a reply (not included in it)"})
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        at_least(1, max_new_tokens=self.max_new_tokens)
+        at_least(0, temperature=self.temperature)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import field
 from typing import Literal
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import ContextOverflow, Device, DType
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.context import check_context_settings
@@ -73,10 +73,8 @@ class BackendSpec:
                 f"missing_label_logprob {self.missing_label_logprob!r} applies to a served model "
                 "(one with `endpoint`); an in-process model scores every label exactly, so "
                 "leave it unset")
-        if self.batch_size < 1 or self.max_concurrency < 1:
-            raise ConfigError("batch_size and max_concurrency must be >= 1")
-        if self.draft_tokens < 0:
-            raise ConfigError(f"draft_tokens must be >= 0, got {self.draft_tokens}")
+        at_least(1, batch_size=self.batch_size, max_concurrency=self.max_concurrency)
+        at_least(0, draft_tokens=self.draft_tokens)
         check_context_settings(
             self.context_length, self.context_overflow,
             counts_tokens=self.endpoint is None or self.chat_template_model is not None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Document
 from sieverag.inference.retrieval.sentences import split_sentences
 
@@ -52,8 +52,7 @@ class ChunkingConfig:
         if self.overlap is None:
             object.__setattr__(self, "overlap", min(default_overlap, max(self.size - 1, 0)))
         if self.strategy != "none":
-            if self.size < 1:
-                raise ConfigError(f"chunking.size must be >= 1, got {self.size}")
+            at_least(1, "chunking.", size=self.size)
             if not 0 <= self.overlap < self.size:
                 raise ConfigError(f"chunking.overlap must be in [0, size={self.size}), "
                                   f"got {self.overlap}")

@@ -6,7 +6,7 @@ from dataclasses import asdict, field
 from typing import Any
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import settings, validate_settings
+from sieverag.inference.core.settings import at_least, settings, validate_settings
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat
@@ -55,8 +55,5 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"search.alpha must be in [0, 1], got {self.alpha}")
-        if self.rrf_k < 0:
-            raise ConfigError(f"search.rrf_k must be >= 0, got {self.rrf_k}")
-        if self.candidates < 1 or self.rerank_depth < 1:
-            raise ConfigError(f"search.candidates and search.rerank_depth must be >= 1, got "
-                              f"{self.candidates} and {self.rerank_depth}")
+        at_least(0, "search.", rrf_k=self.rrf_k)
+        at_least(1, "search.", candidates=self.candidates, rerank_depth=self.rerank_depth)

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.io_utils import atomic_file, atomic_path, write_json_atomic
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device
 
 if TYPE_CHECKING:
@@ -114,9 +114,7 @@ class DenseConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("dense.model must name an embedding model")
-        if self.batch_size < 1 or self.shard_size < 1:
-            raise ConfigError(f"dense.batch_size and dense.shard_size must be >= 1, got "
-                              f"{self.batch_size} and {self.shard_size}")
+        at_least(1, "dense.", batch_size=self.batch_size, shard_size=self.shard_size)
 
 
 def make_encoder(config: DenseConfig) -> Encoder:

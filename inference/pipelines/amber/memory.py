@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.prompt_templates import load_template
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.llm.base import GenerationSettings, LLMBackend
 
 EMPTY_MEMORY = "(empty)"
@@ -45,9 +44,9 @@ class MemoryConfig:
         "help": "length cap of the Refiner's reply (the new memory)"})
 
     def __post_init__(self) -> None:
-        for name in ("max_chars", "review_max_new_tokens", "refine_max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"amber.memory.{name} must be >= 1, got {getattr(self, name)}")
+        at_least(1, "amber.memory.", max_chars=self.max_chars,
+                 review_max_new_tokens=self.review_max_new_tokens,
+                 refine_max_new_tokens=self.refine_max_new_tokens)
 
 
 @dataclass(frozen=True)

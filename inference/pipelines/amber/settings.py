@@ -7,8 +7,7 @@ from dataclasses import field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
@@ -70,13 +69,8 @@ class AmberConfig:
                                        metadata={"help": "the information collector (AIC)"})
 
     def __post_init__(self) -> None:
-        if self.min_evidence < 0:
-            raise ConfigError(f"amber.min_evidence must be >= 0, got {self.min_evidence}")
-        if self.answer_at < 0:
-            raise ConfigError(f"amber.answer_at must be >= 0, got {self.answer_at}")
-        if self.k < 1 or self.max_iterations < 1:
-            raise ConfigError(f"amber.k and amber.max_iterations must be >= 1, got "
-                              f"{self.k} and {self.max_iterations}")
+        at_least(0, "amber.", min_evidence=self.min_evidence, answer_at=self.answer_at)
+        at_least(1, "amber.", k=self.k, max_iterations=self.max_iterations)
 
 
 AMBER_SECTION = Section("amber", AmberConfig, "the `amber` loop")

@@ -84,7 +84,7 @@ from pydantic import ConfigDict, Field, JsonValue
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.core.prompt_templates import load_template
-from sieverag.inference.core.settings import Section, settings
+from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
 from sieverag.inference.llm.base import LLMBackend
 
@@ -136,11 +136,9 @@ class RouterConfig:
         if not -1.0 <= self.min_knowledge_similarity <= 1.0:
             raise ConfigError("router.min_knowledge_similarity must be in [-1, 1] (a cosine), "
                               f"got {self.min_knowledge_similarity}")
-        for name, minimum in (("long_query_tokens", 1), ("min_entity_words", 0),
-                              ("min_top_score", 0), ("min_complexity", 0)):
-            value = getattr(self, name)
-            if value < minimum:
-                raise ConfigError(f"router.{name} must be >= {minimum}, got {value}")
+        at_least(1, "router.", long_query_tokens=self.long_query_tokens)
+        at_least(0, "router.", min_entity_words=self.min_entity_words,
+                 min_top_score=self.min_top_score, min_complexity=self.min_complexity)
         if any(not w.strip() for w in self.intent_words):
             raise ConfigError("router.intent_words must be non-empty strings, got "
                               f"{list(self.intent_words)!r}")
