@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tiny_server import http_at_root, post, root  # noqa: F401 (http_at_root: the http fixture)
 
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.api.context import ServingContext
@@ -40,22 +41,6 @@ def server(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[LocalServer]:
                                port=0, access_log=False)
     with LocalServer(config) as running:
         yield running
-
-
-@pytest.fixture()
-def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=120) as client:
-        yield client
-
-
-def root(server: LocalServer) -> str:
-    return server.base_url.removesuffix("/v1")
-
-
-def post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
-    reply = http.post(path, json=body)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def cohere_scores(http: httpx.Client, texts: list[str] = TEXTS) -> dict[int, float]:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import torch
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
+from tiny_server import http_at_root, post  # noqa: F401 (http_at_root: the http fixture)
 
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import CARD_FILE
@@ -56,18 +57,6 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                                port=0, access_log=False, max_request_tokens=BUDGET)
     with LocalServer(config) as running:
         yield running
-
-
-@pytest.fixture()
-def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=120) as client:
-        yield client
-
-
-def post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
-    reply = http.post(path, json=body)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def scores(http: httpx.Client, texts: list[str], **fields: Any) -> dict[int, float]:
