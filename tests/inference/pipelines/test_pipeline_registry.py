@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from sieverag.inference.composition.config import ModelRoles, RunConfig, load_ru
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section
 from sieverag.inference.llm.registry import BackendSpec
-from sieverag.inference.pipelines import PIPELINES
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.pipelines.auto import AutoConfig
 from sieverag.inference.pipelines.base import (
@@ -41,14 +39,6 @@ SERVED = ModelRoles(filter=BackendSpec(endpoint="http://127.0.0.1:9/v1", model="
 def plan(pipelines: tuple[str, ...], **fields: object) -> compose.RunPlan:
     return compose.plan_run(RunConfig(dataset="d", pipelines=pipelines, models=SERVED,
                                       **fields))
-
-
-@pytest.fixture()
-def registry() -> Iterator[dict[str, PipelineEntry]]:
-    """The registry; the pipelines a test adds (named test-*) leave with it."""
-    yield PIPELINES
-    for name in [n for n in PIPELINES if n.startswith("test-")]:
-        del PIPELINES[name]
 
 
 def test_a_new_pipeline_is_composed_from_its_declaration(
@@ -212,16 +202,20 @@ class EchoPipeline:
         return PipelineOutput(answer=answer, raw_answer=answer, documents_read=())
 '''
 
-# Imports the pipelines package with one more folder on its path (where the new module is),
-# then uses it through the run config, composition and the `eval` command's flags.
-ECHO_RUN = '''
+# The start of a script run as `python -c SCRIPT FOLDER ...`: imports the pipelines package
+# with one more folder on its path, FOLDER (where a new pipeline's module is).
+WITH_NEW_PIPELINES = '''
 import importlib.util, sys
 spec = importlib.util.find_spec("sieverag.inference.pipelines")
 spec.submodule_search_locations.append(sys.argv[1])
 package = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = package
 spec.loader.exec_module(package)
+'''
 
+# Uses the new `echo` pipeline through the run config, composition and the `eval` command's
+# flags.
+ECHO_RUN = WITH_NEW_PIPELINES + '''
 from sieverag.inference.composition.compose import build_context, plan_run
 from sieverag.inference.composition.config import RunConfig
 from sieverag.inference.pipelines import build_pipeline
@@ -300,14 +294,9 @@ class TallyPipeline:
 
 # Runs `tally` through `sieverag eval` in process (no model: it calls none), alone and behind
 # `auto`'s router, then reads its records back and shows one with `sieverag trace`.
-TALLY_RUN = '''
-import importlib.util, json, sys
+TALLY_RUN = WITH_NEW_PIPELINES + '''
+import json
 from pathlib import Path
-spec = importlib.util.find_spec("sieverag.inference.pipelines")
-spec.submodule_search_locations.append(sys.argv[1])
-package = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = package
-spec.loader.exec_module(package)
 
 import sieverag.inference.composition.compose as compose
 from sieverag.cli import main

@@ -4,14 +4,11 @@ where the pipeline registers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from pydantic import ValidationError
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlRecord
-from sieverag.inference.pipelines import PIPELINES
 from sieverag.inference.pipelines.amber.trace import AmberTrace
 from sieverag.inference.pipelines.base import PipelineEntry, register_pipeline
 from sieverag.inference.pipelines.traces import (
@@ -64,14 +61,6 @@ def test_the_joined_model_reads_and_writes_the_trace_as_it_is() -> None:
             {"queries": [], "step": 1})
     open_one = {"gate": True, "anything": [1, {"a": None}]}
     assert trace_model(open_one, DECLARED).model_validate(open_one).to_json() == open_one
-
-
-@pytest.fixture()
-def registry() -> Iterator[dict[str, PipelineEntry]]:
-    """The registry; a pipeline a test adds (named test-*) leaves with it."""
-    yield PIPELINES
-    for name in [n for n in PIPELINES if n.startswith("test-")]:
-        del PIPELINES[name]
 
 
 def test_a_trace_declaration_that_would_make_stored_traces_ambiguous_is_refused(
