@@ -35,33 +35,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench_data import DATA_DIR, NUTRITION_QUESTIONS, ROOT
 
-from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
-
-from sieverag.inference.composition.config import (  # noqa: E402
+from sieverag.inference.composition.config import (
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
 )
-from sieverag.inference.core.io_utils import JsonlLog, write_atomic  # noqa: E402
-from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.eval.records import EvalRecord  # noqa: E402
-from sieverag.inference.eval.report import delta_table  # noqa: E402
-from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.eval.summary import summarize  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
-from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
-from sieverag.inference.pipelines.auto.router import RouterConfig  # noqa: E402
-from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.index import ensure_index  # noqa: E402
+from sieverag.inference.core.io_utils import JsonlLog, write_atomic
+from sieverag.inference.data import load_examples
+from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.report import delta_table
+from sieverag.inference.eval.runner import run_evaluation
+from sieverag.inference.eval.summary import summarize
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.metrics.retrieval import spread_subset
+from sieverag.inference.pipelines.auto.router import RouterConfig
+from sieverag.inference.retrieval.config import IndexConfig
+from sieverag.inference.retrieval.index import ensure_index
 
 TUNING_IDS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_tuning_ids.txt"
 PAGES = "human_nutrition_2020_pages.jsonl"

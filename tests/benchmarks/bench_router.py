@@ -33,32 +33,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench_data import DATA_DIR, NUTRITION_QUESTIONS
 
-from bench_data import DATA_DIR, NUTRITION_QUESTIONS  # noqa: E402
-
-from sieverag.inference.composition.config import (  # noqa: E402
+from sieverag.inference.composition.config import (
     ModelRoles,
     RetrievalConfig,
     RunConfig,
     TrustConfig,
 )
-from sieverag.inference.core.io_utils import cache_root, write_atomic  # noqa: E402
-from sieverag.inference.core.types import Document, Example  # noqa: E402
-from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
-from sieverag.inference.metrics.retrieval import spread_subset  # noqa: E402
-from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.corpus import load_corpus  # noqa: E402
-from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index  # noqa: E402
+from sieverag.inference.core.io_utils import cache_root, write_atomic
+from sieverag.inference.core.types import Document, Example
+from sieverag.inference.data import load_examples
+from sieverag.inference.eval.runner import run_evaluation
+from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.metrics.retrieval import spread_subset
+from sieverag.inference.retrieval.config import IndexConfig
+from sieverag.inference.retrieval.corpus import load_corpus
+from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index
 
 SOURCES = ("hotpotqa", "popqa", "nutrition")
 # the name a row shows → the pipeline it runs
