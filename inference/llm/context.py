@@ -26,7 +26,7 @@ import math
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sieverag.inference.core.errors import ConfigError, ContextError
 from sieverag.inference.core.prompt_templates import CUT_ORDER, TemplateText
@@ -36,6 +36,21 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 TRUNCATION_MARKER = " …[truncated]"
+
+
+def context_length_field() -> Any:
+    """The `context_length` setting of a backend config (in-process, served, or either)."""
+    return field(default=None, metadata={
+        "help": "the context in tokens a prompt and what the call adds after it must fit "
+                "(in-process, unset: the model's own; served, unset: not checked here, the "
+                "server refuses a prompt too long; set, it needs chat_template_model)"})
+
+
+def context_overflow_field() -> Any:
+    """The `context_overflow` setting of a backend config (see this module's docstring)."""
+    return field(default="truncate", metadata={
+        "help": "a prompt over the context: truncate (cut its documents from their ends to "
+                "fit) or error (refuse it)"})
 
 
 def check_context_settings(context_length: int | None, overflow: str, *,

@@ -63,7 +63,12 @@ from sieverag.inference.llm.base import (
     marked_prompt_ids,
     metered,
 )
-from sieverag.inference.llm.context import ContextGuard, check_context_settings
+from sieverag.inference.llm.context import (
+    ContextGuard,
+    check_context_settings,
+    context_length_field,
+    context_overflow_field,
+)
 from sieverag.inference.llm.openai_transport import Endpoint, OpenAITransport
 
 _DEFAULT_SETTINGS = GenerationSettings()
@@ -93,13 +98,8 @@ class OpenAIBackendConfig:
         "help": "Local tokenizer folder whose chat template renders prompts for "
                 "/completions (needed by continuation_logprob, marked_label_logprobs, "
                 "multi-token labels and labels scored exactly)."})
-    context_length: int | None = field(default=None, metadata={
-        "help": "The served model's context in tokens: prompts are fitted to it before they "
-                "are sent (needs chat_template_model to count tokens). Unset: not checked "
-                "here; the server refuses a prompt too long."})
-    context_overflow: ContextOverflow = field(default="truncate", metadata={
-        "help": "A prompt over context_length: truncate (cut its documents from their ends "
-                "to fit) or error (refuse it)."})
+    context_length: int | None = context_length_field()
+    context_overflow: ContextOverflow = context_overflow_field()
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):

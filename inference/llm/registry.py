@@ -11,7 +11,11 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import ContextOverflow, Device, DType
 from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.context import check_context_settings
+from sieverag.inference.llm.context import (
+    check_context_settings,
+    context_length_field,
+    context_overflow_field,
+)
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
@@ -50,13 +54,8 @@ class BackendSpec:
         "help": "in-process: greedy decoding of one prompt checks up to this many tokens a "
                 "step, drafted from the prompt and reply so far (0: one token a step)"})
     max_concurrency: int = field(default=8, metadata={"help": "served: requests in flight"})
-    context_length: int | None = field(default=None, metadata={
-        "help": "the context in tokens a prompt and what the call adds after it must fit "
-                "(in-process, unset: the model's own; served, unset: not checked here, the "
-                "server refuses a prompt too long; set, it needs chat_template_model)"})
-    context_overflow: ContextOverflow = field(default="truncate", metadata={
-        "help": "a prompt over the context: truncate (cut its documents from their ends to "
-                "fit) or error (refuse it)"})
+    context_length: int | None = context_length_field()
+    context_overflow: ContextOverflow = context_overflow_field()
 
     def __post_init__(self) -> None:
         if self.model is None:
