@@ -1,7 +1,12 @@
 """The embedded server on the tiny model with a random filter adapter, behind an API key, as
 tests/serving/test_rerank.py starts it, for the rerank endpoint's clients (the framework
 adapters); a small corpus to retrieve from, and the endpoint's own answer to compare with.
-tests/conftest.py's `filter_url` fixture wraps `serving_filter`."""
+tests/conftest.py's `filter_url` fixture wraps `serving_filter`.
+
+For a test module that starts its own `server` and names each path with its version
+(`/rerank`, `/v1/rerank`, `/v2/rerank`): `http_at_root`, imported, is its `http` fixture, a
+client at the server's root (`root(server)`) with a long timeout for filter work; and
+`post(http, path, body)` sends a request that must answer 200 and returns its JSON."""
 
 from __future__ import annotations
 
@@ -60,6 +65,23 @@ def rerank_directly(base_url: str, query: str, texts: list[str],
                              "granularity": granularity})
     assert reply.status_code == 200, reply.text
     return reply.json()["results"]
+
+
+@pytest.fixture(name="http")
+def http_at_root(server: LocalServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=root(server), timeout=120) as client:
+        yield client
+
+
+def root(server: LocalServer) -> str:
+    """The server's root URL (its base_url without /v1)."""
+    return server.base_url.removesuffix("/v1")
+
+
+def post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
+    reply = http.post(path, json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
 
 
 def nothing_listening() -> str:

@@ -5,9 +5,6 @@ a module that defines its own `server` (other settings, adapters) still gets `cl
 
 * `server` — the server, no adapter, started once per module;
 * `client` — the `openai` SDK's client on it (no retries); `http` — an httpx client;
-* `http_at_root` — the `http` fixture of a module whose paths name their version (`/rerank`,
-  `/v1/rerank`, `/v2/rerank`): the client is at the server's root (`root(server)`), with a long
-  timeout for filter work; `post(http, path, body)` — a request that must answer 200, its JSON;
 * `model(server)` — the served base model's name;
 * `fail_next_decode_step` — the engine's next decode step raises (a batch failing).
 """
@@ -16,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -44,23 +40,6 @@ def client(server: LocalServer) -> Iterator[openai.OpenAI]:
 def http(server: LocalServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=60) as c:
         yield c
-
-
-@pytest.fixture(name="http")
-def http_at_root(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=root(server), timeout=120) as c:
-        yield c
-
-
-def root(server: LocalServer) -> str:
-    """The server's root URL (its base_url without /v1)."""
-    return server.base_url.removesuffix("/v1")
-
-
-def post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
-    reply = http.post(path, json=body)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def model(server: LocalServer) -> str:

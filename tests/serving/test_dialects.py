@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tiny_server import http_at_root, post, root  # noqa: F401 (http_at_root: the http fixture)
+from rerank_server import http_at_root, post, root  # noqa: F401 (http_at_root: the http fixture)
 
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.api.context import ServingContext

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from rerank_server import http_at_root, post  # noqa: F401 (http_at_root: the http fixture)
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
-from tiny_server import http_at_root, post  # noqa: F401 (http_at_root: the http fixture)
 
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import CARD_FILE
