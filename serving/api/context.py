@@ -1,10 +1,9 @@
-"""What every endpoint class is built on (`ServingContext`): the engine and its served model,
-the server's request limits and rules, each adapter's filter card and the combination it
-holds, and the steps every
-endpoint shares — the `model` check (and, for the filter's endpoints, `model_of`: the model a
-request names, or the one adapter served), running sequences on the engine (cancelled
-together), and sending a typed body built off the event loop with the header naming ignored
-fields.
+"""What every endpoint class is built on: `Endpoint`, which holds the `ServingContext` — the
+engine and its served model, the server's request limits and rules, each adapter's filter card
+and the combination it holds, and the steps every endpoint shares: the `model` check (and, for
+the filter's endpoints, `model_of`: the model a request names, or the one adapter served),
+running sequences on the engine (cancelled together), and sending a typed body built off the
+event loop with the header naming ignored fields.
 """
 
 from __future__ import annotations
@@ -102,3 +101,11 @@ class ServingContext:
         return StreamingResponse(events, media_type=STREAM_MEDIA_TYPE,
                                  headers=ignored_header(unknown_fields(body)))
 
+
+
+class Endpoint:
+    """An endpoint class (`Chat`, `Completions`, `Scorer`, `Reranker`, `ModelListing`): its
+    requests' work, done on the server's `ServingContext`."""
+
+    def __init__(self, context: ServingContext) -> None:
+        self.context = context

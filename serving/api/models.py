@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from sieverag.serving.api.bodies import to_json
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.context import Endpoint
 
 
 class ModelCard(BaseModel):
@@ -32,11 +32,8 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class ModelListing:
+class ModelListing(Endpoint):
     """The model list of the context's served model."""
-
-    def __init__(self, context: ServingContext) -> None:
-        self.context = context
 
     def list(self) -> ModelList:
         served, created = self.context.served, self.context.created

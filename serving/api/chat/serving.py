@@ -11,7 +11,7 @@ from jinja2 import TemplateError
 
 from sieverag.inference.llm.base import chat_prompt_text
 from sieverag.serving.api.chat.protocol import ChatCompletionRequest
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.openai_format import chat_body
 from sieverag.serving.api.streaming import chat_stream
@@ -19,11 +19,8 @@ from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.tokens import EncodedPrompt, encode_text
 
 
-class Chat:
+class Chat(Endpoint):
     """The chat endpoint on the context's engine."""
-
-    def __init__(self, context: ServingContext) -> None:
-        self.context = context
 
     async def create(self, body: ChatCompletionRequest) -> Response:
         context = self.context

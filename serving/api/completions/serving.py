@@ -9,18 +9,15 @@ import asyncio
 from fastapi.responses import Response
 
 from sieverag.serving.api.completions.protocol import CompletionRequest
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.openai_format import completion_body
 from sieverag.serving.api.streaming import completion_stream
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.tokens import EncodedPrompt, encode_ids, encode_text
 
 
-class Completions:
+class Completions(Endpoint):
     """The completions endpoint on the context's engine."""
-
-    def __init__(self, context: ServingContext) -> None:
-        self.context = context
 
     async def create(self, body: CompletionRequest) -> Response:
         context = self.context

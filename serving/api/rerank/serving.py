@@ -43,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.combination import logit_of
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.rerank.detection import RerankRequest, dialect_of
 from sieverag.serving.api.rerank.dialects import cohere
 from sieverag.serving.api.rerank.protocol import RerankBody
@@ -57,11 +57,8 @@ _EPSILON = 1e-12
 Body = TypeVar("Body", bound=RerankBody)
 
 
-class Reranker:
+class Reranker(Endpoint):
     """The rerank endpoints: each request's documents ranked by the filter it names."""
-
-    def __init__(self, context: ServingContext) -> None:
-        self.context = context
 
     async def rerank(self, body: RerankRequest) -> Response:
         """POST /v1/rerank, answered in the dialect the request speaks (`dialect_of`)."""

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.generation_protocol import Usage
 from sieverag.serving.api.rerank.protocol import prompt_token_cut
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
@@ -31,11 +31,8 @@ from sieverag.serving.filtering import (
 )
 
 
-class Scorer:
+class Scorer(Endpoint):
     """The score endpoint on the context's engine."""
-
-    def __init__(self, context: ServingContext) -> None:
-        self.context = context
 
     async def score(self, body: ScoreRequest) -> Response:
         context = self.context
