@@ -48,6 +48,13 @@ from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, 
 # budget (16 rows a pass): 311 / 688. Decoding, bandwidth-bound, still gains from many rows:
 # greedy replies prefill in passes of this budget, then decode together.
 PREFILL_TOKEN_BUDGET = 1024
+# Tokens one greedy decode pass feeds at most when its rows draft (inference/llm/prompt_lookup.py).
+# A pass of a few rows reads every weight once and computes little, so drafts there are nearly
+# free; ten rows of one token each compute about as much as they read. MAIN-RAG's Agent-1 on
+# 10 HotpotQA passages (SmolLM2-135M, float32, one core): decoding 2.0-2.1 s without drafts,
+# 1.8-2.1 s at 32 tokens a pass, 1.7 s at 16. So one row drafts up to `draft_tokens`, two up
+# to 7 each, five 2, eight 1, more rows none.
+DRAFT_PASS_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -66,10 +73,10 @@ class HFBackendConfig:
         "help": "a batch whose prompts share at least this many leading tokens computes them "
                 "once and reuses their KV cache for every row; 0 turns this off"})
     prompt_cache_tokens: int = field(default=8192, metadata={
-        "help": "keep the KV of the last generate call's prompts, up to this many positions; "
-                "a generate or label_logprobs call whose prompts extend them computes only the "
-                "new tokens (MAIN-RAG's judge continuing the predictor's conversation, amber's "
-                "memory agents); 0 turns this off"})
+        "help": "keep the KV of the last generate call's prompts (and greedy replies), up to "
+                "this many positions; a generate or label_logprobs call whose prompts extend "
+                "them computes only the new tokens (MAIN-RAG's judge continuing the predictor's "
+                "conversation, amber's memory agents); 0 turns this off"})
     draft_tokens: int = field(default=DEFAULT_DRAFT_TOKENS, metadata={
         "help": "greedy decoding of a single prompt checks up to this many tokens a step, "
                 "drafted from the prompt and reply so far (prompt lookup: each kept token is "
@@ -197,6 +204,36 @@ def _in_adapter_scope(operation: Callable) -> Callable:
     return scoped
 
 
+class _EndedRows:
+    """The rows a greedy decode has ended, gathered for the prompt cache as they leave the
+    batch: each row's ids (prompt and the reply tokens fed) and copies of its keys and values
+    at its attended columns only (the padding and a rejected draft's columns dropped: the
+    keys hold their positions already, so attention over them is unchanged)."""
+
+    def __init__(self) -> None:
+        self.ids: list[list[int]] = []
+        self.layers: list[kv.Layers] = []
+        self.masks: list[torch.Tensor] = []
+
+    def gather(self, cache: DynamicCache, mask: torch.Tensor,
+               rows: Sequence[tuple[int, list[int]]]) -> None:
+        """Copy each (cache row, ids) of `rows` out of `cache` (a plain per-layer KV cache;
+        anything else is not gathered), where `mask` attends."""
+        layers = kv.cache_layers(cache) if rows else None
+        if layers is None:
+            return
+        for slot, ids in rows:
+            attended = mask[slot].nonzero().squeeze(1)
+            self.ids.append(ids)
+            self.layers.append([(keys[slot:slot + 1].index_select(2, attended),
+                                 values[slot:slot + 1].index_select(2, attended))
+                                for keys, values in layers])
+            self.masks.append(mask.new_ones((1, len(attended))))
+
+    def keep(self, prompt_cache: PromptCache) -> None:
+        prompt_cache.keep_rows(self.ids, self.layers, self.masks)
+
+
 class HFBackend:
     """LLMBackend on an in-process transformers model (see inference/llm/base.py)."""
 
@@ -272,7 +309,21 @@ class HFBackend:
         if batch:
             yield batch
 
-    def _batch_inputs(self, sequences: Sequence[list[int]], prefix_limit: int | None = None
+    def _shared_prefix(self, sequences: Sequence[list[int]], prefix_limit: int | None = None
+                       ) -> tuple[int, DynamicCache | None]:
+        """The leading tokens all `sequences` share (at most `prefix_limit`) and their KV cache,
+        run once at batch size 1; (0, None) when they share fewer than
+        `shared_prefix_min_tokens`."""
+        shared = shared_prefix_length(sequences) if len(sequences) > 1 else 0
+        if prefix_limit is not None:
+            shared = min(shared, prefix_limit)
+        minimum = self.config.shared_prefix_min_tokens
+        if minimum == 0 or shared < minimum:
+            return 0, None
+        return shared, kv.prefill(self.model, sequences[0][:shared], self.device)
+
+    def _batch_inputs(self, sequences: Sequence[list[int]], prefix_limit: int | None = None,
+                      prefix: tuple[int, DynamicCache | None] | None = None
                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Model inputs for one batch, and the full (prefix + padded) ids of every row.
 
@@ -280,21 +331,20 @@ class HFBackend:
         once at batch size 1 and its KV cache is repeated for every row; the rows' own tokens
         then follow it, left-padded, so the pads sit between prefix and suffix, masked out.
         Scores agree with the plain padded batch to float rounding (tested). `prefix_limit`
-        caps the prefix (continuation scoring keeps the reply out of it)."""
-        shared = shared_prefix_length(sequences) if len(sequences) > 1 else 0
-        if prefix_limit is not None:
-            shared = min(shared, prefix_limit)
-        minimum = self.config.shared_prefix_min_tokens
+        caps the prefix (continuation scoring keeps the reply out of it); `prefix` is one
+        `_shared_prefix` already run for these rows (and others: a call's passes share it)."""
+        shared, cache = prefix if prefix is not None else self._shared_prefix(sequences,
+                                                                                prefix_limit)
         pad = self.tokenizer.pad_token_id
-        if minimum == 0 or shared < minimum:
+        if cache is None:
             inputs = kv.left_pad(sequences, pad, device=self.device)
             return inputs, inputs["input_ids"]
-        cache = kv.prefill(self.model, sequences[0][:shared], self.device)
         prefix_mask = torch.ones((len(sequences), shared), dtype=torch.long, device=self.device)
         inputs = kv.continue_inputs([s[shared:] for s in sequences], pad,
                                     kv.expand_cache(cache, len(sequences)), prefix_mask)
-        prefix = torch.tensor([sequences[0][:shared]], dtype=torch.long, device=self.device)
-        return inputs, torch.cat([prefix.expand(len(sequences), -1), inputs["input_ids"]], dim=1)
+        prefix_ids = torch.tensor([sequences[0][:shared]], dtype=torch.long, device=self.device)
+        return inputs, torch.cat([prefix_ids.expand(len(sequences), -1), inputs["input_ids"]],
+                                 dim=1)
 
     # ----- the three operations -----
 
@@ -363,7 +413,11 @@ class HFBackend:
         joined into one (`kv.join_all`); a model whose cache cannot be joined decodes each
         pass's rows on their own."""
         passes = [[rows[i] for i in batch] for batch in self._batches(rows)]
-        prefilled = [self._prefill(self._batch_inputs(part)[0], part) for part in passes]
+        # A prefix every row shares (MAIN-RAG's Agent-1: system prompt and question) is run
+        # once for all passes; otherwise each pass looks for its own.
+        prefix = self._shared_prefix(rows) if len(passes) > 1 else (0, None)
+        prefilled = [self._prefill(self._batch_inputs(
+            part, prefix=prefix if prefix[1] is not None else None)[0], part) for part in passes]
         if len(prefilled) > 1 and all(kv.is_growing(p[0]) for p in prefilled):
             cache, mask = kv.join_all([p[0] for p in prefilled], [p[1] for p in prefilled])
             positions = torch.cat([p[2] for p in prefilled])
@@ -375,76 +429,88 @@ class HFBackend:
     def _decode(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor,
                 logits: torch.Tensor, settings: GenerationSettings, eos_ids: Sequence[int],
                 rows: Sequence[list[int]]) -> list[list[int]]:
-        """Greedy decoding of prefilled rows: each row's new tokens, EOS excluded. A row leaves
-        the batch as soon as it ends (EOS, a stop string in its text, the length cap), so later
-        steps run only the rows still writing — on a CPU, where a decode step's cost grows
-        with its rows, a batch no longer pays for its longest reply in every row. A batch of
-        one prompt goes several tokens a step where its reply copies (`_greedy_drafted`)."""
-        if len(rows) == 1 and self.config.draft_tokens and kv.is_growing(cache):
-            return [self._greedy_drafted(rows[0], logits, cache, mask, positions, settings,
-                                         eos_ids)]
+        """Greedy decoding of prefilled rows (`logits` [rows, vocabulary] their last
+        positions'): each row's new tokens, EOS excluded.
+
+        A row leaves the batch as soon as it ends (EOS, a stop string in its text, the length
+        cap), so later passes run only the rows still writing. Where the cache can be cropped
+        (`kv.is_growing`), each pass also checks, per row, a draft looked up in its prompt and
+        reply (inference/llm/prompt_lookup.py): the row keeps the draft's tokens up to the first
+        the model would not have chosen, then the model's own token, so a reply that copies
+        goes several tokens a pass. Rows draft at most `DRAFT_PASS_TOKENS` tokens a pass in
+        all; a shorter draft's spare columns, and a rejected draft's, are masked out. Drafts
+        are checked in one pass, so their logits match token-by-token decoding to float
+        rounding, not bit for bit; every kept token is still the model's greedy choice."""
+        drafting = self.config.draft_tokens > 0 and kv.is_growing(cache)
+        drafters = [Drafter(self.config.draft_tokens) for _ in rows]
         tokens: list[list[int]] = [[] for _ in rows]
         active = list(range(len(rows)))  # the batch row behind each cache row
         ends = set(eos_ids)
+        # Per cache row, the tokens the model chose in the last pass; all but the last are
+        # already in the cache (kept draft tokens).
+        chosen = [[token] for token in logits.argmax(dim=-1).tolist()]
+        fed: list[list[int]] = [[] for _ in rows]  # each row's reply tokens in the cache
+        ended = _EndedRows()
         while True:
-            still = []
-            for slot, (row, token) in enumerate(zip(active, logits.argmax(dim=-1).tolist(),
-                                                    strict=True)):
-                if token in ends:
-                    continue
-                tokens[row].append(token)
-                if self._reply_complete(tokens[row], settings):
-                    continue
-                still.append(slot)
+            still = [slot for slot, row in enumerate(active)
+                     if self._extend(tokens[row], chosen[slot], ends, settings)]
+            if self.prompt_cache.max_tokens:
+                ended.gather(cache, mask, [(slot, rows[row] + fed[row])
+                                           for slot, row in enumerate(active)
+                                           if slot not in still])
             if not still:
+                # A call that continues a reply (MAIN-RAG's judge after Agent-1's answer)
+                # then reads only what follows the reply's fed tokens.
+                ended.keep(self.prompt_cache)
                 return tokens
             if len(still) < len(active):
                 mask, positions = kv.select_rows(cache, still, mask, positions)
                 active = [active[slot] for slot in still]
-            step = torch.tensor([[tokens[row][-1]] for row in active], device=self.device)
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-            positions = positions + 1
-            logits = self.decoder(step, positions, mask, cache, adapter=self.adapter_name)[:, -1, :]
+            cap = DRAFT_PASS_TOKENS // len(active) - 1 if drafting else 0
+            drafts = [drafters[row].propose(rows[row] + tokens[row], min(
+                cap, settings.max_new_tokens - len(tokens[row]) - 1)) if cap > 0 else []
+                for row in active]
+            width = 1 + max(map(len, drafts))
+            step = [[tokens[row][-1], *draft, *[0] * (width - 1 - len(draft))]
+                    for row, draft in zip(active, drafts, strict=True)]
+            columns = mask.shape[1]
+            lengths = torch.tensor([1 + len(draft) for draft in drafts], device=mask.device)
+            mask = torch.cat([mask, (torch.arange(width, device=mask.device)[None, :]
+                                     < lengths[:, None]).to(mask.dtype)], dim=1)
+            offsets = torch.arange(1, width + 1, device=positions.device)[None, :]
+            predicted = self.decoder(torch.tensor(step, device=self.device), positions + offsets,
+                                     mask, cache, adapter=self.adapter_name).argmax(dim=-1).tolist()
+            accepted = [agreed(draft, guess) for draft, guess in zip(drafts, predicted,
+                                                                    strict=True)]
+            chosen = [[*draft[:kept], guess[kept]]
+                      for draft, guess, kept in zip(drafts, predicted, accepted, strict=True)]
+            for row, draft, kept in zip(active, drafts, accepted, strict=True):
+                drafters[row].kept(len(draft), kept)
+                fed[row] += [tokens[row][-1], *draft[:kept]]
+            if width > 1:
+                # The cache keeps each row's fed token and kept draft: the widest of these,
+                # the columns past a row's own masked out.
+                kept = torch.tensor(accepted, device=mask.device)
+                widest = 1 + max(accepted)
+                cache.crop(-(width - widest))
+                mask = mask[:, :columns + widest]
+                mask[:, columns:] = (torch.arange(widest, device=mask.device)[None, :]
+                                     <= kept[:, None]).to(mask.dtype)
+                positions = positions + 1 + kept.to(positions.device)[:, None]
+            else:
+                positions = positions + 1
 
-    def _greedy_drafted(self, prompt: list[int], logits: torch.Tensor, cache: DynamicCache,
-                        mask: torch.Tensor, positions: torch.Tensor,
-                        settings: GenerationSettings, eos_ids: Sequence[int]) -> list[int]:
-        """Greedy decoding of one prompt whose KV `cache` holds it (`logits` [1, vocabulary]
-        its last position's): each pass feeds the newest token and a draft looked up in the
-        prompt and reply (inference/llm/prompt_lookup.py), keeps the draft's tokens up to the
-        first the model would not have chosen, and adds the model's own token after them. A
-        pass without a draft is a plain decode step. Draft tokens are checked in one pass, so
-        their logits match token-by-token decoding to float rounding, not bit for bit."""
-        drafter = Drafter(self.config.draft_tokens)
-        ends = set(eos_ids)
-        tokens: list[int] = []
-        token = int(logits[0].argmax())
-        while True:
+    def _extend(self, tokens: list[int], chosen: Sequence[int], ends: set[int],
+                settings: GenerationSettings) -> bool:
+        """Add the model's `chosen` tokens to a reply, up to its end: False once the reply has
+        ended (an EOS, not added; the length cap; a stop string)."""
+        for token in chosen:
             if token in ends:
-                return tokens
+                return False
             tokens.append(token)
             if self._reply_complete(tokens, settings):
-                return tokens
-            proposed = drafter.propose(prompt + tokens, settings.max_new_tokens - len(tokens) - 1)
-            step = [token, *proposed]
-            columns = mask.shape[1]
-            mask = torch.cat([mask, mask.new_ones((1, len(step)))], dim=1)
-            offsets = torch.arange(1, len(step) + 1, device=positions.device)[None, :]
-            predicted = self.decoder(torch.tensor([step], device=self.device), positions + offsets,
-                                     mask, cache, adapter=self.adapter_name)[0].argmax(dim=-1)
-            accepted = agreed(proposed, predicted.tolist())
-            drafter.kept(len(proposed), accepted)
-            for token in proposed[:accepted]:
-                if token in ends:
-                    return tokens
-                tokens.append(token)
-                if self._reply_complete(tokens, settings):
-                    return tokens
-            # The cache keeps the newest token and the accepted draft; the rest is dropped.
-            cache.crop(-(len(proposed) - accepted))
-            mask = mask[:, :columns + 1 + accepted]
-            positions = positions + 1 + accepted
-            token = int(predicted[accepted])
+                return False
+        return True
 
     def _reply_complete(self, tokens: list[int], settings: GenerationSettings) -> bool:
         """Whether a reply (its last token just added, not EOS) has reached the length cap

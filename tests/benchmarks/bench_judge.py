@@ -11,7 +11,10 @@ without the prompt cache (`ratio_without_prompt_cache`), to show what each part 
 The scoring part alone: `label_logprobs` over exactly the naive judge's prompts against the
 time it took to generate their verdicts, and whether the two read the same decision
 (log P(Yes) > log P(No) vs a verdict starting with Yes) where the verdict starts with Yes or
-No. Last, `main-rag` seconds and LLM calls per 10-document question.
+No. The batched judge's speed must not change what it decides: its kept/dropped decisions
+(r ≥ τq) and Agent-1 answers are compared with those of one document at a time (the naive
+side's Agent-1 answers, Agent-2 scored on them without the prompt cache). Last, `main-rag`
+seconds and LLM calls per 10-document question.
 
     python tests/benchmarks/bench_judge.py [--quick] [--pairs 64] [--dataset PATH]
 """
@@ -31,7 +34,7 @@ from bench_data import HOTPOT  # noqa: E402
 
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.data.demo import write_demo_dataset  # noqa: E402
-from sieverag.inference.filters.judge import NO, YES, MainRagJudge  # noqa: E402
+from sieverag.inference.filters.judge import NO, YES, MainRagJudge, judge_selection  # noqa: E402
 from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
@@ -53,14 +56,22 @@ def load_questions(dataset: Path, n_pairs: int) -> list[tuple[str, list]]:
     return grouped
 
 
-def batched_judge(judge: MainRagJudge, examples) -> float:
-    """Seconds of the judge stage as the pipeline runs it: per question, Agent-1 answers all
-    its documents in one batch, Agent-2 scores them in one forward pass."""
+def batched_judge(judge: MainRagJudge, question: str, documents: list
+                  ) -> tuple[list[str], list[float], float]:
+    """(Agent-1's answers, Agent-2's scores, seconds) of the judge stage on one question as
+    the pipeline runs it: Agent-1 answers all its documents in one batch, Agent-2 scores them
+    in one forward pass."""
     start = time.perf_counter()
-    for question, documents in examples:
-        answers = judge.predict_answers(question, documents)
-        judge.judge_scores(question, documents, answers)
-    return time.perf_counter() - start
+    answers = judge.predict_answers(question, documents)
+    scores = judge.judge_scores(question, documents, answers)
+    return answers, scores, time.perf_counter() - start
+
+
+def kept_flags(judge: MainRagJudge, question: str, documents: list, scores: list[float]
+               ) -> list[bool]:
+    """The judge's decision on each document: kept (r ≥ τq) or dropped."""
+    result = judge_selection(question, documents, scores, [{}] * len(documents), judge.config)
+    return [scored.kept for scored in result.scored]
 
 
 def parse_verdict(text: str) -> str | None:
@@ -69,17 +80,19 @@ def parse_verdict(text: str) -> str | None:
     return {"yes": YES, "no": NO}.get(first)
 
 
-def naive_judge(judge: MainRagJudge, pairs) -> tuple[list, list[str], float, float]:
-    """(judge prompts, verdict texts, total seconds, verdict-generation seconds), one
-    document at a time."""
+def naive_judge(judge: MainRagJudge, pairs
+                ) -> tuple[list, list[str], list[str], float, float]:
+    """(judge prompts, verdict texts, Agent-1's answers, total seconds, verdict-generation
+    seconds), one document at a time."""
     start = time.perf_counter()
     verdict_seconds = 0.0
-    prompts, verdicts = [], []
+    prompts, verdicts, answers = [], [], []
     predictor = GenerationSettings(max_new_tokens=judge.config.predictor_max_new_tokens,
                                    stop=("\n",))
     for question, document in pairs:
         prompt = judge.predictor_prompt.messages(question=question, document=document.as_context())
         answer = judge.backend.generate([prompt], predictor, agent="predictor")[0].strip()
+        answers.append(answer)
         judge_prompt = judge.judge_messages(question, document, answer)
         assert ONE_WORD in judge_prompt[-1]["content"], "the evaluator template changed"
         judge_prompt[-1]["content"] = judge_prompt[-1]["content"].replace(ONE_WORD,
@@ -90,7 +103,7 @@ def naive_judge(judge: MainRagJudge, pairs) -> tuple[list, list[str], float, flo
                                                GenerationSettings(max_new_tokens=48),
                                                agent="judge")[0])
         verdict_seconds += time.perf_counter() - t
-    return prompts, verdicts, time.perf_counter() - start, verdict_seconds
+    return prompts, verdicts, answers, time.perf_counter() - start, verdict_seconds
 
 
 def score_verdict_prompts(judge: MainRagJudge, prompts, per_question: list[int]
@@ -130,13 +143,21 @@ def main() -> int:
     # Alternate question by question, so that a busier moment hits both sides alike.
     batched_s = uncached_s = naive_s = verdict_s = 0.0
     prompts, verdicts = [], []
+    same_decisions = same_answers = 0
     for question, documents in questions:
-        batched_s += batched_judge(judge, [(question, documents)])
-        uncached_s += batched_judge(plain_judge, [(question, documents)])
-        p, v, seconds, verdict_seconds = naive_judge(plain_judge,
-                                                     [(question, d) for d in documents])
+        answers, scores, seconds = batched_judge(judge, question, documents)
+        batched_s += seconds
+        uncached_s += batched_judge(plain_judge, question, documents)[2]
+        p, v, alone, seconds, verdict_seconds = naive_judge(plain_judge,
+                                                            [(question, d) for d in documents])
         prompts, verdicts = prompts + p, verdicts + v
         naive_s, verdict_s = naive_s + seconds, verdict_s + verdict_seconds
+        # Untimed: what one document at a time decides, Agent-2 reading each prompt whole.
+        reference = plain_judge.judge_scores(question, documents, alone)
+        same_answers += sum(a == b for a, b in zip(answers, alone, strict=True))
+        same_decisions += sum(a == b for a, b in zip(
+            kept_flags(judge, question, documents, scores),
+            kept_flags(judge, question, documents, reference), strict=True))
     margins, scoring_s = score_verdict_prompts(plain_judge, prompts, [len(d) for _, d in questions])
     parsed = [parse_verdict(v) for v in verdicts]
     comparable = [(m, p) for m, p in zip(margins, parsed, strict=True) if p is not None]
@@ -159,6 +180,8 @@ def main() -> int:
         "judge_docs_per_s": round(n / batched_s, 3),
         "naive_docs_per_s": round(n / naive_s, 3),
         "ratio": round(naive_s / batched_s, 2),
+        "same_decisions_as_one_at_a_time": f"{same_decisions}/{len(pairs)}",
+        "same_answers_as_one_at_a_time": f"{same_answers}/{len(pairs)}",
         "judge_docs_per_s_without_prompt_cache": round(n / uncached_s, 3),
         "ratio_without_prompt_cache": round(naive_s / uncached_s, 2),
         "prompt_tokens_reused": backend.prompt_cache.reused_tokens,
@@ -184,6 +207,8 @@ def main() -> int:
     print(f"{'scoring only (log-probs vs verdict), docs/s':<40}"
           f"{figures['scoring_docs_per_s']:>12}{figures['verdict_generation_docs_per_s']:>12}"
           f"{figures['scoring_ratio']:>8}")
+    print(f"batched judge vs one document at a time: decisions (kept/dropped) the same for "
+          f"{same_decisions} of {n} documents, Agent-1 answers for {same_answers} of {n}")
     print(f"Yes/No agreement where the verdict starts with Yes/No: {figures['decision_agreement']}"
           f" over {len(comparable)} of {n} verdicts")
     print(f"main-rag: {main_rag_s:.2f} s/question, {calls:.1f} LLM calls/question, "

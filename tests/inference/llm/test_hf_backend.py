@@ -171,7 +171,8 @@ def test_label_logprobs_reuse_the_last_generate_calls_prompt_kv(tiny_model_dir):
     plain = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=2,
                                       prompt_cache_tokens=0))
     cached.generate(SHARED, GenerationSettings(max_new_tokens=4))
-    assert len(cached.prompt_cache.batches) == 2  # three prompts at batch size 2
+    # Three prompts at batch size 2, and then the same rows with their replies' KV.
+    assert len(cached.prompt_cache.batches) == 4
     follow_ups = [_continued(SHARED[i], answer, "Is the document useful? Yes or No.")
                   for i, answer in ((2, "rivers"), (0, "Wren Ivers"), (1, ""))]
     unrelated = [{"role": "user", "content": "Something else entirely?"}]
@@ -190,6 +191,48 @@ def test_label_logprobs_reuse_the_last_generate_calls_prompt_kv(tiny_model_dir):
     assert cached.prompt_cache.reused_tokens == sum(
         len(cached.prompt_ids(SHARED[i])) for i in (0, 1, 2))
     assert plain.prompt_cache.batches == [] and plain.prompt_cache.reused_tokens == 0
+
+
+def test_greedy_replies_are_kept_with_their_prompts_and_continue_like_an_uncached_pass(
+        tiny_model_dir):
+    """After greedy decoding (rows drafting and leaving the batch at different steps), the
+    prompt cache holds each prompt with its reply's fed tokens; a sequence continuing one runs
+    only its new tokens on that KV and gets the logits of the whole sequence run plainly."""
+    backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=8))
+    conversations = [*SHARED, *CONVERSATIONS]
+    backend.generate(conversations, GenerationSettings(max_new_tokens=8))
+    kept_rows = [row for batch in backend.prompt_cache.batches for row in batch.rows]
+    sequences = []
+    for conversation in conversations:
+        prompt = backend.prompt_ids(conversation)
+        longest = max((row for row in kept_rows if row[:len(prompt)] == prompt), key=len)
+        assert len(longest) > len(prompt)  # the reply's tokens came with it
+        sequences.append(longest + [11, 12, 13])
+    extending = backend.prompt_cache.lookup(sequences)
+    assert sorted(extending) == list(range(len(sequences)))
+    with torch.inference_mode():
+        for batch, inputs in backend._continuation_batches(sequences, extending):
+            continued = backend.model(**inputs).logits[:, -1]
+            for row, index in enumerate(batch):
+                whole = backend.model(input_ids=torch.tensor([sequences[index]])).logits[0, -1]
+                torch.testing.assert_close(continued[row], whole, rtol=1e-4, atol=1e-4)
+
+
+def test_gathered_rows_are_kept_shortest_first_left_padded_within_the_budget():
+    from sieverag.inference.llm.prompt_cache import PromptCache
+
+    cache = PromptCache(max_tokens=10)
+    widths = [2, 5, 3]
+    layers = [[(torch.full((1, 1, w, 2), float(w)), torch.full((1, 1, w, 2), -float(w)))]
+              for w in widths]
+    masks = [torch.ones((1, w), dtype=torch.long) for w in widths]
+    assert cache.keep_rows([[1] * w for w in widths], layers, masks)
+    # 2 and 3 columns fit as two rows of 3 (6 of 10); all three would take 15.
+    (kept,) = cache.batches
+    assert kept.rows == [[1, 1], [1, 1, 1]] and cache.kept_tokens == 6
+    assert kept.mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert kept.layers[0][0][:, 0, :, 0].tolist() == [[0.0, 2.0, 2.0], [3.0, 3.0, 3.0]]
+    assert not PromptCache(max_tokens=1).keep_rows([[1, 1]], layers[:1], masks[:1])
 
 
 def test_prompt_cache_keeps_within_its_token_budget(tiny_model_dir):

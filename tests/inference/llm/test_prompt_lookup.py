@@ -67,9 +67,11 @@ PROMPTS = [
 ]
 
 
-def _backend(tiny_model_dir, draft_tokens: int) -> tuple[HFBackend, list[int]]:
-    """A one-prompt-a-batch backend, and the widths of the passes its decoder makes."""
-    backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=1,
+def _backend(tiny_model_dir, draft_tokens: int, batch_size: int = 1
+             ) -> tuple[HFBackend, list[int]]:
+    """A backend of `batch_size` prompts a batch, and the widths of the passes its decoder
+    makes."""
+    backend = HFBackend(HFBackendConfig(model=str(tiny_model_dir), batch_size=batch_size,
                                         draft_tokens=draft_tokens, prompt_cache_tokens=0))
     widths: list[int] = []
     decoder = backend.decoder
@@ -81,13 +83,16 @@ def _backend(tiny_model_dir, draft_tokens: int) -> tuple[HFBackend, list[int]]:
     return backend, widths
 
 
+@pytest.mark.parametrize("batch_size", [1, 3], ids=["alone", "three rows"])
 @pytest.mark.parametrize("stop", [(), ("the",)], ids=["no stop", "stop string"])
 def test_drafted_greedy_decoding_writes_what_token_by_token_decoding_writes(
-        tiny_model_dir, monkeypatch, stop: tuple[str, ...]) -> None:
+        tiny_model_dir, monkeypatch, stop: tuple[str, ...], batch_size: int) -> None:
     """Drafts that are right, then wrong from their second token on (in turn), and a real
-    lookup: the same replies as one token a step; right drafts take fewer passes."""
+    lookup: the same replies as one token a step, a prompt alone or rows drafting together
+    (each its own draft length, rows ending at different passes); right drafts take fewer
+    passes."""
     settings = GenerationSettings(max_new_tokens=24, stop=stop)
-    plain, plain_widths = _backend(tiny_model_dir, 0)
+    plain, plain_widths = _backend(tiny_model_dir, 0, batch_size)
     written: list[list[int]] = []  # each prompt and the ids the model writes after it
     decode = plain._decode
 
@@ -114,7 +119,7 @@ def test_drafted_greedy_decoding_writes_what_token_by_token_decoding_writes(
 
     for drafter in (Oracle, Drafter):
         monkeypatch.setattr("sieverag.inference.llm.hf.Drafter", drafter)
-        backend, widths = _backend(tiny_model_dir, 16)
+        backend, widths = _backend(tiny_model_dir, 16, batch_size)
         assert backend.generate(PROMPTS, settings) == expected
         if drafter is Oracle:
             assert max(widths) > 2  # drafts were checked
