@@ -2,7 +2,9 @@
 
 Every prompt goes through the context guard (inference/llm/context.py) before it runs: the
 model's context is `context_length`, by default the model's own (its config's
-`max_position_embeddings`)."""
+`max_position_embeddings`). This module loads the model, batches and prefills prompts and
+scores them; greedy replies then decode in inference/llm/greedy.py (rows leaving as they end,
+prompt-lookup drafts, each reply kept in the prompt cache)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import ContextOverflow, Conversation, Device, DType
-from sieverag.inference.llm import kv
+from sieverag.inference.llm import greedy, kv
 from sieverag.inference.llm.base import (
     GenerationSettings,
     Usage,
@@ -39,7 +41,7 @@ from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_con
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
-from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, agreed
+from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
 
 # Prompt tokens per prefill pass. On CPU a wide pass is slower per token than a narrow one
 # (its activations spill out of the caches). SmolLM2-135M, float32, 2 cores, Yes/No reads of
@@ -48,13 +50,6 @@ from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS, Drafter, 
 # budget (16 rows a pass): 311 / 688. Decoding, bandwidth-bound, still gains from many rows:
 # greedy replies prefill in passes of this budget, then decode together.
 PREFILL_TOKEN_BUDGET = 1024
-# Tokens one greedy decode pass feeds at most when its rows draft (inference/llm/prompt_lookup.py).
-# A pass of a few rows reads every weight once and computes little, so drafts there are nearly
-# free; ten rows of one token each compute about as much as they read. MAIN-RAG's Agent-1 on
-# 10 HotpotQA passages (SmolLM2-135M, float32, one core): decoding 2.0-2.1 s without drafts,
-# 1.8-2.1 s at 32 tokens a pass, 1.7 s at 16. So one row drafts up to `draft_tokens`, two up
-# to 7 each, five 2, eight 1, more rows none.
-DRAFT_PASS_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -202,36 +197,6 @@ def _in_adapter_scope(operation: Callable) -> Callable:
             return operation(self, *args, **kwargs)
 
     return scoped
-
-
-class _EndedRows:
-    """The rows a greedy decode has ended, gathered for the prompt cache as they leave the
-    batch: each row's ids (prompt and the reply tokens fed) and copies of its keys and values
-    at its attended columns only (the padding and a rejected draft's columns dropped: the
-    keys hold their positions already, so attention over them is unchanged)."""
-
-    def __init__(self) -> None:
-        self.ids: list[list[int]] = []
-        self.layers: list[kv.Layers] = []
-        self.masks: list[torch.Tensor] = []
-
-    def gather(self, cache: DynamicCache, mask: torch.Tensor,
-               rows: Sequence[tuple[int, list[int]]]) -> None:
-        """Copy each (cache row, ids) of `rows` out of `cache` (a plain per-layer KV cache;
-        anything else is not gathered), where `mask` attends."""
-        layers = kv.cache_layers(cache) if rows else None
-        if layers is None:
-            return
-        for slot, ids in rows:
-            attended = mask[slot].nonzero().squeeze(1)
-            self.ids.append(ids)
-            self.layers.append([(keys[slot:slot + 1].index_select(2, attended),
-                                 values[slot:slot + 1].index_select(2, attended))
-                                for keys, values in layers])
-            self.masks.append(mask.new_ones((1, len(attended))))
-
-    def keep(self, prompt_cache: PromptCache) -> None:
-        prompt_cache.keep_rows(self.ids, self.layers, self.masks)
 
 
 class HFBackend:
@@ -429,97 +394,13 @@ class HFBackend:
     def _decode(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor,
                 logits: torch.Tensor, settings: GenerationSettings, eos_ids: Sequence[int],
                 rows: Sequence[list[int]]) -> list[list[int]]:
-        """Greedy decoding of prefilled rows (`logits` [rows, vocabulary] their last
-        positions'): each row's new tokens, EOS excluded.
-
-        A row leaves the batch as soon as it ends (EOS, a stop string in its text, the length
-        cap), so later passes run only the rows still writing. Where the cache can be cropped
-        (`kv.is_growing`), each pass also checks, per row, a draft looked up in its prompt and
-        reply (inference/llm/prompt_lookup.py): the row keeps the draft's tokens up to the first
-        the model would not have chosen, then the model's own token, so a reply that copies
-        goes several tokens a pass. Rows draft at most `DRAFT_PASS_TOKENS` tokens a pass in
-        all; a shorter draft's spare columns, and a rejected draft's, are masked out. Drafts
-        are checked in one pass, so their logits match token-by-token decoding to float
-        rounding, not bit for bit; every kept token is still the model's greedy choice."""
-        drafting = self.config.draft_tokens > 0 and kv.is_growing(cache)
-        drafters = [Drafter(self.config.draft_tokens) for _ in rows]
-        tokens: list[list[int]] = [[] for _ in rows]
-        active = list(range(len(rows)))  # the batch row behind each cache row
-        ends = set(eos_ids)
-        # Per cache row, the tokens the model chose in the last pass; all but the last are
-        # already in the cache (kept draft tokens).
-        chosen = [[token] for token in logits.argmax(dim=-1).tolist()]
-        fed: list[list[int]] = [[] for _ in rows]  # each row's reply tokens in the cache
-        ended = _EndedRows()
-        while True:
-            still = [slot for slot, row in enumerate(active)
-                     if self._extend(tokens[row], chosen[slot], ends, settings)]
-            if self.prompt_cache.max_tokens:
-                ended.gather(cache, mask, [(slot, rows[row] + fed[row])
-                                           for slot, row in enumerate(active)
-                                           if slot not in still])
-            if not still:
-                # A call that continues a reply (MAIN-RAG's judge after Agent-1's answer)
-                # then reads only what follows the reply's fed tokens.
-                ended.keep(self.prompt_cache)
-                return tokens
-            if len(still) < len(active):
-                mask, positions = kv.select_rows(cache, still, mask, positions)
-                active = [active[slot] for slot in still]
-            cap = DRAFT_PASS_TOKENS // len(active) - 1 if drafting else 0
-            drafts = [drafters[row].propose(rows[row] + tokens[row], min(
-                cap, settings.max_new_tokens - len(tokens[row]) - 1)) if cap > 0 else []
-                for row in active]
-            width = 1 + max(map(len, drafts))
-            step = [[tokens[row][-1], *draft, *[0] * (width - 1 - len(draft))]
-                    for row, draft in zip(active, drafts, strict=True)]
-            columns = mask.shape[1]
-            lengths = torch.tensor([1 + len(draft) for draft in drafts], device=mask.device)
-            mask = torch.cat([mask, (torch.arange(width, device=mask.device)[None, :]
-                                     < lengths[:, None]).to(mask.dtype)], dim=1)
-            offsets = torch.arange(1, width + 1, device=positions.device)[None, :]
-            predicted = self.decoder(torch.tensor(step, device=self.device), positions + offsets,
-                                     mask, cache, adapter=self.adapter_name).argmax(dim=-1).tolist()
-            accepted = [agreed(draft, guess) for draft, guess in zip(drafts, predicted,
-                                                                    strict=True)]
-            chosen = [[*draft[:kept], guess[kept]]
-                      for draft, guess, kept in zip(drafts, predicted, accepted, strict=True)]
-            for row, draft, kept in zip(active, drafts, accepted, strict=True):
-                drafters[row].kept(len(draft), kept)
-                fed[row] += [tokens[row][-1], *draft[:kept]]
-            if width > 1:
-                # The cache keeps each row's fed token and kept draft: the widest of these,
-                # the columns past a row's own masked out.
-                kept = torch.tensor(accepted, device=mask.device)
-                widest = 1 + max(accepted)
-                cache.crop(-(width - widest))
-                mask = mask[:, :columns + widest]
-                mask[:, columns:] = (torch.arange(widest, device=mask.device)[None, :]
-                                     <= kept[:, None]).to(mask.dtype)
-                positions = positions + 1 + kept.to(positions.device)[:, None]
-            else:
-                positions = positions + 1
-
-    def _extend(self, tokens: list[int], chosen: Sequence[int], ends: set[int],
-                settings: GenerationSettings) -> bool:
-        """Add the model's `chosen` tokens to a reply, up to its end: False once the reply has
-        ended (an EOS, not added; the length cap; a stop string)."""
-        for token in chosen:
-            if token in ends:
-                return False
-            tokens.append(token)
-            if self._reply_complete(tokens, settings):
-                return False
-        return True
-
-    def _reply_complete(self, tokens: list[int], settings: GenerationSettings) -> bool:
-        """Whether a reply (its last token just added, not EOS) has reached the length cap
-        or ends in one of the stop strings."""
-        if len(tokens) >= settings.max_new_tokens:
-            return True
-        window = max((len(s) for s in settings.stop), default=0) + 1
-        return bool(settings.stop) and any(s in self.tokenizer.decode(tokens[-window:])
-                                           for s in settings.stop)
+        """Greedy decoding of prefilled rows (inference/llm/greedy.py) on this backend's decoder
+        and adapter; the replies are kept in its prompt cache."""
+        return greedy.decode(
+            lambda ids, at, attended: self.decoder(ids, at, attended, cache,
+                                                   adapter=self.adapter_name),
+            cache, mask, positions, logits, rows, settings, eos_ids, tokenizer=self.tokenizer,
+            draft_tokens=self.config.draft_tokens, prompt_cache=self.prompt_cache)
 
     def _sample(self, inputs: dict[str, torch.Tensor], full_ids: torch.Tensor,
                 settings: GenerationSettings, eos_ids: Sequence[int],

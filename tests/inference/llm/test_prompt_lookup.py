@@ -118,7 +118,7 @@ def test_drafted_greedy_decoding_writes_what_token_by_token_decoding_writes(
             return proposal
 
     for drafter in (Oracle, Drafter):
-        monkeypatch.setattr("sieverag.inference.llm.hf.Drafter", drafter)
+        monkeypatch.setattr("sieverag.inference.llm.greedy.Drafter", drafter)
         backend, widths = _backend(tiny_model_dir, 16, batch_size)
         assert backend.generate(PROMPTS, settings) == expected
         if drafter is Oracle:
