@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import at_least
 from sieverag.inference.core.types import ContextOverflow, Conversation, Device, DType
 from sieverag.inference.llm import greedy, kv
 from sieverag.inference.llm.base import (
@@ -37,7 +38,13 @@ from sieverag.inference.llm.base import (
     marked_prompt_ids,
     metered,
 )
-from sieverag.inference.llm.context import ContextGuard, FittedPrompt, check_context_settings
+from sieverag.inference.llm.context import (
+    ContextGuard,
+    FittedPrompt,
+    check_context_settings,
+    context_length_field,
+    context_overflow_field,
+)
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
@@ -76,12 +83,8 @@ class HFBackendConfig:
         "help": "greedy decoding of a single prompt checks up to this many tokens a step, "
                 "drafted from the prompt and reply so far (prompt lookup: each kept token is "
                 "still the model's own choice); 0 decodes one token a step"})
-    context_length: int | None = field(default=None, metadata={
-        "help": "the context in tokens that a prompt and what the call adds after it must fit "
-                "(unset: the model's own, its config's max_position_embeddings)"})
-    context_overflow: ContextOverflow = field(default="truncate", metadata={
-        "help": "a prompt over the context: truncate (cut its documents from their ends to "
-                "fit) or error (refuse it)"})
+    context_length: int | None = context_length_field()
+    context_overflow: ContextOverflow = context_overflow_field()
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -89,17 +92,9 @@ class HFBackendConfig:
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.batch_tokens < 1:
-            raise ConfigError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
-        if self.shared_prefix_min_tokens < 0:
-            raise ConfigError("shared_prefix_min_tokens must be >= 0, "
-                              f"got {self.shared_prefix_min_tokens}")
-        if self.prompt_cache_tokens < 0:
-            raise ConfigError(f"prompt_cache_tokens must be >= 0, got {self.prompt_cache_tokens}")
-        if self.draft_tokens < 0:
-            raise ConfigError(f"draft_tokens must be >= 0, got {self.draft_tokens}")
+        at_least(1, batch_size=self.batch_size, batch_tokens=self.batch_tokens)
+        at_least(0, shared_prefix_min_tokens=self.shared_prefix_min_tokens,
+                 prompt_cache_tokens=self.prompt_cache_tokens, draft_tokens=self.draft_tokens)
         check_context_settings(self.context_length, self.context_overflow)
 
 
