@@ -504,8 +504,8 @@ EVAL_DIR = REPO / PART_FOLDERS[INFERENCE] / "eval"
 # the pipelines' shared context, registry and traces, the package's door, its round-by-round
 # source, and evaluation (which reads what each pipeline declares: its trace and renderer,
 # what it compares with, whether a judge sweep may run it).
-PIPELINE_NEUTRAL = ("composition/compose.py", "composition/config.py", "pipelines/__init__.py", "pipelines/base.py",
-                    "pipelines/rounds.py", "pipelines/traces.py",
+PIPELINE_NEUTRAL = ("composition/compose.py", "composition/config.py", "pipelines/__init__.py",
+                    "pipelines/base.py", "pipelines/rounds.py", "pipelines/traces.py",
                     *sorted(str(path.relative_to(EVAL_DIR.parent))
                             for path in EVAL_DIR.rglob("*.py")))
 # A string there that equals a pipeline's name but means something else, with what it means.
