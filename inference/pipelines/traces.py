@@ -155,6 +155,8 @@ def scored_document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[
         if entry.filter_score is not None:  # None: the card ranks without the filter
             extras.append(f"filter s {entry.filter_score:+.2f}")
         extras.append(f"BM25 {entry.bm25:.2f}")
+    if entry.p_yes is None and entry.p_relevant is not None:  # the filter was not asked
+        extras.append(f"P(relevant) {entry.p_relevant:.2f}")
     if entry.mcf_score is not None:
         extras.append(f"mcf {entry.mcf_score:+.2f}{'✓' if entry.mcf_kept else '✗'}")
     if entry.judge_score is not None:
