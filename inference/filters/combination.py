@@ -467,9 +467,17 @@ def ranking_statement(combination: Combination, where: str, *, priors_only: bool
     `mcf.always_score_chunks`, off)."""
     words = _ranking_words(combination, where, priors_only=priors_only,
                            score_rule=score_rule, lexical_weight=lexical_weight)
-    unused = score_rule == "combined" and (priors_only or not combination.uses_filter)
-    return words + ("; no chunk is sent to the filter (--mcf.always-score-chunks sends them)"
-                    if unused and not always_score else "")
+    called = calls_filter(combination.uses_filter and not priors_only, score_rule,
+                          always_score)
+    return words + ("" if called else
+                    "; no chunk is sent to the filter (--mcf.always-score-chunks sends them)")
+
+
+def calls_filter(uses_filter: bool, score_rule: str, always_score: bool) -> bool:
+    """Whether MCF's chunk stage calls the filter: its score is the filter's own or a fusion
+    with it (`score_rule` not "combined"), the combination weighs it (`uses_filter`), or the
+    config asks for its scores anyway (`always_score`). One rule for MCF and its start line."""
+    return score_rule != "combined" or uses_filter or always_score
 
 
 def _ranking_words(combination: Combination, where: str, *, priors_only: bool,

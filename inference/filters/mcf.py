@@ -54,6 +54,7 @@ from sieverag.inference.filters.combination import (
     Combination,
     RoundBar,
     RoundScores,
+    calls_filter,
     passage_priors,
 )
 from sieverag.inference.filters.filter_format import (
@@ -286,8 +287,8 @@ class MultiGranularFilter:
         alone (the shipped card's) needs no filter call: every chunk's s is then unknown
         (None in the records), and a long document's best window is the one BM25 + dense
         rank first. The sentence stage calls the filter on its own (`sentence_rule`)."""
-        return (self.config.score_rule != "combined" or self.combination.uses_filter
-                or self.config.always_score_chunks)
+        return calls_filter(self.combination.uses_filter, self.config.score_rule,
+                            self.config.always_score_chunks)
 
     @property
     def one_pass(self) -> bool:
