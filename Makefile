@@ -17,7 +17,7 @@ VLLM_LOG := $(VLLM_VENV).log
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup vllm demo test lint clean
+.PHONY: setup vllm browser demo test lint clean
 
 setup: $(STAMP)
 
@@ -56,9 +56,23 @@ $(VLLM_STAMP):
 demo: $(STAMP)
 	$(VENV)/bin/sieverag demo --out runs/demo
 
+# The HTML report's browser tests drive Debian's chromium and chromium-driver
+# (tests/headless_chromium.py; nothing downloads a browser of its own). Installed with apt-get
+# where this is root on Debian; elsewhere one line says what to run, before any test starts.
+BROWSER_INSTALL := apt-get update && apt-get install -y chromium chromium-driver
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make browser: installing Debian's chromium and chromium-driver for the browser tests"; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null \
+	    || { echo "make browser: apt-get could not install chromium chromium-driver" >&2; exit 1; }; \
+	else \
+	  echo "make test: the browser tests need Debian's chromium and chromium-driver; run as root: $(BROWSER_INSTALL)" >&2; exit 1; \
+	fi
+
 # ruff, then every test (tests/test_layers.py is the import-layer contract; the vLLM tests run
 # the real vLLM from $(VLLM_VENV)).
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(VENV)/bin/ruff check .
 	SIEVERAG_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
