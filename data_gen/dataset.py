@@ -35,6 +35,7 @@ from tqdm import tqdm
 from sieverag.data_gen.labelling import CONFIG_FILE, LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
 from sieverag.data_gen.records import LabelRecord, read_labels
+from sieverag.data_gen.shards import shard_groups
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import check_output_folder, parse_json, read_text
 from sieverag.inference.core.settings import settings
@@ -262,13 +263,20 @@ class BuildSummary:
 
 
 def _load_questions(folders: Sequence[str]) -> list[LabelRecord]:
+    """The folders' questions, in the order given; the shards of one run (`label --shard`)
+    merged back into the dataset's order (`data_gen.shards`)."""
     questions, seen = [], set()
-    for folder in folders:
-        path = Path(folder) / LABELS_FILE
-        if not path.is_file():
-            raise DatasetError(f"{folder} holds no {LABELS_FILE}; make it with `sieverag label "
-                               f"--dataset FILE --out {folder}`")
-        for question in read_labels(path):
+    for group in shard_groups(folders, CONFIG_FILE):
+        records = []
+        for folder in group:
+            path = Path(folder) / LABELS_FILE
+            if not path.is_file():
+                raise DatasetError(f"{folder} holds no {LABELS_FILE}; make it with `sieverag "
+                                   f"label --dataset FILE --out {folder}`")
+            records.extend(read_labels(path))
+        if len(group) > 1:
+            records.sort(key=lambda question: question.position or 0)
+        for question in records:
             key = (question.source, question.question_id)
             if key not in seen:
                 seen.add(key)
@@ -353,11 +361,10 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
 
 
 def _tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
+    from sieverag.inference.llm.chat_template import load_tokenizer
     from sieverag.inference.llm.models import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    return load_tokenizer(resolve_model(model))
 
 
 def _fraction(part: int, whole: int) -> float:

@@ -43,6 +43,7 @@ from sieverag.data_gen.cxmi import CXMIQuestion, CXMIScore, CXMIScorer, cxmi_sco
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
 from sieverag.data_gen.passages import with_borrowed_negatives
 from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
+from sieverag.data_gen.shards import SHARD_HELP, in_shard, parse_shard
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
 from sieverag.data_gen.templates import load_data_gen_template
@@ -116,8 +117,11 @@ class LabelRunConfig:
                                     metadata={"help": "questions whose teacher requests go "
                                                       "out together"})
     concurrency: int = field(default=1, metadata={"help": LABEL_CONCURRENCY_HELP})
+    shard: str | None = field(default=None, metadata={"help": SHARD_HELP})
 
     def __post_init__(self) -> None:
+        if self.shard is not None:
+            parse_shard(self.shard)
         at_least(1, limit=self.limit, batch_size=self.batch_size,
                  questions_per_step=self.questions_per_step, concurrency=self.concurrency,
                  max_documents=self.max_documents)
@@ -134,6 +138,7 @@ class LabelRunConfig:
             "teacher_model": self.teacher.model if self.teacher else None,
             "max_documents": self.max_documents, "borrowed_negatives": self.borrowed_negatives,
             "seed": self.seed, "prompts": {t.name: t.sha256 for t in templates},
+            **({"shard": self.shard} if self.shard is not None else {}),
         }
 
 
@@ -186,10 +191,12 @@ class Labeller:
     """Computes the signals of questions, one at a time or several scored together."""
 
     def __init__(self, config: LabelRunConfig, scorer: CXMIScorer | None,
-                 teacher: TeacherClient | None) -> None:
+                 teacher: TeacherClient | None,
+                 positions: dict[str, int] | None = None) -> None:
         self.config = config
         self.scorer = scorer
         self.teacher = teacher
+        self.positions = positions  # a sharded run's: each question's place in the dataset
 
     def teacher_requests(self, example: Example) -> list[TeacherRequest]:
         return [TeacherRequest(example.question, tuple(chunk_sentences(d)[0]), d.title)
@@ -231,9 +238,11 @@ class Labeller:
                                if sentence_scores else None),
                 teacher=verdicts[index].as_json() if verdicts is not None else None,
             ))
+        position = ({"position": self.positions[example.id]}
+                    if self.positions is not None else {})
         return LabelRecord(question_id=example.id, source=example_source(example),
                            question=example.question, answers=list(example.answers),
-                           no_context_logprobs=no_context, chunks=chunks)
+                           no_context_logprobs=no_context, chunks=chunks, **position)
 
     def _cxmi(self, examples: Sequence[Example], documents: Sequence[Sequence[Document]],
               splits: Sequence[Sequence[tuple[list[str], bool]]]) -> list[_QuestionCXMI]:
@@ -263,7 +272,9 @@ class Labeller:
         return results
 
 
-def _load(config: LabelRunConfig) -> tuple[list[Example], str]:
+def _load(config: LabelRunConfig) -> tuple[list[Example], str, dict[str, int] | None]:
+    """The questions to label (the shard's, when sharded), their source, and with a shard
+    each question's place in the whole dataset."""
     source = detect_format(config.dataset) if config.dataset_format == "auto" \
         else config.dataset_format
     examples = load_examples(config.dataset, config.dataset_format, config.limit)
@@ -275,7 +286,13 @@ def _load(config: LabelRunConfig) -> tuple[list[Example], str]:
         seen.add(example.id)
         if not example.documents:
             raise DatasetError(f"{config.dataset}: question {example.id!r} has no chunks to label")
-    return with_borrowed_negatives(examples, config.borrowed_negatives, config.seed), source
+    # Negatives are borrowed over the whole dataset, then the shard taken: a question's chunks
+    # are the same in every shard split.
+    examples = with_borrowed_negatives(examples, config.borrowed_negatives, config.seed)
+    if config.shard is None:
+        return examples, source, None
+    return ([e for e in examples if in_shard(e.id, config.shard)], source,
+            {e.id: position for position, e in enumerate(examples)})
 
 
 def run_labelling(
@@ -287,7 +304,7 @@ def run_labelling(
     `scorer_factory` builds the CXMI scorer (default: the hf backend on `config.scorer`).
     """
     check_output_folder(config.out)
-    examples, source = _load(config)
+    examples, source, positions = _load(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_fingerprint(out, config.fingerprint(source))
@@ -301,7 +318,7 @@ def run_labelling(
         scorer = (scorer_factory or _default_scorer)(config)
     teacher = (TeacherClient(config.teacher, out / TEACHER_CACHE_FILE)
                if config.teacher is not None else None)
-    labeller = Labeller(config, scorer, teacher)
+    labeller = Labeller(config, scorer, teacher, positions)
     writer = JsonlLog(labels_path)
     try:
         _label_all(labeller, todo, writer, summary,

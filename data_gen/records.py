@@ -61,6 +61,10 @@ class LabelRecord(JsonlRecord):
         description="log p(alias | q) of the aliases that scored best somewhere; None "
                     "without a scorer")
     chunks: list[ChunkLabels]
+    position: int | None = Field(
+        default=None, description="the question's place in the whole dataset (0-based), kept "
+                                  "by a sharded run (`label --shard`) so merged shards keep "
+                                  "the dataset's order; absent otherwise")
 
 
 def read_labels(path: str | Path) -> list[LabelRecord]:
