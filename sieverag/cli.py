@@ -59,6 +59,8 @@ COMMANDS: dict[str, Command] = {
                             "chunk a corpus and index it (BM25 and/or dense)"),
     "index search": _command(_RETRIEVAL, "IndexSearchCommand", "run_index_search",
                              "print the top-k chunks of an index for a query"),
+    "index convert": _command(_RETRIEVAL, "IndexConvertCommand", "run_index_convert",
+                              "bring an index folder of an older format up to date in place"),
     "eval-retrieval": _command(_RETRIEVAL, "EvalRetrievalCommand", "run_eval_retrieval",
                                "recall@k and MRR of retrieval modes on a benchmark"),
     "hard-negatives": _command(_DATA_GEN, "HardNegativesCommand", "run_hard_negatives",

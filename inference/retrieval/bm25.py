@@ -1,5 +1,8 @@
 """BM25 retrieval with `bm25s`: English stemming and stop words, vocabulary saved with the index.
 
+`BM25Config.engine` picks the engine of an index: bm25s (this module) for small corpora,
+tantivy (`tantivy_bm25`) for large ones; `lexical` chooses, builds and loads.
+
 The tokenizer's vocabulary (word → stem → id) is written next to the bm25s index and read
 back at load time, so a query is tokenised exactly as the corpus was: no re-tokenising of the
 corpus, no drift. A query with no known content word (e.g. only stop words) scores nothing and
@@ -9,7 +12,7 @@ returns an empty result.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, field
 from pathlib import Path
 from typing import Literal
@@ -17,12 +20,13 @@ from typing import Literal
 import bm25s
 import numpy as np
 import Stemmer
-from bm25s.tokenization import Tokenizer
+from bm25s.tokenization import Tokenized, Tokenizer
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import atomic_directory
-from sieverag.inference.core.settings import settings
+from sieverag.inference.core.settings import at_least, settings
 
+BM25Engine = Literal["auto", "bm25s", "tantivy"]
 BM25Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopWords = Literal["en", "none"]
 SETTINGS_FILE = "settings.json"
@@ -32,6 +36,8 @@ STOPWORDS_FILE = "stopwords.tokenizer.json"
 BM25S_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy",
                "vocab.index.json", "params.index.json")
 FILES = (*BM25S_FILES, VOCAB_FILE, STOPWORDS_FILE, SETTINGS_FILE)
+# Texts tokenised at a time while building (the token ids are kept, the texts are not).
+_TOKENIZE_BATCH = 10_000
 
 
 @settings
@@ -45,8 +51,15 @@ class BM25Config:
     stemmer: str = field(default="english", metadata={
         "help": "PyStemmer (Snowball) language, or '' for no stemming"})
     stopwords: StopWords = field(default="en", metadata={"help": "stop-word list: en or none"})
+    engine: BM25Engine = field(default="auto", metadata={
+        "help": "bm25s (in memory, any k1/b/method), tantivy (on disk, memory-mapped; k1=1.2, "
+                "b=0.75, lucene, English), or auto: bm25s below 200,000 documents, tantivy "
+                "from there"})
+    heap_mb: int = field(default=512, metadata={
+        "help": "tantivy's indexing memory (MB, all threads); bounds a tantivy build's memory"})
 
     def __post_init__(self) -> None:
+        at_least(32, "bm25.", heap_mb=self.heap_mb)
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ConfigError(f"bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
         if self.stemmer and self.stemmer not in Stemmer.algorithms():
@@ -70,14 +83,23 @@ class BM25Index:
         self.config = config
 
     @classmethod
-    def build(cls, texts: Sequence[str], config: BM25Config = BM25Config(),
+    def build(cls, texts: Iterable[str], config: BM25Config = BM25Config(),
               show_progress: bool = True) -> BM25Index:
-        """Tokenise `texts` (building the vocabulary) and index them."""
+        """Tokenise `texts` (streamed in batches, building the vocabulary) and index them;
+        the token ids are held, the texts are not."""
         tokenizer = make_tokenizer(config)
-        tokens = tokenizer.tokenize(list(texts), update_vocab=True, return_as="tuple",
-                                    show_progress=show_progress)
+        ids: list[list[int]] = []
+        batch: list[str] = []
+        for text in texts:
+            batch.append(text)
+            if len(batch) >= _TOKENIZE_BATCH:
+                ids += tokenizer.tokenize(batch, update_vocab=True, show_progress=False)
+                batch = []
+        if batch or not ids:
+            ids += tokenizer.tokenize(batch, update_vocab=True, show_progress=False)
         retriever = bm25s.BM25(method=config.method, k1=config.k1, b=config.b)
-        retriever.index(tokens, show_progress=show_progress)
+        retriever.index(Tokenized(ids=ids, vocab=tokenizer.get_vocab_dict()),
+                        show_progress=show_progress)
         return cls(retriever, tokenizer, config)
 
     @property
@@ -95,13 +117,15 @@ class BM25Index:
 
     @classmethod
     def load(cls, directory: Path) -> BM25Index:
-        """Read an index written by `save` (files are checked by the index manifest)."""
+        """Read an index written by `save` (files are checked by the index manifest); its
+        score arrays are memory-mapped."""
         directory = Path(directory)
         config = BM25Config(**json.loads((directory / SETTINGS_FILE).read_text("utf-8")))
         tokenizer = make_tokenizer(config)
         tokenizer.load_vocab(str(directory), VOCAB_FILE)
         tokenizer.load_stopwords(str(directory), STOPWORDS_FILE)
-        retriever = bm25s.BM25.load(str(directory), load_corpus=False)
+        retriever = bm25s.BM25.load(str(directory), load_corpus=False, mmap=True,
+                                    show_progress=False)
         return cls(retriever, tokenizer, config)
 
     def tokenize_queries(self, queries: Sequence[str]) -> list[list[int]]:

@@ -15,7 +15,7 @@ corpus and settings, and the source id is recoverable from it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -128,6 +128,12 @@ def chunk_document(document: Document, config: ChunkingConfig) -> list[Chunk]:
                   title=document.title) for i, t in enumerate(texts)]
 
 
+def iter_chunks(documents: Iterable[Document], config: ChunkingConfig) -> Iterator[Chunk]:
+    """The chunks of every document, in corpus order, one at a time."""
+    for document in documents:
+        yield from chunk_document(document, config)
+
+
 def chunk_corpus(documents: Sequence[Document], config: ChunkingConfig) -> list[Chunk]:
     """The chunks of every document, in corpus order."""
-    return [chunk for document in documents for chunk in chunk_document(document, config)]
+    return list(iter_chunks(documents, config))

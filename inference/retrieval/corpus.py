@@ -8,26 +8,36 @@ Formats (chosen by name, or detected from the file with `auto`):
 * `nutrition` — the shared textbook pages, `{"page_number", "text"}` per line (id `page-N`);
 * `squad` — the official SQuAD v1.1 JSON (or a `.zip` holding it): one document per paragraph
   (read by `inference.data`, ids `squad-p<n>`);
-* `hotpotqa` — the shared HotpotQA jsonl: its passages, deduplicated by title (first text kept).
+* `hotpotqa` — the shared HotpotQA jsonl: its passages, deduplicated by title (first text kept);
+* `dpr` — DPR's `psgs_w100.tsv`: a header line `id<TAB>text<TAB>title`, then one passage a
+  line (the Wikipedia passages the papers retrieve from).
 
-Every reader fails with a `DatasetError` naming the file (and line) on a missing file, bad
-JSON, a record without text, a duplicate id, or an empty corpus. `load_corpora` reads several
-files (each in its own detected format) into one corpus, e.g. HotpotQA's passages with SQuAD's
-paragraphs and the textbook's pages as further noise; an id two files share is an error
-naming both.
+Readers stream (`iter_corpus` yields one document at a time), so an index build never holds
+a whole corpus; `scan_corpora` checks a corpus in one pass with memory of 8 bytes a document
+(a hash of each id). Every reader fails with a `DatasetError` naming the file (and line)
+on a missing file, bad JSON, a record without text, a duplicate id, or an empty corpus.
+`load_corpora` reads several files (each in its own detected format) into one corpus,
+e.g. HotpotQA's passages with SQuAD's paragraphs and the textbook's pages as further noise;
+an id two files share is an error naming both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import csv
+import hashlib
+import sys
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+import numpy as np
 
 from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import iter_jsonl, load_squad_corpus
 
-CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa"]
+CorpusFormat = Literal["auto", "jsonl", "nutrition", "squad", "hotpotqa", "dpr"]
 CORPUS_FORMATS: tuple[str, ...] = get_args(CorpusFormat)
 
 
@@ -55,15 +65,18 @@ def _checked(documents: list[Document], path: Path) -> list[Document]:
     return documents
 
 
-def read_jsonl_corpus(path: Path) -> list[Document]:
+def iter_jsonl_corpus(path: Path) -> Iterator[Document]:
     """Read `{"id", "title"?, "text"}` or `{"id", "contents"}` lines (see `_title_and_text`);
     a missing id becomes the line number."""
-    documents = []
     for line_number, record in iter_jsonl(path):
         title, text = _title_and_text(record, f"{path}:{line_number}")
         doc_id = record.get("id", line_number)
-        documents.append(Document(id=str(doc_id), text=text, title=title))
-    return _checked(documents, path)
+        yield Document(id=str(doc_id), text=text, title=title)
+
+
+def read_jsonl_corpus(path: Path) -> list[Document]:
+    """`iter_jsonl_corpus` as a checked list."""
+    return _checked(list(iter_jsonl_corpus(path)), path)
 
 
 def _title_and_text(record: dict[str, Any], where: str) -> tuple[str, str]:
@@ -79,17 +92,44 @@ def _title_and_text(record: dict[str, Any], where: str) -> tuple[str, str]:
     return title.strip().strip('"'), _text_of({"text": text}, where)
 
 
-def read_nutrition_pages(path: Path) -> list[Document]:
+def iter_nutrition_pages(path: Path) -> Iterator[Document]:
     """Read the textbook's `{"page_number", "text"}` lines as documents `page-N`."""
-    documents = []
     for line_number, record in iter_jsonl(path):
         if "page_number" not in record:
             raise DatasetError(f"{path}:{line_number}: record has no 'page_number' "
                                "(is this the nutrition pages file?)")
         text = _text_of(record, f"{path}:{line_number}")
-        page = record["page_number"]
-        documents.append(Document(id=f"page-{page}", text=text))
-    return _checked(documents, path)
+        yield Document(id=f"page-{record['page_number']}", text=text)
+
+
+def read_nutrition_pages(path: Path) -> list[Document]:
+    """`iter_nutrition_pages` as a checked list."""
+    return _checked(list(iter_nutrition_pages(path)), path)
+
+
+DPR_HEADER = ["id", "text", "title"]
+
+
+def iter_dpr_passages(path: Path) -> Iterator[Document]:
+    """Read DPR's `psgs_w100.tsv` (`id<TAB>text<TAB>title` after a header line, fields
+    quoted as DPR's own reader expects) one passage at a time."""
+    _require_file(path)
+    csv.field_size_limit(sys.maxsize)
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = csv.reader(handle, delimiter="\t")
+            header = next(rows, None)
+            if header != DPR_HEADER:
+                raise DatasetError(f"{path}: the first line is {header!r}, a DPR passages "
+                                   f"file starts with the header {'<TAB>'.join(DPR_HEADER)}")
+            for row in rows:
+                where = f"{path}:{rows.line_num}"
+                if len(row) != 3:
+                    raise DatasetError(f"{where}: {len(row)} fields, a DPR passage line has 3 "
+                                       "(id, text, title, tab-separated)")
+                yield Document(id=row[0], text=_text_of({"text": row[1]}, where), title=row[2])
+    except UnicodeDecodeError:
+        raise DatasetError(f"{path}: is not UTF-8 text; re-encode the file as UTF-8") from None
 
 
 def load_squad(path: Path | str) -> tuple[list[Document], list[Example]]:
@@ -132,11 +172,12 @@ def read_hotpotqa_passages(path: Path) -> list[Document]:
     return _checked(list(by_title.values()), path)
 
 
-CORPUS_READERS: dict[str, Callable[[Path], list[Document]]] = {
-    "jsonl": read_jsonl_corpus,
-    "nutrition": read_nutrition_pages,
+CORPUS_READERS: dict[str, Callable[[Path], Iterator[Document] | list[Document]]] = {
+    "jsonl": iter_jsonl_corpus,
+    "nutrition": iter_nutrition_pages,
     "squad": read_squad_paragraphs,
     "hotpotqa": read_hotpotqa_passages,
+    "dpr": iter_dpr_passages,
 }
 
 
@@ -145,6 +186,8 @@ def detect_corpus_format(path: Path) -> str:
     _require_file(path)
     if path.suffix in {".zip", ".json"}:
         return "squad"
+    if path.suffix == ".tsv":
+        return "dpr"
     for _, record in iter_jsonl(path):
         if "page_number" in record:
             return "nutrition"
@@ -156,16 +199,72 @@ def detect_corpus_format(path: Path) -> str:
 
 def load_corpus(path: Path | str, corpus_format: CorpusFormat = "auto") -> list[Document]:
     """Read a corpus file into source documents (ids unique, every text non-empty)."""
+    return _checked(list(iter_corpus(path, corpus_format)), Path(path))
+
+
+def iter_corpus(path: Path | str, corpus_format: CorpusFormat = "auto") -> Iterator[Document]:
+    """A corpus file's documents, one at a time (ids are checked by `scan_corpora`)."""
     path = Path(path)
     if corpus_format not in CORPUS_FORMATS:
         raise DatasetError(f"unknown corpus format {corpus_format!r} for {path}; "
                            f"choose one of {', '.join(CORPUS_FORMATS)}")
-    return CORPUS_READERS[concrete_format(path, corpus_format)](path)
+    yield from CORPUS_READERS[concrete_format(path, corpus_format)](path)
 
 
 def concrete_format(path: Path, corpus_format: CorpusFormat) -> str:
     """`corpus_format`, or the format detected from the file when it is `auto`."""
     return detect_corpus_format(path) if corpus_format == "auto" else corpus_format
+
+
+def _id_hash(document_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(document_id.encode(), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+def scan_corpora(paths: Sequence[Path | str],
+                 corpus_format: CorpusFormat = "auto") -> tuple[int, list[str]]:
+    """Read every document of the corpus files once and check them as `load_corpora` does
+    (each file non-empty, every record readable, ids unique across the files) without holding
+    them: returns the number of documents and each file's format."""
+    hashes = array("q")
+    formats: list[str] = []
+    for path in map(Path, paths):
+        concrete = concrete_format(path, corpus_format)
+        before = len(hashes)
+        for document in iter_corpus(path, concrete):  # type: ignore[arg-type]
+            hashes.append(_id_hash(document.id))
+        if len(hashes) == before:
+            raise DatasetError(f"corpus {path} is empty: it holds no documents")
+        formats.append(concrete)
+    ordered = np.sort(np.frombuffer(hashes, dtype=np.int64))
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated):
+        _name_duplicate_id(paths, formats, {int(h) for h in repeated})
+    return len(hashes), formats
+
+
+def _name_duplicate_id(paths: Sequence[Path | str], formats: Sequence[str],
+                       suspects: set[int]) -> None:
+    """Raise the error naming a duplicate id among the documents whose id hashes repeat
+    (a second pass; two different ids sharing a hash are not an error)."""
+    first_file: dict[str, Path] = {}
+    for path, concrete in zip(map(Path, paths), formats, strict=True):
+        for document in iter_corpus(path, concrete):  # type: ignore[arg-type]
+            if _id_hash(document.id) not in suspects:
+                continue
+            if document.id in first_file:
+                first = first_file[document.id]
+                if first == path:
+                    raise DatasetError(f"corpus {path}: duplicate document id {document.id!r}")
+                raise DatasetError(f"corpus {path}: document id {document.id!r} is also in "
+                                   f"{first}; ids must be unique across the corpus files")
+            first_file[document.id] = path
+
+
+def iter_corpora(paths: Sequence[Path | str], formats: Sequence[str]) -> Iterator[Document]:
+    """The documents of several corpus files (each in its concrete format), in order."""
+    for path, concrete in zip(paths, formats, strict=True):
+        yield from iter_corpus(path, concrete)  # type: ignore[arg-type]
 
 
 def load_corpora(paths: Sequence[Path | str],

@@ -220,6 +220,11 @@ class DenseIndex:
         return int(self.index.ntotal)
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files of the index's folder (relative to it)."""
+        return FILES
+
+    @property
     def encode(self) -> Encoder:
         """The query/text encoder (the model loads on first use)."""
         if self._encoder is None:

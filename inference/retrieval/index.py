@@ -4,37 +4,54 @@ Folder layout (all listed in `manifest.json`, which is written last):
 
     manifest.json          format version, config, corpus, chunk fingerprint, file list
     chunks.jsonl           one chunk per line: id, source_id, position, text, title
-    bm25/                  bm25s index + the tokenizer vocabulary (if BM25 is on)
-    dense/                 dense.faiss + settings (if dense is on)
+    chunks.offsets         where each line starts (the chunk store, read by position)
+    bm25/                  bm25s index + its tokenizer vocabulary, or a tantivy index
+    dense/                 dense.faiss + settings (+ vectors.npy for exact re-ranking)
     retrieval_cache.jsonl  cached rankings (not part of the index; safe to delete)
 
 Both retrievers index a chunk's title line plus its text (`Document.as_context`).
+
+A build streams: the corpus is checked in one pass, then read again document by document
+into chunks written straight to the chunk store; BM25 and the dense shards read their texts
+back from the store. No stage holds the corpus, its chunks or their texts at once.
+A loaded index maps its chunk store and reads a chunk when a ranking returns it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, get_args
 
 from tqdm.auto import tqdm
 
 from sieverag.inference.core.errors import ConfigError, DatasetError
-from sieverag.inference.core.io_utils import atomic_file
-from sieverag.inference.retrieval import bm25 as bm25_files
-from sieverag.inference.retrieval import dense as dense_files
-from sieverag.inference.retrieval.bm25 import BM25Index
+from sieverag.inference.retrieval import chunk_store
 from sieverag.inference.retrieval.cache import RetrievalCache, cache_key
-from sieverag.inference.retrieval.chunking import Chunk, chunk_corpus
+from sieverag.inference.retrieval.chunk_store import (
+    CHUNKS_FILE,
+    ChunkStore,
+    IndexedTexts,
+    write_chunk_store,
+    write_offsets,
+)
+from sieverag.inference.retrieval.chunking import Chunk, iter_chunks
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
-from sieverag.inference.retrieval.corpus import load_corpora
+from sieverag.inference.retrieval.corpus import iter_corpora, scan_corpora
 from sieverag.inference.retrieval.dense import DenseIndex, Encoder, ShardCallback
 from sieverag.inference.retrieval.hybrid import reciprocal_rank_fusion, weighted_fusion
+from sieverag.inference.retrieval.lexical import (
+    LexicalIndex,
+    build_lexical,
+    choose_engine,
+    load_lexical,
+)
 from sieverag.inference.retrieval.manifest import (
+    CONVERTIBLE_VERSIONS,
+    FORMAT_VERSION,
     MANIFEST_FILE,
     IndexFormatError,
     Manifest,
@@ -47,22 +64,21 @@ from sieverag.inference.retrieval.retrieved import Ranking, RetrievedDocument
 
 SearchMode = Literal["bm25", "dense", "hybrid", "rrf"]
 SEARCH_MODES: tuple[str, ...] = get_args(SearchMode)
-CHUNKS_FILE = "chunks.jsonl"
 CACHE_FILE = "retrieval_cache.jsonl"
 BM25_DIR = "bm25"
 DENSE_DIR = "dense"
 
 
-def chunks_fingerprint(chunks: Sequence[Chunk]) -> str:
+def _fingerprint_bytes(chunk: Chunk) -> bytes:
+    return f"{chunk.id}\x00{chunk.title}\x00{chunk.text}\x00".encode()
+
+
+def chunks_fingerprint(chunks: Iterable[Chunk]) -> str:
     """Identifies the indexed chunks (ids and texts); cache keys include it."""
     digest = hashlib.sha256()
     for chunk in chunks:
-        digest.update(f"{chunk.id}\x00{chunk.title}\x00{chunk.text}\x00".encode())
+        digest.update(_fingerprint_bytes(chunk))
     return digest.hexdigest()
-
-
-def _indexed_text(chunk: Chunk) -> str:
-    return chunk.to_document().as_context()
 
 
 # One corpus file, or several indexed as one corpus.
@@ -105,26 +121,32 @@ def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
         raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
                           "or choose another --out")
 
-    documents, formats = load_corpora(paths, config.corpus_format)
-    chunks = chunk_corpus(documents, config.chunking)
-    if not chunks:
-        raise DatasetError(f"corpus {', '.join(map(str, paths))} produced no chunks")
+    # Checked in one pass before anything is written: a bad corpus leaves the folder as it was.
+    document_count, formats = scan_corpora(paths, config.corpus_format)
+    engine = choose_engine(config.bm25, document_count) if config.bm25 is not None else None
     # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
     (out / MANIFEST_FILE).unlink(missing_ok=True)
     (out / CACHE_FILE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / CHUNKS_FILE) as handle:
-        handle.writelines(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in chunks)
-    files = [CHUNKS_FILE]
-    texts = [_indexed_text(c) for c in chunks]
+    digest = hashlib.sha256()
+    with write_chunk_store(out) as writer:
+        chunks = iter_chunks(iter_corpora(paths, formats), config.chunking)
+        for chunk in tqdm(chunks, desc="Chunking", unit="chunk", disable=not show_progress):
+            writer.add(chunk)
+            digest.update(_fingerprint_bytes(chunk))
+    if writer.count == 0:
+        raise DatasetError(f"corpus {', '.join(map(str, paths))} produced no chunks")
+    store = ChunkStore(out)
+    texts = IndexedTexts(store)
+    files = list(chunk_store.FILES)
 
-    bm25: BM25Index | None = None
-    if config.bm25 is None:
+    bm25: LexicalIndex | None = None
+    if config.bm25 is None or engine is None:
         shutil.rmtree(out / BM25_DIR, ignore_errors=True)
     else:
-        bm25 = BM25Index.build(texts, config.bm25, show_progress=show_progress)
-        bm25.save(out / BM25_DIR)
-        files += [f"{BM25_DIR}/{name}" for name in bm25_files.FILES]
+        bm25, bm25_names = build_lexical(texts, out / BM25_DIR, config.bm25, engine,
+                                         total=len(texts), show_progress=show_progress)
+        files += [f"{BM25_DIR}/{name}" for name in bm25_names]
 
     dense: DenseIndex | None = None
     if config.dense is None:
@@ -132,27 +154,44 @@ def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
     else:
         dense = DenseIndex.build(texts, out / DENSE_DIR, config.dense, encoder=dense_encoder,
                                  on_shard=on_shard, show_progress=show_progress)
-        files += [f"{DENSE_DIR}/{name}" for name in dense_files.FILES]
+        files += [f"{DENSE_DIR}/{name}" for name in dense.files]
 
     corpus, corpus_sha256 = corpus_identity(paths)
-    manifest = Manifest(config=config, files=tuple(files), chunk_count=len(chunks),
-                        source_count=len(documents), corpus=corpus, corpus_format=",".join(formats),
-                        corpus_sha256=corpus_sha256,
-                        fingerprint=chunks_fingerprint(chunks))
+    manifest = Manifest(config=config, files=tuple(files), chunk_count=len(store),
+                        source_count=document_count, corpus=corpus,
+                        corpus_format=",".join(formats), corpus_sha256=corpus_sha256,
+                        fingerprint=digest.hexdigest())
     write_manifest(out, manifest)
-    return Index(out, manifest, chunks, bm25, dense)
+    return Index(out, manifest, store, bm25, dense)
 
 
-def _read_chunks(path: Path) -> list[Chunk]:
-    with path.open(encoding="utf-8") as handle:
-        return [Chunk(**json.loads(line)) for line in handle if line.strip()]
+def convert_index(directory: Path | str) -> Manifest:
+    """Bring an index folder of an older format (see `manifest.CONVERTIBLE_VERSIONS`) to
+    this one in place, reading its chunks once; returns the new manifest."""
+    directory = Path(directory)
+    for version in CONVERTIBLE_VERSIONS:
+        try:
+            old = read_manifest(directory, version=version)
+        except IndexFormatError:
+            continue
+        count = write_offsets(directory)
+        if count != old.chunk_count:
+            raise IndexFormatError(f"index {directory}: {CHUNKS_FILE} holds {count} chunks, the "
+                                   f"manifest says {old.chunk_count}; rebuild it with "
+                                   "`sieverag index build --overwrite`")
+        files = tuple(dict.fromkeys((*old.files, *chunk_store.FILES)))
+        manifest = replace(old, files=files, format_version=FORMAT_VERSION)
+        write_manifest(directory, manifest)
+        return manifest
+    return read_manifest(directory)
 
 
 class Index:
-    """A loaded index folder: its chunks, its retrievers, its retrieval cache."""
+    """A loaded index folder: its chunks (a `ChunkStore`, read by position), its
+    retrievers, its retrieval cache."""
 
-    def __init__(self, directory: Path, manifest: Manifest, chunks: list[Chunk],
-                 bm25: BM25Index | None, dense: DenseIndex | None, *,
+    def __init__(self, directory: Path, manifest: Manifest, chunks: Sequence[Chunk],
+                 bm25: LexicalIndex | None, dense: DenseIndex | None, *,
                  search_config: SearchConfig | None = None,
                  cache: RetrievalCache | None = None) -> None:
         self.directory = directory
@@ -171,8 +210,8 @@ class Index:
         directory = Path(directory)
         manifest = read_manifest(directory)
         try:
-            chunks = _read_chunks(directory / CHUNKS_FILE)
-            bm25 = (BM25Index.load(directory / BM25_DIR)
+            chunks = ChunkStore(directory)
+            bm25 = (load_lexical(directory / BM25_DIR)
                     if manifest.config.bm25 is not None else None)
             dense = (DenseIndex.load(directory / DENSE_DIR, dense_encoder)
                      if manifest.config.dense is not None else None)

@@ -3,6 +3,9 @@
 It records the format version, the build config, the corpus (path and SHA-256), a fingerprint
 of the chunks and the list of files the index needs; loading checks all of them and names
 what is wrong.
+
+Format 2 (issue 63) added the chunk store's offsets file (`chunk_store`); a format-1 folder
+is converted in place by `sieverag index convert DIR` (`index.convert_index`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import write_json_atomic
 from sieverag.inference.retrieval.config import IndexConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Folders of these versions are converted in place, not rebuilt.
+CONVERTIBLE_VERSIONS = (1,)
 MANIFEST_FILE = "manifest.json"
 
 
@@ -70,8 +75,9 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     write_json_atomic(Path(directory) / MANIFEST_FILE, manifest.to_dict())
 
 
-def read_manifest(directory: Path) -> Manifest:
-    """Read and check an index folder's manifest; every listed file must exist."""
+def read_manifest(directory: Path, *, version: int = FORMAT_VERSION) -> Manifest:
+    """Read and check an index folder's manifest (of format `version`); every listed file
+    must exist."""
     directory = Path(directory)
     path = directory / MANIFEST_FILE
     if not directory.is_dir():
@@ -83,10 +89,14 @@ def read_manifest(directory: Path) -> Manifest:
         payload = json.loads(path.read_text("utf-8"))
     except ValueError as error:
         raise IndexFormatError(f"{path} is not valid JSON ({error}); rebuild the index") from None
-    version = payload.get("format_version") if isinstance(payload, dict) else None
-    if version != FORMAT_VERSION:
-        raise IndexFormatError(f"index {directory} has format version {version!r}, this sieverag "
-                               f"reads version {FORMAT_VERSION}; rebuild it with "
+    found = payload.get("format_version") if isinstance(payload, dict) else None
+    if found in CONVERTIBLE_VERSIONS and version == FORMAT_VERSION:
+        raise IndexFormatError(f"index {directory} has format version {found}, from an older "
+                               f"sieverag (chunks without their offsets file); convert it in "
+                               f"place with `sieverag index convert {directory}`")
+    if found != version:
+        raise IndexFormatError(f"index {directory} has format version {found!r}, this sieverag "
+                               f"reads version {version}; rebuild it with "
                                "`sieverag index build`")
     try:
         manifest = Manifest(
@@ -98,7 +108,7 @@ def read_manifest(directory: Path) -> Manifest:
             corpus_format=str(payload["corpus_format"]),
             corpus_sha256=str(payload["corpus_sha256"]),
             fingerprint=str(payload["fingerprint"]),
-            format_version=version,
+            format_version=found,
             sieverag_version=str(payload.get("sieverag_version", "")),
         )
     except (KeyError, TypeError, ValueError, ConfigError) as error:

@@ -327,8 +327,9 @@ def test_hygiene_reports_removed_with_reasons() -> None:
 
 def test_build_writes_manifest_and_searches_every_mode(built: Path) -> None:
     manifest = json.loads((built / "manifest.json").read_text())
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == 2
     assert manifest["chunk_count"] == 5 and manifest["corpus_format"] == "jsonl"
+    assert {"chunks.jsonl", "chunks.offsets"} <= set(manifest["files"])
     assert "chunks.jsonl" in manifest["files"] and "dense/dense.faiss" in manifest["files"]
     assert "bm25/vocab.tokenizer.json" in manifest["files"]
     assert manifest["config"]["chunking"]["strategy"] == "none"
