@@ -14,12 +14,13 @@ ranks by the filter alone (`combination.FILTER_ALONE`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.core.errors import SieveragError
+from sieverag.inference.core.errors import DatasetError, SieveragError
 from sieverag.inference.core.in_flight import default_concurrency
 from sieverag.inference.core.types import Device, Example
 from sieverag.inference.filters.combination import (
@@ -33,6 +34,7 @@ from sieverag.inference.filters.combination import (
     ranking_statement,
 )
 from sieverag.inference.filters.filter_format import card_format
+from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule
 from sieverag.inference.llm.batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
 from sieverag.training.combination_fit import (
@@ -42,6 +44,7 @@ from sieverag.training.combination_fit import (
     measure_combination,
     score_rounds,
 )
+from sieverag.training.home_fit import DEFAULT_TOLERANCE
 
 FOLDS = 5  # cross-validation folds by question (`filter fit-combination --folds`)
 MIN_GAIN = 0.005  # AUROC the filter must add over the priors alone to be used (`--min-gain`)
@@ -56,17 +59,75 @@ def score_fitting_rounds(folder: Path, card: Mapping[str, Any],
     base model (in its card's format), BM25 and dense; `concurrency` questions at once, their
     calls batched; the rounds in dataset order. `scores_file`: rounds kept across runs
     (`combination_fit.score_rounds`), keyed by the adapter's weights."""
+    with filter_scorer(folder, card, embedding_model=embedding_model, device=device,
+                       concurrency=concurrency, progress=progress,
+                       scores_file=scores_file) as score:
+        return [r for examples in by_dataset.values() for r in score(examples)]
+
+
+@contextmanager
+def filter_scorer(folder: Path, card: Mapping[str, Any], *,
+                  embedding_model: str = DEFAULT_EMBEDDING_MODEL, device: Device = "auto",
+                  concurrency: int | None = None, progress: bool = True,
+                  scores_file: str | Path | None = None
+                  ) -> Iterator[Callable[[Sequence[Example]], list[LabelledRound]]]:
+    """A function examples → their rounds scored as `score_fitting_rounds` scores them, on
+    one backend while the context lasts (the home fit scores away rounds as it needs them)."""
     from sieverag.inference.llm.registry import BackendSpec, build_backend
 
     spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=device)
     concurrency = default_concurrency(concurrency, spec.endpoint is not None)
     with question_batcher(concurrency, spec.endpoint is not None) as batcher:
         backend = on_batcher(build_backend(spec), spec.endpoint is not None, batcher)
-        return [r for examples in by_dataset.values()
-                for r in score_rounds(backend, examples, embedding_model,
-                                      filter_format=card_format(card), progress=progress,
-                                      concurrency=concurrency, scores_file=scores_file,
-                                      fingerprint=_weights_fingerprint(folder, card))]
+
+        def score(examples: Sequence[Example]) -> list[LabelledRound]:
+            return score_rounds(backend, examples, embedding_model,
+                                filter_format=card_format(card), progress=progress,
+                                concurrency=concurrency, scores_file=scores_file,
+                                fingerprint=_weights_fingerprint(folder, card))
+
+        yield score
+
+
+def home_sources_of(card: Mapping[str, Any]) -> list[str]:
+    """The filter's home: the sources its training records came from (the card's
+    `dataset.sources.train`)."""
+    return sorted(((card.get("dataset") or {}).get("sources") or {}).get("train") or {})
+
+
+def fit_card_home(folder: Path, card: Mapping[str, Any],
+                  by_dataset: Mapping[str, Sequence[Example]], away_combination: Combination,
+                  *, home_sources: Sequence[str], read: int = DEFAULT_HOME_READ,
+                  tolerance: float = DEFAULT_TOLERANCE,
+                  embedding_model: str = DEFAULT_EMBEDDING_MODEL, device: Device = "auto",
+                  concurrency: int | None = None, progress: bool = True,
+                  scores_file: str | Path | None = None) -> HomeRule:
+    """The home rule of the filter in `folder` (`training/home_fit.py`): the questions of
+    `by_dataset` from `home_sources` are home (scored now), the others away (scored only
+    where the home test would call them home); `away_combination` is the default they are
+    measured against."""
+    from sieverag.inference.data import example_source
+    from sieverag.training.home_fit import AwayRound, HomeRound, fit_home_rule, round_features
+
+    examples = [e for chunk in by_dataset.values() for e in chunk]
+    home = [e for e in examples if example_source(e) in home_sources]
+    away = [e for e in examples if example_source(e) not in home_sources]
+    if not home:
+        raise DatasetError(f"no question of the filter's home ({', '.join(home_sources)}) "
+                           f"among the datasets: give its validation questions with --dataset")
+    if not away:
+        raise DatasetError(f"every question is from the filter's home "
+                           f"({', '.join(home_sources)}): give datasets of other kinds of text "
+                           "too, to tell home from")
+    with filter_scorer(folder, card, embedding_model=embedding_model, device=device,
+                       concurrency=concurrency, progress=progress,
+                       scores_file=scores_file) as score:
+        home_rounds = [HomeRound(e, r) for e, r in zip(home, score(home), strict=True)]
+        away_rounds = [AwayRound(example_source(e), round_features(e, embedding_model), e,
+                                 lambda example: score([example])[0]) for e in away]
+        return fit_home_rule(home_rounds, away_rounds, away_combination,
+                             sources=home_sources, read=read, tolerance=tolerance,
+                             embedding_model=embedding_model)
 
 
 def _weights_fingerprint(folder: Path, card: Mapping[str, Any]) -> str:
@@ -85,6 +146,17 @@ def write_card_combination(folder: Path, card: Mapping[str, Any], combination: C
                "questions": sorted([r.source, r.question_id] for r in rounds)}
     path = folder / CARD_FILE
     write_json_atomic(path, {**card, CARD_KEY: section})
+    return path
+
+
+def write_card_home(folder: Path, card: Mapping[str, Any], home: HomeRule | None) -> Path:
+    """Write `home` into the card of `folder` (its `home` section; None removes it)."""
+    from sieverag.inference.core.io_utils import write_json_atomic
+    from sieverag.inference.filters.adapters import CARD_FILE
+
+    path = folder / CARD_FILE
+    rest = {k: v for k, v in card.items() if k != HOME_KEY}
+    write_json_atomic(path, rest if home is None else {**rest, HOME_KEY: home.as_card()})
     return path
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +13,35 @@ from pydantic_settings import CliPositionalArg
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.in_flight import CONCURRENCY_HELP, check_concurrency
-from sieverag.inference.core.settings import FileList, narrow, settings
+from sieverag.inference.core.settings import FileList, at_least, narrow, settings
 from sieverag.inference.core.types import Device
 from sieverag.inference.data.dataset_fields import limit_field
-from sieverag.inference.filters.combination import DEFAULT_EMBEDDING_MODEL, describe_combination
+from sieverag.inference.filters.combination import (
+    DEFAULT_EMBEDDING_MODEL,
+    card_combination,
+    describe_combination,
+)
+from sieverag.inference.filters.home import DEFAULT_HOME_READ, describe_home
 from sieverag.training.card_fit import (
     FOLDS,
     MIN_GAIN,
+    fit_card_home,
     fit_trained_filter,
+    home_sources_of,
     not_fitted,
     score_fitting_rounds,
     write_card_combination,
+    write_card_home,
 )
 from sieverag.training.combination_fit import fitting_questions, measure_combination
 from sieverag.training.filter_eval_config import FilterEvalConfig
+from sieverag.training.home_fit import DEFAULT_TOLERANCE
 from sieverag.training.launch import (
     LaunchConfig,
     Machine,
     check_launch,
     launch_environment,
+    node_arguments,
     read_launch_config,
     resolve_accelerate_config,
     shipped_names,
@@ -48,8 +58,8 @@ class TrainCommand:
     machine are checked before anything is launched."""
 
     recipe: str = field(metadata={
-        "help": "a shipped recipe's name (smollm2_filter_cpu, llama3_8b_filter_zero2) or a "
-                "recipe YAML file"})
+        "help": "a shipped recipe's name (smollm2_filter_cpu, llama3_8b_filter_zero2, "
+                "llama3_8b_filter_zero3, qwen2_5_7b_filter_zero3, ...) or a recipe YAML file"})
     accelerate_config: str = field(default="cpu", metadata={
         "help": "accelerate config: " + shipped_names() + " (shipped; ddp, zero2 and zero3 "
                 "pick their CPU file on a machine without CUDA) or a YAML file"})
@@ -59,6 +69,17 @@ class TrainCommand:
     overrides: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "recipe fields to override, e.g. max_steps=2,learning_rate=1e-4 (in YAML, "
                 "a mapping of any values)"})
+    machine_rank: int | None = field(default=None, metadata={
+        "help": "this machine's rank in a launch over several machines (an accelerate config "
+                "with num_machines > 1, e.g. zero3_2x8): 0 on the main machine, 1, 2, ... on "
+                "the others, each running the same command"})
+    main_process_ip: str | None = field(default=None, metadata={
+        "help": "the main machine's (rank 0's) address, which every machine of a multi-node "
+                "launch reaches"})
+    main_process_port: int | None = field(default=None, metadata={
+        "help": "the port the main machine listens on (default: the config's, else 29500)"})
+    dry_run: bool = field(default=False, metadata={
+        "help": "check everything and print the launch command, launching nothing"})
     fit_combination: bool = field(default=True, metadata={
         "help": "after training, fit MCF's combination of the filter's score with BM25 and "
                 "dense on the dataset's validation questions (each source left out in turn "
@@ -117,6 +138,8 @@ def plan_launch(command: TrainCommand, machine: Machine | None = None) -> Launch
               "--config_file", str(config.path)]
     if command.num_processes is not None:
         launch += ["--num_processes", str(command.num_processes)]
+    launch += node_arguments(config, command.machine_rank, command.main_process_ip,
+                             command.main_process_port)
     return LaunchPlan(
         argv=[*launch, "-m", "sieverag.training.sft", *recipe_args],
         env=launch_environment(config, processes, machine), config=config,
@@ -133,10 +156,13 @@ def launch_command(command: TrainCommand) -> list[str]:
 def run_train(command: TrainCommand) -> int:
     plan = plan_launch(command)
     where = "CPU" if plan.config.use_cpu else "GPU"
-    print(f"launching: {' '.join(shlex.quote(a) for a in plan.argv)}\n"
+    print(f"{'would launch (--dry-run)' if command.dry_run else 'launching'}: "
+          f"{' '.join(shlex.quote(a) for a in plan.argv)}\n"
           f"{plan.processes} {where} process(es); effective batch {plan.effective_batch} "
           "(per_device_train_batch_size x gradient_accumulation_steps x processes)",
           flush=True)
+    if command.dry_run:
+        return 0
     code = subprocess.run(plan.argv, env=plan.env, check=False).returncode
     if code != 0:
         return code
@@ -211,6 +237,21 @@ class FitCombinationCommand:
         "help": "a JSONL file the scored passages are kept in: a rerun (another --limit, "
                 "--min-gain, another source left out) reads the questions already scored "
                 "from it instead of running the filter again"})
+    home_sources: str = field(default="card", metadata={
+        "help": "the filter's home text, whose questions fit the home rule (the filter's "
+                "score read where a round looks like home; the other datasets are the away "
+                "text it is told from): card (the sources the card's training records came "
+                "from), comma-separated source names, or none (no home rule)"})
+    keep_combination: bool = field(default=False, metadata={
+        "help": "keep the card's combination (the away default) and fit only the home rule: "
+                "the filter scores the home questions and only those away questions the home "
+                "test would call home"})
+    home_read: int = field(default=DEFAULT_HOME_READ, metadata={
+        "help": "passages a home round's filter reads: the best by BM25 + dense"})
+    home_tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={
+        "help": "F1 an away source may lose, against the away default, where the home test "
+                "calls its rounds home (the test's bar is the lowest that keeps every away "
+                "source within it)"})
     device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     concurrency: int | None = field(default=None, metadata={"help": CONCURRENCY_HELP})
     quiet: bool = field(default=False, metadata={"help": "no progress bars"})
@@ -218,6 +259,9 @@ class FitCombinationCommand:
     def __post_init__(self) -> None:
         if not self.dataset:
             raise ConfigError("--dataset: give at least one dataset file")
+        at_least(1, "--", home_read=self.home_read)
+        if not 0 <= self.home_tolerance < 1:
+            raise ConfigError(f"--home-tolerance must be in [0, 1), got {self.home_tolerance}")
         check_concurrency(self.concurrency)
         if self.folds < 2:
             raise ConfigError(f"--folds must be >= 2, got {self.folds}")
@@ -245,14 +289,32 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
     folder = resolve_filter(str(found.path), card["base_model"])
     by_dataset = fitting_questions(command.dataset, card, adapter=command.adapter,
                                    split_dir=command.split_dir, limit=command.limit)
-    rounds = score_fitting_rounds(folder, card, by_dataset,
-                                  embedding_model=command.embedding_model,
-                                  device=command.device, concurrency=command.concurrency,
-                                  progress=not command.quiet, scores_file=command.scores)
-    combination = measure_combination(rounds, folds=command.folds, min_gain=command.min_gain,
-                                      embedding_model=command.embedding_model,
-                                      by_left_out_source=command.by_left_out_source)
-    path = write_card_combination(folder, card, combination, list(by_dataset), rounds)
-    print(describe_combination(combination))
-    print(f"written into {path}")
+    scoring = {"embedding_model": command.embedding_model, "device": command.device,
+               "concurrency": command.concurrency, "progress": not command.quiet,
+               "scores_file": command.scores}
+    if command.keep_combination:
+        combination = card_combination(card, f"{folder}")
+        if not combination.fitted:
+            raise ConfigError(f"--keep-combination: the card of {folder} holds no fitted "
+                              "combination to keep; fit one (leave the flag out)")
+    else:
+        rounds = score_fitting_rounds(folder, card, by_dataset, **scoring)
+        combination = measure_combination(rounds, folds=command.folds,
+                                          min_gain=command.min_gain,
+                                          embedding_model=command.embedding_model,
+                                          by_left_out_source=command.by_left_out_source)
+        path = write_card_combination(folder, card, combination, list(by_dataset), rounds)
+        card = read_card(folder) or card
+        print(describe_combination(combination))
+        print(f"written into {path}")
+    home_sources = (home_sources_of(card) if command.home_sources == "card"
+                    else [] if command.home_sources == "none"
+                    else [s.strip() for s in command.home_sources.split(",") if s.strip()])
+    if home_sources:
+        home = fit_card_home(folder, card, by_dataset, replace(combination, home=None),
+                             home_sources=home_sources, read=command.home_read,
+                             tolerance=command.home_tolerance, **scoring)
+        path = write_card_home(folder, card, home)
+        print(describe_home(home))
+        print(f"written into {path}")
     return 0

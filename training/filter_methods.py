@@ -124,8 +124,9 @@ def decisions_of(method: str, results: Mapping[str, FilterResult],
     kept = {example_id: tuple(s.document.id for s in result.kept)
             for example_id, result in results.items()}
     scores = {s.document.id: s.score for result in results.values() for s in result.scored}
+    # A blank passage is not read: MCF gives it P(relevant) 0 and no other detail.
     probabilities = None if probability is None else {
-        s.document.id: s.details[probability] for result in results.values()
+        s.document.id: s.details.get(probability, 0.0) for result in results.values()
         for s in result.scored}
     return ChunkDecisions(method, kept, scores, probabilities)
 

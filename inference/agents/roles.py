@@ -118,7 +118,7 @@ class FilterCard:
         return ranking_statement(self.combination, where,
                                  priors_only=mcf.combination == "priors_only",
                                  score_rule=mcf.score_rule, lexical_weight=mcf.lexical_weight,
-                                 always_score=mcf.always_score_chunks)
+                                 always_score=mcf.always_score_chunks, home=mcf.home)
 
 
 def filter_card(spec: BackendSpec, named: str | None = None) -> FilterCard:

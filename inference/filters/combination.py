@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from sieverag.inference.filters.adapters import AdapterError, read_card
 from sieverag.inference.filters.base import z_scores
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
 from sieverag.inference.filters.windows import DEFAULT_WINDOW_TOKENS, card_window_tokens
+
+if TYPE_CHECKING:
+    from sieverag.inference.filters.home import HomeRule
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
@@ -166,22 +169,30 @@ class RoundBar:
     reason: str
 
 
+def guard_keeps(top_k: int, passages: int) -> int:
+    """How many passages the shift guard keeps at least in a round of `passages`: retrieval's
+    `top_k`, but never more than half the round (at least one), so a round of two or three
+    still lets the bar drop the passages it ranks last."""
+    return min(top_k, max(1, passages // 2))
+
+
 def round_bar(logits: Sequence[float], probability: float, min_keep: int, top_k: int,
               unlike: Sequence[str] = ()) -> RoundBar:
     """The calibrated bar of one round (`probability_bar`); where the round is `unlike` the
-    fitting rounds (the shift guard's findings) and that bar keeps fewer than `top_k`
-    passages, the k-th best logit instead, so the round keeps at least what retrieval's
-    top-k would."""
+    fitting rounds (the shift guard's findings) and that bar keeps fewer than
+    `guard_keeps(top_k, passages)`, the bar of that many best instead, so the round keeps at
+    least what retrieval's top-k would (at most half of a small round)."""
     bar = probability_bar(logits, probability, min_keep)
     reason = f"P(relevant) >= {probability:g}, at least {min_keep} kept"
     if unlike and logits:
-        k_bar = sorted(logits, reverse=True)[min(top_k, len(logits)) - 1]
+        keep = guard_keeps(top_k, len(logits))
+        k_bar = sorted(logits, reverse=True)[keep - 1]
         if k_bar < bar:
             return RoundBar(k_bar, "shift_guard",
                             f"unlike the fitting rounds in {'; '.join(unlike)}: at least the "
-                            f"top {top_k} kept")
+                            f"top {keep} kept")
         reason += (f" (unlike the fitting rounds in {'; '.join(unlike)}; the bar kept the top "
-                   f"{top_k} anyway)")
+                   f"{keep} anyway)")
     return RoundBar(bar, "calibrated", reason)
 
 
@@ -212,6 +223,9 @@ class Combination:
     window_tokens: int = DEFAULT_WINDOW_TOKENS
     """How many tokens of a document the card's filter reads at once (`windows`: its training
     records' length): a longer document is read window by window."""
+    home: HomeRule | None = None
+    """The card's home rule (`filters.home`): where a round looks like the filter's home
+    text, MCF ranks by its home combination instead of this one (None: no home rule)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(FEATURES)
@@ -311,10 +325,12 @@ def card_combination(card: Mapping[str, Any] | None, where: str = "the card") ->
     card (None): `PRIORS_ONLY`. Each carries the card's filter format and window."""
     if card is None:
         return PRIORS_ONLY
+    from sieverag.inference.filters.home import card_home_rule
+
     section = card.get(CARD_KEY)
     combination = FILTER_ALONE if not section else Combination.from_card(section, where)
     return replace(combination, filter_format=card_format(card),
-                   window_tokens=card_window_tokens(card))
+                   window_tokens=card_window_tokens(card), home=card_home_rule(card, where))
 
 
 def adapter_combination(folder: str | Path | None) -> Combination:
@@ -374,12 +390,27 @@ def passage_priors(question: str, texts: Sequence[str],
 def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     from sieverag.inference.retrieval.bm25 import question_scores
-    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
     bm25 = tuple(question_scores(question, texts))
+    vectors = round_vectors(question, texts, embedding_model)
+    return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
+
+
+def round_vectors(question: str, texts: Sequence[str],
+                  embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> np.ndarray:
+    """The unit embeddings of `question` (row 0) and each of `texts` (rows 1...) under
+    `embedding_model`; cached per round (the priors and the home test read the same)."""
+    return _round_vectors(question, tuple(texts), embedding_model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _round_vectors(question: str, texts: tuple[str, ...], embedding_model: str) -> np.ndarray:
+    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
+
     # Small batches: a served request's few passages wait for one batch of another's many.
     vectors = make_encoder(DenseConfig(model=embedding_model, batch_size=16))([question, *texts])
-    return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
+    vectors.setflags(write=False)  # shared through the cache
+    return vectors
 
 
 def describe_combination(combination: Combination) -> str:
@@ -461,16 +492,29 @@ def _gain_words(fit: Mapping[str, Any]) -> str:
 
 def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
                       score_rule: str = "combined", lexical_weight: float | None = None,
-                      always_score: bool = False) -> str:
+                      always_score: bool = False, home: str = "auto") -> str:
     """The line every command that ranks by a filter prints at start (`_ranking_words`),
     saying too when no chunk is sent to the filter (its score unused and `always_score`,
-    `mcf.always_score_chunks`, off)."""
+    `mcf.always_score_chunks`, off), and where the card's home rule ranks instead (`home`:
+    `mcf.home`)."""
     words = _ranking_words(combination, where, priors_only=priors_only,
                            score_rule=score_rule, lexical_weight=lexical_weight)
     called = calls_filter(combination.uses_filter and not priors_only, score_rule,
                           always_score)
-    return words + ("" if called else
-                    "; no chunk is sent to the filter (--mcf.always-score-chunks sends them)")
+    rule = combination.home
+    at_home = rule is not None and not priors_only and score_rule == "combined"
+    if at_home and home == "home":
+        return (f"MCF ranks every round by the home combination of {where} "
+                f"({', '.join(rule.sources)}), as --mcf.home home asks: the filter reads the "
+                f"priors' best {rule.read} passages of each round")
+    words += ("" if called else
+              "; no chunk is sent to the filter (--mcf.always-score-chunks sends them)")
+    if at_home and home == "auto" and rule.test.bar < 1.0:
+        words += (f"; a round that looks like the filter's home text ({', '.join(rule.sources)}"
+                  f": P(home) >= {rule.test.bar:g}, tested on retrieval's features) ranks by "
+                  f"the home combination instead, the filter reading the priors' best "
+                  f"{rule.read} passages (--mcf.home away never, home always)")
+    return words
 
 
 def calls_filter(uses_filter: bool, score_rule: str, always_score: bool) -> bool:

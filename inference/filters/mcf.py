@@ -56,6 +56,7 @@ from sieverag.inference.filters.combination import (
     RoundScores,
     calls_filter,
     passage_priors,
+    round_vectors,
 )
 from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
@@ -67,6 +68,12 @@ from sieverag.inference.filters.filter_format import (
     passage_verdicts,
     relevance_log_odds,
     sentence_prompt,
+)
+from sieverag.inference.filters.home import (
+    HomeDecision,
+    HomeMode,
+    RoundVectors,
+    home_reading,
 )
 from sieverag.inference.filters.judge import judge_bar
 from sieverag.inference.filters.sentence_priors import (
@@ -165,6 +172,12 @@ class MCFConfig:
     window_tokens: int | None = field(default=None, metadata={
         "help": "tokens of text in a window; default: the filter card's (its training "
                 f"records' length), else {DEFAULT_WINDOW_TOKENS}"})
+    home: HomeMode = field(default="auto", metadata={
+        "help": "where the card has a home rule (the filter's own kind of text): auto tests "
+                "each round on retrieval's features and ranks a round that looks like home "
+                "by the home combination (the filter's score read on the priors' best "
+                "passages), every other by the away default; home: every round is home; "
+                "away: none is"})
 
     @property
     def score_rule(self) -> ScoreRule:
@@ -265,9 +278,11 @@ class MultiGranularFilter:
 
     def __init__(self, backend: LLMBackend, config: MCFConfig | None = None,
                  combination: Combination | None = None,
-                 priors: PriorScorer = passage_priors) -> None:
+                 priors: PriorScorer = passage_priors,
+                 vectors: RoundVectors = round_vectors) -> None:
         """`combination`: the filter's, from its card (`combination.adapter_combination`);
-        None: `PRIORS_ONLY`. `priors`: how BM25 and dense scores of a round are computed."""
+        None: `PRIORS_ONLY`. `priors`: how BM25 and dense scores of a round are computed;
+        `vectors`: how its texts are embedded for the home test."""
         self.backend = backend
         self.config = config if config is not None else MCFConfig()
         self.combination = combination if combination is not None else PRIORS_ONLY
@@ -277,6 +292,7 @@ class MultiGranularFilter:
             except AdapterError as err:
                 raise ConfigError(f"mcf.combination=priors_only: {err}") from None
         self.priors = priors
+        self.vectors = vectors
         self.windows = window_rule(backend, self.config, self.combination)
 
     @property
@@ -321,34 +337,86 @@ class MultiGranularFilter:
                            "sentence_scores": per_sentence})
         return scores
 
+    def home_decision(self, question: str, documents: Sequence[Document]
+                      ) -> HomeDecision | None:
+        """Whether the round is the filter's home text (`filters.home`), tested on retrieval's
+        features before any filter call; None where no home rule applies (the card has none,
+        or the chunk score is not the card's combination)."""
+        rule = self.combination.home
+        if rule is None or self.config.score_rule != "combined":
+            return None
+        texts = [d.as_context() for d in documents if d.text.strip()]
+        return rule.decide(question, texts, self.config.home, self.vectors) if texts else None
+
     def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:
         """Score every document and keep those at or above the bar, best first (full text); a
-        document longer than a window by its best read window (`windows`), a blank one 0."""
+        document longer than a window by its best read window (`windows`), a blank one 0. A
+        round the home test finds home ranks by the home combination (`home_stage`)."""
         if not documents:
             return FilterResult(kept=(), scored=(), threshold=None)
+        decision = self.home_decision(question, documents)
         round_ = WindowedRound.of(question, documents, self.windows, self.priors,
                                   self.combination.embedding_model)
+        if decision is not None and decision.home:
+            return self.home_stage(question, round_, decision)
         scores = (self.chunk_scores(question, round_.read) if self.reads_filter
                   else round_.prior_scores(question, self.priors,
                                            self.combination.embedding_model))
         best = round_.best(scores)
         if not best:  # every document blank
             return round_.result(best, FilterResult(kept=(), scored=(), threshold=None))
-        return round_.result(best, self.chunk_verdicts(
-            question, [b.document for b in best], [b.scores for b in best]))
+        result = self.chunk_verdicts(question, [b.document for b in best],
+                                     [b.scores for b in best])
+        if decision is not None:
+            result = replace(result, rule_reason=f"{decision.reason}; {result.rule_reason}")
+        return round_.result(best, result)
+
+    def home_stage(self, question: str, round_: WindowedRound,
+                   decision: HomeDecision) -> FilterResult:
+        """A home round: each document's best window by BM25 + dense, the filter reading only
+        the home rule's `read` best of them (`home.home_reading`), ranked and cut by the home
+        combination; the passages it did not read are not kept (their P(relevant) is the away
+        combination's)."""
+        rule = self.combination.home
+        assert rule is not None  # home_decision found it
+        model = self.combination.embedding_model
+        best = round_.best(round_.prior_scores(question, self.priors, model))
+        if not best:
+            return round_.result(best, FilterResult(kept=(), scored=(), threshold=None))
+        documents = [b.document for b in best]
+        bm25, dense = self.priors(question, [d.as_context() for d in documents], model)
+        chosen = home_reading(bm25, dense, rule.read)
+        read = self.chunk_verdicts(question, [documents[i] for i in chosen],
+                                   self.chunk_scores(question, [documents[i] for i in chosen]),
+                                   rule.combination)
+        by_position = dict(zip(chosen, read.scored, strict=True))
+        away = self.combination.logits(RoundScores((0.0,) * len(documents), tuple(bm25),
+                                                   tuple(dense)))
+        scored = tuple(by_position.get(i) or ScoredDocument(
+            d, away[i], False, {"p_yes": None, "filter_score": None, "bm25": round(bm25[i], 4),
+                                "dense": round(dense[i], 4),
+                                "p_relevant": round(p_relevant(away[i]), 6)})
+            for i, d in enumerate(documents))
+        unread = len(documents) - len(chosen)
+        reason = (f"{decision.reason}; the filter read the priors' best {len(chosen)} of "
+                  f"{len(documents)}" + (f" ({unread} not kept unread)" if unread else "")
+                  + f"; {read.rule_reason}")
+        result = replace(read, scored=scored, rule=f"home_{read.rule}", rule_reason=reason)
+        return round_.result(best, result)
 
     def chunk_verdicts(self, question: str, documents: Sequence[Document],
-                       scores: Sequence[dict]) -> FilterResult:
+                       scores: Sequence[dict], combination: Combination | None = None
+                       ) -> FilterResult:
         """The chunk stage's verdicts on `documents` (at least one) from their `chunk_scores`:
-        each chunk's score under the config's rule, its P(relevant) from the combination, the
-        bar applied, kept ones best first."""
+        each chunk's score under the config's rule, its P(relevant) from `combination` (default
+        the card's away combination), the bar applied, kept ones best first."""
+        combination = combination if combination is not None else self.combination
         # s of a chunk the filter did not read (`reads_filter`) is unknown: 0 in the
         # combination's inputs, which then give it no weight.
         log_odds = [s["score"] if s["p_yes"] is not None else 0.0 for s in scores]
         bm25, dense = self.priors(question, [d.as_context() for d in documents],
                                   self.combination.embedding_model)
-        combined = self.combination.logits(RoundScores(tuple(log_odds), tuple(bm25),
-                                                       tuple(dense)))
+        combined = combination.logits(RoundScores(tuple(log_odds), tuple(bm25), tuple(dense)))
         details = [{"p_yes": _rounded(s["p_yes"], 4),
                     "filter_score": _rounded(s["score"] if s["p_yes"] is not None else None, 4),
                     "bm25": round(b, 4), "dense": round(d, 4),
@@ -360,29 +428,32 @@ class MultiGranularFilter:
         rule = self.config.score_rule
         values = (combined if rule == "combined" else log_odds if rule == "filter"
                   else with_prior(log_odds, bm25, self.config.prior_weight))
-        decided = self.bar(values, RoundScores(tuple(log_odds), tuple(bm25), tuple(dense)))
+        decided = self.bar(values, RoundScores(tuple(log_odds), tuple(bm25), tuple(dense)),
+                           combination)
         scored = tuple(ScoredDocument(d, value, value >= decided.bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
         return FilterResult(kept=kept, scored=scored, threshold=decided.bar,
                             rule=decided.rule, rule_reason=decided.reason)
 
-    def bar(self, scores: Sequence[float], round_scores: RoundScores) -> RoundBar:
+    def bar(self, scores: Sequence[float], round_scores: RoundScores,
+            combination: Combination | None = None) -> RoundBar:
         """The round's bar on the scores, and the rule that set it. top_k: the k-th best
         score (ties at it are kept too); calibrated: the combination's `round_bar` (P(relevant)
         >= p_min, at least min_keep, and at least the card's top_k where its shift guard finds
         the round unlike the fitting rounds) when the score is a fitted combination, else
         top_k's."""
         config = self.config
+        combination = combination if combination is not None else self.combination
         if config.bar == "fixed":
             return RoundBar(config.threshold, "fixed", f"s >= {config.threshold:g}")
         if config.bar == "adaptive":
             return RoundBar(judge_bar(scores, config.bar_n), "adaptive",
                             f"score >= mean - {config.bar_n:g}·std over the round")
-        if (config.bar == "calibrated" and self.combination.fitted
+        if (config.bar == "calibrated" and combination.fitted
                 and config.score_rule == "combined"):
-            combination = (self.combination if config.shift_guard
-                           else replace(self.combination, guard=None))
+            if not config.shift_guard:
+                combination = replace(combination, guard=None)
             return combination.round_bar(round_scores, config.p_min, config.min_keep)
         k = config.top_k
         why = ("the top_k bar" if config.bar == "top_k" else

@@ -63,7 +63,7 @@ def test_round_statistics_read_size_spread_agreement_and_best_p():
 
 
 def test_a_round_unlike_the_fitting_rounds_keeps_at_least_retrievals_top_k():
-    logits = [2.0, -1.0, -1.5, -3.0]  # P ≥ 0.5 keeps one
+    logits = [2.0, -1.0, -1.5, -3.0, -4.0, -5.0]  # P ≥ 0.5 keeps one
     calibrated = round_bar(logits, 0.5, 1, 3)
     assert calibrated.rule == "calibrated" and calibrated.bar == 0.0
     guarded = round_bar(logits, 0.5, 1, 3, unlike=["passages 20 (fitted 6..10)"])
@@ -72,6 +72,16 @@ def test_a_round_unlike_the_fitting_rounds_keeps_at_least_retrievals_top_k():
     # A bar that already keeps the top k needs no guard: the calibrated rule decided.
     wide = round_bar([2.0, 1.5, 1.0, -3.0], 0.5, 1, 3, unlike=["best_p 0.9 (fitted 0.1..0.8)"])
     assert wide.rule == "calibrated" and "anyway" in wide.reason
+
+
+@pytest.mark.parametrize(("passages", "kept"), [(1, 1), (2, 1), (3, 1), (4, 2), (10, 3)])
+def test_the_guard_keeps_at_most_half_of_a_small_round(passages, kept):
+    # Every passage below the calibrated bar; the round unlike the fitting rounds. A round of
+    # two keeps its best, not also a passage the combination scores at P 0.007.
+    logits = [-1.0 - i for i in range(passages)]
+    decided = round_bar(logits, 0.9, 1, 3, unlike=["passages 2 (fitted 6..10)"])
+    assert sum(v >= decided.bar for v in logits) == kept
+    assert f"top {kept} kept" in decided.reason or decided.rule == "calibrated"
 
 
 def _guarded_combination() -> Combination:

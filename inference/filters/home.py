@@ -1,0 +1,199 @@
+"""The filter's home: the kind of text a trained filter was trained on, where it reads better
+than retrieval, and a test of whether a round looks like it (issue 65).
+
+A small trained filter earns its place on its own kind of text and is noise elsewhere. A card
+whose filter helps at home holds a `home` section beside its `combination` (the away
+default, chosen leave-one-source-out):
+
+* `HomeTest` — P(home) of a round, read from retrieval's features alone before the filter is
+  called: a logistic regression on the question's embedding, the mean embedding of the
+  round's passages and the log of the question's length in words, fitted on rounds of the
+  filter's training sources against rounds of other sources. Its `bar` is chosen so that no
+  other source, left out of the test's fit in turn, loses against the away default
+  (`training/home_fit.py`): a round is home only where the test is sure.
+* the home `Combination` — the filter's score with BM25 and dense, fitted on the home
+  sources' validation rounds as MCF reads them at home, with its own calibrated bar, min_keep
+  and shift guard.
+* `read` — a home round's filter reads only the passages the priors cannot rule out: the
+  `read` best by z(BM25) + z(dense) (`home_reading`); the others are not kept.
+
+MCF (`mcf.home`: auto, home, away) asks `HomeRule.decide` first; the rule used, the test's
+value and its bar are in every round's `rule` and `rule_reason`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from sieverag.inference.filters.adapters import AdapterError
+from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.combination import (
+    DEFAULT_EMBEDDING_MODEL,
+    Combination,
+    round_vectors,
+)
+
+HOME_KEY = "home"  # the card's section
+# question, passage texts, embedding model → unit vectors, the question's first
+RoundVectors = Callable[[str, Sequence[str], str], np.ndarray]
+DEFAULT_HOME_READ = 5  # passages a home round's filter reads: the priors' best
+HomeMode = Literal["auto", "home", "away"]
+HOME_MODES: tuple[str, ...] = ("auto", "home", "away")
+
+
+def home_features(question: str, vectors: np.ndarray) -> np.ndarray:
+    """What the home test reads of a round: the question's unit embedding (`vectors[0]`), the
+    mean of its passages' (`vectors[1:]`; zeros without passages) and log(1 + the question's
+    words)."""
+    passages = vectors[1:].mean(axis=0) if len(vectors) > 1 else np.zeros(vectors.shape[1])
+    return np.concatenate([vectors[0], passages, [math.log1p(len(question.split()))]])
+
+
+@dataclass(frozen=True)
+class HomeTest:
+    """P(home) = σ(bias + weights · `home_features`); a round is home at P(home) ≥ `bar`."""
+
+    weights: tuple[float, ...]
+    bias: float
+    bar: float
+    embedding_model: str = DEFAULT_EMBEDDING_MODEL
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.bar <= 1.0:
+            raise ValueError(f"the home test's bar must be in (0, 1], got {self.bar}")
+
+    def probability_of(self, features: np.ndarray) -> float:
+        """P(home) of a round's `home_features`."""
+        if len(features) != len(self.weights):
+            raise ValueError(f"the home test reads {len(self.weights)} features, got "
+                             f"{len(features)} (another embedding model?)")
+        logit = self.bias + float(np.dot(self.weights, features))
+        return 1.0 / (1.0 + math.exp(-max(min(logit, 50.0), -50.0)))
+
+    def probability(self, question: str, texts: Sequence[str],
+                    vectors: RoundVectors = round_vectors) -> float:
+        """P(home) of a round: `question` and its passages' `texts`, embedded by `vectors`."""
+        return self.probability_of(home_features(
+            question, vectors(question, texts, self.embedding_model)))
+
+    def as_card(self) -> dict[str, Any]:
+        return {"features": "question embedding, mean passage embedding, log(1 + words)",
+                "embedding_model": self.embedding_model, "bias": round(self.bias, 6),
+                "bar": self.bar, "weights": [round(w, 6) for w in self.weights]}
+
+    @classmethod
+    def from_card(cls, section: Mapping[str, Any]) -> HomeTest:
+        return cls(tuple(float(w) for w in section["weights"]), float(section["bias"]),
+                   float(section["bar"]),
+                   str(section.get("embedding_model", DEFAULT_EMBEDDING_MODEL)))
+
+
+@dataclass(frozen=True)
+class HomeDecision:
+    """Which combination ranks a round, and why."""
+
+    home: bool
+    p_home: float | None
+    """The test's P(home) (None: not tested, `mcf.home` decided)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class HomeRule:
+    """The card's home section: the test, the home combination, how many passages the filter
+    reads at home, and the sources that are home."""
+
+    test: HomeTest
+    combination: Combination
+    read: int = DEFAULT_HOME_READ
+    sources: tuple[str, ...] = ()
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.read < 1:
+            raise ValueError(f"the home rule's read must be >= 1, got {self.read}")
+
+    def decide(self, question: str, texts: Sequence[str], mode: HomeMode = "auto",
+               vectors: RoundVectors = round_vectors) -> HomeDecision:
+        """Home or away for a round (`mcf.home`): auto tests it (its passages embedded by
+        `vectors`), home and away are given."""
+        where = f"the filter's home text ({', '.join(self.sources) or 'its training sources'})"
+        if mode == "home":
+            return HomeDecision(True, None, f"{where}, as mcf.home home says")
+        if mode == "away":
+            return HomeDecision(False, None, "away from the filter's home text, as mcf.home "
+                                             "away says")
+        p_home = self.test.probability(question, texts, vectors)
+        if p_home >= self.test.bar:
+            return HomeDecision(True, p_home, f"{where}: P(home) {p_home:.3f} >= "
+                                              f"{self.test.bar:g}")
+        return HomeDecision(False, p_home, f"away: P(home) {p_home:.3f} < {self.test.bar:g}")
+
+    def as_card(self) -> dict[str, Any]:
+        """The card's `home` section."""
+        combination = {k: v for k, v in self.combination.as_card().items()
+                       if k in ("weights", "bias", "bar", "min_keep", "top_k", "shift_guard")}
+        return {"sources": list(self.sources), "read": self.read, "test": self.test.as_card(),
+                "combination": combination, **dict(self.report)}
+
+
+def home_reading(bm25: Sequence[float], dense: Sequence[float], read: int) -> list[int]:
+    """The passages a home round's filter reads: the `read` best by z(BM25) + z(dense) over
+    the round (ties to the earlier), in passage order."""
+    fused = [b + d for b, d in zip(z_scores(list(bm25)), z_scores(list(dense)), strict=True)]
+    best = sorted(range(len(fused)), key=lambda i: (-fused[i], i))[:read]
+    return sorted(best)
+
+
+def card_home_rule(card: Mapping[str, Any], where: str = "the card") -> HomeRule | None:
+    """The home rule of a card (None where it holds none); `AdapterError` naming `where` when
+    its section is malformed."""
+    section = card.get(HOME_KEY)
+    if not section:
+        return None
+    try:
+        combination = Combination.from_card(section["combination"], where)
+        report = {k: v for k, v in section.items()
+                  if k not in ("sources", "read", "test", "combination")}
+        return HomeRule(HomeTest.from_card(section["test"]), combination,
+                        int(section.get("read", DEFAULT_HOME_READ)),
+                        tuple(str(s) for s in section.get("sources") or ()), report)
+    except (KeyError, TypeError, ValueError) as err:
+        raise AdapterError(f"{where}: the card's {HOME_KEY!r} section is malformed ({err}); "
+                           "fit it again with `sieverag filter fit-combination "
+                           "--home-sources ...`") from None
+
+
+def describe_home(rule: HomeRule) -> str:
+    """What a home rule is and what its fit measured, in a few lines (`filter list`,
+    `filter fit-combination`)."""
+    fit = rule.report.get("fit") or {}
+    combination = rule.combination
+    weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
+    lines = [f"home: {', '.join(rule.sources)}; a round is home at P(home) >= "
+             f"{rule.test.bar:g} (its question and passages' embeddings); there the filter "
+             f"reads the priors' best {rule.read} passages and ranks by logit = "
+             f"{combination.bias:+.3f} + {weights}"
+             + (f", calibrated bar P(relevant) >= {combination.bar:g}, at least "
+                f"{combination.min_keep} kept" if combination.bar is not None else "")]
+    if fit.get("cross_validated_f1") is not None:
+        lines.append(f"home questions: {fit.get('questions')}, cross-validated F1 "
+                     f"{fit['cross_validated_f1']:.3f} at home; gold passages read "
+                     f"{fit.get('gold_read')}/{fit.get('gold')}; home test AUROC "
+                     f"{fit.get('test_auroc_out_of_fit') or 0:.3f} (out of fit)")
+    chosen = next((row for row in fit.get("bars") or () if row["bar"] == rule.test.bar), None)
+    if chosen is None and rule.test.bar >= 1.0:
+        lines.append("no bar kept every away source from losing: no round is called home")
+    elif chosen is not None:
+        home = chosen["home"]
+        lines.append(f"at the bar: {home['called_home']:.0%} of home questions called home, "
+                     f"F1 {home['f1']:.3f} against {home['f1_away_only']:.3f} away-only")
+        lines += [f"{source} left out of the test: {row['called_home']:.0%} called home, "
+                  f"F1 change {-(row['f1_loss'] or 0):+.3f}"
+                  for source, row in chosen["sources"].items()]
+    return "\n".join(lines)
