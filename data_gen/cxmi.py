@@ -213,6 +213,11 @@ class SharedPrefixCXMI(_CXMIScorer):
     def grouped_logprobs(self, groups: Groups) -> list[list[float]]:
         """`continuation_logprob` of each (prompts, replies) group, the groups' rows batched
         together, each row behind its own group's prefix cache."""
+        # The scorer's own adapter (none: the plain base), whatever other roles share its base.
+        with self.backend.adapter_scope():
+            return self._grouped_logprobs(groups)
+
+    def _grouped_logprobs(self, groups: Groups) -> list[list[float]]:
         prepared = [self._prepare(prompts, replies) for prompts, replies in groups]
         rows = [(g, i) for g, p in enumerate(prepared) for i in range(len(p.sequences))]
         suffixes = [prepared[g].sequences[i][prepared[g].prefix_length:] for g, i in rows]

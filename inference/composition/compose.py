@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from sieverag.inference.agents.roles import FilterCard, ModelRoles, filter_card, resolve_filter_role
 from sieverag.inference.composition.config import RetrievalConfig, RunConfig, grader_spec
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
-from sieverag.inference.core.types import Document, Example
+from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.base import LLMBackend
@@ -129,10 +129,21 @@ def build_roles(models: ModelRoles, roles: frozenset[str],
     """One backend per role in `roles` (the generator always); the filter's adapter must be
     resolved (`resolve_filter_role`). With `batcher`, in-process backends run their calls
     on it, merged across the questions in flight (`llm.batching`)."""
+    check_role_devices(models, roles)
     build = functools.partial(role_backend, batcher=batcher)
     return Roles(generator=build(models.generator),
                  judge=build(models.judge_spec) if "judge" in roles else None,
                  filter=build(models.filter) if "filter" in roles else None)
+
+
+def check_role_devices(models: ModelRoles, roles: frozenset[str]) -> None:
+    """Every in-process role in `roles` (the generator always) names a device this machine
+    has, before any model loads: else one ConfigError naming the role's setting and the GPUs
+    there are (e.g. `models.filter.device is cuda:3, but this machine has 2 CUDA GPUs`)."""
+    named = {"generator": models.generator, "judge": models.judge, "filter": models.filter}
+    for role, spec in named.items():
+        if spec is not None and spec.endpoint is None and (role == "generator" or role in roles):
+            check_device_present(spec.device, f"models.{role}.device")
 
 
 def role_backend(spec: BackendSpec, batcher: CallBatcher | None = None) -> LLMBackend:
@@ -210,6 +221,9 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     roles = build_roles(config.models, plan.roles, batcher)
     if config.trust.enabled and config.trust.llm_grader:
         # A role's backend when its spec equals that role's (one backend per spec).
+        if config.trust.grader_model is not None and config.trust.grader_model.endpoint is None:
+            check_device_present(config.trust.grader_model.device,
+                                 "trust.grader_model.device")
         roles = replace(roles, grader=role_backend(grader_spec(config), batcher))
     context = PipelineContext(
         generator=roles.generator,

@@ -16,6 +16,7 @@ from sieverag.inference.core.settings import (
     settings,
     settings_to_yaml,
 )
+from sieverag.inference.core.types import Device
 from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.registry import BackendSpec
@@ -74,6 +75,8 @@ class TrustConfig:
     enabled: bool = field(default=True, metadata={"help": "compute trust metrics"})
     embedding_model: str = field(default="all-minilm-l6-v2",
                                  metadata={"help": "sentence encoder of the trust metrics"})
+    embedding_device: Device = field(default="auto", metadata={
+        "help": "device of the trust metrics' sentence encoder: auto, cpu, cuda or cuda:N"})
     alignment_threshold: float = field(default=ALIGNMENT_THRESHOLD, metadata={
         "help": "the study's τ: cosine at which a retrieved chunk supports an answer sentence "
                 "(sentence_support_rate; the study gives no value)"})

@@ -3,10 +3,11 @@ rerank results."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import FiniteFloat, StrictBool, StrictInt, StrictStr, TypeAdapter
+from pydantic import AfterValidator, FiniteFloat, StrictBool, StrictInt, StrictStr, TypeAdapter
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 
@@ -17,11 +18,52 @@ class ChatMessage(TypedDict):
 
 Conversation = list[ChatMessage]
 
-# Where and in what precision an in-process model runs ("auto": cuda and bf16 when available).
-Device = Literal["auto", "cpu", "cuda"]
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (the GPU of index N)"
+
+
+def check_device(value: str) -> str:
+    """`value` if it names a device an in-process model can run on (`DEVICE_CHOICES`), else
+    ValueError saying what it may be; says nothing of whether this machine has that GPU
+    (`check_device_present`)."""
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise ValueError(f"a device is {DEVICE_CHOICES}, got {value!r}")
+    return value
+
+
+# Where an in-process model runs: "auto" (cuda:0 when a GPU is present, else cpu), "cpu",
+# "cuda" (the current GPU) or "cuda:N"; each role has its own (`models.filter.device cuda:1`).
+Device = Annotated[str, AfterValidator(check_device)]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 # What a backend does with a prompt longer than the model's context (inference/llm/context.py).
 ContextOverflow = Literal["truncate", "error"]
+
+
+def check_device_present(device: str, setting: str = "device") -> str:
+    """`device` (`check_device`) as torch names it, once this machine is known to have it:
+    "auto" becomes cuda:0 or cpu, "cuda" the current GPU. A GPU this machine lacks is one
+    ConfigError naming `setting` (e.g. `models.filter.device`) and the GPUs there are."""
+    from sieverag.inference.core.errors import ConfigError
+
+    try:
+        check_device(device)
+    except ValueError as error:
+        raise ConfigError(f"{setting}: {error}") from None
+    if device == "cpu":
+        return device
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        return "cuda:0" if count else "cpu"
+    index = int(device.partition(":")[2] or (torch.cuda.current_device() if count else 0))
+    if index >= count:
+        present = (f"{count} CUDA GPU{'s' if count > 1 else ''} (cuda:0"
+                   f"{f' to cuda:{count - 1}' if count > 1 else ''})" if count
+                   else "no CUDA GPU")
+        raise ConfigError(f"{setting} is {device}, but this machine has {present}: name one it "
+                          "has, or cpu")
+    return f"cuda:{index}"
 
 
 @dataclass(frozen=True)

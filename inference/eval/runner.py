@@ -159,7 +159,8 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
         if config.trust.enabled:
             from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
 
-            embed = make_encoder(DenseConfig(model=config.trust.embedding_model))
+            embed = make_encoder(DenseConfig(model=config.trust.embedding_model,
+                                             device=config.trust.embedding_device))
         all_records: dict[str, list[EvalRecord]] = {}
         for name in config.pipelines:
             pipeline = build_pipeline(name, context)

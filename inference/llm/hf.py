@@ -9,10 +9,10 @@ prompt-lookup drafts, each reply kept in the prompt cache)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import hashlib
 import itertools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,14 @@ from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least
-from sieverag.inference.core.types import ContextOverflow, Conversation, Device, DType
+from sieverag.inference.core.types import (
+    ContextOverflow,
+    Conversation,
+    Device,
+    DType,
+    check_device,
+    check_device_present,
+)
 from sieverag.inference.llm import greedy, kv
 from sieverag.inference.llm.base import (
     GenerationSettings,
@@ -65,7 +72,8 @@ class HFBackendConfig:
 
     model: str = field(default=DEFAULT_MODEL, metadata={"help": "embedded name or local folder"})
     dtype: DType = field(default="auto", metadata={"help": "auto: bfloat16 on GPU, float32 on CPU"})
-    device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
+    device: Device = field(default="auto", metadata={
+        "help": "auto (cuda:0 when a GPU is present, else cpu), cpu, cuda or cuda:N"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
     batch_tokens: int = field(default=PREFILL_TOKEN_BUDGET, metadata={
         "help": "prompt tokens per prefill pass (rows x the longest, padding included; a longer "
@@ -90,8 +98,10 @@ class HFBackendConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        try:
+            check_device(self.device)
+        except ValueError as error:
+            raise ConfigError(f"device: {error}") from None
         at_least(1, batch_size=self.batch_size, batch_tokens=self.batch_tokens)
         at_least(0, shared_prefix_min_tokens=self.shared_prefix_min_tokens,
                  prompt_cache_tokens=self.prompt_cache_tokens, draft_tokens=self.draft_tokens)
@@ -130,57 +140,113 @@ def reply_token_ids(tokenizer: PreTrainedTokenizerBase, prompt_text: str,
     return tokenizer(reply, add_special_tokens=False)["input_ids"]
 
 
-def _pick_device(device: Device) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def _pick_dtype(dtype: DType, device: str) -> torch.dtype:
     if dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return getattr(torch, dtype)
 
 
-@functools.cache
 def load_causal_lm(
     model: str, dtype: DType = "auto", device: Device = "auto"
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Load (once per process) a causal LM and its left-padding tokenizer, in eval mode."""
-    path = resolve_model(model)
-    device_name = _pick_device(device)
+    """Load (once per process) a causal LM and its left-padding tokenizer, in eval mode.
+
+    Requests that come to the same folder, precision and GPU share one load ("auto" and
+    "cuda" are resolved first: on a one-GPU machine, auto, cuda and cuda:0 are one model);
+    a GPU this machine lacks is a `ConfigError` (`check_device_present`)."""
+    device_name = check_device_present(device)
+    return _load_causal_lm(str(resolve_model(model)), _pick_dtype(dtype, device_name),
+                           device_name)
+
+
+@functools.cache
+def _load_causal_lm(path: str, dtype: torch.dtype, device: str
+                    ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    lm = AutoModelForCausalLM.from_pretrained(
-        path, dtype=_pick_dtype(dtype, device_name), local_files_only=True
-    )
-    lm.to(device_name).eval()
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    lm.to(device).eval()
     return lm, tokenizer
 
 
-# The one PEFT wrapper of each loaded base model, holding every adapter by name. It wraps a
-# private in-memory copy of the base (loaded from disk once): PEFT injects LoRA layers in
-# place, and the plain base must stay plain for the generator, the CXMI scorer and the server.
-_PEFT_WRAPPERS: dict[int, torch.nn.Module] = {}
+class SharedBase:
+    """One loaded base model and every LoRA adapter loaded onto it, for all the roles that run
+    on it (generator, judge, scorer without adapter; filters with one).
+
+    The adapters live in one PEFT wrapper around the base itself (no copy: LoRA layers are
+    injected in place), each under its own name. Which one a call runs is switched per call
+    (`running`); outside any call the adapter layers are off, so the base computes as loaded.
+    Calls from several threads take turns (one lock), as they would on one device anyway."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.wrapper: torch.nn.Module | None = None  # the PeftModel, once an adapter is loaded
+        self.lock = threading.RLock()
+        self._active: str | None = None  # the adapter the layers run now (None: the base)
+
+    def attach(self, adapter: str) -> str:
+        """Load `adapter` (a folder) onto the base once; its PEFT name."""
+        from peft import PeftModel
+
+        folder = Path(adapter).resolve()
+        # PEFT adapter names cannot contain dots, so a path hash names each adapter.
+        name = "adapter_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+        with self.lock:
+            if self.wrapper is None:
+                self.wrapper = PeftModel.from_pretrained(self.model, str(folder),
+                                                         adapter_name=name)
+                self.wrapper.eval()
+                self._active = name
+                self._switch(None)
+            elif name not in self.wrapper.peft_config:
+                self.wrapper.load_adapter(str(folder), adapter_name=name)
+                self.wrapper.to(next(self.model.parameters()).device).eval()
+        return name
+
+    @contextlib.contextmanager
+    def running(self, adapter: str | None) -> Iterator[None]:
+        """Run with `adapter`'s layers on (None: all off, the plain base), then as before."""
+        with self.lock:
+            previous = self._active
+            self._switch(adapter)
+            try:
+                yield
+            finally:
+                self._switch(previous)
+
+    def _switch(self, adapter: str | None) -> None:
+        if self.wrapper is None or adapter == self._active:
+            return
+        if adapter is None:
+            self.wrapper.base_model.disable_adapter_layers()
+        else:
+            self.wrapper.set_adapter(adapter)
+            self.wrapper.base_model.enable_adapter_layers()
+        self._active = adapter
+
+
+# The `SharedBase` of each loaded base model (by identity: `_load_causal_lm` keeps them alive).
+_SHARED_BASES: dict[int, SharedBase] = {}
+_SHARED_BASES_LOCK = threading.Lock()
+
+
+def shared_base(model: torch.nn.Module) -> SharedBase:
+    """The one `SharedBase` of a loaded base model."""
+    with _SHARED_BASES_LOCK:
+        shared = _SHARED_BASES.get(id(model))
+        if shared is None:
+            shared = _SHARED_BASES[id(model)] = SharedBase(model)
+        return shared
 
 
 def attach_adapter(base: torch.nn.Module, adapter: str) -> tuple[torch.nn.Module, str]:
-    """The PEFT model over `base` with `adapter` loaded (once), and the adapter's name."""
-    from peft import PeftModel
-
-    folder = Path(adapter).resolve()
-    # PEFT adapter names cannot contain dots, so a path hash names each adapter.
-    name = "adapter_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
-    wrapper = _PEFT_WRAPPERS.get(id(base))
-    if wrapper is None:
-        wrapper = PeftModel.from_pretrained(copy.deepcopy(base), str(folder), adapter_name=name)
-        _PEFT_WRAPPERS[id(base)] = wrapper
-    elif name not in wrapper.peft_config:
-        wrapper.load_adapter(str(folder), adapter_name=name)
-    wrapper.to(next(base.parameters()).device).eval()
-    return wrapper, name
+    """The PEFT model over `base` (no copy) with `adapter` loaded (once), and the adapter's
+    name; run it inside `shared_base(base).running(name)`."""
+    shared = shared_base(base)
+    name = shared.attach(adapter)
+    return shared.wrapper, name
 
 
 def _in_adapter_scope(operation: Callable) -> Callable:
@@ -200,6 +266,7 @@ class HFBackend:
     def __init__(self, config: HFBackendConfig = HFBackendConfig()) -> None:
         self.config = config
         self.base_model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
+        self.shared = shared_base(self.base_model)
         self.model, self.adapter_name = self.base_model, None
         if config.adapter is not None:
             self.model, self.adapter_name = attach_adapter(self.base_model, config.adapter)
@@ -216,12 +283,10 @@ class HFBackend:
     def model_name(self) -> str:
         return self.config.model if self.config.adapter is None else self.config.adapter
 
-    @contextlib.contextmanager
-    def adapter_scope(self) -> Iterator[None]:
-        """Run with this backend's own adapter active (backends may share one wrapper)."""
-        if self.adapter_name is not None:
-            self.model.set_adapter(self.adapter_name)
-        yield
+    def adapter_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Run with this backend's own adapter on, or with none for a base role (roles on one
+        base share its weights and switch per call: `SharedBase`)."""
+        return self.shared.running(self.adapter_name)
 
     # ----- prompt rendering and tokenisation -----
 

@@ -16,7 +16,7 @@ from sieverag.inference.llm.context import (
     context_length_field,
     context_overflow_field,
 )
-from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
+from sieverag.inference.llm.hf import PREFILL_TOKEN_BUDGET, HFBackend, HFBackendConfig
 from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
 
@@ -48,8 +48,14 @@ class BackendSpec:
                 "log-prob, an upper bound)"})
     dtype: DType = field(default="auto", metadata={
         "help": "in-process weights dtype (auto: bf16 on GPU, fp32 on CPU)"})
-    device: Device = field(default="auto", metadata={"help": "in-process device"})
+    device: Device = field(default="auto", metadata={
+        "help": "in-process: auto (cuda:0 when a GPU is present, else cpu), cpu, cuda or cuda:N; "
+                "roles on one base model, dtype and device share one copy of its weights"})
     batch_size: int = field(default=16, metadata={"help": "in-process: prompts per forward pass"})
+    batch_tokens: int = field(default=PREFILL_TOKEN_BUDGET, metadata={
+        "help": "in-process: prompt tokens per prefill pass (rows x the longest, padding "
+                f"included; default {PREFILL_TOKEN_BUDGET}, tuned on 2 CPU cores: a GPU "
+                "takes more)"})
     draft_tokens: int = field(default=DEFAULT_DRAFT_TOKENS, metadata={
         "help": "in-process: greedy decoding of one prompt checks up to this many tokens a "
                 "step, drafted from the prompt and reply so far (0: one token a step)"})
@@ -72,7 +78,8 @@ class BackendSpec:
                 f"missing_label_logprob {self.missing_label_logprob!r} applies to a served model "
                 "(one with `endpoint`); an in-process model scores every label exactly, so "
                 "leave it unset")
-        at_least(1, batch_size=self.batch_size, max_concurrency=self.max_concurrency)
+        at_least(1, batch_size=self.batch_size, batch_tokens=self.batch_tokens,
+                 max_concurrency=self.max_concurrency)
         at_least(0, draft_tokens=self.draft_tokens)
         check_context_settings(
             self.context_length, self.context_overflow,
@@ -87,7 +94,8 @@ class BackendSpec:
 
 def _build_hf(spec: BackendSpec) -> LLMBackend:
     return HFBackend(HFBackendConfig(model=spec.model, dtype=spec.dtype, device=spec.device,
-                                     batch_size=spec.batch_size, adapter=spec.adapter,
+                                     batch_size=spec.batch_size,
+                                     batch_tokens=spec.batch_tokens, adapter=spec.adapter,
                                      draft_tokens=spec.draft_tokens,
                                      context_length=spec.context_length,
                                      context_overflow=spec.context_overflow))

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.io_utils import atomic_file, atomic_path, write_json_atomic
 from sieverag.inference.core.settings import at_least, settings
-from sieverag.inference.core.types import Device
+from sieverag.inference.core.types import Device, check_device_present
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -97,7 +97,7 @@ def load_embedding_model(name: str, device: Device = "auto") -> SentenceTransfor
     """The sentence-transformers model for `name`, loaded once per process."""
     with _LOADING:
         return _load_model(str(resolve_embedding_model(name).resolve()),
-                           None if device == "auto" else device)
+                           check_device_present(device, "embedding model device"))
 
 
 @settings
@@ -109,7 +109,7 @@ class DenseConfig:
     batch_size: int = field(default=64, metadata={"help": "texts per encoder batch"})
     shard_size: int = field(default=2048, metadata={
         "help": "embeddings per shard file; a resumed build restarts at a shard boundary"})
-    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    device: Device = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:N"})
 
     def __post_init__(self) -> None:
         if not self.model:
