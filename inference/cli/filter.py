@@ -117,6 +117,6 @@ def run_package(command: FilterPackageCommand) -> int:
                               check_passages=command.check_passages)
     print(f"packaged {command.run_dir} as {command.name!r} in {packaged.folder}: weights "
           f"{packaged.weights_bytes:,} bytes (bfloat16); P(Yes) of the bf16 adapter within "
-          f"{packaged.max_p_yes_diff:.2e} of the float32 one on {packaged.passages_checked} "
-          "passages")
+          f"{packaged.max_p_yes_diff:.2e} of the trained one on {packaged.passages_checked} "
+          f"passages ({packaged.check_dtype} base on {packaged.check_device})")
     return 0

@@ -3,10 +3,13 @@
 The packaged folder holds exactly the three adapter files (`ADAPTER_FILES`), nothing else
 (no checkpoints, no optimizer state):
 
-* `adapter_model.safetensors` — the LoRA weights in bfloat16 (half the size; they load into
-  the float32 base). Before the folder is written, the bf16 adapter and the float32 one score
-  the same validation passages and the largest difference in P(Yes) must stay within
-  `max_p_yes_diff` (default 1e-2); the figure goes into the card.
+* `adapter_model.safetensors` — the LoRA weights in bfloat16 (half the size). Before the
+  folder is written, the bf16 adapter and the adapter as trained score the same validation
+  passages on the training device (cuda:0 where there is a GPU, else the CPU) over one copy
+  of the base in the training precision (the recipe's: bf16 for the GPU recipes, so an 8B
+  base is never copied to float32), and the largest difference in P(Yes) must stay within
+  `max_p_yes_diff` (default 1e-2); the figure, the tolerance, the device and the precision go
+  into the card.
 * `adapter_config.json` — PEFT's config, `base_model_name_or_path` the base model's public
   name rather than the training machine's folder.
 * `sieverag_adapter.json` — the card: base model and the sha256 of its weights, the sha256
@@ -34,6 +37,7 @@ from sieverag.inference.core.io_utils import (
     read_text,
     write_json_atomic,
 )
+from sieverag.inference.core.types import Device, DType, check_device_present
 from sieverag.inference.filters.adapters import (
     BASE_SHA_KEY,
     CARD_FILE,
@@ -54,7 +58,7 @@ from sieverag.inference.filters.filter_format import FORMAT_KEY, card_format
 CARD_FORMAT = "sieverag-filter-card/1"
 # Keys of a training run's metadata that describe how the adapter was made, kept in the card;
 # with the combination `sieverag train` fitted (the bf16 weights' P(Yes) is checked to stay
-# within `max_p_yes_diff` of the float32 ones it was fitted on).
+# within `max_p_yes_diff` of the trained ones it was fitted on).
 CARRIED_KEYS = ("recipe", "metrics", "versions", "combination")
 # eval-filter's chunk-level figures kept per method in the card.
 HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "ece", "kept_per_question")
@@ -70,6 +74,8 @@ class PackagedFilter:
     weights_bytes: int
     passages_checked: int
     max_p_yes_diff: float
+    check_device: str = "cpu"  # where the check ran: cuda:0 or cpu
+    check_dtype: str = "float32"  # the base's precision in the check: the training precision
 
 
 def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_FILTER_NAME,
@@ -99,6 +105,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
     embedded = EMBEDDED_MODELS.get(base_model)
     hub_name = embedded.hub_name if embedded else metadata.get("base_model_hub_name") or base_model
     passages = validation_prompts(metadata, check_passages)
+    dtype, device = training_dtype(metadata), check_device_present("auto")
     dataset = with_training_questions(metadata.get("dataset") or {})
     held_out = held_out_quality(eval_dir) if eval_dir is not None else None
 
@@ -109,11 +116,13 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
         config = read_adapter_config(run_dir)
         config["base_model_name_or_path"] = hub_name
         write_json_atomic(staging / CONFIG_FILE, config)
-        diff = max_p_yes_difference(str(base_dir), run_dir, staging, passages)
+        diff = max_p_yes_difference(str(base_dir), run_dir, staging, passages, dtype=dtype,
+                                    device=device)
         if diff > max_p_yes_diff:
             raise AdapterError(f"the bf16 weights of {run_dir} move P(Yes) by up to {diff:.4f} "
-                               f"on {len(passages)} passages (allowed {max_p_yes_diff}): ship "
-                               "this filter in float32 or retrain it")
+                               f"on {len(passages)} passages ({dtype} base on {device}; "
+                               f"allowed {max_p_yes_diff}): ship this filter in its training "
+                               "precision or retrain it")
         card = {
             "format": CARD_FORMAT,
             "name": name,
@@ -128,11 +137,14 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
             "weights": {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
                         "content_sha256": adapter_content_hash(staging),
                         "p_yes_check": {"passages": len(passages),
-                                        "max_abs_diff_vs_float32": round(diff, 6)}},
+                                        "max_abs_diff_vs_trained": round(diff, 6),
+                                        "tolerance": max_p_yes_diff,
+                                        "base_dtype": dtype, "device": device}},
             "held_out": held_out,
         }
         write_json_atomic(staging / CARD_FILE, card)
-    return PackagedFilter(out, (out / WEIGHTS_FILE).stat().st_size, len(passages), diff)
+    return PackagedFilter(out, (out / WEIGHTS_FILE).stat().st_size, len(passages), diff,
+                          device, dtype)
 
 
 def _same(run_dir: Path, what: str, recorded: str | None, current: str) -> None:
@@ -214,10 +226,25 @@ def validation_prompts(metadata: dict[str, Any], limit: int) -> list[list[dict[s
                        "the bf16 check: package the run where its build-dataset folder is")
 
 
+def training_dtype(metadata: dict[str, Any]) -> str:
+    """The precision the run trained its base in: the recipe's model `dtype` where it names
+    one, else bfloat16 or float16 where the recipe trained in it (`bf16`, `fp16`), else
+    float32 (a run that recorded no recipe)."""
+    recipe = metadata.get("recipe") or {}
+    dtype = (recipe.get("model") or {}).get("dtype")
+    if dtype in ("float32", "bfloat16", "float16"):
+        return dtype
+    training = recipe.get("training") or {}
+    return "bfloat16" if training.get("bf16") else "float16" if training.get("fp16") else \
+        "float32"
+
+
 def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
-                         prompts: Sequence[list[dict[str, str]]]) -> float:
+                         prompts: Sequence[list[dict[str, str]]], *,
+                         dtype: DType = "float32", device: Device = "cpu") -> float:
     """The largest |P(Yes)| difference between two adapters of one base over `prompts`, at
-    every verdict each prompt asks for (a one-pass prompt's sentences too)."""
+    every verdict each prompt asks for (a one-pass prompt's sentences too), both over one
+    copy of the base loaded in `dtype` on `device` (the two adapters share it by name)."""
     from sieverag.inference.filters.filter_format import (
         CHUNK_LABELS,
         p_relevant,
@@ -226,7 +253,7 @@ def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
     from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     def p_yes(adapter: Path) -> list[float]:
-        backend = HFBackend(HFBackendConfig(model=base_dir, dtype="float32", device="cpu",
+        backend = HFBackend(HFBackendConfig(model=base_dir, dtype=dtype, device=device,
                                             adapter=str(adapter), prompt_cache_tokens=0))
         reads = backend.marked_label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
         return [p_relevant(relevance_log_odds(s)) for read in reads for s in read]

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
@@ -238,7 +239,11 @@ def test_package_writes_bf16_weights_a_public_config_and_a_card(lora, tiny_model
     assert card["dataset"]["train_questions"] == [["hotpotqa", "q9"]]
     assert card["dataset"]["path"] == "dataset"  # no path of the training machine
     assert card["weights"]["p_yes_check"]["passages"] == 4
-    assert 0 <= card["weights"]["p_yes_check"]["max_abs_diff_vs_float32"] < 1e-2
+    check = card["weights"]["p_yes_check"]
+    assert 0 <= check["max_abs_diff_vs_trained"] < check["tolerance"] == 1e-2
+    # On the training device, in the training precision (the tiny run records none: float32).
+    assert (check["base_dtype"], check["device"]) == (
+        "float32", "cuda:0" if torch.cuda.is_available() else "cpu")
     assert card["combination"] == fitted  # the packaged filter ranks as the trained one
     # The packaged filter resolves and fits its base model.
     assert resolve_filter(str(out), str(tiny_model_dir)) == out
@@ -257,6 +262,46 @@ def test_package_refuses_when_bf16_moves_the_scores_and_leaves_out_as_it_was(
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     with pytest.raises(AdapterError, match="has no sieverag_adapter.json"):
         package_filter(lora, tmp_path / "x")
+
+
+def test_package_checks_a_bf16_recipe_in_bf16_with_no_float32_copy(lora, tiny_model_dir,
+                                                                   tmp_path, monkeypatch):
+    """A run trained in bf16 (the GPU recipes) is checked over a bf16 base on the training
+    device: the base is loaded once, in bf16, never in float32 (32 GB for an 8B model)."""
+    import functools
+    import shutil
+
+    from sieverag.inference.filters.packaging import package_filter, training_dtype
+    from sieverag.inference.llm import hf
+
+    base = shutil.copytree(tiny_model_dir, tmp_path / "base")  # loaded by no other test
+    run = _training_run(lora, tiny_model_dir, tmp_path)
+    card = json.loads((run / CARD_FILE).read_text(encoding="utf-8"))
+    card.update(base_model=str(base), base_model_path=str(base),
+                recipe={"model": {"dtype": "bfloat16"}, "training": {"bf16": True}})
+    (run / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    loads: list[tuple[str, torch.dtype, str]] = []
+    load = hf._load_causal_lm.__wrapped__
+
+    def recorded(path: str, dtype: torch.dtype, device: str):
+        loads.append((path, dtype, device))
+        return load(path, dtype, device)
+
+    monkeypatch.setattr(hf, "_load_causal_lm", functools.cache(recorded))
+    packaged = package_filter(run, tmp_path / "out", check_passages=4)
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert loads == [(str(base), torch.bfloat16, device)]
+    assert (packaged.check_dtype, packaged.check_device) == ("bfloat16", device)
+    check = json.loads((tmp_path / "out" / CARD_FILE).read_text(encoding="utf-8"))[
+        "weights"]["p_yes_check"]
+    assert (check["base_dtype"], check["device"], check["tolerance"]) == ("bfloat16", device,
+                                                                         1e-2)
+    assert 0 <= check["max_abs_diff_vs_trained"] <= 1e-2
+    # The training precision: the recipe's model dtype, else its mixed precision, else float32.
+    assert training_dtype({"recipe": {"model": {"dtype": "auto"},
+                                      "training": {"bf16": True}}}) == "bfloat16"
+    assert training_dtype({"recipe": {"training": {"fp16": True}}}) == "float16"
+    assert training_dtype({}) == "float32"
 
 
 DEEP = "[" * 100_000 + "]" * 100_000
