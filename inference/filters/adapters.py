@@ -257,7 +257,27 @@ def check_card(folder: str | Path, base_model_dir: str | Path) -> None:
                 f"model in use, {base_model_dir}, has weights sha256 {in_use[:16]}…: run it "
                 f"on {card.get('base_model', '<its base model>')} (--models.filter.model), or "
                 "use a filter trained on this model")
+    check_chat_template(folder, card, base_model_dir)
     check_prompts(folder, card)
+
+
+def check_chat_template(folder: str | Path, card: dict[str, Any],
+                        base_model_dir: str | Path) -> None:
+    """Refuse an adapter whose card names another chat template than the one the model in
+    use renders prompts with (its tokenizer's own, else sieverag's fallback)."""
+    from sieverag.inference.llm.chat_template import CARD_KEY, model_template_identity
+
+    trained_with = card.get(CARD_KEY)
+    if not trained_with:
+        return
+    in_use = model_template_identity(str(Path(base_model_dir).resolve()))
+    if in_use != trained_with:
+        raise AdapterError(
+            f"filter adapter {folder} was trained with the chat template "
+            f"{trained_with.get('name')} (sha256 {str(trained_with.get('sha256'))[:16]}…), but "
+            f"the model in use, {base_model_dir}, renders prompts with {in_use['name']} (sha256 "
+            f"{in_use['sha256'][:16]}…): the filter reads its verdicts after the template it "
+            "learned; use that model's tokenizer or retrain the filter")
 
 
 def check_prompts(folder: str | Path, card: dict[str, Any]) -> None:

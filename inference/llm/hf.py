@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.core.errors import ConfigError
@@ -45,6 +45,7 @@ from sieverag.inference.llm.base import (
     marked_prompt_ids,
     metered,
 )
+from sieverag.inference.llm.chat_template import load_tokenizer
 from sieverag.inference.llm.context import (
     ContextGuard,
     FittedPrompt,
@@ -162,7 +163,7 @@ def load_causal_lm(
 @functools.cache
 def _load_causal_lm(path: str, dtype: torch.dtype, device: str
                     ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -458,17 +458,14 @@ class OpenAIBackend:
                     raise ConfigError(f"chat_template_model {folder} is not a folder; give the "
                                       "local tokenizer folder of the served model")
                 # Imported here: generate-only use of this backend should not pay for it.
-                from transformers import AutoTokenizer
+                from sieverag.inference.llm.chat_template import load_tokenizer
 
                 try:
-                    tokenizer = AutoTokenizer.from_pretrained(folder)
+                    # Its own chat template, else sieverag's fallback (as the server's).
+                    self._tokenizer = load_tokenizer(folder)
                 except (OSError, ValueError) as exc:
                     raise ConfigError(f"cannot load a tokenizer from chat_template_model "
                                       f"{folder}: {exc}") from exc
-                if not tokenizer.chat_template:
-                    raise ConfigError(f"the tokenizer in chat_template_model {folder} has no "
-                                      "chat template; use the served model's tokenizer folder")
-                self._tokenizer = tokenizer
             return self._tokenizer
 
 

@@ -38,6 +38,7 @@ from typing import IO
 
 import httpx
 
+from sieverag.inference.llm.chat_template import fallback_template_file, has_own_template
 from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
@@ -133,6 +134,9 @@ def build_vllm_command(
                     "--max-lora-rank", str(vllm_lora_rank(max(a.rank for a in adapters))),
                     # Requests for different adapters may then share one batch.
                     "--max-loras", str(len(adapters))]
+    if Path(model).is_dir() and not has_own_template(model):
+        # A base model without a chat template: sieverag's fallback, as every consumer uses.
+        command += ["--chat-template", str(fallback_template_file())]
     return command + config.extra_argv
 
 
