@@ -30,4 +30,6 @@ ACCELERATE_CONFIGS = {
     "ddp_cpu": ShippedConfig("ddp_cpu.yaml", "ddp_cpu.yaml"),
     "zero2_cpu": ShippedConfig("deepspeed_zero2_cpu.yaml", "deepspeed_zero2_cpu.yaml"),
     "zero3_cpu": ShippedConfig("deepspeed_zero3_cpu.yaml", "deepspeed_zero3_cpu.yaml"),
+    # Two machines of 8 GPUs: `sieverag train --machine-rank R --main-process-ip IP` on each.
+    "zero3_2x8": ShippedConfig("deepspeed_zero3_2x8.yaml", None),
 }

@@ -97,7 +97,8 @@ def resolve_accelerate_config(name: str, machine: Machine) -> Path:
 
 def _cpu_alternative(name: str) -> str:
     """The shipped name that runs on the CPU what `name` runs on GPUs."""
-    return {"multi_gpu": "ddp (2 CPU processes)"}.get(name, "cpu")
+    return {"multi_gpu": "ddp (2 CPU processes)",
+            "zero3_2x8": "zero3 (2 CPU processes of one machine)"}.get(name, "cpu")
 
 
 def read_launch_config(path: Path, name: str | None = None) -> LaunchConfig:
@@ -176,6 +177,38 @@ def check_launch(config: LaunchConfig, processes: int, bf16: bool, fp16: bool,
             f"{where} sets mixed_precision: {config.mixed_precision} and the recipe has "
             f"{config.mixed_precision}: false: add --overrides {config.mixed_precision}=true, or "
             "pick a config with mixed_precision: 'no'")
+
+
+def node_arguments(config: LaunchConfig, machine_rank: int | None,
+                   main_process_ip: str | None, main_process_port: int | None) -> list[str]:
+    """accelerate launch's flags that place this machine in a launch over several machines
+    (`num_machines` > 1 in the config): its rank (0 on the main machine, which the others
+    reach at `main_process_ip`:`main_process_port`); none for a one-machine config, which
+    refuses them. Every machine runs the same command but for its rank."""
+    given = {"--machine-rank": machine_rank, "--main-process-ip": main_process_ip,
+             "--main-process-port": main_process_port}
+    where = f"accelerate config {config.name}"
+    machines = config.num_machines
+    if machines == 1:
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise ConfigError(f"{', '.join(named)} place a machine in a launch over several "
+                              f"machines, and {where} runs on one (num_machines: 1): use a "
+                              "multi-node config such as zero3_2x8")
+        return []
+    if machine_rank is None or not main_process_ip:
+        raise ConfigError(f"{where} runs on {machines} machines: give each machine the same "
+                          f"command with its --machine-rank (0 to {machines - 1}; 0 on the main "
+                          "machine) and the main machine's --main-process-ip")
+    if not 0 <= machine_rank < machines:
+        raise ConfigError(f"--machine-rank must be 0 to {machines - 1} ({where} runs on "
+                          f"{machines} machines), got {machine_rank}")
+    flags = ["--machine_rank", str(machine_rank), "--main_process_ip", main_process_ip]
+    if main_process_port is not None:
+        if not 1 <= main_process_port <= 65535:
+            raise ConfigError(f"--main-process-port must be 1 to 65535, got {main_process_port}")
+        flags += ["--main_process_port", str(main_process_port)]
+    return flags
 
 
 def launch_environment(config: LaunchConfig, processes: int, machine: Machine,
