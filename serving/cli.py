@@ -1,4 +1,5 @@
-"""`sieverag serve`: the embedded server (`--engine local`) or vLLM (`--engine vllm`).
+"""`sieverag serve`: the embedded server (`--engine local`) or vLLM (`--engine vllm`); and
+`sieverag index serve`: one retrieval index over HTTP (`serving.retrieval`).
 
 The command's settings are the served model (`ServedModelConfig`) plus one section of options per
 engine (`--local.*`, `--vllm.*`); the engines are imported only when `serve` runs, so other
@@ -22,6 +23,7 @@ from sieverag.serving.config import (
     VLLMLaunchConfig,
     VLLMOptions,
 )
+from sieverag.serving.retrieval.config import RetrievalServerConfig
 
 Engine = Literal["local", "vllm"]
 
@@ -84,3 +86,13 @@ def run_serve(command: ServeCommand) -> int:
     from sieverag.serving.vllm.launcher import VLLMServer
 
     return VLLMServer(config).run()
+
+
+def run_index_serve(config: RetrievalServerConfig) -> int:
+    """`sieverag index serve`: load the index, serve it until SIGINT/SIGTERM; 0 after a clean
+    stop."""
+    from sieverag.serving.retrieval.server import RetrievalServer, load_served_index
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    RetrievalServer(load_served_index(config), config).run()
+    return 0

@@ -34,6 +34,7 @@ from sieverag.serving.config import LocalServerConfig, client_base_url
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
+from sieverag.serving.listen import listening_socket
 from sieverag.serving.proxy.chat_proxy import ProxyTarget
 from sieverag.serving.proxy.upstream import Upstream
 
@@ -144,7 +145,7 @@ class LocalServer:
         self.stop()
 
     def _prepare(self, log_config: dict | None) -> tuple[uvicorn.Server, socket.socket]:
-        sock = _bind(self.config.host, self.config.port)
+        sock = listening_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
         app = create_app(self.engine, self.config, api_key=self._api_key, proxy=self.proxy,
                          cards=self.cards)
@@ -194,21 +195,3 @@ def freeze_loaded_objects() -> int:
     gc.freeze()
     return gc.get_freeze_count()
 
-
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one, read back with getsockname).
-
-    It listens at once, so the announced URL accepts connections (queued until uvicorn
-    serves them): a caller that started the server on port 0 can read the port and connect.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen()
-    except OSError as exc:
-        sock.close()
-        raise ServerStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick "
-                               "another --port or --host") from exc
-    return sock

@@ -61,6 +61,10 @@ COMMANDS: dict[str, Command] = {
                              "print the top-k chunks of an index for a query"),
     "index convert": _command(_RETRIEVAL, "IndexConvertCommand", "run_index_convert",
                               "bring an index folder of an older format up to date in place"),
+    "index serve": Command("sieverag.serving.retrieval.config:RetrievalServerConfig",
+                           f"{_SERVING}:run_index_serve",
+                           "serve an index over HTTP (Search-R1's /retrieve and every mode) "
+                           "for other processes and machines"),
     "eval-retrieval": _command(_RETRIEVAL, "EvalRetrievalCommand", "run_eval_retrieval",
                                "recall@k and MRR of retrieval modes on a benchmark"),
     "hard-negatives": _command(_DATA_GEN, "HardNegativesCommand", "run_hard_negatives",
@@ -86,7 +90,7 @@ COMMANDS: dict[str, Command] = {
                       "serve a model and LoRA adapters over an OpenAI-compatible API"),
 }
 
-GROUPS = {"index": "build or search a retrieval index",
+GROUPS = {"index": "build, search or serve a retrieval index",
           "filter": "list, install, package trained filters, or fit their combination"}
 
 

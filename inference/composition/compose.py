@@ -44,7 +44,7 @@ from sieverag.inference.pipelines.base import (
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.index import Index
+    from sieverag.inference.retrieval.backend import SearchBackend
     from sieverag.inference.retrieval.rerank import Reranker
 
 
@@ -158,7 +158,7 @@ def _capped_documents(limit: int | None) -> DocumentSource:
     return documents
 
 
-def _index_search(index: Index, config: RetrievalConfig, reranker: Reranker | None,
+def _index_search(index: SearchBackend, config: RetrievalConfig, reranker: Reranker | None,
                   removed: HygieneLog | None) -> QuerySearch:
     """Query-based search on the index as `config` says (mode, reranker, evidence hygiene);
     what hygiene removes goes to `removed`."""
@@ -206,9 +206,9 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     documents = _capped_documents(config.max_documents)
     search = None
     if config.retrieval is not None:  # before the models load: a bad index fails at once
-        from sieverag.inference.retrieval.index import Index
+        from sieverag.inference.retrieval.backend import open_backend
 
-        index = Index.load(config.retrieval.index, search_config=config.retrieval.search)
+        index = open_backend(config.retrieval, config.retrieval.search)
         search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)
         documents = _retrieved_documents(search, config.retrieval.k)
     # Each pipeline's own part, begun before the models load (a part that cannot load fails

@@ -33,18 +33,19 @@ from sieverag.inference.pipelines.base import (
     default_pipeline,
     with_pipeline_sections,
 )
+from sieverag.inference.retrieval.backend import IndexSource
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
 from sieverag.inference.retrieval.index import SearchMode
 
 
 @settings
-class RetrievalConfig:
-    """Retrieve each question's documents from an index instead of the dataset's own; every
+class RetrievalConfig(IndexSource):
+    """Retrieve each question's documents from an index instead of the dataset's own: a local
+    folder (`index`), `sieverag index serve` (`endpoint`) or Milvus (`backend`, `uri`); every
     search (the question's, and the later queries of iterative pipelines) is fused by
     `search`, reranked by `reranker` when set, then cleaned by `hygiene`, keeping k."""
 
-    index: str = field(metadata={"help": "index folder built by `sieverag index build`"})
     mode: SearchMode = field(default="hybrid", metadata={"help": "bm25, dense, hybrid or rrf"})
     k: int = field(default=5, metadata={"help": "documents retrieved per query"})
     hygiene: HygienePreset = field(default="off", metadata={
@@ -56,6 +57,7 @@ class RetrievalConfig:
         "help": "local cross-encoder model folder to rerank the hits (default: none)"})
 
     def __post_init__(self) -> None:
+        IndexSource.__post_init__(self)
         at_least(1, "retrieval.", k=self.k)
         if self.reranker is not None and not self.reranker.strip():
             raise ConfigError("retrieval.reranker must name a local cross-encoder model "

@@ -132,7 +132,8 @@ def _no_inner(settings: PipelineSettings) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class PartInputs:
     """What composition hands a pipeline's part builder: the run's settings sections, and its
-    index (a `retrieval.index.Index`; None over the dataset's own documents)."""
+    index (a `retrieval.backend.SearchBackend`: a local folder, a served index or Milvus;
+    None over the dataset's own documents)."""
 
     settings: PipelineSettings
     index: object | None = None

@@ -35,7 +35,8 @@ from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import split_sentences
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.index import Index, SearchMode
+    from sieverag.inference.retrieval.backend import SearchBackend
+    from sieverag.inference.retrieval.index import SearchMode
 
 HygienePreset = Literal["off", "loose", "strict"]
 HYGIENE_PRESETS: tuple[str, ...] = get_args(HygienePreset)
@@ -169,7 +170,7 @@ def apply_hygiene(items: Iterable[T], preset: HygienePreset = "off",
     return HygieneReport(kept, removed)
 
 
-def search_with_hygiene(index: Index, query: str, k: int, mode: SearchMode,
+def search_with_hygiene(index: SearchBackend, query: str, k: int, mode: SearchMode,
                         preset: HygienePreset = "off", reranker: Reranker | None = None
                         ) -> HygieneReport[RetrievedDocument]:
     """The top-k hits for `query` that `preset` keeps, best first (reranked when `reranker`

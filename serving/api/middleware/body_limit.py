@@ -20,10 +20,10 @@ class RequestTooLarge(HTTPException):
     """A request body found over the limit while it is read. An `HTTPException`, so FastAPI
     hands it to the app's exception handlers rather than calling it a body it cannot parse."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, flag: str = "--local.max-request-bytes",
+                 what: str = "prompts") -> None:
         super().__init__(413, f"the request body is larger than this server's limit of "
-                              f"{max_bytes} bytes (--local.max-request-bytes): send fewer or "
-                              "shorter prompts")
+                              f"{max_bytes} bytes ({flag}): send fewer or shorter {what}")
 
     def response(self) -> JSONResponse:
         return JSONResponse(error_body(self.detail, "invalid_request_error",
@@ -33,18 +33,23 @@ class RequestTooLarge(HTTPException):
 class BodySizeLimit:
     """ASGI middleware: a request whose Content-Length is over `max_bytes` is answered 413 at
     once, its body unread; a body without one (chunked) raises `RequestTooLarge` from
-    `receive` as soon as the bytes received pass `max_bytes`."""
+    `receive` as soon as the bytes received pass `max_bytes`. The message names `flag`, the
+    server's setting of the limit, and the `what` a client sends fewer of."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, flag: str = "--local.max-request-bytes",
+                 what: str = "prompts") -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.flag = flag
+        self.what = what
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if _declared_length(scope) > self.max_bytes:
-            await RequestTooLarge(self.max_bytes).response()(scope, receive, send)
+            refusal = RequestTooLarge(self.max_bytes, self.flag, self.what)
+            await refusal.response()(scope, receive, send)
             return
         received = 0
 
@@ -54,7 +59,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise RequestTooLarge(self.max_bytes)
+                    raise RequestTooLarge(self.max_bytes, self.flag, self.what)
             return message
 
         await self.app(scope, receive_within_limit, send)

@@ -1,0 +1,178 @@
+"""Where a run's index lives, and the one search surface every command uses on it.
+
+`SearchBackend` is what eval, ask, amber's later queries and the router need of an index:
+`search`/`search_many` (top-k hits in a mode, optionally reranked), `modes`, and `manifest`
+(its `fingerprint`, chunk and source counts: what identifies the indexed chunks, for caches
+and reports). Three backends satisfy it:
+
+* a local index folder (`index.Index`, loaded in this process; it satisfies the protocol as
+  it is);
+* `sieverag index serve` on another process or machine (`remote.RemoteIndex`,
+  `--retrieval.endpoint URL`);
+* a Milvus collection (`milvus.MilvusIndex`, `--retrieval.backend milvus --retrieval.uri URI`:
+  a cluster's `http://host:19530` or a Milvus Lite file).
+
+`IndexSource` names one of them and `open_backend` opens it: the one chooser every command
+goes through.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import field
+from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
+
+from sieverag.inference.core.errors import ConfigError
+from sieverag.inference.core.settings import settings
+from sieverag.inference.retrieval.index import SEARCH_MODES
+from sieverag.inference.retrieval.retrieved import RetrievedDocument
+
+if TYPE_CHECKING:
+    from sieverag.inference.retrieval.config import SearchConfig
+    from sieverag.inference.retrieval.rerank import Reranker
+
+BackendKind = Literal["sieverag"]
+BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)
+DEFAULT_COLLECTION = "sieverag"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class IndexIdentity(Protocol):
+    """What identifies an index's chunks (an index manifest has these and more)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def chunk_count(self) -> int: ...
+
+    @property
+    def source_count(self) -> int: ...
+
+
+@runtime_checkable
+class SearchBackend(Protocol):
+    """An index to search, wherever it lives (see the module docstring)."""
+
+    @property
+    def manifest(self) -> IndexIdentity: ...
+
+    @property
+    def modes(self) -> tuple[str, ...]: ...
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid",
+               reranker: Reranker | None = None) -> list[RetrievedDocument]: ...
+
+    def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
+                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]: ...
+
+
+def check_search(where: str, modes: Sequence[str], mode: str, k: int) -> None:
+    """Refuse a search an index cannot answer: an unknown or unsupported mode, k < 1."""
+    if mode not in SEARCH_MODES:
+        raise ConfigError(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+    if mode not in modes:
+        raise ConfigError(f"{where} cannot search in mode {mode!r}; it supports: "
+                          f"{', '.join(modes)}")
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+
+
+def fetch_depth(k: int, reranker: Reranker | None, search_config: SearchConfig) -> int:
+    """How many first-stage hits a search takes: k, or the reranker's depth when deeper."""
+    return max(k, search_config.rerank_depth) if reranker is not None else k
+
+
+def reranked(queries: Sequence[str], hits: Sequence[list[RetrievedDocument]], k: int,
+             reranker: Reranker | None) -> list[list[RetrievedDocument]]:
+    """Each query's hits reranked (when a reranker is given) and cut to k."""
+    if reranker is None:
+        return [list(h[:k]) for h in hits]
+    return [reranker.rerank(q, h)[:k] for q, h in zip(queries, hits, strict=True)]
+
+
+@settings
+class IndexSource:
+    """Which index a run searches: a local folder (`index`), `sieverag index serve` at
+    `endpoint`, or a Milvus collection (`backend: milvus`, `uri`)."""
+
+    index: str | None = field(default=None, metadata={
+        "help": "index folder built by `sieverag index build` (searched in this process)"})
+    endpoint: str | None = field(default=None, metadata={
+        "help": "URL of a `sieverag index serve` server holding the index (http://host:port), "
+                "instead of a local folder"})
+    backend: BackendKind = field(default="sieverag", metadata={
+        "help": "sieverag: an index folder, here (index) or served (endpoint); milvus: a "
+                "Milvus collection (uri)"})
+    uri: str | None = field(default=None, metadata={
+        "help": "Milvus: a cluster's URI (http://host:19530) or a Milvus Lite file path"})
+    collection: str = field(default=DEFAULT_COLLECTION, metadata={
+        "help": "Milvus: the collection `sieverag index build --backend milvus` filled"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "environment variable holding the endpoint's API key (sent as a bearer token) "
+                "or Milvus's token (user:password)"})
+    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={
+        "help": "seconds a served index or Milvus gets to answer one search request"})
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("index", "endpoint", "uri") if getattr(self, name)]
+        if self.backend == "milvus":
+            if self.uri is None:
+                raise ConfigError("retrieval.backend milvus needs retrieval.uri: a cluster's "
+                                  "http://host:19530 or a Milvus Lite file path")
+            if len(given) > 1:
+                raise ConfigError("retrieval.backend milvus searches retrieval.uri only: drop "
+                                  "retrieval.index and retrieval.endpoint")
+        else:
+            if self.uri is not None:
+                raise ConfigError("retrieval.uri names a Milvus server: add "
+                                  "--retrieval.backend milvus, or drop retrieval.uri")
+            if len(given) != 1:
+                raise ConfigError("retrieval needs one index: an index folder "
+                                  "(retrieval.index) or a `sieverag index serve` URL "
+                                  "(retrieval.endpoint), not both and not neither")
+            if self.endpoint is not None and not self.endpoint.startswith(("http://",
+                                                                            "https://")):
+                raise ConfigError(f"retrieval.endpoint must be an http:// or https:// URL, "
+                                  f"got {self.endpoint!r}")
+        if not self.collection:
+            raise ConfigError("retrieval.collection must name a Milvus collection")
+        if self.api_key_env == "":
+            raise ConfigError("retrieval.api_key_env must name an environment variable")
+        if not self.timeout > 0:
+            raise ConfigError(f"retrieval.timeout must be > 0 seconds, got {self.timeout}")
+
+    @property
+    def location(self) -> str:
+        """Where the index is, in words (for messages)."""
+        if self.backend == "milvus":
+            return f"Milvus collection {self.collection!r} at {self.uri}"
+        return f"index server {self.endpoint}" if self.endpoint else f"index {self.index}"
+
+
+def read_secret(env_var: str | None, setting: str = "retrieval.api_key_env") -> str | None:
+    """The key held by `env_var` (named by `setting`), or None without one; an unset or empty
+    variable is an error naming it."""
+    if env_var is None:
+        return None
+    value = os.environ.get(env_var, "")
+    if not value:
+        raise ConfigError(f"environment variable {env_var} ({setting}) is not set or empty: "
+                          f"export the key in {env_var}, or drop {setting}")
+    return value
+
+
+def open_backend(source: IndexSource, search_config: SearchConfig | None = None, *,
+                 use_cache: bool = True) -> SearchBackend:
+    """Open the index `source` names, searching as `search_config` says (a served index
+    must fuse as it does: the client checks). Fails at once, naming the source, when the
+    index cannot be reached."""
+    if source.endpoint is not None:
+        from sieverag.inference.retrieval.remote import RemoteIndex
+
+        return RemoteIndex(source.endpoint, search_config=search_config,
+                           api_key=read_secret(source.api_key_env), timeout=source.timeout)
+    from sieverag.inference.retrieval.index import Index
+
+    return Index.load(source.index or "", search_config=search_config, use_cache=use_cache)
