@@ -33,6 +33,7 @@ from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.scheduling import PREFILL_TOKEN_BUDGET
 from sieverag.serving.engine.sequence_types import EngineClosedError, SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
+from sieverag.serving.listen import listening_socket
 from sieverag.serving.local_server import LocalServer
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
@@ -403,7 +404,7 @@ ANNOUNCED = re.compile(r"serving (?P<names>.+) at (?P<url>http://127\.0\.0\.1:(?
 
 def test_a_bound_socket_accepts_connections_before_uvicorn_serves() -> None:
     """The port announced by `run()` takes connections at once (they wait for uvicorn)."""
-    with local_server._bind("127.0.0.1", 0) as sock:
+    with listening_socket("127.0.0.1", 0) as sock:
         port = sock.getsockname()[1]
         assert port > 0
         with socket.create_connection(("127.0.0.1", port), timeout=5):
