@@ -300,15 +300,19 @@ def mcf_configs(config: FilterEvalConfig, combination: Combination | None = None
     bar), the fixed bar, top_k on the filter alone, top_k on the combination, then (when
     lexical_weight > 0) top_k with the fixed BM25 fusion, adaptive, then adaptive with the
     fusion; the card's priors-only fit at its own bar right after the default where the card
-    holds one (what the filter adds); every one with the given sentence settings and its
-    sentence stage off (the sentence-level rows turn it on)."""
+    holds one (what the filter adds), and where it holds a home rule the default with every
+    round home and with none (what the home test's choice is worth); every one with the given
+    sentence settings and its sentence stage off (the sentence-level rows turn it on)."""
     sentences = {"sentence_max_new_tokens": config.sentence_max_new_tokens,
                  "empty_sentence_answer": config.empty_sentence_answer}
     top_k = {"bar": "top_k", "top_k": config.top_k, **sentences}
     adaptive = {"bar": "adaptive", "bar_n": config.bar_n, **sentences}
     with_prior = config.lexical_weight > 0
     has_priors_fit = combination is not None and bool(combination.report.get(PRIORS_ONLY_KEY))
+    has_home = combination is not None and combination.home is not None
     return [MCFConfig(**sentences),
+            *([MCFConfig(home="home", **sentences), MCFConfig(home="away", **sentences)]
+              if has_home else []),
             *([MCFConfig(combination="priors_only", **sentences)] if has_priors_fit else []),
             MCFConfig(bar="fixed", threshold=config.threshold, lexical_weight=0.0, **sentences),
             MCFConfig(**top_k, lexical_weight=0.0),

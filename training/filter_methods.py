@@ -29,8 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sieverag.inference.core.types import Example
+from sieverag.inference.data import example_source
 from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.home import dataset_decision
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.metrics.filter import top_k_indices
@@ -75,13 +77,16 @@ def mcf_row_name(config: MCFConfig) -> str:
              "combined": (" + combination" if config.combination == "card"
                           else " + priors-only fit")}[config.score_rule]
     default = "default: " if _chunk_rule(config) == _chunk_rule(_DEFAULT) else ""
-    return f"MCF {default}{bar}{score}"
+    home = {"auto": "", "home": ", home rule on every round",
+            "away": ", away rule only"}[config.home]
+    return f"MCF {default}{bar}{score}{home}"
 
 
 def _chunk_rule(config: MCFConfig) -> tuple:
     """What decides MCF's chunk verdicts (not its sentence stage)."""
     return (config.bar, config.threshold, config.bar_n, config.top_k, config.p_min,
-            config.min_keep, config.shift_guard, config.lexical_weight, config.combination)
+            config.min_keep, config.shift_guard, config.lexical_weight, config.combination,
+            config.home)
 
 
 def probability_key(config: MCFConfig) -> str | None:
@@ -111,10 +116,37 @@ def mcf_results(backend: LLMBackend, examples: Sequence[Example], config: MCFCon
                 combination: Combination | None = None, progress: bool = True,
                 concurrency: int = 1) -> dict[str, FilterResult]:
     """Example id → `MultiGranularFilter(backend, config, combination).select` on its
-    passages, `concurrency` questions at once."""
-    mcf = MultiGranularFilter(backend, config, combination)
-    return by_question(examples, lambda e: mcf.select(e.question, e.documents),
-                       concurrency=concurrency, desc=mcf_row_name(config), progress=progress)
+    passages, `concurrency` questions at once. Where the card has a home rule and
+    `config.home` is auto, each dataset (source) is decided as a whole first
+    (`home.dataset_decision`): a dataset of the filter's home text ranks every round at home."""
+    filters = {source: MultiGranularFilter(backend, replace(config, home=mode), combination)
+               for source, mode in dataset_modes(examples, config, combination).items()}
+    return by_question(
+        examples, lambda e: filters[example_source(e)].select(e.question, e.documents),
+        concurrency=concurrency, desc=mcf_row_name(config), progress=progress)
+
+
+def dataset_modes(examples: Sequence[Example], config: MCFConfig,
+                  combination: Combination | None) -> dict[str, str]:
+    """Source → the `mcf.home` its questions run with: `config.home`, or where that is auto
+    and the card has a home rule, the dataset decision (said in one line per source)."""
+    sources = sorted({example_source(e) for e in examples})
+    rule = None if combination is None else combination.home
+    if rule is None or config.home != "auto" or config.score_rule != "combined":
+        return {source: config.home for source in sources}
+    modes = {}
+    for source in sources:
+        rounds = tuple((e.question, tuple(d.as_context() for d in e.documents if d.text.strip()))
+                       for e in examples if example_source(e) == source)
+        key = (source, rounds, rule.test)
+        if key not in _DECIDED:  # one line per dataset, however many rows run it
+            _DECIDED[key] = dataset_decision(rule, rounds, source)
+            print(_DECIDED[key][1], flush=True)
+        modes[source] = _DECIDED[key][0]
+    return modes
+
+
+_DECIDED: dict[tuple, tuple[str, str]] = {}
 
 
 def decisions_of(method: str, results: Mapping[str, FilterResult],

@@ -39,8 +39,8 @@ from sieverag.inference.filters.combination import (
     Combination,
     RoundScores,
     passage_priors,
-    round_vectors,
 )
+from sieverag.inference.filters.embeddings import round_vectors
 from sieverag.inference.filters.home import (
     DEFAULT_HOME_READ,
     HomeRule,
@@ -265,14 +265,21 @@ def fit_home_rule(home: Sequence[HomeRound], away: Sequence[AwayRound],
             chosen = row
     if chosen is None:  # no bar keeps every away source whole: the test never calls home
         chosen = {"bar": 1.0}
+    # A dataset: home where its mean P(home) reaches halfway between the home questions'
+    # out-of-fit mean and the highest away source's; none where they do not separate.
+    means = {"home": float(home_p.mean()), **{s: float(p.mean()) for s, p in away_p.items()}}
+    highest_away = max(v for s, v in means.items() if s != "home")
+    dataset_bar = ((means["home"] + highest_away) / 2 if means["home"] > highest_away
+                   else None)
     weights, bias = fit_test(home_x, np.vstack([r.features for r in away]))
     test = HomeTest(tuple(float(w) for w in weights), bias, float(chosen["bar"]),
-                    embedding_model)
+                    embedding_model, dataset_bar)
     labels = [1] * len(home) + [0] * sum(len(p) for p in away_p.values())
     report = {"fit": {**combination_report, "tolerance": tolerance,
                       "test_auroc_out_of_fit": auroc(
                           labels, [*home_p, *(v for p in away_p.values() for v in p)]),
                       "away_questions": {s: len(p) for s, p in away_p.items()},
+                      "mean_p_home_out_of_fit": means,
                       "bars": rows}}
     return HomeRule(test, replace(combination, embedding_model=embedding_model,
                                   report={}), read, tuple(sources), report)

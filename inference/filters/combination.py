@@ -35,17 +35,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sieverag.inference.filters.adapters import AdapterError, read_card
 from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
+from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule, HomeTest
 from sieverag.inference.filters.windows import DEFAULT_WINDOW_TOKENS, card_window_tokens
-
-if TYPE_CHECKING:
-    from sieverag.inference.filters.home import HomeRule
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
@@ -54,7 +53,6 @@ CARD_KEY = "combination"
 # The fit report's key saying why a fitted combination holds the filter's score alone.
 FILTER_ALONE_FIT = "filter_alone_because"
 PRIORS_ONLY_KEY = "priors_only"  # the card section's fit of BM25 and dense alone
-DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 # s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
 LOG_ODDS_CLIP = 20.0
 DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
@@ -325,12 +323,28 @@ def card_combination(card: Mapping[str, Any] | None, where: str = "the card") ->
     card (None): `PRIORS_ONLY`. Each carries the card's filter format and window."""
     if card is None:
         return PRIORS_ONLY
-    from sieverag.inference.filters.home import card_home_rule
-
     section = card.get(CARD_KEY)
     combination = FILTER_ALONE if not section else Combination.from_card(section, where)
     return replace(combination, filter_format=card_format(card),
                    window_tokens=card_window_tokens(card), home=card_home_rule(card, where))
+
+
+def card_home_rule(card: Mapping[str, Any], where: str = "the card") -> HomeRule | None:
+    """The home rule of a card (`filters.home`; None where it holds none); `AdapterError`
+    naming `where` when its section is malformed."""
+    section = card.get(HOME_KEY)
+    if not section:
+        return None
+    try:
+        combination = Combination.from_card(section["combination"], where)
+        report = {k: v for k, v in section.items()
+                  if k not in ("sources", "read", "test", "combination")}
+        return HomeRule(HomeTest.from_card(section["test"]), combination,
+                        int(section.get("read", DEFAULT_HOME_READ)),
+                        tuple(str(s) for s in section.get("sources") or ()), report)
+    except (AdapterError, KeyError, TypeError, ValueError) as err:
+        raise AdapterError(f"{where}: the card's {HOME_KEY!r} section is malformed ({err}); "
+                           "fit it again with `sieverag filter fit-combination`") from None
 
 
 def adapter_combination(folder: str | Path | None) -> Combination:
@@ -394,23 +408,6 @@ def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
     bm25 = tuple(question_scores(question, texts))
     vectors = round_vectors(question, texts, embedding_model)
     return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
-
-
-def round_vectors(question: str, texts: Sequence[str],
-                  embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> np.ndarray:
-    """The unit embeddings of `question` (row 0) and each of `texts` (rows 1...) under
-    `embedding_model`; cached per round (the priors and the home test read the same)."""
-    return _round_vectors(question, tuple(texts), embedding_model)
-
-
-@functools.lru_cache(maxsize=1024)
-def _round_vectors(question: str, texts: tuple[str, ...], embedding_model: str) -> np.ndarray:
-    from sieverag.inference.retrieval.dense import DenseConfig, make_encoder
-
-    # Small batches: a served request's few passages wait for one batch of another's many.
-    vectors = make_encoder(DenseConfig(model=embedding_model, batch_size=16))([question, *texts])
-    vectors.setflags(write=False)  # shared through the cache
-    return vectors
 
 
 def describe_combination(combination: Combination) -> str:

@@ -30,13 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.base import z_scores
-from sieverag.inference.filters.combination import (
-    DEFAULT_EMBEDDING_MODEL,
-    Combination,
-    round_vectors,
-)
+from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 
 HOME_KEY = "home"  # the card's section
 # question, passage texts, embedding model → unit vectors, the question's first
@@ -62,10 +57,16 @@ class HomeTest:
     bias: float
     bar: float
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
+    dataset_bar: float | None = None
+    """A whole dataset is home where its rounds' mean P(home) reaches this (None: no
+    dataset decision; see `dataset_decision`)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.bar <= 1.0:
             raise ValueError(f"the home test's bar must be in (0, 1], got {self.bar}")
+        if self.dataset_bar is not None and not 0.0 < self.dataset_bar < 1.0:
+            raise ValueError(f"the home test's dataset bar must be in (0, 1), got "
+                             f"{self.dataset_bar}")
 
     def probability_of(self, features: np.ndarray) -> float:
         """P(home) of a round's `home_features`."""
@@ -84,13 +85,16 @@ class HomeTest:
     def as_card(self) -> dict[str, Any]:
         return {"features": "question embedding, mean passage embedding, log(1 + words)",
                 "embedding_model": self.embedding_model, "bias": round(self.bias, 6),
-                "bar": self.bar, "weights": [round(w, 6) for w in self.weights]}
+                "bar": self.bar, "dataset_bar": self.dataset_bar,
+                "weights": [round(w, 6) for w in self.weights]}
 
     @classmethod
     def from_card(cls, section: Mapping[str, Any]) -> HomeTest:
+        dataset_bar = section.get("dataset_bar")
         return cls(tuple(float(w) for w in section["weights"]), float(section["bias"]),
                    float(section["bar"]),
-                   str(section.get("embedding_model", DEFAULT_EMBEDDING_MODEL)))
+                   str(section.get("embedding_model", DEFAULT_EMBEDDING_MODEL)),
+                   None if dataset_bar is None else float(dataset_bar))
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class HomeRule:
     reads at home, and the sources that are home."""
 
     test: HomeTest
-    combination: Combination
+    combination: Any
+    """The home `combination.Combination` (the filter's score with BM25 and dense)."""
     read: int = DEFAULT_HOME_READ
     sources: tuple[str, ...] = ()
     report: Mapping[str, Any] = field(default_factory=dict)
@@ -142,31 +147,31 @@ class HomeRule:
                 "combination": combination, **dict(self.report)}
 
 
+def dataset_decision(rule: HomeRule, rounds: Sequence[tuple[str, Sequence[str]]],
+                     name: str, vectors: RoundVectors = round_vectors
+                     ) -> tuple[HomeMode, str]:
+    """Home or away for a whole dataset (its rounds: question and passage texts each): home
+    where the rounds' mean P(home) reaches the test's `dataset_bar`, else "auto" (each round
+    tested on its own); the mode and the line that says why, naming the dataset `name`.
+    A per-round test misfires on some rounds of any set; averaged over a dataset the sets
+    separate cleanly."""
+    if rule.test.dataset_bar is None or not rounds:
+        return "auto", f"{name}: each round tested on its own (the card has no dataset bar)"
+    mean = float(np.mean([rule.test.probability(q, texts, vectors) for q, texts in rounds]))
+    if mean >= rule.test.dataset_bar:
+        return "home", (f"{name}: the filter's home text ({', '.join(rule.sources)}): mean "
+                        f"P(home) {mean:.3f} >= {rule.test.dataset_bar:g} over {len(rounds)} "
+                        "questions, so every round ranks by the home rule")
+    return "auto", (f"{name}: mean P(home) {mean:.3f} < {rule.test.dataset_bar:g} over "
+                    f"{len(rounds)} questions, so each round is tested on its own")
+
+
 def home_reading(bm25: Sequence[float], dense: Sequence[float], read: int) -> list[int]:
     """The passages a home round's filter reads: the `read` best by z(BM25) + z(dense) over
     the round (ties to the earlier), in passage order."""
     fused = [b + d for b, d in zip(z_scores(list(bm25)), z_scores(list(dense)), strict=True)]
     best = sorted(range(len(fused)), key=lambda i: (-fused[i], i))[:read]
     return sorted(best)
-
-
-def card_home_rule(card: Mapping[str, Any], where: str = "the card") -> HomeRule | None:
-    """The home rule of a card (None where it holds none); `AdapterError` naming `where` when
-    its section is malformed."""
-    section = card.get(HOME_KEY)
-    if not section:
-        return None
-    try:
-        combination = Combination.from_card(section["combination"], where)
-        report = {k: v for k, v in section.items()
-                  if k not in ("sources", "read", "test", "combination")}
-        return HomeRule(HomeTest.from_card(section["test"]), combination,
-                        int(section.get("read", DEFAULT_HOME_READ)),
-                        tuple(str(s) for s in section.get("sources") or ()), report)
-    except (KeyError, TypeError, ValueError) as err:
-        raise AdapterError(f"{where}: the card's {HOME_KEY!r} section is malformed ({err}); "
-                           "fit it again with `sieverag filter fit-combination "
-                           "--home-sources ...`") from None
 
 
 def describe_home(rule: HomeRule) -> str:
@@ -194,6 +199,6 @@ def describe_home(rule: HomeRule) -> str:
         lines.append(f"at the bar: {home['called_home']:.0%} of home questions called home, "
                      f"F1 {home['f1']:.3f} against {home['f1_away_only']:.3f} away-only")
         lines += [f"{source} left out of the test: {row['called_home']:.0%} called home, "
-                  f"F1 change {-(row['f1_loss'] or 0):+.3f}"
+                  f"F1 change {0.0 - (row['f1_loss'] or 0.0) + 0.0:+.3f}"
                   for source, row in chosen["sources"].items()]
     return "\n".join(lines)

@@ -56,8 +56,8 @@ from sieverag.inference.filters.combination import (
     RoundScores,
     calls_filter,
     passage_priors,
-    round_vectors,
 )
+from sieverag.inference.filters.embeddings import round_vectors
 from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
     FilterAnswerError,

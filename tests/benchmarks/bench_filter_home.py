@@ -86,7 +86,9 @@ def main() -> None:
           f"{fit['gold_read']}/{fit['gold']}")
     bars_table = bars_rows(fit["bars"])
     print(results_json.markdown(bars_table))
-    print(f"chosen bar: P(home) >= {rule.test.bar:g}")
+    print(f"chosen bar: P(home) >= {rule.test.bar:g}; mean P(home) out of fit: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in fit["mean_p_home_out_of_fit"].items())
+          + f"; dataset bar: {rule.test.dataset_bar}")
 
     # Held out: the home source's questions outside the fit.
     fitted_ids = {e.id for e in by_dataset[args.home]}
@@ -100,11 +102,13 @@ def main() -> None:
     all_ten, _, _ = fit_home_combination(
         [read_round(e, r, 10 ** 6) for e, r in zip(fit_examples, fit_rounds, strict=True)])
     arms: dict[str, list[float]] = {name: [] for name in ARMS}
+    p_homes = [rule.test.probability_of(round_features(e)) for e in held]
+    dataset_home = (rule.test.dataset_bar is not None
+                    and float(np.mean(p_homes)) >= rule.test.dataset_bar)
     called = []
-    for example, scored in zip(held, rounds, strict=True):
+    for example, scored, p_home in zip(held, rounds, p_homes, strict=True):
         gold = {i for i, g in enumerate(scored.labels) if g}
         reading = read_round(example, scored, rule.read)
-        p_home = rule.test.probability_of(round_features(example))
         called.append(p_home >= rule.test.bar)
         home_kept = kept_at_home(rule.combination, reading)
         away_kept = kept_away(away_default, scored)
@@ -114,6 +118,8 @@ def main() -> None:
         for name, kept in (
                 ("away default (today)", away_kept),
                 ("default with the home rule", home_kept if called[-1] else away_kept),
+                ("default, the dataset decided (eval-filter)",
+                 home_kept if dataset_home or called[-1] else away_kept),
                 ("home rule on every round", home_kept),
                 ("home combination reading all ten",
                  kept_at_home(all_ten, read_round(example, scored, 10 ** 6))),
@@ -123,6 +129,8 @@ def main() -> None:
             arms[name].append(f1_of(kept, gold))
     reads = {"away default (today)": 0.0,
              "default with the home rule": rule.read * float(np.mean(called)),
+             "default, the dataset decided (eval-filter)":
+                 float(rule.read) if dataset_home else rule.read * float(np.mean(called)),
              "home rule on every round": float(rule.read),
              "home combination reading all ten": float(np.mean(
                  [len(e.documents) for e in held])),
@@ -134,7 +142,8 @@ def main() -> None:
          for name, values in arms.items()],
         align=["", "right", "right", "right"], formats=[None, "d", ".3f", ".1f"])
     print(f"\n{len(held)} held-out {', '.join(sources)} questions (outside the fit); "
-          f"{np.mean(called):.0%} called home by the test at {rule.test.bar:g}")
+          f"{np.mean(called):.0%} called home by the test at {rule.test.bar:g}; their mean "
+          f"P(home) {np.mean(p_homes):.3f} (dataset bar {rule.test.dataset_bar})")
     print(results_json.markdown(held_table))
     chosen = next(r for r in fit["bars"] if r["bar"] == rule.test.bar) \
         if rule.test.bar < 1.0 else None
@@ -143,6 +152,9 @@ def main() -> None:
         "test_auroc_out_of_fit": round(fit["test_auroc_out_of_fit"], 4),
         "fit_questions": fit["questions"], "held_out_questions": len(held),
         "held_out_called_home": round(float(np.mean(called)), 4),
+        "held_out_mean_p_home": round(float(np.mean(p_homes)), 4),
+        "dataset_bar": rule.test.dataset_bar,
+        "mean_p_home_out_of_fit": fit["mean_p_home_out_of_fit"],
         "held_out_f1": {name: round(float(np.mean(v)), 4) for name, v in arms.items()},
         "away_f1_loss_at_bar": ({s: r["f1_loss"] for s, r in chosen["sources"].items()}
                                 if chosen else None)}))
@@ -150,7 +162,8 @@ def main() -> None:
         results_json.write(args.results_json, {"bars": bars_table, "held_out": held_table})
 
 
-ARMS = ("away default (today)", "default with the home rule", "home rule on every round",
+ARMS = ("away default (today)", "default with the home rule",
+        "default, the dataset decided (eval-filter)", "home rule on every round",
         "home combination reading all ten", "filter + BM25 (w = 1), top 2", "BM25 top 2",
         "dense top 2")
 
@@ -172,7 +185,7 @@ def bars_rows(rows: list[dict]) -> dict:
 
 def _cell(row: dict) -> str:
     loss = row["f1_loss"]
-    change = "–" if loss is None else f"{-loss:+.3f}"
+    change = "–" if loss is None else f"{0.0 - loss + 0.0:+.3f}"
     return f"{row['called_home']:.0%}, {change}"
 
 

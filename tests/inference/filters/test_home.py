@@ -19,11 +19,12 @@ from sieverag.inference.filters.combination import (
     Combination,
     RoundScores,
     card_combination,
+    card_home_rule,
 )
 from sieverag.inference.filters.home import (
     HomeRule,
     HomeTest,
-    card_home_rule,
+    dataset_decision,
     describe_home,
     home_features,
     home_reading,
@@ -114,11 +115,9 @@ def test_an_away_round_ranks_by_the_away_default_without_calling_the_filter():
     assert never.select(f"which {HOME_WORD}?", documents(HOME_WORD)).rule == "calibrated"
 
 
-def test_rerank_says_which_rule_ranked(monkeypatch):
+def test_rerank_says_which_rule_ranked():
     backend = ScriptedBackend(labels=filter_says)
     combination = Combination(**{**AWAY.__dict__, "home": RULE})
-    monkeypatch.setattr("sieverag.inference.filters.mcf.passage_priors", priors)
-    monkeypatch.setattr("sieverag.inference.filters.mcf.round_vectors", vectors)
     ranked = rank_by_filter(backend, MCFConfig(home="home"), "q", [d for d in documents("x")],
                             combination)
     assert {r.bar_rule.split(":")[0] for r in ranked} == {"home_calibrated"}
@@ -201,3 +200,22 @@ def test_the_home_fit_uses_the_filter_at_home_and_keeps_every_away_source_whole(
     reading = read_round(home[0].example, home[0].scored, 4)
     assert kept_at_home(rule.combination, reading) <= set(reading.read)
     assert "home: castle" in describe_home(rule)
+
+
+def test_a_dataset_is_decided_as_a_whole_by_its_mean_p_home(capsys):
+    from sieverag.training.filter_methods import dataset_modes
+
+    rule = HomeRule(HomeTest(TEST.weights, 0.0, 0.9, dataset_bar=0.6), HOME, 3, ("castles",))
+    castles = [(f"q{i} {HOME_WORD}", [f"a {HOME_WORD}"]) for i in range(3)]
+    mixed = [*castles[:1], ("q about rivers", ["rivers"]), ("q about songs", ["songs"])]
+    mode, line = dataset_decision(rule, castles, "castles", vectors)
+    assert mode == "home" and "mean P(home) 0.982 >= 0.6 over 3 questions" in line
+    mode, line = dataset_decision(rule, mixed, "mixed", vectors)  # mean 0.339: each round alone
+    assert mode == "auto" and "< 0.6" in line
+    assert dataset_decision(RULE, castles, "castles", vectors)[0] == "auto"  # no dataset bar
+
+    examples = [Example(id=str(i), question="q", answers=("a",), documents=(
+        Document(id=f"{i}/0", text="t"),), metadata={"dataset": "s"}) for i in range(2)]
+    combination = Combination(**{**AWAY.__dict__, "home": rule})
+    forced = dataset_modes(examples, MCFConfig(home="away"), combination)
+    assert forced == {"s": "away"} and capsys.readouterr().out == ""  # nothing to decide
