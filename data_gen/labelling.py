@@ -7,6 +7,8 @@ Output folder:
 * `label_config.json` — the settings that decide the labels; a rerun with different ones is
   refused (use another folder);
 * `teacher_cache.jsonl` — the teacher's replies (`data_gen.teacher`);
+* `usage.jsonl` — the teacher's ledger: each reply's tokens and dollars, every run of the
+  folder (`data_gen.ledger`); summary.json's `teacher.ledger` sums it;
 * `summary.json` — rewritten at the end of each run: counts, teacher and scorer usage, and the
   agreement of each signal with the data's gold marks (`data_gen.labels.gold_agreement`).
 
@@ -28,7 +30,9 @@ A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -41,6 +45,7 @@ from tqdm import tqdm
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
 from sieverag.data_gen.cxmi import CXMIQuestion, CXMIScore, CXMIScorer, cxmi_scorer
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
+from sieverag.data_gen.ledger import progress_ticker
 from sieverag.data_gen.passages import with_borrowed_negatives
 from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
 from sieverag.data_gen.shards import SHARD_HELP, in_shard, parse_shard
@@ -321,9 +326,10 @@ def run_labelling(
     labeller = Labeller(config, scorer, teacher, positions)
     writer = JsonlLog(labels_path)
     try:
-        _label_all(labeller, todo, writer, summary,
-                   tqdm(total=len(examples), initial=len(examples) - len(todo),
-                        desc="labelling", unit="question", disable=not progress))
+        bar = tqdm(total=len(examples), initial=len(examples) - len(todo),
+                   desc="labelling", unit="question", disable=not progress)
+        with _teacher_progress(bar, teacher, config, examples):
+            _label_all(labeller, todo, writer, summary, bar)
     finally:
         if teacher is not None:
             teacher.close()
@@ -333,7 +339,9 @@ def run_labelling(
                                "invalid": stats.invalid, "corrections": stats.corrections,
                                "requests": stats.usage.calls,
                                "prompt_tokens": stats.usage.prompt_tokens,
-                               "completion_tokens": stats.usage.completion_tokens}
+                               "completion_tokens": stats.usage.completion_tokens,
+                               "ledger": teacher.ledger.totals.as_json(),
+                               "adaptations": teacher.backend.adaptations}
         if scorer is not None:
             usage = scorer.backend.meter.snapshot().get(CXMI_AGENT)
             if usage is not None:
@@ -341,6 +349,16 @@ def run_labelling(
     summary.gold_agreement = gold_agreement(read_labels(labels_path), LabelPolicy())
     write_atomic(out / SUMMARY_FILE, json.dumps(asdict(summary), indent=2, ensure_ascii=False))
     return summary
+
+
+def _teacher_progress(bar: tqdm, teacher: TeacherClient | None, config: LabelRunConfig,
+                      examples: Sequence[Example]) -> contextlib.AbstractContextManager:
+    """While labelling runs, the bar shows the teacher's dollars (so far, projected over every
+    chunk of the dataset) and what holds its requests back (`TeacherClient.progress_note`)."""
+    if teacher is None:
+        return contextlib.nullcontext()
+    chunks = sum(len(e.documents[:config.max_documents]) for e in examples)
+    return progress_ticker(bar, lambda: teacher.progress_note(chunks))
 
 
 def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
@@ -351,10 +369,16 @@ def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
                                                  batch_size=config.batch_size)))
 
 
+# Steps whose teacher requests are out at once: the next step's go out while a step's last
+# requests wait out a timeout or a backoff, so the teacher keeps its pace.
+_TEACHER_STEPS_AHEAD = 2
+
+
 def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
                summary: LabelRunSummary, bar: tqdm) -> None:
-    """Label in steps; the teacher works on the next step while the scorer runs this one,
-    `concurrency` questions of it at a time (one scorer call each)."""
+    """Label in steps; the teacher works on the next steps (`_TEACHER_STEPS_AHEAD`) while
+    the scorer runs this one, `concurrency` questions of it at a time (one scorer call
+    each)."""
     concurrency = labeller.config.concurrency
     size = max(labeller.config.questions_per_step, concurrency)
     steps = [todo[i:i + size] for i in range(0, len(todo), size)]
@@ -367,12 +391,16 @@ def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
         progress.done += 1
         bar.update(1)
 
-    with bar, ThreadPoolExecutor(1, thread_name_prefix="teacher-step") as background:
-        upcoming = _ask_teacher(labeller, steps[0], background) if steps else None
+    with bar, ThreadPoolExecutor(_TEACHER_STEPS_AHEAD,
+                                 thread_name_prefix="teacher-step") as background:
+        upcoming = deque(_ask_teacher(labeller, s, background)
+                         for s in steps[:_TEACHER_STEPS_AHEAD])
         for number, step in enumerate(steps):
-            verdicts = upcoming.result() if upcoming is not None else [None] * len(step)
-            upcoming = (_ask_teacher(labeller, steps[number + 1], background)
-                        if number + 1 < len(steps) else None)
+            asked = upcoming.popleft()
+            verdicts = asked.result() if asked is not None else [None] * len(step)
+            if number + _TEACHER_STEPS_AHEAD < len(steps):
+                upcoming.append(_ask_teacher(labeller, steps[number + _TEACHER_STEPS_AHEAD],
+                                             background))
             for start in range(0, len(step), concurrency):
                 group = step[start:start + concurrency]
                 progress.show(len(group))

@@ -6,8 +6,11 @@ function (by default a chat reply that echoes the last user message). A reply ca
 status, headers and body (a dict is sent as JSON, a str or bytes verbatim, so broken JSON is
 easy) and a delay, so rate limits, server errors, timeouts and malformed bodies can all be
 staged; or it can be a stream of chunks (server-sent events), optionally held after the first
-chunk until the test releases it. Every request is recorded with its path, headers, raw body
-bytes and parsed JSON body.
+chunk until the test releases it, or a dropped connection. Every request is recorded with its
+path, headers, raw body bytes and parsed JSON body. With `faults` (a `FaultSchedule` of
+tests/fake_openai_faults.py) requests meet a seeded schedule of rate limits and failures
+first. `tokens_served` sums the usage of every complete 200 reply sent (`served` lists each
+with its request): what a client was charged.
 
     with FakeOpenAIServer() as server:
         server.script(Reply(status=429, headers={"Retry-After": "0.1"}),
@@ -21,7 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +46,7 @@ class Reply:
     chunks: tuple[bytes, ...] = ()
     gate: threading.Event | None = None
     gate_timeout_s: float = 10.0
+    drop: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class RecordedRequest:
     headers: dict[str, str]
     json: Any
     raw: bytes = b""
+    method: str = "POST"
 
 
 Responder = Callable[[RecordedRequest], Reply]
@@ -122,9 +127,13 @@ def echo_last_user_message(request: RecordedRequest) -> Reply:
 class FakeOpenAIServer:
     """A threaded local HTTP server replaying scripted replies; use it as a context manager."""
 
-    def __init__(self, responder: Responder = echo_last_user_message) -> None:
+    def __init__(self, responder: Responder = echo_last_user_message, faults: Any = None) -> None:
         self.responder = responder
+        self.faults = faults
         self.requests: list[RecordedRequest] = []
+        self.served: list[tuple[RecordedRequest, dict[str, int]]] = []
+        self.tokens_served: Counter[str] = Counter()
+        self.started_at = time.monotonic()
         self.max_in_flight = 0
         self._queue: deque[Reply] = deque()
         self._lock = threading.Lock()
@@ -151,6 +160,7 @@ class FakeOpenAIServer:
         return [request.path for request in self.requests]
 
     def __enter__(self) -> FakeOpenAIServer:
+        self.started_at = time.monotonic()
         self._thread.start()
         return self
 
@@ -165,7 +175,19 @@ class FakeOpenAIServer:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
             scripted = self._queue.popleft() if self._queue else None
-        return scripted if scripted is not None else self.responder(request)
+            fault = (self.faults.fault(request, time.monotonic() - self.started_at)
+                     if self.faults is not None and scripted is None else None)
+        if fault is not None:
+            return fault
+        reply = scripted if scripted is not None else self.responder(request)
+        return reply if self.faults is None else self.faults.finish(request, reply)
+
+    def _count_served(self, request: RecordedRequest, reply: Reply) -> None:
+        usage = _usage_of(reply)
+        if usage is not None:
+            with self._lock:
+                self.served.append((request, usage))
+                self.tokens_served.update(usage)
 
     def _finished(self) -> None:
         with self._lock:
@@ -182,11 +204,14 @@ class FakeOpenAIServer:
                 except ValueError:
                     payload = None
                 headers = {name.lower(): value for name, value in self.headers.items()}
-                request = RecordedRequest(self.path, headers, payload, raw)
+                request = RecordedRequest(self.path, headers, payload, raw, self.command)
                 reply = server._next_reply(request)
                 counted = True
                 try:
                     time.sleep(reply.delay_s)
+                    if reply.drop:
+                        self.close_connection = True
+                        return
                     if reply.chunks:
                         self._stream(reply)
                         return
@@ -204,11 +229,14 @@ class FakeOpenAIServer:
                     server._finished()
                     counted = False
                     self.wfile.write(data)
+                    server._count_served(request, reply)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing left to tell it
                 finally:
                     if counted:
                         server._finished()
+
+            do_GET = do_POST  # the Batch API's retrieve and file content (FakeBatchAPI)
 
             def _stream(self, reply: Reply) -> None:
                 """The chunks, each sent as it comes; the closed connection ends the body."""
@@ -227,3 +255,145 @@ class FakeOpenAIServer:
                 """Stay quiet: pytest output is for failures."""
 
         return Handler
+
+
+def _usage_of(reply: Reply) -> dict[str, int] | None:
+    """The tokens a complete 200 reply carries (None: none)."""
+    usage = reply.body.get("usage") if isinstance(reply.body, dict) else None
+    if reply.status != 200 or reply.chunks or not isinstance(usage, dict):
+        return None
+    return {"prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens", 0),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+
+
+class FakeBatchAPI:
+    """A responder serving OpenAI's Files and Batches endpoints (their real request and reply
+    shapes) in front of a chat `responder`, which answers every line of a batch as it answers
+    a synchronous request (and answers those too):
+
+    * POST /v1/files (multipart: `purpose`, `file`) stores a file; GET /v1/files/{id}/content
+      gives its bytes;
+    * POST /v1/batches (`input_file_id`, `endpoint`, `completion_window`) creates a batch,
+      `validating`; GET /v1/batches/{id} answers `in_progress` for `polls` looks (forever
+      while `hold` is set), then runs the lines and answers `completed` with
+      `output_file_id`, `error_file_id` (None when no line failed) and `request_counts`;
+      while `outage` is set it answers 503 instead.
+
+    A custom id in `failures` fails (HTTP 500, in the error file) the first that many times
+    it is run.
+    `answered` lists the custom id of every line answered 200 (what a client pays for).
+    """
+
+    def __init__(self, responder: Responder = echo_last_user_message, *, polls: int = 1,
+                 failures: dict[str, int] | None = None) -> None:
+        self.responder = responder
+        self.polls = polls
+        self.failures = dict(failures or {})
+        self.hold = threading.Event()
+        self.outage = threading.Event()
+        self.files: dict[str, dict[str, Any]] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.answered: list[str] = []
+        self._looks: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, request: RecordedRequest) -> Reply:
+        path = request.path.split("?")[0]
+        with self._lock:
+            if request.method == "POST" and path == "/v1/files":
+                return self._upload(request)
+            if request.method == "GET" and path.startswith("/v1/files/") \
+                    and path.endswith("/content"):
+                data = self.files.get(path.split("/")[3])
+                return (Reply(body=data["content"]) if data is not None
+                        else Reply(status=404, body={"error": {"message": "no such file"}}))
+            if request.method == "POST" and path == "/v1/batches":
+                return self._create(request.json or {})
+            if request.method == "GET" and path.startswith("/v1/batches/"):
+                if self.outage.is_set():
+                    return Reply(status=503, body={"error": {"message": "unavailable"}})
+                return self._retrieve(path.split("/")[3])
+        return self.responder(request)
+
+    def _store(self, content: bytes, filename: str, purpose: str) -> dict[str, Any]:
+        file_id = f"file-{len(self.files) + 1}"
+        self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(content),
+                               "created_at": int(time.time()), "filename": filename,
+                               "purpose": purpose, "status": "processed", "content": content}
+        return {k: v for k, v in self.files[file_id].items() if k != "content"}
+
+    def _upload(self, request: RecordedRequest) -> Reply:
+        from email.parser import BytesParser
+        from email.policy import HTTP
+
+        form = BytesParser(policy=HTTP).parsebytes(
+            f"Content-Type: {request.headers.get('content-type', '')}\r\n\r\n".encode()
+            + request.raw)
+        parts = {part.get_param("name", header="content-disposition"): part
+                 for part in form.iter_parts()}
+        if "file" not in parts or "purpose" not in parts:
+            return Reply(status=400, body={"error": {"message": "file and purpose needed"}})
+        purpose = parts["purpose"].get_payload(decode=True).decode()
+        filename = parts["file"].get_param("filename", header="content-disposition") or "file"
+        return Reply(body=self._store(parts["file"].get_payload(decode=True), filename, purpose))
+
+    def _create(self, body: dict[str, Any]) -> Reply:
+        missing = [k for k in ("input_file_id", "endpoint", "completion_window") if k not in body]
+        if missing or body["input_file_id"] not in self.files:
+            return Reply(status=400, body={"error": {"message": f"bad batch: {missing or body}"}})
+        batch_id = f"batch_{len(self.batches) + 1}"
+        self.batches[batch_id] = {
+            "id": batch_id, "object": "batch", "endpoint": body["endpoint"],
+            "input_file_id": body["input_file_id"],
+            "completion_window": body["completion_window"], "status": "validating",
+            "created_at": int(time.time()), "output_file_id": None, "error_file_id": None,
+            "errors": None, "metadata": body.get("metadata"),
+            "request_counts": {"total": 0, "completed": 0, "failed": 0}}
+        self._looks[batch_id] = 0
+        return Reply(body=self.batches[batch_id])
+
+    def _retrieve(self, batch_id: str) -> Reply:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return Reply(status=404, body={"error": {"message": f"no batch {batch_id}"}})
+        self._looks[batch_id] += 1
+        if batch["status"] != "completed":
+            if self.hold.is_set() or self._looks[batch_id] <= self.polls:
+                batch["status"] = "in_progress"
+            else:
+                self._run(batch)
+        return Reply(body=batch)
+
+    def _run(self, batch: dict[str, Any]) -> None:
+        lines = self.files[batch["input_file_id"]]["content"].decode().splitlines()
+        outputs, errors = [], []
+        for number, text in enumerate(lines):
+            line = json.loads(text)
+            custom_id = line["custom_id"]
+            if self.failures.get(custom_id, 0) > 0:
+                self.failures[custom_id] -= 1
+                reply = Reply(status=500, body={"error": {"message": "server error"}})
+            else:
+                reply = self.responder(RecordedRequest(line["url"], {}, line["body"],
+                                                       json.dumps(line["body"]).encode()))
+            entry = {"id": f"batch_req_{batch['id']}_{number}", "custom_id": custom_id,
+                     "response": {"status_code": reply.status,
+                                  "request_id": f"req_{number}", "body": reply.body},
+                     "error": None}
+            (outputs if reply.status == 200 else errors).append(entry)
+            if reply.status == 200:
+                self.answered.append(custom_id)
+
+        def jsonl(entries: list[dict[str, Any]], name: str) -> str | None:
+            if not entries:
+                return None
+            content = "".join(json.dumps(e) + "\n" for e in entries).encode()
+            return self._store(content, name, "batch_output")["id"]
+
+        batch.update(status="completed", output_file_id=jsonl(outputs, "output.jsonl"),
+                     error_file_id=jsonl(errors, "errors.jsonl"),
+                     request_counts={"total": len(lines), "completed": len(outputs),
+                                     "failed": len(errors)})

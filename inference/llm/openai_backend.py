@@ -32,10 +32,14 @@ without it prompts are sent as they are, and a server refuses one over its conte
 own error (vLLM and the embedded server: HTTP 400), reported as the one-line error below.
 
 Requests go through `OpenAITransport` (inference/llm/openai_transport.py): the `openai` SDK's
-async client, at most `max_concurrency` in flight on a private event-loop thread, with the
-SDK's retries (`max_retries`, `backoff_s`); a server that stays down is a
-`BackendUnavailableError`, a request it refuses a `SieveragError` with its own message. A
-retried request is one call: its usage is counted once, from the reply that succeeded. The
+async client, at most `max_concurrency` in flight on a private event-loop thread, paced by
+`rpm`, `tpm` and the server's rate-limit headers, retried (`max_retries`, `backoff_s`, for at
+most `patience_s` seconds); a server that stays down is a `BackendUnavailableError`, a request
+it refuses a `SieveragError` with its own message; `token_field` and a refused `temperature`
+adapt requests to servers that want `max_completion_tokens` (reasoning models). A retried
+request is one call: its usage is counted once, from the reply that succeeded. `chat`
+returns each reply with its usage (`ReplyUsage`: prompt, completion, reasoning and cached
+tokens), for callers that account for every reply (the labelling ledger). The
 key comes from `api_key_env`; with none, no Authorization header is sent (and OPENAI_API_KEY
 is never read: a key meant for OpenAI must not reach another server).
 """
@@ -48,7 +52,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sieverag.inference.core.errors import ConfigError, SieveragError
 from sieverag.inference.core.types import ContextOverflow, Conversation
@@ -69,7 +73,7 @@ from sieverag.inference.llm.context import (
     context_length_field,
     context_overflow_field,
 )
-from sieverag.inference.llm.openai_transport import Endpoint, OpenAITransport
+from sieverag.inference.llm.openai_transport import Endpoint, OpenAITransport, TokenField
 
 _DEFAULT_SETTINGS = GenerationSettings()
 _WORD_MARKERS = "▁Ġ"  # SentencePiece and byte-level BPE spellings of a leading space
@@ -85,9 +89,23 @@ class OpenAIBackendConfig:
         "help": "Environment variable holding the API key, sent as a bearer token."})
     max_concurrency: int = field(default=8, metadata={"help": "Most requests in flight."})
     timeout_s: float = field(default=60.0, metadata={"help": "Seconds to wait for one reply."})
-    max_retries: int = field(default=4, metadata={"help": "Retries after the first attempt."})
+    max_retries: int | None = field(default=4, metadata={
+        "help": "Retries after the first attempt (None: as many as patience_s allows)."})
     backoff_s: float = field(default=0.5, metadata={
-        "help": "First retry delay; doubles on each retry, with jitter. Retry-After wins."})
+        "help": "First retry delay; doubles on each retry (at most 60 s), with jitter. "
+                "Retry-After wins."})
+    patience_s: float = field(default=120.0, metadata={
+        "help": "Seconds a request keeps retrying a failing server (429, 5xx, timeouts, "
+                "dropped connections) before the call fails."})
+    rpm: int | None = field(default=None, metadata={
+        "help": "Requests a minute at most, shared by every request in flight (None: only "
+                "the server's rate-limit headers pace)."})
+    tpm: int | None = field(default=None, metadata={
+        "help": "Tokens a minute at most (prompt estimated, plus the reply allowed), shared "
+                "by every request in flight."})
+    token_field: TokenField = field(default="auto", metadata={
+        "help": "Reply-length field of a chat request: max_tokens, max_completion_tokens, or "
+                "auto (max_tokens until the server refuses it naming max_completion_tokens)."})
     top_logprobs: int = field(default=20, metadata={
         "help": "Top-k log-probs asked for when reading labels (OpenAI allows at most 20)."})
     missing_label_logprob: float | Literal["exact", "topk_min"] = field(default="exact", metadata={
@@ -111,11 +129,18 @@ class OpenAIBackendConfig:
             raise ValueError("api_key_env must name an environment variable or be None, got ''")
         for name, value, least in (("max_concurrency", self.max_concurrency, 1),
                                    ("max_retries", self.max_retries, 0),
-                                   ("top_logprobs", self.top_logprobs, 1)):
+                                   ("top_logprobs", self.top_logprobs, 1),
+                                   ("rpm", self.rpm, 1), ("tpm", self.tpm, 1)):
+            if value is None and name in ("max_retries", "rpm", "tpm"):
+                continue
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        for name, value in (("timeout_s", self.timeout_s), ("patience_s", self.patience_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if self.token_field not in get_args(TokenField):
+            raise ValueError(f"token_field must be one of {get_args(TokenField)}, got "
+                             f"{self.token_field!r}")
         if not self.backoff_s >= 0:
             raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
         floor = self.missing_label_logprob
@@ -130,6 +155,41 @@ class OpenAIBackendConfig:
                                error=ValueError)
 
 
+@dataclass(frozen=True)
+class ReplyUsage:
+    """The tokens one reply counted: `completion_tokens` include the `reasoning_tokens` (as
+    OpenAI counts and bills them), `prompt_tokens` the `cached_tokens` (read from the
+    server's prompt cache, billed at its own price)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, reply: Any) -> ReplyUsage:
+        """The usage an OpenAI-format reply reports (zeros where it reports none)."""
+        usage = reply.get("usage") if isinstance(reply, dict) else None
+        if not isinstance(usage, dict):
+            return cls()
+
+        def count(part: Any, name: str) -> int:
+            value = part.get(name) if isinstance(part, dict) else None
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        return cls(count(usage, "prompt_tokens"), count(usage, "completion_tokens"),
+                   count(usage.get("completion_tokens_details"), "reasoning_tokens"),
+                   count(usage.get("prompt_tokens_details"), "cached_tokens"))
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One chat reply's text (stop strings cut off) and its usage."""
+
+    text: str
+    usage: ReplyUsage
+
+
 class OpenAIBackend:
     """An `LLMBackend` served by an OpenAI-compatible HTTP server."""
 
@@ -139,7 +199,9 @@ class OpenAIBackend:
         self._transport = OpenAITransport(
             base_url=config.base_url, model=config.model, key=server_key(config.api_key_env),
             max_concurrency=config.max_concurrency, timeout_s=config.timeout_s,
-            max_retries=config.max_retries, backoff_s=config.backoff_s)
+            max_retries=config.max_retries, backoff_s=config.backoff_s,
+            patience_s=config.patience_s, rpm=config.rpm, tpm=config.tpm,
+            token_field=config.token_field)
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._guard: ContextGuard | None = None
@@ -157,13 +219,32 @@ class OpenAIBackend:
         agent: str = "generator",
     ) -> list[str]:
         """One reply per conversation, in order, with stop strings cut off."""
+        return [reply.text for reply in self.chat(prompts, settings, agent=agent)]
+
+    @metered
+    def chat(
+        self,
+        prompts: Sequence[Conversation],
+        settings: GenerationSettings = _DEFAULT_SETTINGS,
+        *,
+        agent: str = "generator",
+    ) -> list[ChatReply]:
+        """`generate`, each reply with its own usage."""
         prompts, dropped = self._fit(prompts, settings.max_new_tokens, agent=agent)
-        payloads = [self._chat_payload(prompt, max_tokens=settings.max_new_tokens,
-                                       temperature=settings.temperature, stop=settings.stop)
-                    for prompt in prompts]
+        payloads = [self.chat_request(prompt, settings) for prompt in prompts]
         replies = self._post_all("chat/completions", payloads, agent, dropped)
-        return [cut_at_stop(self._dig(reply, "choices", 0, "message").get("content") or "",
-                             settings.stop) for reply in replies]
+        return [ChatReply(cut_at_stop(self._dig(reply, "choices", 0, "message").get("content")
+                                      or "", settings.stop), ReplyUsage.of(reply))
+                for reply in replies]
+
+    @property
+    def adaptations(self) -> list[str]:
+        """What the requests learned to leave out or rename for this server, in order."""
+        return self._transport.adaptations
+
+    def waiting(self) -> str | None:
+        """What holds the requests back now ("rate limited: resuming in 42 s"), or None."""
+        return self._transport.waiting()
 
     @metered
     def label_logprobs(
@@ -300,6 +381,15 @@ class OpenAIBackend:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def chat_request(self, prompt: Conversation,
+                     settings: GenerationSettings = _DEFAULT_SETTINGS) -> dict[str, Any]:
+        """The /chat/completions body `chat` sends for `prompt`, as this server wants it
+        (`token_field`, and what its refusals taught so far), for callers that send it another
+        way: a Batch API line."""
+        return self._transport.adapted("chat/completions", self._chat_payload(
+            prompt, max_tokens=settings.max_new_tokens, temperature=settings.temperature,
+            stop=settings.stop))
 
     def _chat_payload(self, prompt: Conversation, *, stop: Sequence[str] = (),
                       **options: Any) -> dict[str, Any]:

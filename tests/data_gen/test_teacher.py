@@ -127,22 +127,28 @@ def test_transient_failures_are_retried_and_the_label_counted_once(tmp_path: Pat
         teacher.close()
     assert verdict.status == "valid" and verdict.attempts == 1
     assert len(server.requests) == 2
-    # The retry is the openai SDK's, inside one call: one label, one call's usage, one line.
+    # The retry is inside one call: one label, one call's usage, one reply and one verdict.
     stats = teacher.stats
     assert (stats.asked, stats.valid, stats.corrections) == (1, 1, 0)
     assert (stats.usage.calls, stats.usage.prompt_tokens) == (1, 100)
-    assert len((tmp_path / "cache.jsonl").read_text().splitlines()) == 1
+    lines = [json.loads(line) for line in (tmp_path / "cache.jsonl").read_text().splitlines()]
+    assert sorted("verdict" if "verdict" in line else "reply" for line in lines) \
+        == ["reply", "verdict"]
 
 
-def test_a_reply_that_is_not_json_stops_the_run_at_once(tmp_path: Path) -> None:
+def test_a_reply_cut_short_is_retried_and_a_page_that_is_not_json_stops_the_run(
+        tmp_path: Path) -> None:
     with FakeOpenAIServer(verdict_reply) as server:
         server.script(Reply(body="{broken json"))
         teacher = client(server, tmp_path)
+        assert teacher.label([REQUEST])[0].status == "valid"
+        assert len(server.requests) == 2
+        server.script(Reply(body="<html>login</html>", headers={"Content-Type": "text/html"}))
         with pytest.raises(BackendUnavailableError, match="not valid JSON"):
-            teacher.label([REQUEST])
+            teacher.label([TeacherRequest("Who?", ("One.",))])
         teacher.close()
-        assert len(server.requests) == 1
-    assert len(TeacherCache(tmp_path / "cache.jsonl")) == 0
+        assert len(server.requests) == 3
+    assert len(TeacherCache(tmp_path / "cache.jsonl")) == 1
 
 
 def test_exhausted_retries_stop_the_run_and_keep_finished_replies(tmp_path: Path) -> None:

@@ -61,15 +61,15 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def backoff_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The waits the SDK's client takes between attempts, in order."""
+    """The waits the transport takes between attempts, in order."""
     waits: list[float] = []
-    calculate = openai_transport.SieveragOpenAI._calculate_retry_timeout
+    delay = openai_transport.OpenAITransport._delay
 
-    def recorded(client: Any, *args: Any, **kwargs: Any) -> float:
-        waits.append(calculate(client, *args, **kwargs))
+    def recorded(transport: Any, *args: Any, **kwargs: Any) -> float:
+        waits.append(delay(transport, *args, **kwargs))
         return waits[-1]
 
-    monkeypatch.setattr(openai_transport.SieveragOpenAI, "_calculate_retry_timeout", recorded)
+    monkeypatch.setattr(openai_transport.OpenAITransport, "_delay", recorded)
     return waits
 
 
@@ -355,19 +355,21 @@ def test_timeout_is_retried(server: FakeOpenAIServer, make_backend: BackendFacto
     assert len(server.requests) == 2
 
 
-def test_a_reply_that_is_not_json_is_reported_at_once(
+def test_a_reply_cut_short_is_retried_and_a_page_that_is_not_json_is_reported_at_once(
     server: FakeOpenAIServer, make_backend: BackendFactory
 ) -> None:
-    """The SDK parses a reply once it has it: a body that is not JSON is not retried."""
+    """JSON that does not parse is a fault on the way (sent again); a body that is not JSON at
+    all (an HTML page) means base_url is not the API: reported at once, not retried."""
     server.script(Reply(body='{"choices": ['),
                   Reply(body="<html>maintenance</html>", headers={"Content-Type": "text/html"}))
     backend = make_backend(max_retries=2)
-    with pytest.raises(BackendUnavailableError, match="not valid JSON") as error:
+    with pytest.raises(BackendUnavailableError, match="not valid JSON.*maintenance") as error:
         backend.generate([ask("q")])
     assert server.base_url in str(error.value)
-    with pytest.raises(BackendUnavailableError, match="not valid JSON.*maintenance"):
-        backend.generate([ask("q")])
     assert len(server.requests) == 2
+    server.script(Reply(body='{"choices": ['))
+    assert backend.generate([ask("q")]) == ["echo: q"]
+    assert len(server.requests) == 4
 
 
 def test_a_retried_request_is_one_call_counted_once(
