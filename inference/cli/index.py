@@ -22,6 +22,7 @@ from sieverag.inference.core.io_utils import cache_root, write_json_atomic
 from sieverag.inference.core.settings import FileList, at_least, narrow, settings
 from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
+from sieverag.inference.retrieval.backend import DEFAULT_COLLECTION, BackendKind, read_secret
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
 from sieverag.inference.retrieval.chunking import ChunkingConfig, ChunkStrategy
@@ -57,7 +58,19 @@ class IndexBuildCommand:
     corpus: FileList = field(metadata={
         "help": "corpus file(s), comma-separated: jsonl {id, title?, text}, the nutrition "
                 "pages, SQuAD json/zip or HotpotQA jsonl (each file's format detected)"})
-    out: str = field(metadata={"help": "index folder to write"})
+    out: str | None = field(default=None, metadata={
+        "help": "index folder to write (--backend sieverag)"})
+    backend: BackendKind = field(default="sieverag", metadata={
+        "help": "sieverag: an index folder (--out); milvus: a Milvus collection holding the "
+                "chunks, their dense vectors and Milvus's BM25 index (--uri)"})
+    uri: str | None = field(default=None, metadata={
+        "help": "--backend milvus: a cluster's URI (http://host:19530) or a Milvus Lite file "
+                "(a path ending in .db)"})
+    collection: str = field(default=DEFAULT_COLLECTION, metadata={
+        "help": "--backend milvus: the collection to fill"})
+    token_env: str | None = field(default=None, metadata={
+        "help": "--backend milvus: environment variable holding Milvus's token "
+                "(user:password)"})
     retrievers: tuple[Retriever, ...] = field(default=RETRIEVERS, metadata={
         "help": "indexes to build: bm25, dense or both (comma list)"})
     corpus_format: CorpusFormat = field(default="auto", metadata={
@@ -72,6 +85,13 @@ class IndexBuildCommand:
     def __post_init__(self) -> None:
         if not self.retrievers:
             raise ConfigError(f"retrievers must name at least one of {', '.join(RETRIEVERS)}")
+        if self.backend == "milvus":
+            if self.uri is None or self.out is not None:
+                raise ConfigError("--backend milvus writes to a Milvus collection: give --uri "
+                                  "(and --collection), not --out")
+        elif self.out is None or self.uri is not None:
+            raise ConfigError("--out names the index folder to write (--uri is for --backend "
+                              "milvus)")
 
     def index_config(self) -> IndexConfig:
         return IndexConfig(chunking=self.chunking,
@@ -178,6 +198,17 @@ def benchmark_file(corpus: str, data: str | None) -> Path:
 
 
 def run_index_build(command: IndexBuildCommand) -> int:
+    if command.backend == "milvus":
+        from sieverag.inference.retrieval.milvus import build_collection
+
+        collection = build_collection(command.corpus, command.uri or "", command.index_config(),
+                                      collection=command.collection,
+                                      overwrite=command.overwrite,
+                                      token=read_secret(command.token_env, "--token-env"))
+        print(f"loaded {collection.source_count} documents as {collection.chunk_count} chunks "
+              f"into Milvus collection {command.collection!r} at {command.uri}; search it with "
+              f"--retrieval.backend milvus --retrieval.uri {command.uri}")
+        return 0
     index = build_index(command.corpus, command.out, command.index_config(),
                         overwrite=command.overwrite)
     manifest = index.manifest

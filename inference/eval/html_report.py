@@ -175,6 +175,10 @@ def index_chunks(run: RunFolder, wanted: set[str]) -> dict[str, tuple[str, str]]
     """The texts of the wanted chunk ids from the run's index (`retrieval.index`), if any."""
     retrieval = run.config.get("retrieval") or {}
     folder = retrieval.get("index") if isinstance(retrieval, dict) else None
+    if not folder and wanted and retrieval:
+        run.notes.append("the run searched a served index or Milvus (retrieval.endpoint or "
+                         "retrieval.uri), whose chunk texts this report does not fetch: its "
+                         "passages show their ids and scores only")
     if not folder or not wanted:
         return {}
     from sieverag.inference.retrieval.index import CHUNKS_FILE

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sieverag.inference.retrieval.config import SearchConfig
     from sieverag.inference.retrieval.rerank import Reranker
 
-BackendKind = Literal["sieverag"]
+BackendKind = Literal["sieverag", "milvus"]
 BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)
 DEFAULT_COLLECTION = "sieverag"
 DEFAULT_TIMEOUT_S = 60.0
@@ -168,6 +168,13 @@ def open_backend(source: IndexSource, search_config: SearchConfig | None = None,
     """Open the index `source` names, searching as `search_config` says (a served index
     must fuse as it does: the client checks). Fails at once, naming the source, when the
     index cannot be reached."""
+    if source.backend == "milvus":
+        from sieverag.inference.retrieval.milvus import MilvusIndex
+
+        return MilvusIndex.connect(source.uri or "", source.collection,
+                                   search_config=search_config,
+                                   token=read_secret(source.api_key_env),
+                                   timeout=source.timeout)
     if source.endpoint is not None:
         from sieverag.inference.retrieval.remote import RemoteIndex
 
