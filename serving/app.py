@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from sieverag.serving.api import health, models
+from sieverag.serving.api import health, metrics, models
 from sieverag.serving.api.chat.router import router as chat_router
 from sieverag.serving.api.chat.serving import Chat
 from sieverag.serving.api.completions.router import router as completions_router
@@ -25,7 +25,9 @@ from sieverag.serving.api.error_handlers import add_error_handlers
 from sieverag.serving.api.health import Health
 from sieverag.serving.api.middleware.auth import BearerAuth
 from sieverag.serving.api.middleware.body_limit import BodySizeLimit
+from sieverag.serving.api.middleware.concurrency import Admission, AdmissionState
 from sieverag.serving.api.middleware.disconnect import CancelOnDisconnect
+from sieverag.serving.api.middleware.metrics import RequestMetrics
 from sieverag.serving.api.models import ModelListing
 from sieverag.serving.api.rerank.router import router as rerank_router
 from sieverag.serving.api.rerank.serving import Reranker
@@ -40,11 +42,18 @@ from sieverag.serving.proxy.upstream import UpstreamClient
 
 def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None,
                proxy: ProxyTarget | None = None,
-               cards: Mapping[str, Mapping[str, Any]] | None = None) -> FastAPI:
+               cards: Mapping[str, Mapping[str, Any]] | None = None,
+               metrics_route: bool = True) -> FastAPI:
     """The FastAPI app serving `engine` (which the caller starts and closes), within the
     request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy.
-    `cards`: each served adapter's filter card, by served name (`ServingContext`)."""
+    `cards`: each served adapter's filter card, by served name (`ServingContext`).
+    `app.state.metrics` holds its metrics (served at GET /metrics with `metrics_route`) and
+    `app.state.admission` its concurrency limit and drain."""
     context = ServingContext(engine, options, dict(cards or {}))
+    admission = AdmissionState(options.max_concurrent_requests)
+    context.metrics.watch_engine(engine.metrics, engine.queue_depth)
+    context.metrics.watch_admission(lambda: admission.in_flight, admission.limit,
+                                    lambda: admission.draining)
     upstream = UpstreamClient(proxy.upstream) if proxy is not None else None
 
     @contextlib.asynccontextmanager
@@ -60,12 +69,16 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
 
     app = FastAPI(title="sieverag embedded server", docs_url=None, redoc_url=None,
                   openapi_url=None, lifespan=lifespan)
-    app.state.health = Health(engine)
+    app.state.metrics = context.metrics
+    app.state.admission = admission
+    app.state.health = Health(engine, admission)
     app.state.models = ModelListing(context)
     app.state.completions = Completions(context)
     app.state.reranker = Reranker(context)
     app.state.scorer = Scorer(context)
     app.include_router(health.router)
+    if metrics_route:
+        app.include_router(metrics.router)
     app.include_router(models.router)
     app.include_router(completions_router)
     app.include_router(rerank_router)
@@ -79,7 +92,10 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
 
     app.add_middleware(CancelOnDisconnect)  # innermost: it watches once the body is read
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
-    if api_key is not None:  # added last, so it runs first: a client without the key gets 401
+    app.add_middleware(Admission, state=admission)  # 429 past the limit, 503 while draining
+    if api_key is not None:  # added after, so it runs before: a client without the key gets 401
         app.add_middleware(BearerAuth, api_key=api_key)
+    # Outermost: every request is counted, those the middleware above refuse too.
+    app.add_middleware(RequestMetrics, metrics=context.metrics, router=app.router)
     add_error_handlers(app)
     return app

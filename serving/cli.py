@@ -20,6 +20,7 @@ from sieverag.serving.config import (
     LocalServerConfig,
     ProxyOptions,
     ServedModelConfig,
+    ServiceOptions,
     VLLMLaunchConfig,
     VLLMOptions,
 )
@@ -35,7 +36,7 @@ ENGINE_CONFIGS: dict[str, tuple[type, type]] = {
 
 
 @settings
-class ServeCommand(ProxyOptions, ServedModelConfig):
+class ServeCommand(ServiceOptions, ProxyOptions, ServedModelConfig):
     """Serve a base model and LoRA adapters (each selected by its name in the request's
     `model` field) over an OpenAI-compatible API: the embedded server (transformers + PEFT,
     CPU or GPU) or vLLM as a managed subprocess (its CPU or GPU build). With --proxy-to, the
@@ -52,6 +53,7 @@ class ServeCommand(ProxyOptions, ServedModelConfig):
     def __post_init__(self) -> None:
         ServedModelConfig.__post_init__(self)
         ProxyOptions.__post_init__(self)
+        ServiceOptions.__post_init__(self)
 
 
 def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig:
@@ -66,10 +68,15 @@ def engine_config(command: ServeCommand) -> LocalServerConfig | VLLMLaunchConfig
     served = dataclasses.asdict(narrow(command, ServedModelConfig))
     if command.engine == "local":
         return config_cls(**served, **dataclasses.asdict(options),
-                          **dataclasses.asdict(narrow(command, ProxyOptions)))
+                          **dataclasses.asdict(narrow(command, ProxyOptions)),
+                          **dataclasses.asdict(narrow(command, ServiceOptions)))
     if command.proxy_to is not None:
         raise ConfigError("--proxy-to needs --engine local: the proxy filters on the embedded "
                           "server (point it at vLLM as the upstream instead)")
+    if narrow(command, ServiceOptions) != ServiceOptions():
+        raise ConfigError("--drain-timeout-s and --metrics-port apply to --engine local: vLLM "
+                          "serves its own /metrics on its port, and --vllm.stop-timeout-s "
+                          "bounds its stop")
     return config_cls(**served, **dataclasses.asdict(options))
 
 

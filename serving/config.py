@@ -83,6 +83,9 @@ class LocalOptions:
     device: Device = field(default="auto", metadata={"help": "auto: cuda when available"})
     log_level: LogLevel = field(default="info", metadata={"help": "server log level"})
     access_log: bool = field(default=True, metadata={"help": "log one line per request"})
+    max_concurrent_requests: int = field(default=512, metadata={
+        "help": "most requests served at once (TEI's default); one more is answered 429 with "
+                "Retry-After at once, not queued; a stream holds its place while it lasts"})
     max_request_bytes: int = field(default=8 * 1024 * 1024, metadata={
         "help": "largest request body in bytes (default 8 MiB); a larger one gets 413, refused "
                 "by its Content-Length before it is read, or once a chunked body passes it"})
@@ -111,6 +114,7 @@ class LocalOptions:
 
     def __post_init__(self) -> None:
         at_least(1, max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
+                 max_concurrent_requests=self.max_concurrent_requests,
                  max_request_bytes=self.max_request_bytes,
                  max_prompts_per_request=self.max_prompts_per_request,
                  default_chat_max_tokens=self.default_chat_max_tokens,
@@ -118,6 +122,27 @@ class LocalOptions:
                  max_request_tokens=self.max_request_tokens)
         if not self.batch_window_ms >= 0:  # NaN too
             raise ConfigError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
+
+
+@settings
+class ServiceOptions:
+    """How the embedded server is operated: its drain on SIGTERM and where its Prometheus
+    metrics are served."""
+
+    drain_timeout_s: float = field(default=30.0, metadata={
+        "help": "on SIGTERM the server drains: new requests get 503 and /health turns "
+                "unhealthy while the requests in flight finish, for at most this many seconds "
+                "(those still running then are cancelled); then it exits 0"})
+    metrics_port: int | None = field(default=None, metadata={
+        "help": "serve the Prometheus metrics on this port of --host (no API key there) "
+                "instead of at GET /metrics on the server's own port (under --api-key-env)"})
+
+    def __post_init__(self) -> None:
+        if not self.drain_timeout_s >= 0:  # NaN too
+            raise ConfigError(f"drain_timeout_s must be >= 0 seconds, got "
+                              f"{self.drain_timeout_s}")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
 
 
 @settings
@@ -254,13 +279,16 @@ class VLLMOptions:
 
 
 @settings
-class LocalServerConfig(ProxyOptions, LocalOptions, ServedModelConfig):
+class LocalServerConfig(ServiceOptions, ProxyOptions, LocalOptions, ServedModelConfig):
     """What the embedded server serves and how; validated on construction."""
 
     def __post_init__(self) -> None:
         ServedModelConfig.__post_init__(self)
         LocalOptions.__post_init__(self)
         ProxyOptions.__post_init__(self)
+        ServiceOptions.__post_init__(self)
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ConfigError(f"metrics_port must differ from port, both {self.port}")
 
 
 @settings

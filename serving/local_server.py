@@ -3,10 +3,12 @@
     with LocalServer(LocalServerConfig(model="smollm2-135m-instruct", port=0)) as server:
         ...  # an OpenAI client pointed at server.base_url
 
-`run()` serves in the foreground until SIGINT/SIGTERM; `start()`/`stop()` (or a `with` block)
-serve from a background thread, for tests and notebooks. With `proxy_to`, the chat endpoint
-is the filtering proxy (`proxy`), filtering with the adapter `proxy_filter` names (default:
-the only adapter given, or the shipped filter when none is).
+`run()` serves in the foreground until SIGINT or SIGTERM; on SIGTERM it drains first
+(`DrainingServer`: new requests get 503 and /health turns unhealthy while the requests in
+flight finish, for at most `drain_timeout_s`). `start()`/`stop()` (or a `with` block) serve
+from a background thread, for tests and notebooks; `drain()` drains such a server. With
+`proxy_to`, the chat endpoint is the filtering proxy (`proxy`), filtering with the adapter
+`proxy_filter` names (default: the only adapter given, or the shipped filter when none is).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import uvicorn
+from prometheus_client import start_http_server
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.core.errors import ConfigError
@@ -29,6 +33,7 @@ from sieverag.inference.filters.combination import card_combination, ranking_sta
 from sieverag.inference.llm.models import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
+from sieverag.serving.api.middleware.concurrency import AdmissionState
 from sieverag.serving.app import create_app
 from sieverag.serving.config import LocalServerConfig, client_base_url
 from sieverag.serving.engine.batching import BatchingEngine
@@ -41,6 +46,54 @@ from sieverag.serving.proxy.upstream import Upstream
 logger = logging.getLogger(__name__)
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Seconds the requests still in flight when a drain times out get before they are cancelled.
+_PAST_DRAIN_S = 1.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that drains on SIGTERM (`drain`): it admits no new request (503,
+    /health unhealthy) and stops once the requests in flight are answered, or once
+    `drain_timeout_s` have passed (those left are cancelled). SIGINT, or a second SIGTERM,
+    stops it at once, as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, admission: AdmissionState,
+                 drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.admission = admission
+        self.drain_timeout_s = drain_timeout_s
+        self._drain_deadline: float | None = None
+
+    def drain(self) -> None:
+        """Admit nothing more; stop once the requests in flight are answered."""
+        if self._drain_deadline is not None:
+            return
+        self.admission.drain()
+        self._drain_deadline = time.monotonic() + self.drain_timeout_s
+        logger.info("draining: new requests get 503; %d request(s) in flight get up to %g s "
+                    "to finish", self.admission.in_flight, self.drain_timeout_s)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.should_exit and self._drain_deadline is None:
+            self._captured_signals.append(sig)  # uvicorn raises it again once stopped
+            self.drain()
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self._drain_deadline is None:
+            return False
+        if self.admission.in_flight == 0:
+            logger.info("drained: every request in flight was answered")
+            return True
+        if time.monotonic() >= self._drain_deadline:
+            logger.warning("drain timeout (%g s, --drain-timeout-s): %d request(s) still in "
+                           "flight are cancelled", self.drain_timeout_s,
+                           self.admission.in_flight)
+            self.config.timeout_graceful_shutdown = _PAST_DRAIN_S
+            return True
+        return False
 
 
 class LocalServer:
@@ -65,8 +118,9 @@ class LocalServer:
                                      batch_window_s=config.batch_window_ms / 1000,
                                      max_batch_tokens=config.max_batch_tokens)
         self.port = config.port
-        self._server: uvicorn.Server | None = None
+        self._server: DrainingServer | None = None
         self._thread: threading.Thread | None = None
+        self._metrics_server: Any = None  # the --metrics-port HTTP server, while it serves
 
     def _proxy_target(self, adapters: tuple[Adapter, ...]) -> ProxyTarget | None:
         """Where --proxy-to forwards and the served adapter that filters; None without it."""
@@ -95,8 +149,10 @@ class LocalServer:
         return client_base_url(self.config.host, self.port)
 
     def run(self) -> None:
-        """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly."""
+        """Serve in the foreground until SIGINT or SIGTERM (which drains first), then shut
+        down cleanly."""
         server, sock = self._prepare(log_config=LOGGING_CONFIG)
+        self._server = server
         freeze_loaded_objects()
         self.engine.start()
         # uvicorn re-raises the signal that stopped it once it is done; these handlers
@@ -109,8 +165,10 @@ class LocalServer:
         finally:
             for sig, handler in stops.items():
                 signal.signal(sig, handler)
+            self._stop_metrics_server()
             self.engine.close()
             sock.close()
+            self._server = None
 
     def start(self, timeout_s: float = 30.0) -> LocalServer:
         """Serve from a background thread; returns once the server accepts connections."""
@@ -130,12 +188,20 @@ class LocalServer:
         self._announce()
         return self
 
+    def drain(self) -> None:
+        """Drain the server started with `start()`, as SIGTERM drains `run()`'s: new
+        requests get 503 and /health 503; it stops serving once the requests in flight are
+        answered (or `drain_timeout_s` passed). `stop()` then releases the rest."""
+        if self._server is not None:
+            self._server.drain()
+
     def stop(self) -> None:
         """Stop serving (finishing requests in flight) and release the model's worker."""
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join()
             self._server = self._thread = None
+        self._stop_metrics_server()
         self.engine.close()
 
     def __enter__(self) -> LocalServer:
@@ -147,12 +213,28 @@ class LocalServer:
     def _prepare(self, log_config: dict | None) -> tuple[uvicorn.Server, socket.socket]:
         sock = listening_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
+        metrics_port = self.config.metrics_port
         app = create_app(self.engine, self.config, api_key=self._api_key, proxy=self.proxy,
-                         cards=self.cards)
+                         cards=self.cards, metrics_route=metrics_port is None)
+        if metrics_port is not None:
+            try:
+                self._metrics_server, _ = start_http_server(
+                    metrics_port, addr=self.config.host, registry=app.state.metrics.registry)
+            except OSError as exc:
+                sock.close()
+                raise ServerStartError(f"cannot serve metrics on {self.config.host}:"
+                                       f"{metrics_port}: {exc.strerror or exc}; pick another "
+                                       "--metrics-port") from exc
         config = uvicorn.Config(app, log_level=self.config.log_level,
                                 access_log=self.config.access_log, log_config=log_config,
-                                timeout_graceful_shutdown=30)
-        return uvicorn.Server(config), sock
+                                timeout_graceful_shutdown=self.config.drain_timeout_s)
+        return DrainingServer(config, app.state.admission, self.config.drain_timeout_s), sock
+
+    def _stop_metrics_server(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
 
     def _announce(self) -> None:
         names = ", ".join(self.engine.served.names)
@@ -165,6 +247,9 @@ class LocalServer:
             # Unfitted (the filter alone, or retrieval alone without a card) is warned of.
             logger.log(logging.INFO if fitted else logging.WARNING,
                        "/v1/rerank, /v1/score and the proxy for %s: %s", name, statement)
+        if self.config.metrics_port is not None:
+            logger.info("Prometheus metrics at http://%s:%d/metrics (no API key)",
+                        self.config.host, self.config.metrics_port)
         if self.config.host not in _LOOPBACK and not self._api_key:
             logger.warning("listening on %s without an API key: anyone who can reach it can use "
                            "the model; set --api-key-env", self.config.host)

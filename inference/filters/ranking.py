@@ -25,10 +25,10 @@ sentence of the whole document; a blank one scores 0 and is not kept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sieverag.inference.core.types import Document, RerankResult, SentenceSpan
-from sieverag.inference.filters.base import ScoredDocument
+from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import p_relevant
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
@@ -44,13 +44,17 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 
 def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
                    documents: Sequence[Document], combination: Combination | None = None, *,
-                   spans: bool = True) -> list[RerankResult]:
+                   spans: bool = True,
+                   observe: Callable[[FilterResult], object] | None = None
+                   ) -> list[RerankResult]:
     """Every document (`as_documents` of the request's texts) in request order, scored and
     judged by MCF under `config` with the filter's `combination` (None: `PRIORS_ONLY`), and
     under `config.sentence_stage` with its key sentences, its pruned text and (`spans`) its
-    sentence spans."""
+    sentence spans. `observe`, when given, is handed MCF's result (the server counts it)."""
     mcf = MultiGranularFilter(backend, config, combination)
     result = mcf.select(query, documents)
+    if observe is not None:
+        observe(result)
     bar_rule = f"{result.rule}: {result.rule_reason}" if result.rule else None
     ranked = []
     for document, judged in zip(documents, result.scored, strict=True):

@@ -10,5 +10,6 @@ field: honoured, ignored, refused, or named in the `x-sieverag-ignored` header),
 (prompt sizes and counts, checked before the work they bound), `openai_format` and
 `streaming` (engine results as OpenAI bodies and server-sent events), `bodies` (how a body
 is sent), `errors` and `error_handlers` (every refusal as OpenAI's error body), `middleware/`
-(key, body size, disconnects).
+(key, body size, disconnects, the concurrency limit and drain, request metrics), `metrics`
+(GET /metrics).
 """

@@ -27,6 +27,7 @@ from sieverag.serving.config import LocalOptions
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 from sieverag.serving.engine.tokens import max_token_chars
+from sieverag.serving.observability.metrics import ServerMetrics
 
 
 @dataclass
@@ -34,12 +35,14 @@ class ServingContext:
     """The engine (which the caller starts and closes) and the rules its endpoints serve by.
     `cards`: each served adapter's filter card (`sieverag_adapter.json`), by served name (an
     adapter without one: absent); `combinations` (derived): the combination each card holds
-    (`card_combination`), which the rerank and score endpoints and the proxy rank with."""
+    (`card_combination`), which the rerank and score endpoints and the proxy rank with;
+    `metrics`: the app's metrics, in which the endpoints count what their work did."""
 
     engine: BatchingEngine
     options: LocalOptions
     cards: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
 
     def __post_init__(self) -> None:
         self.combinations: dict[str, Combination] = {

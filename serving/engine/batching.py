@@ -63,6 +63,7 @@ from sieverag.serving.engine.sequence_types import (
     TokenLogprob,
 )
 from sieverag.serving.engine.served_model import ServedModel
+from sieverag.serving.observability.metrics import EngineMetrics, QueueDepth
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class _Sequence:
     marked_label_logprobs: list[tuple[float, ...]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     text: str | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None  # when its prefill pass started; None: waiting
 
 
 class BatchingEngine:
@@ -117,6 +120,7 @@ class BatchingEngine:
         self.max_batch_tokens = max_batch_tokens or (
             PREFILL_TOKEN_BUDGET if served.device.type == "cuda" else CPU_PREFILL_TOKEN_BUDGET)
         self.stats = EngineStats()
+        self.metrics = EngineMetrics()
         self._queue: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
         self._waiting: OwnerTurns[_Sequence] = OwnerTurns()  # not started, by owner
         self._running: dict[str, RunningBatch[_Sequence]] = {}
@@ -158,6 +162,15 @@ class BatchingEngine:
         cancelled one counts until the worker drops it (before its next forward pass)."""
         with self._lock:
             return len(self._held)
+
+    def queue_depth(self) -> QueueDepth:
+        """Sequences waiting to be prefilled (with their prompt tokens) and running now; safe
+        from any thread."""
+        with self._lock:
+            held = list(self._held)
+        waiting = [s for s in held if s.started_at is None]
+        return QueueDepth(len(waiting), sum(len(s.request.prompt_ids) for s in waiting),
+                          len(held) - len(waiting))
 
     def close(self) -> None:
         """Stop the worker; requests not yet finished fail with `EngineClosedError`."""
@@ -323,6 +336,11 @@ class BatchingEngine:
         requests' sequences queued meanwhile are prefilled first (`yielding`: `_serve_others`),
         so a short request waits for one slice of a long prompt, not for all of it."""
         self.stats.prefill_batch_sizes[len(chunk)] += 1
+        self.metrics.batch_size.labels("prefill").observe(len(chunk))
+        started = time.monotonic()
+        for sequence in chunk:
+            sequence.started_at = started
+            self.metrics.queue_time.observe(started - sequence.submitted_at)
         prompts = [s.request.prompt_ids for s in chunk]
         width = max(map(len, prompts))
         inputs = kv.left_pad(prompts, self.served.tokenizer.pad_token_id or 0,
@@ -365,6 +383,7 @@ class BatchingEngine:
         except _Abandoned:
             self._keep_wanted(chunk)  # every client left: let them all go
             return
+        self.metrics.prompt_tokens.inc(sum(map(len, prompts)))
         for row, sequence in enumerate(chunk):
             sequence.position = len(prompts[row])
             if row in entries:
@@ -420,6 +439,7 @@ class BatchingEngine:
             return
         batch.keep(wanted)
         self.stats.decode_batch_sizes[len(batch)] += 1
+        self.metrics.batch_size.labels("decode").observe(len(batch))
         device = self.served.device
         ids = torch.tensor([[s.tokens[-1]] for s in batch.rows], device=device)
         positions = torch.tensor([[s.position] for s in batch.rows], device=device)
@@ -466,6 +486,7 @@ class BatchingEngine:
                 entry = TokenLogprob(chosen[index], chosen_logprobs[index], top[index][:k])
                 sequence.tokens.append(chosen[index])
                 sequence.logprobs.append(entry)
+                self.metrics.generation_tokens.inc()
                 self._check_finished(sequence)
                 if sequence.listener is not None:
                     sequence.listener(TokenEvent(entry, sequence.finish_reason is not None,
@@ -500,6 +521,8 @@ class BatchingEngine:
         result = SequenceResult(tuple(sequence.tokens), sequence.text, sequence.finish_reason,
                                 tuple(sequence.logprobs), sequence.prompt_logprobs,
                                 sequence.label_logprobs, tuple(sequence.marked_label_logprobs))
+        if sequence.started_at is not None:
+            self.metrics.inference_time.observe(time.monotonic() - sequence.started_at)
         self._let_go([sequence])  # first: a client that has its answer finds nothing in flight
         try:
             sequence.future.set_result(result)

@@ -142,7 +142,11 @@ class ChatProxy:
             result = MultiGranularFilter(backend, rules, combination).select(
                 marked.question, judged)
             kept = kept_passages(marked.passages, result)
-            saved = self._block_tokens(marked.passages) - self._block_tokens(kept)
+            unfiltered, forwarded = (self._block_tokens(marked.passages),
+                                     self._block_tokens(kept))
+            context.metrics.record_filter("proxy", judged, result)
+            context.metrics.record_proxy(unfiltered, forwarded)
+            saved = unfiltered - forwarded
             kept_indices = [int(p.document.id) for p in kept]
             info = {"kept": kept_indices,
                     "dropped": sorted(set(range(len(judged))) - set(kept_indices)),

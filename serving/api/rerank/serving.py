@@ -101,8 +101,10 @@ class Reranker(Endpoint):
 
         def ranked_on(backend: EngineBackend, documents: list[Document]
                       ) -> list[RerankResult]:
-            ranked = rank_by_filter(backend, rules, question, documents, combination,
-                                    spans=query.wants_spans())
+            ranked = rank_by_filter(
+                backend, rules, question, documents, combination, spans=query.wants_spans(),
+                observe=lambda result: context.metrics.record_filter("rerank", documents,
+                                                                     result))
             if cut_rule is None:
                 return ranked
             # A document cut at its start: its spans counted from the text as sent.

@@ -59,7 +59,9 @@ class Scorer(Endpoint):
         async def rank(query: str, prepared: PreparedRound
                        ) -> tuple[list[RerankResult], Usage]:
             ranked = await run_prepared(prepared, lambda backend, documents: rank_by_filter(
-                backend, rules, query, documents, combination, spans=False))
+                backend, rules, query, documents, combination, spans=False,
+                observe=lambda result: context.metrics.record_filter("score", documents,
+                                                                     result)))
             usage = prepared.backend.meter.by_agent.values()
             return ranked, Usage.of(sum(u.prompt_tokens for u in usage),
                                     sum(u.completion_tokens for u in usage))
