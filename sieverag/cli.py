@@ -59,6 +59,9 @@ COMMANDS: dict[str, Command] = {
                             "chunk a corpus and index it (BM25 and/or dense)"),
     "index search": _command(_RETRIEVAL, "IndexSearchCommand", "run_index_search",
                              "print the top-k chunks of an index for a query"),
+    "index import": _command(_RETRIEVAL, "IndexImportCommand", "run_index_import",
+                             "an index folder over a prebuilt FAISS index and its corpus "
+                             "(FlashRAG's wiki-18, DPR's psgs_w100), without re-embedding"),
     "index convert": _command(_RETRIEVAL, "IndexConvertCommand", "run_index_convert",
                               "bring an index folder of an older format up to date in place"),
     "index serve": Command("sieverag.serving.retrieval.config:RetrievalServerConfig",

@@ -17,10 +17,11 @@ retrieval's features alone, as in MCF.
   mean passage embedding, log question length), home rounds against away rounds. Each
   round's P(home) is out of fit: an away source's from a test fitted without that source, a
   home round's from K folds over home questions.
-* **The bar** — the lowest of `BAR_GRID` at which every away source, left out of the test in
-  turn, loses at most `tolerance` F1 against the away default (rounds called home there rank
-  by the home rule, the rest as today), and no reference round without texts is called home.
-  The home source's gain at that bar is reported beside each away source's loss.
+* **The bar** — going down `BAR_GRID` from the surest bar, the last before the first at which
+  some away source, left out of the test in turn, loses more than `tolerance` F1 against the
+  away default (rounds called home there rank by the home rule, the rest as today); bars
+  below that one are not measured (their away rounds are never scored). The home source's
+  gain at each bar is reported beside each away source's loss.
 """
 
 from __future__ import annotations
@@ -241,7 +242,10 @@ def fit_home_rule(home: Sequence[HomeRound], away: Sequence[AwayRound],
                           {i for i, g in enumerate(h.scored.labels) if g}) for h in home]
     rows: list[dict[str, Any]] = []
     chosen: dict[str, Any] | None = None
-    for bar in BAR_GRID:
+    # From the surest bar down: the bar is the lowest of an unbroken run of bars that keep
+    # every away source whole from the top; below the first that does not, nothing is
+    # measured (no away round scored for it).
+    for bar in sorted(BAR_GRID, reverse=True):
         row: dict[str, Any] = {"bar": bar, "sources": {}}
         fires = home_p >= bar
         row["home"] = {
@@ -260,9 +264,10 @@ def fit_home_rule(home: Sequence[HomeRound], away: Sequence[AwayRound],
                                       "f1_loss": loss}
             fine &= loss is not None and loss <= tolerance + 1e-9
         row["meets"] = fine
-        rows.append(row)
-        if fine and chosen is None:
-            chosen = row
+        rows.insert(0, row)
+        if not fine:
+            break
+        chosen = row
     if chosen is None:  # no bar keeps every away source whole: the test never calls home
         chosen = {"bar": 1.0}
     # A dataset: home where its mean P(home) reaches halfway between the home questions'
