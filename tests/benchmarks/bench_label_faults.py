@@ -21,18 +21,19 @@ the same command resumes it. The comparison is the server's own count against th
   questions      lost (in the dataset, not in labels.jsonl) and duplicated (written twice);
   tokens         the ledger's prompt and completion tokens against the server's (which
                  differ by exactly the replies lost at the kill);
-  rpm            requests a minute the server saw, in 10 s bins that hold neither the
-                 throttled window (429s until the first reply after it), nor the kill and
-                 restart, nor the end of the run, against `--teacher.rpm` (goal >= 90 %).
+  rpm            requests a minute the server saw, in 10 s bins (x time scale, at least 2 s)
+                 that hold neither the throttled window (429s until the first reply after
+                 it) nor the kill and restart, against `--teacher.rpm` (goal >= 90 %).
 
     python tests/benchmarks/bench_label_faults.py [--quick] [--questions N] [--rpm 600]
         [--time-scale S]
 
-The default labels 1,000 questions of 2 chunks (2,000 requests at 600 a minute, about 7
-minutes: 3.5 of requests, 3 of throttling, plus two process starts). `--quick` labels 100
-and shrinks every window and wait by --time-scale 0.1 (a 12 s throttle with Retry-After 9,
-timeouts of 2 s): under a minute plus the two process starts. Prints a table, then one line
-of JSON with the figures.
+The default labels 1,000 questions of 2 chunks (2,000 requests at 600 a minute: about 3.5
+minutes of requests and 3 of throttling, plus two process starts). `--quick` labels 100 and
+shrinks every window and wait by --time-scale 0.1 (a 12 s throttle with Retry-After 9,
+timeouts of 2 s): under a minute of requests, plus the two process starts (whose imports
+alone took minutes on the 2 shared cores under a load of 30, where --quick took 16 minutes).
+Prints a table, then one line of JSON with the figures.
 """
 
 from __future__ import annotations
