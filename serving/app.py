@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -28,6 +28,7 @@ from sieverag.serving.api.middleware.body_limit import BodySizeLimit
 from sieverag.serving.api.middleware.concurrency import Admission, AdmissionState
 from sieverag.serving.api.middleware.disconnect import CancelOnDisconnect
 from sieverag.serving.api.middleware.metrics import RequestMetrics
+from sieverag.serving.api.middleware.tracing import TraceRequests
 from sieverag.serving.api.models import ModelListing
 from sieverag.serving.api.rerank.router import router as rerank_router
 from sieverag.serving.api.rerank.serving import Reranker
@@ -39,16 +40,21 @@ from sieverag.serving.proxy.chat_proxy import ChatProxy, ProxyTarget
 from sieverag.serving.proxy.router import router as proxy_router
 from sieverag.serving.proxy.upstream import UpstreamClient
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 
 def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | None = None,
                proxy: ProxyTarget | None = None,
                cards: Mapping[str, Mapping[str, Any]] | None = None,
-               metrics_route: bool = True) -> FastAPI:
+               metrics_route: bool = True,
+               tracer_provider: TracerProvider | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (which the caller starts and closes), within the
     request limits of `options`; with `proxy`, its chat endpoint is the filtering proxy.
     `cards`: each served adapter's filter card, by served name (`ServingContext`).
     `app.state.metrics` holds its metrics (served at GET /metrics with `metrics_route`) and
-    `app.state.admission` its concurrency limit and drain."""
+    `app.state.admission` its concurrency limit and drain. With `tracer_provider`, each request
+    is an OpenTelemetry trace (`observability.tracing`)."""
     context = ServingContext(engine, options, dict(cards or {}))
     admission = AdmissionState(options.max_concurrent_requests)
     context.metrics.watch_engine(engine.metrics, engine.queue_depth)
@@ -87,7 +93,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         app.state.chat = Chat(context)
         app.include_router(chat_router)
     else:
-        app.state.chat_proxy = ChatProxy(context, proxy.filter_model, upstream)
+        app.state.chat_proxy = ChatProxy(context, proxy.filter_model, upstream,
+                                         proxy.context_tokens)
         app.include_router(proxy_router)
 
     app.add_middleware(CancelOnDisconnect)  # innermost: it watches once the body is read
@@ -97,5 +104,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
         app.add_middleware(BearerAuth, api_key=api_key)
     # Outermost: every request is counted, those the middleware above refuse too.
     app.add_middleware(RequestMetrics, metrics=context.metrics, router=app.router)
+    if tracer_provider is not None:  # outside even that: a request's trace holds all of it
+        app.add_middleware(TraceRequests, provider=tracer_provider)
     add_error_handlers(app)
     return app

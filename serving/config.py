@@ -167,10 +167,18 @@ class ProxyOptions:
         "help": "send the upstream `Authorization: Bearer <key>`, the key read from this "
                 "environment variable; unset: a client's Authorization header is forwarded "
                 "when the proxy takes none itself (no --api-key-env)"})
+    proxy_context_tokens: int | None = field(default=None, metadata={
+        "help": "the context budget: the passages a request forwards hold at most this many "
+                "tokens of the filter's tokenizer, the best context that fits (the kept ones "
+                "whole, best first, while they fit, then the next one's kept sentences); a "
+                "request's \"sieverag\": {\"context_tokens\": N} sets its own; unset: no "
+                "budget"})
 
     def __post_init__(self) -> None:
+        at_least(1, proxy_context_tokens=self.proxy_context_tokens)
         if self.proxy_to is None:
-            given = [name for name in ("proxy_model", "proxy_filter", "proxy_api_key_env")
+            given = [name for name in ("proxy_model", "proxy_filter", "proxy_api_key_env",
+                                       "proxy_context_tokens")
                      if getattr(self, name) is not None]
             given += ["proxy_timeout"] if self.proxy_timeout != PROXY_TIMEOUT_S else []
             if given:

@@ -43,6 +43,7 @@ from sieverag.inference.llm.base import marked_prompt_ids
 from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.observability import tracing
 
 T = TypeVar("T")
 
@@ -113,13 +114,17 @@ async def prepare_filter(engine: BatchingEngine, limits: PromptLimits, request: 
     backend = EngineBackend(engine, request.model, owner=owner)
 
     def prepare() -> PreparedRound:
-        rule = window_rule(backend, request.rules, request.combination or PRIORS_ONLY)
-        documents = list(request.documents)
-        if request.truncation is not None:
-            documents = [fit_document(backend, limits, request, rule, index, document)
-                         for index, document in enumerate(documents)]
-        tokens = round_tokens(backend, limits, request, rule, documents)
-        return PreparedRound(request, backend, documents, tokens)
+        with tracing.span("sieverag.filter.windows") as span:
+            rule = window_rule(backend, request.rules, request.combination or PRIORS_ONLY)
+            documents = list(request.documents)
+            if request.truncation is not None:
+                documents = [fit_document(backend, limits, request, rule, index, document)
+                             for index, document in enumerate(documents)]
+            tokens = round_tokens(backend, limits, request, rule, documents)
+            if tracing.active():
+                tracing.record(span, window_attributes(rule, documents) |
+                               {"sieverag.filter.tokens_planned": tokens})
+            return PreparedRound(request, backend, documents, tokens)
 
     return await asyncio.to_thread(prepare)
 
@@ -141,9 +146,25 @@ async def run_filter(engine: BatchingEngine, limits: PromptLimits, request: Filt
     request asks for it), once every filter prompt fits (400 naming the first document that
     does not) and the request's filter tokens are within the budget (413), and the backend
     (its `meter` holds the tokens used)."""
-    prepared = await prepare_filter(engine, limits, request)
-    limits.check_request_tokens(prepared.tokens, len(prepared.documents))
-    return await run_prepared(prepared, work), prepared.backend
+    with tracing.span("sieverag.filter", {"gen_ai.request.model": request.model}) as span:
+        prepared = await prepare_filter(engine, limits, request)
+        limits.check_request_tokens(prepared.tokens, len(prepared.documents))
+        answer = await run_prepared(prepared, work)
+        usage = prepared.backend.meter.by_agent.values()
+        tracing.record(span, {
+            "gen_ai.usage.input_tokens": sum(u.prompt_tokens for u in usage),
+            "gen_ai.usage.output_tokens": sum(u.completion_tokens for u in usage)})
+        return answer, prepared.backend
+
+
+def window_attributes(rule: WindowRule, documents: Sequence[Document]) -> dict[str, int]:
+    """The windows span's attributes: the documents longer than one window, their windows,
+    and the windows the filter reads of them (at most `max_windows` each, as MCF reads)."""
+    counts = [len(rule.windows(d.text)) for d in documents]
+    long = [count for count in counts if count > 1]
+    return {"sieverag.documents.in": len(documents), "sieverag.documents.windowed": len(long),
+            "sieverag.windows.total": sum(counts),
+            "sieverag.windows.read": sum(min(count, rule.max_windows) for count in counts)}
 
 
 def filter_prompt_sizes(backend: EngineBackend, config: MCFConfig, query: str,

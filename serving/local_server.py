@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from prometheus_client import start_http_server
@@ -40,8 +41,16 @@ from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.listen import listening_socket
+from sieverag.serving.observability.tracing import (
+    ENDPOINT_ENV,
+    TRACES_ENDPOINT_ENV,
+    tracer_provider_from_env,
+)
 from sieverag.serving.proxy.chat_proxy import ProxyTarget
 from sieverag.serving.proxy.upstream import Upstream
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +108,17 @@ class DrainingServer(uvicorn.Server):
 class LocalServer:
     """Loads the model and adapters (in the constructor), then serves them over HTTP."""
 
-    def __init__(self, config: LocalServerConfig) -> None:
+    def __init__(self, config: LocalServerConfig,
+                 tracer_provider: TracerProvider | None = None) -> None:
+        """`tracer_provider`: where each request's OpenTelemetry spans go; None: OTLP to
+        $OTEL_EXPORTER_OTLP_ENDPOINT where it is set (`tracer_provider_from_env`), else no
+        traces."""
         self.config = config
         self._api_key = read_api_key(config.api_key_env)
+        # Read before the model loads: traces asked for without the otel extra fail first.
+        self._owns_tracing = tracer_provider is None
+        self.tracer_provider = (tracer_provider if tracer_provider is not None
+                                else tracer_provider_from_env())
         specs = config.adapters
         if config.proxy_to is not None and not specs:  # the proxy's default filter
             specs = (f"{DEFAULT_FILTER_NAME}={DEFAULT_FILTER_NAME}",)
@@ -141,7 +158,7 @@ class LocalServer:
         upstream_key = read_api_key(config.proxy_api_key_env, "--proxy-api-key-env")
         upstream = Upstream(config.proxy_to, config.proxy_model, config.proxy_timeout,
                             api_key=upstream_key, forward_client_key=self._api_key is None)
-        return ProxyTarget(upstream, filter_model)
+        return ProxyTarget(upstream, filter_model, config.proxy_context_tokens)
 
     @property
     def base_url(self) -> str:
@@ -166,6 +183,7 @@ class LocalServer:
             for sig, handler in stops.items():
                 signal.signal(sig, handler)
             self._stop_metrics_server()
+            self._end_tracing()
             self.engine.close()
             sock.close()
             self._server = None
@@ -202,6 +220,7 @@ class LocalServer:
             self._thread.join()
             self._server = self._thread = None
         self._stop_metrics_server()
+        self._end_tracing()
         self.engine.close()
 
     def __enter__(self) -> LocalServer:
@@ -215,7 +234,8 @@ class LocalServer:
         self.port = sock.getsockname()[1]
         metrics_port = self.config.metrics_port
         app = create_app(self.engine, self.config, api_key=self._api_key, proxy=self.proxy,
-                         cards=self.cards, metrics_route=metrics_port is None)
+                         cards=self.cards, metrics_route=metrics_port is None,
+                         tracer_provider=self.tracer_provider)
         if metrics_port is not None:
             try:
                 self._metrics_server, _ = start_http_server(
@@ -229,6 +249,15 @@ class LocalServer:
                                 access_log=self.config.access_log, log_config=log_config,
                                 timeout_graceful_shutdown=self.config.drain_timeout_s)
         return DrainingServer(config, app.state.admission, self.config.drain_timeout_s), sock
+
+    def _end_tracing(self) -> None:
+        """Send the spans not yet exported; the provider the server made is shut down."""
+        if self.tracer_provider is None:
+            return
+        if self._owns_tracing:
+            self.tracer_provider.shutdown()
+        else:
+            self.tracer_provider.force_flush()
 
     def _stop_metrics_server(self) -> None:
         if self._metrics_server is not None:
@@ -247,6 +276,9 @@ class LocalServer:
             # Unfitted (the filter alone, or retrieval alone without a card) is warned of.
             logger.log(logging.INFO if fitted else logging.WARNING,
                        "/v1/rerank, /v1/score and the proxy for %s: %s", name, statement)
+        if self.tracer_provider is not None and self._owns_tracing:
+            logger.info("OpenTelemetry traces of each request to %s (OTLP over HTTP)",
+                        os.environ.get(TRACES_ENDPOINT_ENV) or os.environ.get(ENDPOINT_ENV))
         if self.config.metrics_port is not None:
             logger.info("Prometheus metrics at http://%s:%d/metrics (no API key)",
                         self.config.host, self.config.metrics_port)

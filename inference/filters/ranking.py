@@ -45,13 +45,15 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
                    documents: Sequence[Document], combination: Combination | None = None, *,
                    spans: bool = True,
-                   observe: Callable[[FilterResult], object] | None = None
+                   observe: Callable[[FilterResult], object] | None = None,
+                   mcf_class: type[MultiGranularFilter] = MultiGranularFilter
                    ) -> list[RerankResult]:
     """Every document (`as_documents` of the request's texts) in request order, scored and
     judged by MCF under `config` with the filter's `combination` (None: `PRIORS_ONLY`), and
     under `config.sentence_stage` with its key sentences, its pruned text and (`spans`) its
-    sentence spans. `observe`, when given, is handed MCF's result (the server counts it)."""
-    mcf = MultiGranularFilter(backend, config, combination)
+    sentence spans. `observe`, when given, is handed MCF's result (the server counts it).
+    `mcf_class`: MCF, or a subclass that observes its steps (the server's traced filter)."""
+    mcf = mcf_class(backend, config, combination)
     result = mcf.select(query, documents)
     if observe is not None:
         observe(result)

@@ -15,6 +15,11 @@ header carries it):
 * `prompt_tokens_saved`: the forwarded block's tokens less those of a block holding every
   passage, counted with the filter's tokenizer (an estimate of the upstream's saving: its
   tokenizer may count otherwise).
+* under a context budget (`--proxy-context-tokens N`, or the request's
+  `"sieverag": {"context_tokens": N}`): `context_tokens` (N), `context_tokens_used` (what the
+  forwarded passages hold) and `trimmed` (the passage cut to some of its sentences, or null).
+  The budget keeps the best context that fits (`passages_within_budget`); `kept` and
+  `documents_kept` then count the passages forwarded.
 
 A request that marks no documents goes upstream untouched, its body's bytes as sent (only
 `model` replaced, the body written anew, under `--proxy-model`); a body that is not JSON too,
@@ -32,18 +37,24 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.base import FilterResult
-from sieverag.inference.filters.mcf import MultiGranularFilter
+from sieverag.inference.filters.mcf import document_sentences
 from sieverag.serving.api.context import ServingContext
+from sieverag.serving.context_budget import Candidate, Placed, fit_to_budget, token_counter
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
+from sieverag.serving.observability import tracing
+from sieverag.serving.observability.filter_spans import mcf_class
+from sieverag.serving.proxy.generator_span import generator_span, record_answer
 from sieverag.serving.proxy.marked_documents import (
     MarkedRequest,
     Passage,
     documents_block,
     find_marked,
+    passage_lines,
 )
 from sieverag.serving.proxy.upstream import Upstream, UpstreamClient, UpstreamError
 
@@ -57,6 +68,7 @@ class ProxyTarget:
 
     upstream: Upstream
     filter_model: str
+    context_tokens: int | None = None  # --proxy-context-tokens
 
 
 class ChatProxy:
@@ -65,9 +77,10 @@ class ChatProxy:
     combination (none: `PRIORS_ONLY`), then forward through `upstream`."""
 
     def __init__(self, context: ServingContext, filter_model: str,
-                 upstream: UpstreamClient) -> None:
+                 upstream: UpstreamClient, context_tokens: int | None = None) -> None:
         self.context = context
         self.filter_model = filter_model
+        self.context_tokens = context_tokens
         self.combination = context.combinations.get(filter_model)
         self.upstream = upstream
         self.upstream_model = upstream.upstream.model
@@ -80,16 +93,23 @@ class ChatProxy:
         if marked is None:
             return await self._forward(self._passed_through(raw, body), headers,
                                        streaming=isinstance(body, dict)
-                                       and body.get("stream") is True)
+                                       and body.get("stream") is True, body=body)
         info, forwarded = await self._filtered(marked)
         extra = {INFO_HEADER: json.dumps(info, separators=(",", ":"))}
         content = self._encode(forwarded)
-        try:
-            if forwarded.get("stream") is True:
-                return await self.upstream.stream(content, headers, extra)
-            status, answer_headers, answer = await self.upstream.post(content, headers)
-        except UpstreamError as error:
-            return error.response(extra)
+        streaming = forwarded.get("stream") is True
+        with generator_span(self.upstream.upstream, forwarded, headers,
+                            streaming=streaming) as span:
+            try:
+                if streaming:
+                    response = await self.upstream.stream(content, headers, extra)
+                    record_answer(span, response.status_code)
+                    return response
+                status, answer_headers, answer = await self.upstream.post(content, headers)
+            except UpstreamError as error:
+                tracing.failed(span, error.code)
+                return error.response(extra)
+            record_answer(span, status, answer)
         answer_headers.update(extra)
         if status >= 400:
             return Response(answer, status_code=status, headers=answer_headers)
@@ -105,13 +125,18 @@ class ChatProxy:
         return JSONResponse(reply, status_code=status, headers=answer_headers)
 
     async def _forward(self, content: bytes, headers: dict[str, str], *,
-                       streaming: bool) -> Response:
-        try:
-            if streaming:
-                return await self.upstream.stream(content, headers, {})
-            status, answer_headers, answer = await self.upstream.post(content, headers)
-        except UpstreamError as error:
-            return error.response()
+                       streaming: bool, body: Any = None) -> Response:
+        with generator_span(self.upstream.upstream, body, headers, streaming=streaming) as span:
+            try:
+                if streaming:
+                    response = await self.upstream.stream(content, headers, {})
+                    record_answer(span, response.status_code)
+                    return response
+                status, answer_headers, answer = await self.upstream.post(content, headers)
+            except UpstreamError as error:
+                tracing.failed(span, error.code)
+                return error.response()
+            record_answer(span, status, answer)
         return Response(answer, status_code=status, headers=answer_headers)
 
     def _passed_through(self, raw: bytes, body: Any) -> bytes:
@@ -139,9 +164,12 @@ class ChatProxy:
 
         def select(backend: EngineBackend, judged: list[Document]
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-            result = MultiGranularFilter(backend, rules, combination).select(
-                marked.question, judged)
+            result = mcf_class()(backend, rules, combination).select(marked.question, judged)
             kept = kept_passages(marked.passages, result)
+            budget = marked.settings.context_tokens or self.context_tokens
+            fitted: dict[str, Any] = {}
+            if budget is not None:
+                kept, fitted = passages_within_budget(context.tokenizer, kept, budget)
             unfiltered, forwarded = (self._block_tokens(marked.passages),
                                      self._block_tokens(kept))
             context.metrics.record_filter("proxy", judged, result)
@@ -152,7 +180,11 @@ class ChatProxy:
                     "dropped": sorted(set(range(len(judged))) - set(kept_indices)),
                     "documents_in": len(judged), "documents_kept": len(kept),
                     "granularity": "sentence" if rules.sentence_stage else "chunk",
-                    "prompt_tokens_saved": saved}
+                    "bar_rule": (f"{result.rule}: {result.rule_reason}" if result.rule
+                                 else None),
+                    "prompt_tokens_saved": saved, **fitted}
+            tracing.record(tracing.current(), {"sieverag.prompt_tokens_saved": saved,
+                                               "sieverag.documents.forwarded": len(kept)})
             return info, marked.forwarded_body(kept)
 
         request = FilterRequest(self.filter_model, rules, marked.question, documents,
@@ -173,6 +205,38 @@ def _parse(raw: bytes) -> tuple[Any, MarkedRequest | None]:
     except ValueError:
         return None, None
     return body, find_marked(body)
+
+
+def passages_within_budget(tokenizer: PreTrainedTokenizerBase, kept: Sequence[Passage],
+                           max_tokens: int) -> tuple[list[Passage], dict[str, Any]]:
+    """The best context of at most `max_tokens` tokens of `tokenizer` (`fit_to_budget`,
+    counting the block's numbered lines, its two tags aside) of the passages MCF kept, best
+    first: each whole while it fits, then the next one's kept sentences that still fit; each
+    holding the text it has there. With the `sieverag` info: `context_tokens` (the budget),
+    `context_tokens_used` and `trimmed` (the passage cut to some of its sentences, by its
+    index in the request; None when none was)."""
+    with tracing.span("sieverag.context_budget",
+                      {"sieverag.context_budget.tokens": max_tokens}) as span:
+        candidates = [Candidate(p.document.text, tuple(document_sentences(p.document)))
+                      for p in kept]
+        count = token_counter(tokenizer)
+
+        def placed_passages(placed: Sequence[Placed]) -> list[Passage]:
+            return [dataclasses.replace(kept[p.position], document=dataclasses.replace(
+                kept[p.position].document, text=p.text)) for p in placed]
+
+        def measure(placed: Sequence[Placed]) -> int:
+            return count(passage_lines(placed_passages(placed)))
+
+        placed = fit_to_budget(candidates, max_tokens, measure)
+        trimmed = next((int(kept[p.position].document.id) for p in placed if p.trimmed), None)
+        used = measure(placed)
+        tracing.record(span, {"sieverag.context_budget.used": used,
+                              "sieverag.documents.kept": len(kept),
+                              "sieverag.context_budget.documents": len(placed),
+                              "sieverag.context_budget.trimmed": trimmed is not None})
+    return placed_passages(placed), {"context_tokens": max_tokens,
+                                     "context_tokens_used": used, "trimmed": trimmed}
 
 
 def kept_passages(passages: Sequence[Passage], result: FilterResult) -> list[Passage]:

@@ -17,17 +17,19 @@ forwarded block is `<documents>`, the kept passages one per numbered line (best 
 with the number it had: index + 1 for the field, its own number in a block; a title on the
 number's line, the text after it), `</documents>`. An optional top-level `granularity`
 ("chunk" or "sentence") says whether kept passages are cut to their key sentences; it is
-removed too. A request with neither mark is not a marked request (`find_marked` gives None).
+removed too, as is a top-level `sieverag` object of the proxy's own per-request settings
+(`ProxyFields`: `context_tokens`, the request's context budget). A request with neither mark
+is not a marked request (`find_marked` gives None).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from sieverag.inference.core.types import Document
 from sieverag.serving.api.errors import APIError
@@ -38,7 +40,8 @@ CLOSE_TAG = "</documents>"
 # A passage's number at the start of a line inside the block: "[3] ...".
 _NUMBERED_LINE = re.compile(r"^[ \t]*\[(\d+)\][ \t]?", re.MULTILINE)
 # The top-level fields the proxy reads and removes before forwarding.
-PROXY_FIELDS = ("documents", "granularity")
+SETTINGS_FIELD = "sieverag"
+PROXY_FIELDS = ("documents", "granularity", SETTINGS_FIELD)
 
 Convention = Literal["field", "block"]
 Granularity = Literal["chunk", "sentence"]
@@ -51,6 +54,17 @@ class MarkedDocument(BaseModel):
 
     text: Text
     title: Text | None = None
+
+
+class ProxyFields(BaseModel):
+    """The request's `sieverag` object: the proxy's settings for this request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    context_tokens: StrictInt | None = Field(
+        None, ge=1, description="the context budget: the forwarded passages hold at most this "
+                                "many tokens of the filter's tokenizer (the best context that "
+                                "fits); null: the server's --proxy-context-tokens")
 
 
 _DOCUMENTS = TypeAdapter(list[Text | MarkedDocument])
@@ -82,6 +96,7 @@ class MarkedRequest:
     part_index: int | None
     before: str  # the text before the block
     after: str  # and after it
+    settings: ProxyFields = field(default_factory=ProxyFields)
 
     def forwarded_body(self, kept: Sequence[Passage]) -> dict[str, Any]:
         """The body to forward: the proxy's fields removed, the block holding `kept`."""
@@ -105,8 +120,13 @@ class MarkedRequest:
 
 def documents_block(passages: Sequence[Passage]) -> str:
     """`<documents>`, one numbered line per passage (title, if any, then text), `</documents>`."""
-    lines = [f"[{p.number}] {p.document.as_context()}" for p in passages]
+    lines = [passage_lines(passages)] if passages else []
     return "\n".join([OPEN_TAG, *lines, CLOSE_TAG])
+
+
+def passage_lines(passages: Sequence[Passage]) -> str:
+    """The block's passages, one numbered line each (its title, if any, then its text)."""
+    return "\n".join(f"[{p.number}] {p.document.as_context()}" for p in passages)
 
 
 def find_marked(body: Any) -> MarkedRequest | None:
@@ -117,10 +137,11 @@ def find_marked(body: Any) -> MarkedRequest | None:
     located = _last_user_text(body)
     has_block = located is not None and OPEN_TAG in located[2]
     if not has_field and not has_block:
-        if isinstance(body, dict) and "granularity" in body:
-            raise APIError(400, "granularity applies to marked documents, and this request "
-                           "marks none: send a `documents` field or a <documents> block in "
-                           "the last user message", param="granularity")
+        for name in ("granularity", SETTINGS_FIELD):
+            if isinstance(body, dict) and name in body:
+                raise APIError(400, f"{name} applies to marked documents, and this request "
+                               "marks none: send a `documents` field or a <documents> block "
+                               "in the last user message", param=name)
         return None
     if has_field and has_block:
         raise APIError(400, "the request marks documents twice, in the `documents` field and "
@@ -132,6 +153,7 @@ def find_marked(body: Any) -> MarkedRequest | None:
                        "list of parts", param="messages")
     message_index, part_index, text = located
     granularity = _granularity(body.get("granularity"))
+    settings = _settings(body.get(SETTINGS_FIELD))
     content = body["messages"][message_index]["content"]
     if has_field:
         passages = tuple(Passage(str(i + 1), document)
@@ -139,12 +161,13 @@ def find_marked(body: Any) -> MarkedRequest | None:
         # Before a string's text; text parts get the block as a part of its own.
         after = "\n\n" + content if isinstance(content, str) and content else ""
         return MarkedRequest(body, "field", granularity, _question(_user_text(content)),
-                             passages, message_index, None, "", after)
+                             passages, message_index, None, "", after, settings)
     before, inside, after = _split_block(text)
     others = "" if isinstance(content, str) else _user_text(
         [part for i, part in enumerate(content) if i != part_index])
     return MarkedRequest(body, "block", granularity, _question(f"{before}\n{after}\n{others}"),
-                         _block_passages(inside), message_index, part_index, before, after)
+                         _block_passages(inside), message_index, part_index, before, after,
+                         settings)
 
 
 def _last_user_text(body: Any) -> tuple[int, int | None, str] | None:
@@ -197,6 +220,18 @@ def _granularity(value: Any) -> Granularity | None:
     except ValidationError:
         raise APIError(400, f"granularity must be \"chunk\" or \"sentence\", got {value!r}",
                        param="granularity") from None
+
+
+def _settings(value: Any) -> ProxyFields:
+    if value is None:
+        return ProxyFields()
+    try:
+        return ProxyFields.model_validate(value)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in (SETTINGS_FIELD, *problem["loc"]))
+        raise APIError(400, f"{where}: {problem['msg']} (the `{SETTINGS_FIELD}` object takes "
+                       "context_tokens, an integer >= 1, or null)", param=where) from None
 
 
 def _field_documents(value: Any) -> list[Document]:

@@ -25,6 +25,10 @@ its passages sent as the request's `documents` field.
                     its calibrated bar), whole passages (`"granularity": "chunk"`).
   default-sentence  the same proxy, `"granularity": "sentence"`: kept passages cut to their
                     key sentences (MCF's sentence stage).
+  default-budget    the same proxy under a token budget (`"sieverag": {"context_tokens":
+                    BUDGET_TOKENS}`): of the passages default-chunk keeps, the best context
+                    that fits BUDGET_TOKENS tokens (whole passages best first while they fit,
+                    then the next one's sentences that fit).
 
 The proxy scores every passage with the filter under every arm, used or not: the s/q of the
 retrieval arms is what such a proxy costs, not what retrieval alone would.
@@ -43,7 +47,8 @@ generation), the share of gold passages forwarded (a question's gold passages ke
 its gold passages, averaged) and passages forwarded a question.
 
     python tests/benchmarks/bench_filter_end_to_end.py --dataset FILE[,FILE...] [--quick]
-        [--questions 30] [--arms all,retrieval-top-k,priors-only,default-chunk,default-sentence]
+        [--questions 30] [--arms all,retrieval-top-k,priors-only,default-chunk,default-sentence,
+        default-budget]
 
 A question takes 20-50 s on 2 busy CPU cores, every arm included (the sentence arm, whose
 filter also generates, the slowest), so the default (30 questions a source) takes about 20
@@ -110,9 +115,11 @@ from sieverag.training.held_out_questions import (  # noqa: E402
     training_questions,
 )
 
-ARMS = ("all", "retrieval-top-k", "priors-only", "default-chunk", "default-sentence")
+ARMS = ("all", "retrieval-top-k", "priors-only", "default-chunk", "default-sentence",
+        "default-budget")
 BASELINE = "all"
 QUICK_QUESTIONS = 3
+BUDGET_TOKENS = 256  # the default-budget arm's context budget
 CHAT_PATH = "/v1/chat/completions"
 FIGURES = (  # (key, column, format)
     ("accuracy", "accuracy", ".3f"),
@@ -132,6 +139,7 @@ class Proxied:
     rules: MCFConfig
     without_card: bool = False
     granularity: Granularity = "chunk"
+    context_tokens: int | None = None  # the request's context budget
 
     @property
     def proxy_key(self) -> tuple[MCFConfig, bool]:
@@ -144,6 +152,7 @@ PROXIED = {
     "priors-only": Proxied(MCFConfig(combination="priors_only")),
     "default-chunk": Proxied(MCFConfig()),
     "default-sentence": Proxied(MCFConfig(), granularity="sentence"),
+    "default-budget": Proxied(MCFConfig(), context_tokens=BUDGET_TOKENS),
 }
 
 # One question asked under one arm: its figures (None where it has no gold passage).
@@ -238,6 +247,8 @@ def chat_body(example: Example, proxied: Proxied | None) -> dict:
     if proxied is not None:
         body["documents"] = [{"text": d.text, "title": d.title} for d in example.documents]
         body["granularity"] = proxied.granularity
+        if proxied.context_tokens is not None:
+            body["sieverag"] = {"context_tokens": proxied.context_tokens}
     return body
 
 

@@ -4,7 +4,8 @@ dialect a /v1/rerank request speaks.
 
 * `RerankBody` — the fields of both rerank schemas (/v1/rerank's and Cohere's /v2/rerank):
   `model`, `query`, `documents` (strings or `{text}`), `top_n`, `max_tokens_per_doc`,
-  `granularity`, `return_spans`; `ranking_query` turns them into the filter's query
+  `granularity`, `return_spans`, and sieverag's context budget `context_tokens` (every
+  dialect takes it); `ranking_query` turns them into the filter's query
   (`query.RankingQuery`), refusing (400) a blank query or no documents.
 * `RerankV1Body` — the fields every /v1/rerank dialect reads: `return_documents`,
   `max_tokens_per_query`, `max_chunks_per_doc` (a document longer than the filter's window is
@@ -95,6 +96,12 @@ class RerankBody(BaseModel):
         None, description="true: each result's sentences as character spans with their "
                           "score and kept flag, and its pruned_text (runs the sentence stage); "
                           "false: no spans; null: spans wherever the sentence stage runs")
+    context_tokens: StrictInt | None = Field(
+        None, ge=1, description="sieverag: the context budget: only the best context that fits "
+                                "this many tokens of the filter's tokenizer is returned (the "
+                                "kept documents whole, best first, while they fit, then the "
+                                "next one's kept sentences, never a cut one; each result's "
+                                "pruned_text its text there); null: every result")
     priority: Annotated[Any, Ignored(
         "requests are batched as they arrive; the results are the same")] = None
 
@@ -111,7 +118,8 @@ class RerankBody(BaseModel):
         return RankingQuery(
             query=self.query, texts=tuple(d if isinstance(d, str) else d.text for d in documents),
             refusal=refusal, max_tokens_per_doc=self.max_tokens_per_doc,
-            granularity=self.granularity, return_spans=self.return_spans, top_n=self.top_n)
+            granularity=self.granularity, return_spans=self.return_spans,
+            context_tokens=self.context_tokens, top_n=self.top_n)
 
 
 class RerankV1Body(RerankBody):

@@ -26,6 +26,8 @@ class RankingQuery:
     * `max_windows_per_doc` — the most windows read of a long document (None: the server's);
     * `granularity`, `return_spans` — whether the sentence stage runs and its spans are sent
       (`sentence_stage`, `wants_spans`);
+    * `context_tokens` — the context budget: only the best context that fits this many tokens
+      is sent (`serving.within_budget`; None: no budget);
     * `top_n` — how many results are sent, best first (0 or None: all); `return_documents` —
       each with its document's text; `raw_scores` — each score as the combined logit rather
       than P(relevant).
@@ -40,6 +42,7 @@ class RankingQuery:
     max_windows_per_doc: int | None = None
     granularity: Literal["chunk", "sentence"] | None = None
     return_spans: bool | None = None
+    context_tokens: int | None = None
     top_n: int | None = None
     return_documents: bool = False
     raw_scores: bool = False

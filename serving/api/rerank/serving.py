@@ -42,14 +42,18 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.combination import logit_of
-from sieverag.inference.filters.ranking import as_documents, rank_by_filter
+from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
+from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.rerank.detection import RerankRequest, dialect_of
 from sieverag.serving.api.rerank.dialects import cohere
 from sieverag.serving.api.rerank.protocol import RerankBody
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
+from sieverag.serving.context_budget import Candidate, Placed, each_text_measure, fit_to_budget
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
+from sieverag.serving.observability import tracing
+from sieverag.serving.observability.filter_spans import mcf_class
 
 # The probabilities raw_score reads are kept this far from 0 and 1.
 _EPSILON = 1e-12
@@ -103,13 +107,17 @@ class Reranker(Endpoint):
                       ) -> list[RerankResult]:
             ranked = rank_by_filter(
                 backend, rules, question, documents, combination, spans=query.wants_spans(),
+                mcf_class=mcf_class(),
                 observe=lambda result: context.metrics.record_filter("rerank", documents,
                                                                      result))
-            if cut_rule is None:
+            if cut_rule is not None:  # a document cut at its start: spans from its text as sent
+                ranked = [at_offset(r, cut_rule.start_in(judged[r.index],
+                                                          documents[r.index].text))
+                          for r in ranked]
+            if query.context_tokens is None:
                 return ranked
-            # A document cut at its start: its spans counted from the text as sent.
-            return [at_offset(r, cut_rule.start_in(judged[r.index], documents[r.index].text))
-                    for r in ranked]
+            return within_budget(context.tokenizer, ranked, texts, query.context_tokens,
+                                 rules.sentence_stage)
 
         ranked, backend = await run_filter(context.engine, context.limits, request,
                                            ranked_on)
@@ -118,6 +126,44 @@ class Reranker(Endpoint):
         usage = backend.meter.by_agent.values()
         return Ranking(model, ranked, texts, sum(u.prompt_tokens for u in usage),
                        sum(u.completion_tokens for u in usage))
+
+
+def within_budget(tokenizer: PreTrainedTokenizerBase, ranked: Sequence[RerankResult],
+                  texts: Sequence[str], max_tokens: int, sentence_stage: bool
+                  ) -> list[RerankResult]:
+    """The best context of at most `max_tokens` tokens of `tokenizer` (`fit_to_budget`, each
+    result's text counted apart): the results the bar kept, best first, whole while they fit
+    (a document's text as sent; at sentence granularity its pruned text), then the next one's
+    kept sentences that still fit (its key sentences; at chunk granularity its sentences),
+    never a cut one. Each holds the text it has in the context as its `pruned_text`; the one
+    trimmed, the sentences it holds as its `key_sentences` (and only they kept among its
+    `spans`). Traced: the `sieverag.context_budget` span."""
+    kept = [r for r in best_first(ranked) if r.kept]
+    candidates = [Candidate(r.pruned_text or "", tuple(r.key_sentences or ())) if sentence_stage
+                  else Candidate(texts[r.index], tuple(split_sentences(texts[r.index])))
+                  for r in kept]
+    measure = each_text_measure(tokenizer)
+    with tracing.span("sieverag.context_budget",
+                      {"sieverag.context_budget.tokens": max_tokens}) as span:
+        placed = fit_to_budget(candidates, max_tokens, measure)
+        tracing.record(span, {"sieverag.context_budget.used": measure(placed),
+                              "sieverag.documents.kept": len(kept),
+                              "sieverag.context_budget.documents": len(placed),
+                              "sieverag.context_budget.trimmed": any(p.trimmed for p in placed)})
+    return [in_context(kept[p.position], candidates[p.position], p) for p in placed]
+
+
+def in_context(result: RerankResult, candidate: Candidate, placed: Placed) -> RerankResult:
+    """`result` holding what `placed` puts of it in the context."""
+    if placed.sentences is None:
+        return replace(result, pruned_text=placed.text)
+    spans = result.spans
+    if spans is not None:  # its kept spans after the first `placed.sentences` leave the context
+        keys = [i for i, span in enumerate(spans) if span.kept][placed.sentences:]
+        spans = tuple(replace(span, kept=False) if i in keys else span
+                      for i, span in enumerate(spans))
+    return replace(result, pruned_text=placed.text, spans=spans,
+                   key_sentences=candidate.sentences[:placed.sentences])
 
 
 def at_offset(result: RerankResult, offset: int) -> RerankResult:
