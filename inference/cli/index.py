@@ -123,6 +123,31 @@ class IndexSearchCommand:
 
 
 @settings
+class IndexImportCommand:
+    """Make an index folder over a FAISS index someone else built (FlashRAG's wiki-18 e5
+    index, a DPR index) and its corpus, without re-embedding: the folder points at the FAISS
+    file, and queries are embedded with --dense.model (and --dense.query-prefix)."""
+
+    faiss: str = field(metadata={"help": "the prebuilt FAISS index file (row i = record i)"})
+    corpus: FileList = field(metadata={
+        "help": "the corpus the index was built from: FlashRAG jsonl {id, contents}, DPR's "
+                "psgs_w100.tsv, or any corpus format index build reads"})
+    out: str = field(metadata={"help": "index folder to write"})
+    retrievers: tuple[Retriever, ...] = field(default=("dense",), metadata={
+        "help": "dense (the prebuilt index), plus bm25 to build a BM25 index of the corpus"})
+    corpus_format: CorpusFormat = field(default="auto", metadata={
+        "help": "corpus file format (auto: detect from the file)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an index already in --out"})
+    bm25: BM25Config = field(default_factory=BM25Config, metadata={"help": "the BM25 index"})
+    dense: DenseConfig = field(default_factory=DenseConfig, metadata={
+        "help": "the query encoder: the model that embedded the corpus"})
+
+    def __post_init__(self) -> None:
+        if "dense" not in self.retrievers:
+            raise ConfigError("index import brings a dense index: retrievers must include dense")
+
+
+@settings
 class IndexConvertCommand:
     """Bring an index folder written by an older sieverag to this version's format in place
     (format 1 → 2: adds the chunk store's offsets file; nothing is re-embedded)."""
@@ -214,6 +239,17 @@ def run_index_build(command: IndexBuildCommand) -> int:
     manifest = index.manifest
     print(f"indexed {manifest.source_count} documents as {manifest.chunk_count} chunks "
           f"({manifest.corpus_format}) into {command.out}; modes: {', '.join(index.modes)}")
+    return 0
+
+
+def run_index_import(command: IndexImportCommand) -> int:
+    from sieverag.inference.retrieval.prebuilt import import_index
+
+    index = import_index(command.faiss, command.corpus, command.out, command.dense,
+                         corpus_format=command.corpus_format, overwrite=command.overwrite,
+                         bm25=command.bm25 if "bm25" in command.retrievers else None)
+    print(f"imported {index.manifest.chunk_count} passages over {command.faiss} into "
+          f"{command.out}; modes: {', '.join(index.modes)}")
     return 0
 
 

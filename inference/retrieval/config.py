@@ -51,9 +51,17 @@ class SearchConfig:
         "help": "hits taken from each retriever before fusion"})
     rerank_depth: int = field(default=30, metadata={
         "help": "first-stage hits a reranker re-scores"})
+    nprobe: int = field(default=32, metadata={
+        "help": "dense IVF indexes: clusters searched per query (more: better recall, slower)"})
+    ef_search: int = field(default=128, metadata={
+        "help": "dense HNSW indexes: candidate list size while searching the graph"})
+    rerank_factor: int = field(default=10, metadata={
+        "help": "dense indexes that keep their full vectors: rerank_factor·k candidates are "
+                "re-scored exactly from them (1: no re-ranking)"})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"search.alpha must be in [0, 1], got {self.alpha}")
         at_least(0, "search.", rrf_k=self.rrf_k)
-        at_least(1, "search.", candidates=self.candidates, rerank_depth=self.rerank_depth)
+        at_least(1, "search.", candidates=self.candidates, rerank_depth=self.rerank_depth,
+                 nprobe=self.nprobe, ef_search=self.ef_search, rerank_factor=self.rerank_factor)

@@ -99,6 +99,46 @@ def corpus_identity(paths: Sequence[Path]) -> tuple[str, str]:
     return ",".join(str(p.resolve()) for p in paths), combined
 
 
+def prepare_build(paths: Sequence[Path], out: Path, config: IndexConfig, *,
+                  overwrite: bool) -> tuple[int, list[str], str | None]:
+    """Check the output folder and the corpus (one pass; nothing is written); returns the
+    number of source documents, each file's format and the BM25 engine (None without BM25).
+    Call `mark_unfinished` before writing."""
+    if not paths:
+        raise ConfigError("no corpus file given")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"index output {out} exists and is not a folder")
+    if (out / MANIFEST_FILE).exists() and not overwrite:
+        raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
+                          "or choose another --out")
+    document_count, formats = scan_corpora(paths, config.corpus_format)
+    engine = choose_engine(config.bm25, document_count) if config.bm25 is not None else None
+    return document_count, formats, engine
+
+
+def mark_unfinished(out: Path) -> None:
+    """Create the folder and drop its manifest and cache: a crash mid-rebuild cannot leave a
+    stale manifest."""
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
+    (out / CACHE_FILE).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_chunks(paths: Sequence[Path], formats: Sequence[str], out: Path,
+                 config: IndexConfig, show_progress: bool = True) -> tuple[ChunkStore, str]:
+    """Stream the corpus, document by document, into the folder's chunk store; returns the
+    store and the chunks' fingerprint."""
+    digest = hashlib.sha256()
+    with write_chunk_store(out) as writer:
+        chunks = iter_chunks(iter_corpora(paths, formats), config.chunking)
+        for chunk in tqdm(chunks, desc="Chunking", unit="chunk", disable=not show_progress):
+            writer.add(chunk)
+            digest.update(_fingerprint_bytes(chunk))
+    if writer.count == 0:
+        raise DatasetError(f"corpus {', '.join(map(str, paths))} produced no chunks")
+    return ChunkStore(out), digest.hexdigest()
+
+
 def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
                 config: IndexConfig | None = None, *, overwrite: bool = False,
                 on_shard: ShardCallback | None = None, dense_encoder: Encoder | None = None,
@@ -113,30 +153,9 @@ def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
     """
     config = config if config is not None else IndexConfig()
     paths, out = corpus_paths(corpus_path), Path(out_dir)
-    if not paths:
-        raise ConfigError("no corpus file given")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"index output {out} exists and is not a folder")
-    if (out / MANIFEST_FILE).exists() and not overwrite:
-        raise ConfigError(f"{out} already holds an index; pass --overwrite to rebuild it "
-                          "or choose another --out")
-
-    # Checked in one pass before anything is written: a bad corpus leaves the folder as it was.
-    document_count, formats = scan_corpora(paths, config.corpus_format)
-    engine = choose_engine(config.bm25, document_count) if config.bm25 is not None else None
-    # Unfinished from here on, so a crash mid-rebuild cannot leave a stale manifest.
-    (out / MANIFEST_FILE).unlink(missing_ok=True)
-    (out / CACHE_FILE).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    with write_chunk_store(out) as writer:
-        chunks = iter_chunks(iter_corpora(paths, formats), config.chunking)
-        for chunk in tqdm(chunks, desc="Chunking", unit="chunk", disable=not show_progress):
-            writer.add(chunk)
-            digest.update(_fingerprint_bytes(chunk))
-    if writer.count == 0:
-        raise DatasetError(f"corpus {', '.join(map(str, paths))} produced no chunks")
-    store = ChunkStore(out)
+    document_count, formats, engine = prepare_build(paths, out, config, overwrite=overwrite)
+    mark_unfinished(out)
+    store, fingerprint = write_chunks(paths, formats, out, config, show_progress)
     texts = IndexedTexts(store)
     files = list(chunk_store.FILES)
 
@@ -160,7 +179,7 @@ def build_index(corpus_path: CorpusFiles, out_dir: Path | str,
     manifest = Manifest(config=config, files=tuple(files), chunk_count=len(store),
                         source_count=document_count, corpus=corpus,
                         corpus_format=",".join(formats), corpus_sha256=corpus_sha256,
-                        fingerprint=digest.hexdigest())
+                        fingerprint=fingerprint)
     write_manifest(out, manifest)
     return Index(out, manifest, store, bm25, dense)
 
@@ -200,6 +219,9 @@ class Index:
         self.bm25 = bm25
         self.dense = dense
         self.search_config = search_config if search_config is not None else SearchConfig()
+        if dense is not None:
+            dense.set_search(self.search_config.nprobe, self.search_config.ef_search,
+                             self.search_config.rerank_factor)
         self.cache = cache
 
     @classmethod
@@ -264,8 +286,11 @@ class Index:
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         fetch = max(k, self.search_config.rerank_depth) if reranker is not None else k
-        settings = (self.search_config.alpha, self.search_config.rrf_k,
-                    self.search_config.candidates)
+        config = self.search_config
+        settings: tuple = (config.alpha, config.rrf_k, config.candidates)
+        if mode != "bm25" and self.dense is not None and self.dense.config.index != "Flat":
+            # Approximate dense searches depend on their search settings too.
+            settings += (config.nprobe, config.ef_search, config.rerank_factor)
         keys = [cache_key(q, mode, fetch, settings, self.manifest.fingerprint) for q in queries]
         rankings: dict[str, Ranking] = {}
         todo: dict[str, str] = {}
