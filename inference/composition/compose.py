@@ -206,7 +206,7 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
     documents = _capped_documents(config.max_documents)
     search = None
     if config.retrieval is not None:  # before the models load: a bad index fails at once
-        from sieverag.inference.retrieval.backend import open_backend
+        from sieverag.inference.retrieval.chooser import open_backend
 
         index = open_backend(config.retrieval, config.retrieval.search)
         search = _index_search(index, config.retrieval, _reranker(config.retrieval), removed)

@@ -12,8 +12,8 @@ and reports). Three backends satisfy it:
 * a Milvus collection (`milvus.MilvusIndex`, `--retrieval.backend milvus --retrieval.uri URI`:
   a cluster's `http://host:19530` or a Milvus Lite file).
 
-`IndexSource` names one of them and `open_backend` opens it: the one chooser every command
-goes through.
+`IndexSource` names one of them and `chooser.open_backend` opens it: the one chooser every
+command goes through.
 """
 
 from __future__ import annotations
@@ -162,24 +162,3 @@ def read_secret(env_var: str | None, setting: str = "retrieval.api_key_env") -> 
                           f"export the key in {env_var}, or drop {setting}")
     return value
 
-
-def open_backend(source: IndexSource, search_config: SearchConfig | None = None, *,
-                 use_cache: bool = True) -> SearchBackend:
-    """Open the index `source` names, searching as `search_config` says (a served index
-    must fuse as it does: the client checks). Fails at once, naming the source, when the
-    index cannot be reached."""
-    if source.backend == "milvus":
-        from sieverag.inference.retrieval.milvus import MilvusIndex
-
-        return MilvusIndex.connect(source.uri or "", source.collection,
-                                   search_config=search_config,
-                                   token=read_secret(source.api_key_env),
-                                   timeout=source.timeout)
-    if source.endpoint is not None:
-        from sieverag.inference.retrieval.remote import RemoteIndex
-
-        return RemoteIndex(source.endpoint, search_config=search_config,
-                           api_key=read_secret(source.api_key_env), timeout=source.timeout)
-    from sieverag.inference.retrieval.index import Index
-
-    return Index.load(source.index or "", search_config=search_config, use_cache=use_cache)

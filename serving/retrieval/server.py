@@ -31,7 +31,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def load_served_index(config: RetrievalServerConfig) -> SearchBackend:
     """The index folder `config` names, loaded with its search settings."""
-    from sieverag.inference.retrieval.backend import IndexSource, open_backend
+    from sieverag.inference.retrieval.backend import IndexSource
+    from sieverag.inference.retrieval.chooser import open_backend
 
     return open_backend(IndexSource(index=config.index), config.search, use_cache=config.cache)
 

@@ -25,7 +25,8 @@ from sieverag.inference.core.errors import BackendUnavailableError, ConfigError
 from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval import runner
 from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.retrieval.backend import SearchBackend, open_backend
+from sieverag.inference.retrieval.backend import SearchBackend
+from sieverag.inference.retrieval.chooser import open_backend
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.index import SEARCH_MODES, Index, build_index

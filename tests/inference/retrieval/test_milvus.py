@@ -26,7 +26,8 @@ from sieverag.inference.core.errors import ConfigError, DatasetError  # noqa: E4
 from sieverag.inference.core.io_utils import JsonlLog  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.records import EvalRecord  # noqa: E402
-from sieverag.inference.retrieval.backend import SearchBackend, open_backend  # noqa: E402
+from sieverag.inference.retrieval.backend import SearchBackend  # noqa: E402
+from sieverag.inference.retrieval.chooser import open_backend  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.dense import DenseConfig, make_encoder  # noqa: E402
