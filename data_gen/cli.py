@@ -56,6 +56,12 @@ def run_label(command: LabelCommand) -> int:
     if command.teacher is not None:
         command.teacher.backend_config()  # a bad URL fails here, before any work
     summary = run_labelling(narrow(command, LabelRunConfig), progress=not command.quiet)
+    if summary.teacher_batch_input is not None:
+        print(f"teacher requests written to {summary.teacher_batch_input}: run them, e.g. "
+              f"`vllm run_batch -i {summary.teacher_batch_input} -o OUT.jsonl --model MODEL "
+              f"--served-model-name {command.teacher.model}` (or through a Batch API), then "
+              "rerun this command with --teacher.batch-output OUT.jsonl")
+        return 0
     print(f"labelled {summary.questions_labelled} question(s) now, "
           f"{summary.questions_done_before} before; {summary.questions_total} in all")
     if summary.teacher:

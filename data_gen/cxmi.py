@@ -15,7 +15,9 @@ Three implementations give the same scores:
   key/value cache reused for every context; only the tokens after it are computed, in
   batches. On CPU this is where the speed comes from: batching a long prefill gains little,
   not recomputing it gains a lot.
-* `BatchedCXMI` (any `LLMBackend`, e.g. an OpenAI-compatible server): one batched
+* `BatchedCXMI` (any `LLMBackend`, e.g. an OpenAI-compatible server: `label
+  --scorer-endpoint URL[,URL...]`, prompt log-probs by /completions with echo, spread over
+  the replicas): one batched
   `continuation_logprob` call per question, the no-context term once.
 * `naive_cxmi`: the reference — two single-prompt passes per context and alias, nothing
   shared; kept for the tests and the benchmark.
@@ -29,6 +31,7 @@ rounding.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +46,9 @@ from sieverag.inference.llm.context import FittedPrompt
 from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
 
 AGENT = "cxmi"
+# Padded tokens in one in-process forward pass: on CPU a few hundred are as efficient as any
+# more (larger activations fall out of cache); a GPU wants thousands (`--scorer-batch-tokens`).
+DEFAULT_BATCH_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -156,15 +162,32 @@ class _CXMIScorer:
 
 class BatchedCXMI(_CXMIScorer):
     """CXMI on any backend: one batched `continuation_logprob` call per `score` or
-    `score_many`."""
+    `score_many`. Given several backends (replicas of one served scorer, sharing one usage
+    meter), a call's sequences are cut into one contiguous part per replica, the parts
+    scored at the same time, and the replica that takes the first part goes round-robin from
+    call to call, so calls smaller than the replicas still spread over all of them."""
 
-    def __init__(self, backend: LLMBackend) -> None:
+    def __init__(self, backend: LLMBackend, *replicas: LLMBackend) -> None:
         self.backend = backend
+        self.backends = [backend, *replicas]
+        self._turn = 0
 
     def grouped_logprobs(self, groups: Groups) -> list[list[float]]:
-        logprobs = self.backend.continuation_logprob(
-            [p for prompts, _ in groups for p in prompts],
-            [r for _, replies in groups for r in replies], agent=AGENT)
+        prompts = [p for prompts, _ in groups for p in prompts]
+        replies = [r for _, replies in groups for r in replies]
+        count = min(len(self.backends), len(prompts)) or 1
+        size = -(-len(prompts) // count)  # ceil
+        parts = [(self.backends[(self._turn + i) % len(self.backends)], i * size,
+                  (i + 1) * size) for i in range(count)]
+        self._turn = (self._turn + count) % len(self.backends)
+        if count == 1:
+            logprobs = parts[0][0].continuation_logprob(prompts, replies, agent=AGENT)
+        else:
+            with ThreadPoolExecutor(count, thread_name_prefix="cxmi-replica") as pool:
+                futures = [pool.submit(backend.continuation_logprob, prompts[start:end],
+                                       replies[start:end], agent=AGENT)
+                           for backend, start, end in parts]
+                logprobs = [value for future in futures for value in future.result()]
         return _split(logprobs, [len(p) for p, _ in groups])
 
 
@@ -190,7 +213,7 @@ class SharedPrefixCXMI(_CXMIScorer):
     """
 
     def __init__(self, backend: HFBackend, batch_size: int | None = None,
-                 batch_tokens: int = 512) -> None:
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
         self.backend = backend
         self.batch_size = batch_size or backend.config.batch_size
         self.batch_tokens = batch_tokens
@@ -353,6 +376,9 @@ def naive_cxmi(
     return scores
 
 
-def cxmi_scorer(backend: LLMBackend) -> CXMIScorer:
-    """The fastest scorer the backend allows: shared-prefix on `HFBackend`, else batched."""
-    return SharedPrefixCXMI(backend) if isinstance(backend, HFBackend) else BatchedCXMI(backend)
+def cxmi_scorer(backend: LLMBackend, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> CXMIScorer:
+    """The fastest scorer the backend allows: shared-prefix on `HFBackend` (batches of at
+    most `batch_tokens` padded tokens), else batched."""
+    if isinstance(backend, HFBackend):
+        return SharedPrefixCXMI(backend, batch_tokens=batch_tokens)
+    return BatchedCXMI(backend)

@@ -43,7 +43,14 @@ from pydantic import BeforeValidator
 from tqdm import tqdm
 
 from sieverag.data_gen.cxmi import AGENT as CXMI_AGENT
-from sieverag.data_gen.cxmi import CXMIQuestion, CXMIScore, CXMIScorer, cxmi_scorer
+from sieverag.data_gen.cxmi import (
+    DEFAULT_BATCH_TOKENS,
+    BatchedCXMI,
+    CXMIQuestion,
+    CXMIScore,
+    CXMIScorer,
+    cxmi_scorer,
+)
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
 from sieverag.data_gen.ledger import progress_ticker
 from sieverag.data_gen.passages import with_borrowed_negatives
@@ -108,6 +115,13 @@ class LabelRunConfig:
     cxmi_level: CXMILevel = field(default="both", metadata={
         "help": "score chunks, sentences or both with CXMI"})
     batch_size: int = field(default=16, metadata={"help": "scorer sequences per forward pass"})
+    scorer_batch_tokens: int = field(default=DEFAULT_BATCH_TOKENS, metadata={
+        "help": "in-process scorer: most padded tokens in one forward pass (a few hundred "
+                "suit a CPU; raise it on a GPU, with --batch-size)"})
+    scorer_endpoint: tuple[str, ...] = field(default=(), metadata={
+        "help": "score CXMI through served prompt log-probs instead of in-process: "
+                "OpenAI-compatible base URL(s) of vLLM or `sieverag serve` serving --scorer "
+                "under its name, comma-separated replicas sharing the work"})
     device: Device = field(default="auto",
                                                    metadata={"help": "scorer device"})
     teacher: TeacherConfig | None = field(default=None, metadata={
@@ -127,7 +141,11 @@ class LabelRunConfig:
     def __post_init__(self) -> None:
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.scorer_endpoint and self.scorer is None:
+            raise ConfigError("scorer_endpoint is set but scorer is none: name the served "
+                              "scorer model with --scorer, or leave out --scorer-endpoint")
         at_least(1, limit=self.limit, batch_size=self.batch_size,
+                 scorer_batch_tokens=self.scorer_batch_tokens,
                  questions_per_step=self.questions_per_step, concurrency=self.concurrency,
                  max_documents=self.max_documents)
         at_least(0, borrowed_negatives=self.borrowed_negatives)
@@ -185,6 +203,8 @@ class LabelRunSummary:
     chunks_labelled: int = 0
     teacher: dict[str, Any] | None = None
     scorer_usage: dict[str, int] | None = None
+    teacher_batch_input: str | None = None
+    """batch-file mode: the Batch JSONL written, to run before labelling goes on."""
     gold_agreement: dict[str, Any] = field(default_factory=dict)
 
 
@@ -319,17 +339,24 @@ def run_labelling(
     summary = LabelRunSummary(questions_total=len(examples),
                               questions_done_before=len(examples) - len(todo))
     scorer = None
-    if config.scorer is not None and todo:
-        scorer = (scorer_factory or _default_scorer)(config)
     teacher = (TeacherClient(config.teacher, out / TEACHER_CACHE_FILE)
                if config.teacher is not None else None)
     labeller = Labeller(config, scorer, teacher, positions)
     writer = JsonlLog(labels_path)
     try:
-        bar = tqdm(total=len(examples), initial=len(examples) - len(todo),
-                   desc="labelling", unit="question", disable=not progress)
-        with _teacher_progress(bar, teacher, config, examples):
-            _label_all(labeller, todo, writer, summary, bar)
+        if teacher is not None and teacher.config.mode != "sync" and todo:
+            from sieverag.data_gen.batch import answer_in_batches
+
+            waiting = answer_in_batches(teacher, out, [(e.id, labeller.teacher_requests(e))
+                                                       for e in todo], progress=progress)
+            summary.teacher_batch_input = None if waiting is None else str(waiting)
+        if summary.teacher_batch_input is None:
+            if config.scorer is not None and todo:
+                scorer = labeller.scorer = (scorer_factory or _default_scorer)(config)
+            bar = tqdm(total=len(examples), initial=len(examples) - len(todo),
+                       desc="labelling", unit="question", disable=not progress)
+            with _teacher_progress(bar, teacher, config, examples):
+                _label_all(labeller, todo, writer, summary, bar)
     finally:
         if teacher is not None:
             teacher.close()
@@ -362,11 +389,35 @@ def _teacher_progress(bar: tqdm, teacher: TeacherClient | None, config: LabelRun
 
 
 def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
+    if config.scorer_endpoint:
+        return served_scorer(config)
     from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
     return cxmi_scorer(HFBackend(HFBackendConfig(model=config.scorer or DEFAULT_MODEL,
                                                  device=config.device,
-                                                 batch_size=config.batch_size)))
+                                                 batch_size=config.batch_size)),
+                       batch_tokens=config.scorer_batch_tokens)
+
+
+def served_scorer(config: LabelRunConfig) -> CXMIScorer:
+    """CXMI through `scorer_endpoint`'s servers (their prompt log-probs, the prompts rendered
+    with the scorer's own chat template), one usage meter for all the replicas."""
+    from sieverag.inference.llm.base import UsageMeter
+    from sieverag.inference.llm.models import resolve_model
+    from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
+
+    name = config.scorer or DEFAULT_MODEL
+    template = str(resolve_model(name))
+    meter = UsageMeter()
+    backends = []
+    for url in config.scorer_endpoint:
+        try:
+            backend_config = OpenAIBackendConfig(base_url=url, model=name,
+                                                 chat_template_model=template)
+        except ValueError as err:
+            raise ConfigError(f"scorer_endpoint {url}: {err}") from err
+        backends.append(OpenAIBackend(backend_config, meter=meter))
+    return BatchedCXMI(*backends)
 
 
 # Steps whose teacher requests are out at once: the next step's go out while a step's last
