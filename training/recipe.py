@@ -15,7 +15,7 @@ import argparse
 import difflib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +31,21 @@ CONFIG_FLAG = "--config"
 _UNUSED_FLAGS = re.compile(r"not used by the HfArgumentParser: (\[.*\])")
 _TYPE_NAMES = {"string_to_bool": "a boolean (true or false)", "int": "an integer",
                "float": "a number"}
+_QUANTIZED = "sieverag trains LoRA on a bf16 or float32 base, not on a quantized one (QLoRA)"
+# Fields of TRL's configs that sieverag's training does not use: a recipe or flag that moves
+# one off its default is refused, naming it and why (TRL would drop it without a word).
+UNUSED_FIELDS: dict[str, str] = {
+    "model_revision": "the base model is a local folder (nothing is downloaded): check that "
+                      "revision out into the folder",
+    "load_in_8bit": _QUANTIZED, "load_in_4bit": _QUANTIZED, "bnb_4bit_quant_type": _QUANTIZED,
+    "use_bnb_nested_quant": _QUANTIZED, "bnb_4bit_quant_storage": _QUANTIZED,
+    "chat_template_path": "the chat template is the base tokenizer's own, else sieverag's "
+                          "named fallback, which the filter card records for every consumer "
+                          "(inference/llm/chat_template.py)",
+    "dataset_text_field": "filter records are prompt/completion conversations, not a text "
+                          "column",
+    "assistant_only_loss": "the loss falls on the completion (completion_only_loss)",
+}
 
 
 @dataclass
@@ -89,8 +104,23 @@ def parse_recipe(argv: Sequence[str]) -> Recipe:
                               "fields of FilterScriptArguments, trl.SFTConfig and "
                               "FilterModelConfig") from None
         raise ConfigError(f"{source}: {err}") from err
+    for config in (script, training, model):
+        _check_unused(config, source)
     overrides = [a for a in args if a not in (CONFIG_FLAG, path)]
     return Recipe(script, training, model, path, values, overrides)
+
+
+def _check_unused(config: Any, source: str) -> None:
+    """Refuse a config whose `UNUSED_FIELDS` are set off their defaults."""
+    for item in fields(config):
+        why = UNUSED_FIELDS.get(item.name)
+        if why is None:
+            continue
+        default = item.default if item.default is not MISSING else (
+            item.default_factory() if item.default_factory is not MISSING else None)
+        if getattr(config, item.name) != default:
+            raise ConfigError(f"{source}: field {item.name} is not used by sieverag's training "
+                              f"({why}): remove it")
 
 
 def _config_path(args: list[str]) -> str | None:

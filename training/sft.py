@@ -17,6 +17,7 @@ metrics).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sieverag.inference.core.errors import ConfigError, DatasetError, SieveragError
+from sieverag.inference.llm.chat_template import FALLBACK_TEMPLATE, load_tokenizer
 from sieverag.training.recipe import Recipe, parse_recipe
+from sieverag.training.sft_config import FLASH_OR_SDPA
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -35,8 +38,11 @@ RECORDED_TRAINING_FIELDS = (
     "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "num_train_epochs",
     "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
     "seed", "bf16", "fp16", "activation_checkpointing", "optim", "eval_strategy", "eval_steps",
-    "train_sampling_strategy", "completion_only_loss",
+    "train_sampling_strategy", "completion_only_loss", "packing", "packing_strategy",
+    "padding_free",
 )
+PADDING_FREE_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa", "eager",
+                          "flex_attention")
 # The packages whose versions an adapter's metadata records.
 TRAINING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed")
 
@@ -80,6 +86,49 @@ def lora_config(model_args: Any, base_dir: Path) -> Any:
     return config
 
 
+def attention_implementation(requested: str | None) -> tuple[str | None, str]:
+    """The attention kernel the base model is loaded with, and a line saying which and why.
+
+    `FLASH_OR_SDPA` is `flash_attention_2` where the flash-attn package and a CUDA device
+    are there, else `sdpa`; any other value is transformers' own (None: its default)."""
+    if requested != FLASH_OR_SDPA:
+        return requested, f"attention: {requested or 'the model default (transformers)'}"
+    from transformers.utils import is_flash_attn_2_available
+
+    if is_flash_attn_2_available():
+        return "flash_attention_2", ("attention: flash_attention_2 (attn_implementation "
+                                     f"{FLASH_OR_SDPA}: flash-attn is installed)")
+    return "sdpa", (f"attention: sdpa (attn_implementation {FLASH_OR_SDPA}: flash-attn is not "
+                    "installed or there is no CUDA device)")
+
+
+def model_init_kwargs(model_args: Any, args: Any, attention: str | None) -> dict[str, Any]:
+    """What the base model is loaded with (TRL's `model_init_kwargs`): the recipe's dtype and
+    attention kernel, and the recipe's own `model_init_kwargs`, which may not set either of
+    them a second time."""
+    given = dict(args.model_init_kwargs or {})
+    fields = {"dtype": model_args.dtype, "attn_implementation": attention}
+    twice = sorted(key for key in (*fields, "torch_dtype")
+                   if key in given and given[key] != fields.get(key))
+    if twice:
+        raise ConfigError(f"model_init_kwargs sets {', '.join(twice)}: set dtype and "
+                          "attn_implementation as recipe fields of their own, once")
+    return {**given, **{key: value for key, value in fields.items() if value is not None}}
+
+
+def check_padding_free(args: Any, attention: str | None) -> None:
+    """Padding-free batches (`padding_free`, or `packing` with a `bfd` strategy) need an
+    attention kernel that keeps the flattened records apart: flash attention (by
+    `position_ids`) or sdpa, eager and flex (transformers builds their block-diagonal mask
+    from the `position_ids` TRL gives)."""
+    padding_free = args.padding_free or (args.packing and args.packing_strategy
+                                         in ("bfd", "bfd_split"))
+    if padding_free and attention not in PADDING_FREE_ATTENTION:
+        raise ConfigError(
+            f"padding_free/packing needs attn_implementation {', '.join(PADDING_FREE_ATTENTION)}"
+            f" or {FLASH_OR_SDPA} (each keeps packed records apart), got {attention!r}")
+
+
 def score_positions(*, label_only: bool) -> None:
     """Whether TRL's fused LM head scores only the positions with a label.
 
@@ -99,21 +148,41 @@ def score_positions(*, label_only: bool) -> None:
     trl_utils._use_triton = (lambda device: True) if label_only else _use_triton
 
 
-def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
-    """Run the recipe; returns the folder holding the verified adapter and its metadata.
+@dataclasses.dataclass
+class PreparedRun:
+    """What `build_trainer` prepared besides the trainer, for the run and its card."""
 
-    `callbacks` are passed to the trainer (the tests use one to snapshot the weights).
-    """
-    from transformers import AutoTokenizer
-    from transformers.integrations import unset_hf_deepspeed_config
+    base_dir: Path
+    tokenizer: Any
+    used: dict[str, Any]
+    dropped: dict[str, int]
+    evaluate: bool
+    resume: str | None
+    floor: float | None
+    filter_format: str
+    chat_template: dict[str, str]
+
+
+def build_trainer(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()
+                  ) -> tuple[Any, PreparedRun]:
+    """The recipe's `SFTTrainer`, its base model loaded with every model field of the recipe
+    (dtype, attention kernel, LoRA), and what the run needs besides; trains nothing."""
     from trl import SFTTrainer
 
+    from sieverag.inference.llm.chat_template import template_identity
     from sieverag.inference.llm.models import resolve_model
     from sieverag.training import data
 
     script, args, model_args = recipe.script, recipe.training, recipe.model
     base_dir = resolve_model(model_args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+    tokenizer = load_tokenizer(base_dir, trust_remote_code=args.trust_remote_code)
+    chat_template = template_identity(tokenizer)
+    attention, said = attention_implementation(model_args.attn_implementation)
+    check_padding_free(args, attention)
+    if int(os.environ.get("RANK", "0")) == 0:  # once per run, not once per process
+        print(f"chat template: {chat_template['name']}"
+              + (" (the base model's tokenizer has none)"
+                 if chat_template["name"] == FALLBACK_TEMPLATE else "") + f"\n{said}")
     evaluate = args.eval_strategy != "no"
     dataset = data.load_training_splits(script.dataset_path, script.train_split,
                                         script.eval_split if evaluate else None)
@@ -132,7 +201,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
                                f"after dropping the {dropped[name]} longer than max_length="
                                f"{args.max_length}: raise max_length")
 
-    args.model_init_kwargs = {"dtype": model_args.dtype, **(args.model_init_kwargs or {})}
+    args.model_init_kwargs = model_init_kwargs(model_args, args, attention)
     resume = resume_checkpoint(recipe)
     score_positions(label_only=script.score_label_positions_only)
     filter_format = data.filter_format_of(used["train"])
@@ -149,6 +218,24 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
         peft_config=lora_config(model_args, base_dir),
         callbacks=list(callbacks),
     )
+    return trainer, PreparedRun(base_dir, tokenizer, used, dropped, evaluate, resume, floor,
+                                filter_format, chat_template)
+
+
+def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
+    """Run the recipe; returns the folder holding the verified adapter and its metadata.
+
+    `callbacks` are passed to the trainer (the tests use one to snapshot the weights).
+    """
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    from sieverag.training import data
+
+    trainer, run = build_trainer(recipe, callbacks)
+    script, args, model_args = recipe.script, recipe.training, recipe.model
+    base_dir, used, dropped, floor = run.base_dir, run.used, run.dropped, run.floor
+    evaluate, resume, tokenizer = run.evaluate, run.resume, run.tokenizer
+    filter_format = run.filter_format
     started = time.time()
     result = trainer.train(resume_from_checkpoint=resume)
     metrics: dict[str, Any] = dict(result.metrics)
@@ -166,6 +253,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     from sieverag.inference.filters.adapters import filter_template_hashes, weights_sha256
     from sieverag.inference.filters.filter_format import FORMAT_KEY
     from sieverag.inference.filters.windows import RECORD_TOKENS_KEY
+    from sieverag.inference.llm.chat_template import CARD_KEY as CHAT_TEMPLATE_KEY
     from sieverag.inference.llm.models import EMBEDDED_MODELS
     from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
@@ -186,6 +274,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
         "base_model_sha256": weights_sha256(base_dir),
         "prompt_templates": filter_template_hashes(filter_format),
         FORMAT_KEY: filter_format,
+        CHAT_TEMPLATE_KEY: run.chat_template,
         "dataset": {
             "path": str(Path(script.dataset_path).resolve()),
             "fingerprint": data.content_fingerprint(used),
@@ -212,6 +301,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
             "model": dataclasses.asdict(model_args),
             "training": {k: getattr(args, k) for k in RECORDED_TRAINING_FIELDS
                          if hasattr(args, k)},
+            # What the base model was loaded with (the attention kernel as resolved).
+            "model_init_kwargs": {k: str(v) for k, v in args.model_init_kwargs.items()},
             "processes": world,
             "effective_batch": (args.per_device_train_batch_size
                                 * args.gradient_accumulation_steps * world),

@@ -16,6 +16,8 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least
 from sieverag.inference.llm.models import DEFAULT_MODEL
 
+# attn_implementation: flash_attention_2 where flash-attn and a CUDA device are, else sdpa.
+FLASH_OR_SDPA = "flash_attention_2_or_sdpa"
 # Llama-family names of every attention (q, k, v, o) and MLP (gate, up, down) projection.
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -70,6 +72,12 @@ class FilterModelConfig(ModelConfig):
         default=DEFAULT_MODEL,
         metadata={"help": "base model: an embedded name (resolved by "
                           "inference.llm.models.resolve_model) or a local Hugging Face folder"})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "the base model's attention kernel (flash_attention_2, sdpa, eager, "
+                          f"...), or {FLASH_OR_SDPA}: flash_attention_2 where the flash-attn "
+                          "package and a CUDA device are, else sdpa (the run prints which); "
+                          "None: transformers' default"})
     use_peft: bool = field(default=True, metadata={"help": "train a LoRA adapter (must be true)"})
     lora_target_modules: list[str] | None = field(
         default_factory=lambda: list(ALL_PROJECTIONS),

@@ -25,6 +25,13 @@ error, a failed one does not stop the others, and the exit code is 1 when any fa
                     --num-processes 1`: deepspeed_zero3.yaml, zero3_save_16bit_model, with
                     accelerate's --num_processes 1), where a LoRA adapter is saved empty unless
                     the sharded weights are gathered
+  train_8b_recipes  the 8B recipes' code path: `--recipe llama3_8b_filter_zero3` on a tiny
+                    Llama-3 base without a chat template (sieverag's fallback) and
+                    `--recipe qwen2_5_7b_filter_zero3` on a tiny Qwen2 with its own, each under
+                    ZeRO-3 in one process for RECIPE_STEPS steps: bf16, flash_attention_2 or
+                    sdpa as installed (the card says which), padding-free packed batches,
+                    activation checkpointing; the models are made on the machine from the
+                    tiny model's tokenizer (nothing more to carry)
   scores            the filter's chunk scores (MCF's) and the MAIN-RAG judge's on CUDA (bf16)
                     against tests/gpu/cpu_reference.json (float32 on the CPU); filter chunks/s
                     and judge docs/s
@@ -105,11 +112,16 @@ TINY_INIT_STD = 0.15
 REFERENCE = Path(__file__).with_name("cpu_reference.json")
 SCORED_DATASET = TESTS / "data" / "hotpotqa_heldout_sample.jsonl"  # 5 questions x 10 passages
 TRAINING_DATASET = TESTS / "data" / "hotpotqa_sample.jsonl"
-STEPS = ("environment", "train_single_gpu", "train_zero3", "scores", "serve")
+STEPS = ("environment", "train_single_gpu", "train_zero3", "train_8b_recipes", "scores",
+         "serve")
 
 P_YES_TOLERANCE = 0.05
 JUDGE_LOG_ODDS_TOLERANCE = 0.5
 TRAIN_STEPS = 30
+RECIPE_STEPS = 10
+# The 8B recipes' step: architecture → (recipe, whether its tiny model has a chat template).
+RECIPE_PATHS = {"llama3": ("llama3_8b_filter_zero3", False),
+                "qwen2": ("qwen2_5_7b_filter_zero3", True)}
 SERVED_REQUESTS = 100
 SERVED_FILTER = "filter"
 GENERATED_TOKENS = 32
@@ -366,14 +378,15 @@ def check_scores(model: str, adapter: str, device: str, reference: Path = REFERE
 
 def train_command(accelerate_config: str, num_processes: int | None, model: str, dataset: Path,
                   output_dir: Path, steps: int = TRAIN_STEPS,
-                  overrides: Mapping[str, Any] | None = None) -> list[str]:
-    """`sieverag train`'s launch line for the GPU recipe on `model`, `steps` steps, logging
-    every step and saving at the end (other recipe `overrides` after these). Like `sieverag
-    train`, it checks the recipe first, which needs a bf16-capable GPU."""
+                  overrides: Mapping[str, Any] | None = None,
+                  recipe: str = "smollm2_filter_gpu") -> list[str]:
+    """`sieverag train`'s launch line for `recipe` (default: the GPU recipe) on `model`,
+    `steps` steps, logging every step and saving at the end (other recipe `overrides` after
+    these). Like `sieverag train`, it checks the recipe first, which needs a bf16-capable GPU."""
     from sieverag.training.cli import TrainCommand, launch_command
 
     return launch_command(TrainCommand(
-        recipe="smollm2_filter_gpu", accelerate_config=accelerate_config,
+        recipe=recipe, accelerate_config=accelerate_config,
         num_processes=num_processes,
         overrides={"model_name_or_path": model, "dataset_path": dataset,
                    "output_dir": output_dir, "max_steps": steps, "save_steps": steps,
@@ -403,19 +416,23 @@ def training_figures(output_dir: Path, model: str) -> dict[str, Any]:
     state = json.loads((output_dir / f"checkpoint-{step}" / "trainer_state.json").read_text(
         "utf-8"))
     tokens = max(entry.get("num_tokens", 0) for entry in state["log_history"])
+    training = card["recipe"]["training"]
     return {"adapter": asdict(check), "steps": step, "train_loss": metrics.get("train_loss"),
             "eval_loss": metrics.get("eval_loss"), "train_seconds": metrics["train_runtime"],
             "tokens": tokens, "tokens_per_s": round(tokens / metrics["train_runtime"], 1),
-            "processes": card["recipe"]["processes"], "bf16": card["recipe"]["training"]["bf16"]}
+            "processes": card["recipe"]["processes"], "bf16": training["bf16"],
+            "packing": training.get("packing"), "chat_template": card["chat_template"]["name"],
+            "model_init_kwargs": card["recipe"]["model_init_kwargs"]}
 
 
 def check_training(accelerate_config: str, num_processes: int | None, model: str,
                    workdir: Path, steps: int = TRAIN_STEPS,
-                   overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Train under `accelerate_config` in a subprocess and check what it saved."""
-    output_dir = workdir / f"train-{accelerate_config}"
+                   overrides: Mapping[str, Any] | None = None,
+                   recipe: str = "smollm2_filter_gpu") -> dict[str, Any]:
+    """Train `recipe` under `accelerate_config` in a subprocess and check what it saved."""
+    output_dir = workdir / f"train-{recipe}-{accelerate_config}"
     argv = train_command(accelerate_config, num_processes, model, training_dataset(workdir),
-                         output_dir, steps, overrides)
+                         output_dir, steps, overrides, recipe)
     command = {"command": " ".join(argv)}
     returncode, output = run_bounded(argv, workdir, TRAIN_TIMEOUT_S)
     if returncode != 0:
@@ -436,6 +453,46 @@ def run_bounded(argv: Sequence[str], cwd: Path, timeout_s: float) -> tuple[int, 
         raise StepFailed(f"still running after {timeout_s} s, killed: {output[-3000:]}",
                          {"command": " ".join(argv)}) from None
     return process.returncode, output
+
+
+def check_recipe_path(architecture: str, workdir: Path, accelerate_config: str = "zero3",
+                      steps: int = RECIPE_STEPS, overrides: Mapping[str, Any] | None = None,
+                      tokenizer_from: Path = TINY_MODEL) -> dict[str, Any]:
+    """One 8B recipe (RECIPE_PATHS) on a tiny model of its architecture, made here, in one
+    process: the adapter is sound, and the card says the recipe reached the model (its
+    dtype, an attention kernel that keeps packed records apart, packed batches, the chat
+    template: the tokenizer's own, else the fallback)."""
+    from tiny_model import save_tiny_architecture
+
+    from sieverag.inference.llm.chat_template import FALLBACK_TEMPLATE, TOKENIZER_TEMPLATE
+
+    recipe, template = RECIPE_PATHS[architecture]
+    model = workdir / f"tiny-{architecture}"
+    if not model.is_dir():
+        save_tiny_architecture(model, architecture, template, tokenizer_from=tokenizer_from)
+    figures = check_training(accelerate_config, 1, str(model), workdir, steps,
+                             {"per_device_train_batch_size": 2, "per_device_eval_batch_size": 4,
+                              "max_eval_examples": 8, **(overrides or {})}, recipe)
+    loaded = figures["model_init_kwargs"]
+    expected = {"packing": True, "chat_template": TOKENIZER_TEMPLATE if template
+                else FALLBACK_TEMPLATE, "padding-free attention": True}
+    found = {"packing": figures["packing"], "chat_template": figures["chat_template"],
+             "padding-free attention": loaded.get("attn_implementation") in (
+                 "sdpa", "flash_attention_2")}
+    if found != expected:
+        raise StepFailed(f"{recipe} did not reach the model: {found} (expected {expected})",
+                         figures)
+    return figures
+
+
+def check_8b_recipes(workdir: Path) -> dict[str, Any]:
+    """`check_recipe_path` for each architecture in RECIPE_PATHS, bf16 on the GPU."""
+    figures = {}
+    for architecture in RECIPE_PATHS:
+        figures[architecture] = check_recipe_path(architecture, workdir)
+        if figures[architecture]["model_init_kwargs"].get("dtype") != "bfloat16":
+            raise StepFailed(f"{architecture}: the base was not loaded in bf16", figures)
+    return figures
 
 
 # ----- serving ------------------------------------------------------------------------------
@@ -603,6 +660,7 @@ def planned_steps(args: argparse.Namespace, workdir: Path) -> list[tuple[str, Ca
         "environment": environment,
         "train_single_gpu": on_cuda(lambda: check_training("single_gpu", None, model, workdir)),
         "train_zero3": on_cuda(lambda: check_training("zero3", 1, model, workdir)),
+        "train_8b_recipes": on_cuda(lambda: check_8b_recipes(workdir)),
         "scores": on_cuda(lambda: check_scores(model, adapter, "cuda", args.reference)),
         "serve": on_cuda(lambda: check_serving(model, adapter, "cuda", workdir)),
     }

@@ -552,3 +552,27 @@ def test_eval_filter_through_a_served_filter(tiny_model_dir: Path, tmp_path: Pat
     assert report["sentence_answers"] == {"answers": 3, "unparsed": 1, "none": 1}
     assert report["filter"]["served_as"] == "filter-test-00000000"
     assert "MCF top_k=2 → sentence stage (16 tokens, empty→drop chunk)" in report["sentence"]
+
+
+def test_blank_long_and_duplicated_passages_do_not_stop_eval_filter(
+        tiny_model_dir: Path, tiny_adapter: Path, tmp_path: Path) -> None:
+    # Issue 65: a blank passage was scored 0 without the details the rows read (KeyError
+    # 'p_yes'). One question padded as retrieved sets pad: empty, whitespace, a duplicate of
+    # its gold passage and a very long passage (read window by window).
+    rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
+    first = rows[0]
+    passages = first["passages"]
+    gold = next(p for p in passages if p.get("is_gold"))
+    first["passages"] = [*passages, {"title": "", "text": ""}, {"title": "", "text": "  \n "},
+                         {**gold, "is_gold": False},
+                         {"title": "Long", "text": " ".join(["filler words"] * 900)}]
+    odd = tmp_path / "hotpotqa_odd.jsonl"
+    odd.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    data = training_dataset(tmp_path / "data", ["some-other-question"])
+    report = evaluate(dataset=str(odd), models=roles(tiny_model_dir, tiny_adapter),
+                      exclude_training=(str(data),), out=str(tmp_path / "report"),
+                      judge=False)
+    assert report["questions"]["evaluated"] == len(rows)
+    assert report["passages"]["total"] == sum(len(r["passages"]) for r in rows)
+    decisions = {d["id"]: d for d in read_decisions(tmp_path / "report")}
+    assert first["id"] in decisions  # the padded question is decided and recorded

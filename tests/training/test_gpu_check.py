@@ -104,6 +104,41 @@ def test_zero3_training_is_one_process_with_gathered_weights(bf16_gpu: None,
     assert launched_recipe(argv).training.bf16
 
 
+@pytest.mark.parametrize("architecture", list(gpu_check.RECIPE_PATHS))
+def test_the_8b_recipes_step_runs_each_recipe_under_zero3_in_one_process(
+        bf16_gpu: None, tmp_path: Path, architecture: str) -> None:
+    from sieverag.training.sft_config import FLASH_OR_SDPA
+
+    recipe_name, _ = gpu_check.RECIPE_PATHS[architecture]
+    argv = gpu_check.train_command("zero3", 1, "tiny", tmp_path / "data", tmp_path / "out",
+                                   gpu_check.RECIPE_STEPS, recipe=recipe_name)
+    config = yaml.safe_load(Path(argv[argv.index("--config_file") + 1]).read_text())
+    assert argv[argv.index("--num_processes") + 1] == "1"
+    assert config["deepspeed_config"]["zero_stage"] == 3 and config["mixed_precision"] == "bf16"
+    recipe = launched_recipe(argv)
+    assert recipe.path.endswith(f"{recipe_name}.yaml")
+    assert recipe.training.bf16 and recipe.model.dtype == "bfloat16"
+    assert recipe.training.packing and recipe.training.packing_strategy == "bfd"
+    assert recipe.training.activation_checkpointing
+    assert recipe.model.attn_implementation == FLASH_OR_SDPA
+    assert recipe.training.max_steps == gpu_check.RECIPE_STEPS
+
+
+def test_the_8b_recipes_step_on_the_cpu(model_dir: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's own work on the CPU (float32, one process, no DeepSpeed): the tiny Llama-3
+    base made from the check's tokenizer, trained with its recipe, the card read back."""
+    monkeypatch.setattr(gpu_check, "TRAIN_TIMEOUT_S", 900)  # a CPU shared with other jobs
+    figures = gpu_check.check_recipe_path(
+        "llama3", tmp_path, accelerate_config="cpu", steps=1, tokenizer_from=model_dir,
+        overrides={"use_cpu": True, "bf16": False, "dtype": "float32",
+                   "dataloader_num_workers": 0})
+    assert figures["steps"] == 1 and figures["adapter"]["tensors"] > 0
+    assert figures["chat_template"] == "sieverag-plain" and figures["packing"] is True
+    assert figures["model_init_kwargs"] == {"dtype": "float32", "attn_implementation": "sdpa"}
+    assert "llama3_8b_filter_zero3.yaml" in figures["command"]
+
+
 def test_serve_command_is_the_embedded_server_on_cuda() -> None:
     from sieverag.inference.core.settings import parse_settings
     from sieverag.serving.cli import ServeCommand, engine_config
