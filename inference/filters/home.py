@@ -186,6 +186,9 @@ def describe_home(rule: HomeRule) -> str:
              f"{combination.bias:+.3f} + {weights}"
              + (f", calibrated bar P(relevant) >= {combination.bar:g}, at least "
                 f"{combination.min_keep} kept" if combination.bar is not None else "")]
+    if rule.test.dataset_bar is not None:
+        lines.append(f"a whole dataset is home at mean P(home) >= {rule.test.dataset_bar:.3g} "
+                     "(eval-filter decides each dataset first)")
     if fit.get("cross_validated_f1") is not None:
         lines.append(f"home questions: {fit.get('questions')}, cross-validated F1 "
                      f"{fit['cross_validated_f1']:.3f} at home; gold passages read "
