@@ -53,13 +53,16 @@ def test_engines_agree_on_top_10(texts: list[str], tmp_path: Path) -> None:
         assert ours and theirs
         overlaps.append(len({p for p, _ in ours} & {p for p, _ in theirs}) / len(ours))
         top1 += ours[0][0] == theirs[0][0]
+    print(f"bm25s vs tantivy over {len(questions)} queries: mean top-10 overlap "
+          f"{sum(overlaps) / len(overlaps):.3f}, same top-1 {top1 / len(questions):.3f}")
     # Measured: mean overlap 0.99+; the differences come from tantivy's one-byte length norms.
     assert sum(overlaps) / len(overlaps) >= 0.9
     assert top1 / len(questions) >= 0.9
     # Same tokenisation: a stop-word-only query matches nothing on either engine.
     assert bm25s_index.search(["the of and"], 5) == [[]]
     assert tantivy_index.search(["the of and"], 5) == [[]]
-    assert tantivy_index.query_terms("The Rockets were running") == ["rocket", "run"]
+    # 'were' is not in bm25s's 33-word English list, so both engines keep it.
+    assert tantivy_index.query_terms("The Rockets were running") == ["rocket", "were", "run"]
 
 
 def test_engine_choice_and_what_tantivy_refuses() -> None:
