@@ -66,7 +66,7 @@ failed = {}
 for name in modules:
     try:
         importlib.import_module(name)
-    except Exception as error:  # report every module that fails, not the first only
+    except BaseException as error:  # every module that fails, not the first only
         failed[name] = f"{type(error).__name__}: {error}"
         traceback.print_exc(limit=1)
 for name, error in failed.items():

@@ -316,9 +316,11 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"{name}=={version}" if version else name
                         for name, version in machine_packages_used().items()
                         for version in [version or (pinned and _installed(name))]))
-    elif what == "modules":
-        print("\n".join(sorted(_module_name(ROOT / f) for f in checked_modules()
-                               if f.split("/")[0] in set(PACKAGE_DIRS.values()))))
+    elif what == "modules":  # to import: `sieverag.__main__` runs the command line instead
+        print("\n".join(sorted(name for f in checked_modules()
+                               if f.split("/")[0] in set(PACKAGE_DIRS.values())
+                               for name in [_module_name(ROOT / f)]
+                               if not name.endswith("__main__"))))
     else:
         print("usage: python tests/gpu/wheel_set.py wheels|machine [--pinned]|modules",
               file=sys.stderr)
