@@ -55,7 +55,7 @@ from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.proxy.marked_documents import Passage, documents_block
-from sieverag.serving.vllm.launcher import VLLMServer, find_vllm_python
+from sieverag.serving.vllm.launcher import VLLMServer, find_vllm_python, vllm_environment
 
 sys.path.insert(0, str(TESTS / "gpu"))
 from gpu_check import compare_filter, compare_judge  # noqa: E402
@@ -385,6 +385,51 @@ def test_teacher_labels_through_vllm_equal_the_embedded_servers(
     with LocalServer(config) as embedded:
         expected, _ = teacher_labels(embedded.base_url, dataset, tmp_path / "embedded")
     assert verdicts == expected
+
+
+# ----- teacher labels through `vllm run_batch`, CXMI through vLLM's prompt log-probs -----
+
+def run_batch(batch_input: Path, output: Path, model_dir: Path) -> None:
+    """`vllm run_batch` on a Batch JSONL, SmolLM2 at float32 under the teacher's name (by its
+    module: the CPU build's `vllm` script cannot read its own version)."""
+    config = VLLMLaunchConfig(model=DEFAULT_MODEL, port=free_port(), dtype="float32",
+                              **CPU_OPTIONS)
+    subprocess.run([find_vllm_python(None), "-m", "vllm.entrypoints.openai.run_batch",
+                    "-i", str(batch_input), "-o", str(output), "--model", str(model_dir),
+                    "--served-model-name", DEFAULT_MODEL, "--dtype", "float32",
+                    "--max-model-len", "4096", "--enforce-eager"],
+                   env=vllm_environment(config, dict(os.environ)), check=True,
+                   timeout=STARTUP_S + 300)
+
+
+def test_teacher_labels_through_vllm_run_batch_equal_the_synchronous_paths(
+    served: ServeProcess, embedded_model_dir: Path, tmp_path: Path
+) -> None:
+    """The same requests as Batch JSONL through `vllm run_batch` (`--teacher.mode
+    batch-file`, a correction round where a reply breaks the format) give the verdicts the
+    synchronous path gets from vLLM serving the same model."""
+    command = ["label", "--dataset", str(TEST_DATA / "hotpotqa_sample.jsonl"), "--scorer",
+               "none", "--max-documents", "3", "--quiet", "--teacher.endpoint",
+               served.base_url, "--teacher.model", DEFAULT_MODEL, "--teacher.max-tokens", "48",
+               "--teacher.timeout-s", "300"]
+    assert main([*command, "--out", str(tmp_path / "sync")]) == 0
+    batch = [*command, "--out", str(tmp_path / "batch"), "--teacher.mode", "batch-file"]
+    assert main(batch) == 0
+    for round_number in range(2):  # the labelling round, then perhaps one of corrections
+        written = sorted((tmp_path / "batch").glob("teacher_batch_*.jsonl"),
+                         key=lambda path: path.stat().st_mtime)[-1]
+        output = tmp_path / f"output-{round_number}.jsonl"
+        run_batch(written, output, embedded_model_dir)
+        assert main([*batch, "--teacher.batch-output", str(output)]) == 0
+        if (tmp_path / "batch" / "labels.jsonl").exists():
+            break
+    verdicts = {}
+    for run in ("sync", "batch"):
+        lines = (tmp_path / run / "labels.jsonl").read_text(encoding="utf-8").splitlines()
+        verdicts[run] = [chunk["teacher"] for line in lines
+                         for chunk in json.loads(line)["chunks"]]
+    assert len(verdicts["sync"]) == 6 and all(v["reply"] for v in verdicts["sync"])
+    assert verdicts["batch"] == verdicts["sync"]
 
 
 # ----- bfloat16: vLLM against in-process float32, at the GPU check's tolerances -----
