@@ -21,8 +21,17 @@ its passages sent as the request's `documents` field.
   priors-only       `--local.rerank.combination priors_only`: the card's fit of BM25 and dense
                     alone at its own calibrated bar; skipped, with the reason, when the card
                     holds no such fit (as eval-filter skips its row).
+  filter-bm25       the filter's own score fused with BM25, z(s) + z(BM25), top 2
+                    (`--local.rerank.lexical-weight 1 --local.rerank.bar top_k`): the filter
+                    read on every passage, the arm issue 65 compares the default with.
   default-chunk     the proxy as `serve` starts it: MCF's defaults (the card's combination at
-                    its calibrated bar), whole passages (`"granularity": "chunk"`).
+                    its calibrated bar; where the card has a home rule, a round that looks like
+                    the filter's home text ranks by it), whole passages (`"granularity":
+                    "chunk"`). Its rows are also given split by the rule that ranked each
+                    question (`default-chunk (home)`, `default-chunk (away)`, from the proxy's
+                    `bar_rule`).
+  default-home      `--local.rerank.home home`: every round ranked by the card's home rule (a
+                    deployment that knows it serves the filter's home text).
   default-sentence  the same proxy, `"granularity": "sentence"`: kept passages cut to their
                     key sentences (MCF's sentence stage).
   default-budget    the same proxy under a token budget (`"sieverag": {"context_tokens":
@@ -115,8 +124,8 @@ from sieverag.training.held_out_questions import (  # noqa: E402
     training_questions,
 )
 
-ARMS = ("all", "retrieval-top-k", "priors-only", "default-chunk", "default-sentence",
-        "default-budget")
+ARMS = ("all", "retrieval-top-k", "priors-only", "filter-bm25", "default-chunk",
+        "default-home", "default-sentence", "default-budget")
 BASELINE = "all"
 QUICK_QUESTIONS = 3
 BUDGET_TOKENS = 256  # the default-budget arm's context budget
@@ -150,6 +159,8 @@ class Proxied:
 PROXIED = {
     "retrieval-top-k": Proxied(MCFConfig(bar="top_k"), without_card=True),
     "priors-only": Proxied(MCFConfig(combination="priors_only")),
+    "filter-bm25": Proxied(MCFConfig(bar="top_k", lexical_weight=1.0)),
+    "default-home": Proxied(MCFConfig(home="home")),
     "default-chunk": Proxied(MCFConfig()),
     "default-sentence": Proxied(MCFConfig(), granularity="sentence"),
     "default-budget": Proxied(MCFConfig(), context_tokens=BUDGET_TOKENS),
@@ -284,7 +295,8 @@ def question_row(example: Example, reply: dict, seconds: float) -> Row:
     kept = reply.get("sieverag", {}).get("kept", list(range(documents)))
     gold = {i for i, d in enumerate(example.documents) if d.is_gold}
     answer = reply["choices"][0]["message"]["content"] or ""
-    return {"accuracy": answer_accuracy(answer, example.answers),
+    return {"home": (reply.get("sieverag", {}).get("bar_rule") or "").startswith("home_"),
+            "accuracy": answer_accuracy(answer, example.answers),
             "prompt_tokens": float(reply["usage"]["prompt_tokens"]),
             "seconds_per_question": seconds,
             "gold_passages_kept": len(gold & set(kept)) / len(gold) if gold else None,
@@ -320,7 +332,13 @@ def mean(values: Sequence[float | None]) -> float | None:
 
 
 def summarise(rows: dict[str, list[Row]]) -> dict[str, dict[str, float | None]]:
-    """Each arm's means, with its prompt tokens' ratio to `all`'s."""
+    """Each arm's means, with its prompt tokens' ratio to `all`'s; the default's rows also
+    split by the rule that ranked each question (home or away), where both occur."""
+    rows = dict(rows)
+    default = rows.get("default-chunk") or []
+    if any(r["home"] for r in default) and not all(r["home"] for r in default):
+        rows["default-chunk (home)"] = [r for r in default if r["home"]]
+        rows["default-chunk (away)"] = [r for r in default if not r["home"]]
     figures = {arm: {key: mean([r[key] for r in arm_rows]) for key, _, _ in FIGURES
                      if key != "prompt_tokens_ratio"}
                for arm, arm_rows in rows.items()}
@@ -336,9 +354,9 @@ def print_source(source: str, examples: Sequence[Example],
                  figures: dict[str, dict[str, float | None]]) -> None:
     passages = statistics.fmean(len(e.documents) for e in examples)
     print(f"\n{source}: {len(examples)} held-out questions, {passages:.1f} passages a question")
-    print(f"{'arm':18}" + "".join(f"{column:>13}" for _, column, _ in FIGURES))
+    print(f"{'arm':22}" + "".join(f"{column:>13}" for _, column, _ in FIGURES))
     for arm, values in figures.items():
-        print(f"{arm:18}" + "".join(
+        print(f"{arm:22}" + "".join(
             f"{'–' if values[key] is None else format(values[key], spec):>13}"
             for key, _, spec in FIGURES))
 
