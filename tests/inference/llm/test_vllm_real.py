@@ -432,6 +432,29 @@ def test_teacher_labels_through_vllm_run_batch_equal_the_synchronous_paths(
     assert verdicts["batch"] == verdicts["sync"]
 
 
+def test_cxmi_through_vllm_equals_in_process(served: ServeProcess, embedded_model_dir: Path,
+                                             tmp_path: Path) -> None:
+    """`label --scorer-endpoint` (two replicas: the same vLLM twice) scores CXMI through
+    vLLM's prompt log-probs; every score and log-prob equals the in-process scorer's within
+    1e-3."""
+    from sieverag.data_gen.labelling import LabelRunConfig, run_labelling
+
+    common = {"dataset": str(TEST_DATA / "hotpotqa_sample.jsonl"), "limit": 1,
+              "max_documents": 2, "scorer": DEFAULT_MODEL, "device": "cpu"}
+    values = {}
+    for run, endpoints in (("local", ()), ("served", (served.base_url, served.base_url))):
+        run_labelling(LabelRunConfig(out=str(tmp_path / run), scorer_endpoint=endpoints,
+                                     **common), progress=False)
+        record = json.loads((tmp_path / run / "labels.jsonl").read_text().splitlines()[0])
+        values[run] = [value for chunk in record["chunks"]
+                       for entry in [chunk["cxmi"], *chunk["sentence_cxmi"]]
+                       for value in (entry["score"], entry["logprob_with"],
+                                     entry["logprob_without"])]
+    assert len(values["local"]) == len(values["served"]) > 10
+    assert max(abs(a - b) for a, b in zip(values["local"], values["served"], strict=True)) \
+        < FLOAT32_TOLERANCE
+
+
 # ----- bfloat16: vLLM against in-process float32, at the GPU check's tolerances -----
 
 @pytest.fixture(scope="module")
