@@ -404,7 +404,8 @@ DISTRIBUTION_OF = {"Stemmer": "pystemmer", "faiss": "faiss-cpu", "sklearn": "sci
                    "yaml": "pyyaml", "llama_index": "llama-index-core"}
 # Imported only where their extra is installed (inside functions, behind that extra, or by a
 # module of that extra alone: FRAMEWORK_MODULES).
-EXTRA_ONLY = {"vllm", "deepspeed", "wandb", "langchain_core", "llama_index", "pymilvus"}
+EXTRA_ONLY = {"vllm", "deepspeed", "wandb", "langchain_core", "llama_index", "pymilvus",
+              "opentelemetry"}
 # A framework adapter's library → the one module that imports it (nothing imports that module),
 # so `import sieverag.inference` and every command run without the framework installed.
 FRAMEWORK_MODULES = {"langchain_core": f"{INFERENCE}.integrations.langchain",
