@@ -401,7 +401,8 @@ def test_every_folder_with_python_code_is_a_package() -> None:
 
 # Import names that differ from their distribution's name.
 DISTRIBUTION_OF = {"Stemmer": "pystemmer", "faiss": "faiss-cpu", "sklearn": "scikit-learn",
-                   "yaml": "pyyaml", "llama_index": "llama-index-core"}
+                   "yaml": "pyyaml", "llama_index": "llama-index-core",
+                   "opentelemetry": "opentelemetry-sdk"}
 # Imported only where their extra is installed (inside functions, behind that extra, or by a
 # module of that extra alone: FRAMEWORK_MODULES).
 EXTRA_ONLY = {"vllm", "deepspeed", "wandb", "langchain_core", "llama_index", "pymilvus",
