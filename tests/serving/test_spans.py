@@ -70,9 +70,6 @@ def ranked(http: httpx.Client) -> list[tuple[str, list[str], list[RerankResult]]
     return out
 
 
-@pytest.mark.xfail(reason="known failure since the 2026-12-07 session (issues 66/67: the "
-                   "shared base and the served engine, the proxy's sieverag field); in "
-                   "that stop's note, to fix first", strict=False)
 def test_pruned_text_is_what_the_proxy_forwards(
         http: httpx.Client, upstream: FakeOpenAIServer,
         ranked: list[tuple[str, list[str], list[RerankResult]]]) -> None:
