@@ -47,6 +47,8 @@ def run_hard_negatives(command: HardNegativesCommand) -> int:
     if summary.short_of_negatives:
         print(f"{summary.short_of_negatives} question(s) got fewer than {command.negatives} "
               "negatives (the retriever found too few passages without the answer)")
+    if summary.odd_passages is not None:
+        print(summary.odd_passages)
     return 0
 
 
@@ -64,6 +66,8 @@ def run_label(command: LabelCommand) -> int:
         return 0
     print(f"labelled {summary.questions_labelled} question(s) now, "
           f"{summary.questions_done_before} before; {summary.questions_total} in all")
+    if summary.odd_passages is not None:
+        print(summary.odd_passages)
     if summary.teacher:
         print("teacher: " + json.dumps(summary.teacher))
     _print_agreement(summary.gold_agreement)

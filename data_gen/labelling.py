@@ -35,7 +35,7 @@ import json
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -71,12 +71,15 @@ from sieverag.inference.core.io_utils import (
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device, Document, Example
 from sieverag.inference.data import (
+    PassageHandling,
     dataset_identity,
     detect_format,
     example_source,
     load_examples,
+    odd_passages_line,
 )
 from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
+from sieverag.inference.llm.context import context_guard_of
 from sieverag.inference.llm.models import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
 
@@ -205,6 +208,8 @@ class LabelRunSummary:
     scorer_usage: dict[str, int] | None = None
     teacher_batch_input: str | None = None
     """batch-file mode: the Batch JSONL written, to run before labelling goes on."""
+    odd_passages: str | None = None
+    """The line counting the odd passages of the questions labelled now (`odd_passages_line`)."""
     gold_agreement: dict[str, Any] = field(default_factory=dict)
 
 
@@ -225,9 +230,10 @@ class Labeller:
 
     def teacher_requests(self, example: Example) -> list[TeacherRequest]:
         return [TeacherRequest(example.question, tuple(chunk_sentences(d)[0]), d.title)
-                for d in self._documents(example)]
+                for d in self.documents(example)]
 
-    def _documents(self, example: Example) -> Sequence[Document]:
+    def documents(self, example: Example) -> Sequence[Document]:
+        """The chunks of `example` it labels: the first `max_documents`."""
         return example.documents[:self.config.max_documents]
 
     def label(self, example: Example,
@@ -238,7 +244,7 @@ class Labeller:
                    verdicts: Sequence[Sequence[TeacherVerdict] | None]) -> list[LabelRecord]:
         """One record per example, in order, each as `label` makes it; the CXMI of all their
         chunks and sentences is scored in one scorer call (`CXMIScorer.score_many`)."""
-        documents = [self._documents(e) for e in examples]
+        documents = [self.documents(e) for e in examples]
         splits = [[chunk_sentences(d) for d in docs] for docs in documents]
         cxmi = self._cxmi(examples, documents, splits)
         return [self._record(*parts) for parts in zip(
@@ -353,6 +359,9 @@ def run_labelling(
         if summary.teacher_batch_input is None:
             if config.scorer is not None and todo:
                 scorer = labeller.scorer = (scorer_factory or _default_scorer)(config)
+            summary.odd_passages = odd_passages_line(
+                [replace(e, documents=tuple(labeller.documents(e))) for e in todo],
+                label_passage_handling(scorer))
             bar = tqdm(total=len(examples), initial=len(examples) - len(todo),
                        desc="labelling", unit="question", disable=not progress)
             with _teacher_progress(bar, teacher, config, examples):
@@ -376,6 +385,19 @@ def run_labelling(
     summary.gold_agreement = gold_agreement(read_labels(labels_path), LabelPolicy())
     write_atomic(out / SUMMARY_FILE, json.dumps(asdict(summary), indent=2, ensure_ascii=False))
     return summary
+
+
+def label_passage_handling(scorer: CXMIScorer | None) -> PassageHandling:
+    """What labelling does with odd passages (`odd_passages_line`): labels every chunk as
+    given, a blank or repeated one too; a CXMI scorer that checks its context (in-process,
+    or served with `context_length`) cuts the prompt of a chunk longer than it to fit."""
+    guard = context_guard_of(scorer.backend) if scorer is not None else None
+    if guard is None:
+        return PassageHandling(blank="labelled as given", duplicate="labelled again")
+    return PassageHandling(blank="labelled as given", duplicate="labelled again",
+                           long="labelled, their CXMI prompts cut to fit it",
+                           window=f"the scorer's context of {guard.context_length} tokens",
+                           fits=guard.holds)
 
 
 def _teacher_progress(bar: tqdm, teacher: TeacherClient | None, config: LabelRunConfig,

@@ -3,10 +3,10 @@ negatives, the passages a filter meets at inference.
 
 * **Hard negatives** (`mine_passages`, the `sieverag hard-negatives` command): the top
   passages a retriever (BM25, dense or their reciprocal-rank fusion) returns for the question
-  from the source's own corpus — every passage of every question of the file, deduplicated —
-  that are not the question's own and do not contain a gold answer alias (the rule of DPR,
-  Karpukhin et al., 2020: a retrieved passage holding the answer may well be relevant, so it
-  is no negative).
+  from the source's own corpus — every passage of every question of the file, deduplicated,
+  blank ones left out — that are not the question's own and do not contain a gold answer
+  alias (the rule of DPR, Karpukhin et al., 2020: a retrieved passage holding the answer may
+  well be relevant, so it is no negative).
 * **Borrowed negatives** (`with_borrowed_negatives`, `label --borrowed-negatives`): random
   passages of other questions.
 
@@ -46,7 +46,7 @@ from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.io_utils import write_atomic
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.data import load_examples
+from sieverag.inference.data import PassageHandling, load_examples, odd_passages_line
 from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field
 from sieverag.inference.data.loading import example_source
 
@@ -126,6 +126,15 @@ class PassageSetSummary:
     short_of_negatives: int = 0
     """Questions that got fewer negatives than asked (the retriever found too few)."""
     shape: str = "passage"
+    odd_passages: str | None = None
+    """The line counting the questions' odd passages (`odd_passages_line`)."""
+
+
+# What mining does with odd passages: every question keeps its own as they are; the
+# negatives' candidates hold each passage once and no blank one (no text is no negative).
+MINING_HANDLING = PassageHandling(
+    blank="kept in their question as given, never mined as negatives",
+    duplicate="kept as given, one copy among the negatives' candidates")
 
 
 def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
@@ -136,6 +145,9 @@ def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
         raise DatasetError(f"{config.dataset}: question {without[0]!r} has no passages; "
                            "hard negatives need each question's own passages")
     corpus = _corpus(examples)
+    if not corpus and config.negatives:
+        raise DatasetError(f"{config.dataset}: every passage is blank; there is nothing to "
+                           "mine hard negatives from (give passages with text, or --negatives 0)")
     chosen = _sample(examples, config.sample, config.seed)
     if config.unmarked_gold == "strinc":
         chosen = [_mark_by_strinc(e) for e in chosen]
@@ -159,7 +171,7 @@ def mine_passages(config: PassageSetConfig) -> PassageSetSummary:
         gold=sum(d.is_gold is True for d in documents),
         negatives=mined,
         unmarked=sum(d.is_gold is None for d in documents), short_of_negatives=short,
-        shape=config.shape)
+        shape=config.shape, odd_passages=odd_passages_line(chosen, MINING_HANDLING))
 
 
 def common_row(example: Example) -> dict:
@@ -171,11 +183,12 @@ def common_row(example: Example) -> dict:
 
 
 def _corpus(examples: Sequence[Example]) -> list[Document]:
-    """Every passage of the file once (by title and text), in file order."""
+    """Every passage of the file with text once (by title and text), in file order."""
     seen: dict[tuple[str, str], Document] = {}
     for example in examples:
         for document in example.documents:
-            seen.setdefault((document.title, document.text), document)
+            if document.text.strip():
+                seen.setdefault((document.title, document.text), document)
     return list(seen.values())
 
 

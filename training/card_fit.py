@@ -23,6 +23,7 @@ from typing import Any
 from sieverag.inference.core.errors import DatasetError, SieveragError
 from sieverag.inference.core.in_flight import default_concurrency
 from sieverag.inference.core.types import Device, Example
+from sieverag.inference.data import PassageHandling
 from sieverag.inference.filters.combination import (
     CARD_KEY,
     DEFAULT_EMBEDDING_MODEL,
@@ -35,6 +36,7 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.filter_format import card_format
 from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule
+from sieverag.inference.filters.windows import DEFAULT_MAX_WINDOWS, WindowRule, card_window_tokens
 from sieverag.inference.llm.batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
 from sieverag.training.combination_fit import (
@@ -63,6 +65,19 @@ def score_fitting_rounds(folder: Path, card: Mapping[str, Any],
                        concurrency=concurrency, progress=progress,
                        scores_file=scores_file) as score:
         return [r for examples in by_dataset.values() for r in score(examples)]
+
+
+def fitting_passage_handling(card: Mapping[str, Any]) -> PassageHandling:
+    """What fitting does with odd passages (`odd_passages_line`): the filter scores every
+    passage whole, as sent, a blank one too, where MCF at inference gives a blank one 0
+    unread and reads one longer than the card's window in windows (its tokens counted here
+    as words and marks: the filter's tokenizer is not loaded yet)."""
+    rule = WindowRule(card_window_tokens(card), DEFAULT_MAX_WINDOWS)
+    return PassageHandling(
+        blank="scored by the filter as sent (MCF gives them 0 unread)", duplicate="scored again",
+        long="read whole (MCF reads them in windows)",
+        window=f"the filter's window of {rule.window_tokens} tokens (words and marks)",
+        fits=rule.fits)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.in_flight import CONCURRENCY_HELP, check_concurrency
 from sieverag.inference.core.settings import FileList, at_least, narrow, settings
 from sieverag.inference.core.types import Device
+from sieverag.inference.data import odd_passages_line
 from sieverag.inference.data.dataset_fields import limit_field
 from sieverag.inference.filters.combination import (
     DEFAULT_EMBEDDING_MODEL,
@@ -27,6 +28,7 @@ from sieverag.training.card_fit import (
     MIN_GAIN,
     fit_card_home,
     fit_trained_filter,
+    fitting_passage_handling,
     home_sources_of,
     not_fitted,
     score_fitting_rounds,
@@ -205,6 +207,8 @@ def run_eval_filter(command: EvalFilterCommand) -> int:
               f"{table(report['sentence'], SENTENCE_COLUMNS)}")
     if len(report["datasets"]) > 1:
         print(f"\nby dataset:\n{summary_table(report['by_dataset'])}")
+    if report["odd_passages"] is not None:
+        print(f"\n{report['odd_passages']}")
     print(f"\nreport: {config.out}/report.md, {config.out}/report.json")
     return 0
 
@@ -289,6 +293,10 @@ def run_fit_combination(command: FitCombinationCommand) -> int:
     folder = resolve_filter(str(found.path), card["base_model"])
     by_dataset = fitting_questions(command.dataset, card, adapter=command.adapter,
                                    split_dir=command.split_dir, limit=command.limit)
+    odd = odd_passages_line([e for chunk in by_dataset.values() for e in chunk],
+                            fitting_passage_handling(card))
+    if odd is not None:
+        print(odd)
     scoring = {"embedding_model": command.embedding_model, "device": command.device,
                "concurrency": command.concurrency, "progress": not command.quiet,
                "scores_file": command.scores}

@@ -48,9 +48,9 @@ from sieverag.inference.core.in_flight import default_concurrency
 from sieverag.inference.core.io_utils import check_output_folder
 from sieverag.inference.core.settings import settings_to_data
 from sieverag.inference.core.types import Example
-from sieverag.inference.data import example_source
+from sieverag.inference.data import PassageHandling, example_source, odd_passages_line
 from sieverag.inference.filters.combination import PRIORS_ONLY_KEY, Combination
-from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.filters.mcf import MCFConfig, window_rule
 from sieverag.inference.llm.base import LLMBackend
 from sieverag.inference.llm.batching import (
     CallBatcher,
@@ -111,6 +111,13 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                                  tables["sentences"], tables["passages"])
     live = {"chunks": mcf_backend.labels, "sentences": mcf_backend.replies,
             "passages": mcf_backend.marked}
+    rule = window_rule(mcf_backend, MCFConfig(), combination)
+    odd_passages = odd_passages_line(
+        [e for selection in selections for e in selection.examples],
+        PassageHandling(blank="not read by the filter (P(relevant) 0)", duplicate="scored again",
+                        long="read by the filter in windows, judged by its best",
+                        window=f"the filter's window of {rule.window_tokens} tokens",
+                        fits=rule.fits))
     stored = {name: len(table) for name, table in tables.items()}
 
     def store_tables() -> None:
@@ -152,6 +159,8 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
                    "combination": combination.as_card() if combination.fitted else None,
                    "ranking": card.ranking_statement(MCFConfig())},
         **next(iter(sections.values())),
+        # What MCF skipped or read in windows, over every dataset (`odd_passages_line`).
+        "odd_passages": odd_passages,
         "datasets": sections,
         "by_dataset": {name: dataset_summary(section, config.top_k)
                        for name, section in sections.items()},

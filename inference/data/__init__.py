@@ -17,6 +17,9 @@
 * `demo` — `write_demo_dataset`: the demo set of invented facts (`sieverag demo`).
 * `dataset_fields` — the `dataset`, `dataset_format` and `limit` settings fields every command
   that reads a dataset declares alike.
+* `odd_passages` — `odd_passages_line`: the one line every such command prints counting the
+  empty, blank, duplicated and over-long passages, and what it does with them
+  (`PassageHandling`).
 
 It imports only the shared base (`inference.types`, `inference.errors`); retrieval,
 evaluation, data_gen and training import it (tests/test_layers.py keeps it so).
@@ -30,9 +33,11 @@ from sieverag.inference.data.formats import (
     register_record_format,
 )
 from sieverag.inference.data.loading import detect_format, example_source, load_examples
+from sieverag.inference.data.odd_passages import PassageHandling, odd_passages_line
 from sieverag.inference.data.readers import load_squad_corpus, load_squad_paragraphs
 from sieverag.inference.data.sources import dataset_fingerprint, dataset_identity, open_dataset
 
-__all__ = ["DATASET_FORMATS", "DatasetFormat", "dataset_fingerprint", "dataset_identity",
-           "detect_format", "example_source", "iter_jsonl", "load_examples", "load_squad_corpus",
-           "load_squad_paragraphs", "open_dataset", "register_format", "register_record_format"]
+__all__ = ["DATASET_FORMATS", "DatasetFormat", "PassageHandling", "dataset_fingerprint",
+           "dataset_identity", "detect_format", "example_source", "iter_jsonl", "load_examples",
+           "load_squad_corpus", "load_squad_paragraphs", "odd_passages_line", "open_dataset",
+           "register_format", "register_record_format"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.composition.compose import RunPlan, build_context, plan_run
+from sieverag.inference.composition.compose import Roles, RunPlan, build_context, plan_run
 from sieverag.inference.composition.config import RunConfig, grader_spec, load_run_config
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.in_flight import default_concurrency, run_in_flight
@@ -30,7 +30,12 @@ from sieverag.inference.core.io_utils import (
 )
 from sieverag.inference.core.prompt_templates import PROMPTS_DIR, load_template
 from sieverag.inference.core.types import Example
-from sieverag.inference.data import dataset_fingerprint, load_examples
+from sieverag.inference.data import (
+    PassageHandling,
+    dataset_fingerprint,
+    load_examples,
+    odd_passages_line,
+)
 from sieverag.inference.eval.html_report import write_html_report
 from sieverag.inference.eval.records import (
     EvalRecord,
@@ -40,8 +45,10 @@ from sieverag.inference.eval.records import (
 )
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
+from sieverag.inference.filters.mcf import MCFConfig, window_rule
 from sieverag.inference.llm.base import measured
 from sieverag.inference.llm.batching import question_batcher, warn_capped_requests
+from sieverag.inference.llm.context import context_guard_of
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.retrieval.hygiene import HygieneLog
 
@@ -103,6 +110,28 @@ def provenance(plan: RunPlan) -> dict:
     }
 
 
+def passage_handling(plan: RunPlan, roles: Roles) -> PassageHandling:
+    """What a run does with the odd passages of its questions (`odd_passages_line`): its
+    pipelines are given them as they are; a trained filter does not read blank ones and
+    reads one longer than its window in windows; without one, a generator that checks its
+    context cuts the prompt of a passage longer than that context to fit."""
+    card = plan.filter_card
+    if card is not None and roles.filter is not None:
+        rule = window_rule(roles.filter, plan.settings(MCFConfig), card.combination)
+        return PassageHandling(
+            blank="given to the pipelines as they are, not read by the trained filter "
+                  "(P(relevant) 0)",
+            duplicate="given again", long="read by the trained filter in windows",
+            window=f"the filter's window of {rule.window_tokens} tokens", fits=rule.fits)
+    guard = context_guard_of(roles.generator)
+    if guard is None:
+        return PassageHandling(blank="given to the pipelines as they are", duplicate="given again")
+    return PassageHandling(
+        blank="given to the pipelines as they are", duplicate="given again",
+        long="cut to fit it", window=f"the generator's context of {guard.context_length} tokens",
+        fits=guard.holds)
+
+
 def _check_same_run(config: RunConfig, out_dir: Path) -> None:
     existing_path = out_dir / "config.yaml"
     if not existing_path.exists():
@@ -124,7 +153,8 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     together (`llm.batching`). Records are appended as questions finish and the results come
     out in dataset order, whatever the concurrency. `announce`: say first (stderr) which
     score the trained filter ranks by, and why (`RunPlan.ranking`), where a pipeline calls
-    it."""
+    it, and where the run reads the dataset's passages, the line counting its odd ones
+    (`odd_passages_line`, `passage_handling`)."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir)
     plan = plan_run(config)
@@ -155,6 +185,11 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
                and config.retrieval.hygiene != "off" else None)
     with question_batcher(concurrency, plan.all_served) as batcher:
         context, roles = build_context(plan, removed=hygiene, batcher=batcher)
+        if announce and plan.reads_given_documents:
+            odd = odd_passages_line([replace(e, documents=tuple(context.documents(e)))
+                                     for e in examples], passage_handling(plan, roles))
+            if odd is not None:
+                print(odd, file=sys.stderr)
         embed = None
         if config.trust.enabled:
             from sieverag.inference.retrieval.dense import DenseConfig, make_encoder

@@ -126,6 +126,11 @@ class ContextGuard:
         """Token ids of `text`, which holds its own special tokens."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def holds(self, text: str) -> bool:
+        """Whether `text` alone fits the context (a prompt holding it may still be cut: its
+        question and instructions take room too)."""
+        return len(self.encode(text)) <= self.context_length
+
     def fit(self, prompts: Sequence[Conversation], reserved: int | Sequence[int], *,
             agent: str, reserved_for: str = "new tokens") -> list[FittedPrompt]:
         """Each prompt as it will run, leaving `reserved` tokens (one number for every prompt,
@@ -205,3 +210,9 @@ def _with_cuts(prompt: Conversation, cuts: Sequence[_Cut]) -> Conversation:
     return [{**message, "content": message["content"].with_values(**changes[index])}
             if index in changes else message
             for index, message in enumerate(prompt)]
+
+
+def context_guard_of(backend: object) -> ContextGuard | None:
+    """The context guard `backend`'s prompts go through: an in-process model's, a served
+    one's where `context_length` is set; None where prompts are not checked here."""
+    return getattr(backend, "context_guard", None)

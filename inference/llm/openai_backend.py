@@ -408,6 +408,12 @@ class OpenAIBackend:
         fitted = guard.fit(prompts, reserved, agent=agent, reserved_for=reserved_for)
         return [f.conversation for f in fitted], [f.tokens_dropped for f in fitted]
 
+    @property
+    def context_guard(self) -> ContextGuard | None:
+        """The context guard prompts go through; None when `context_length` is unset (the
+        server refuses a prompt too long)."""
+        return self._context_guard()
+
     def _context_guard(self) -> ContextGuard | None:
         """The context guard over `context_length` (made once); None when that is unset."""
         if self.config.context_length is None:
