@@ -4,6 +4,11 @@ index serve`)."""
 from __future__ import annotations
 
 import socket
+import threading
+import time
+from collections.abc import Callable
+
+import uvicorn
 
 from sieverag.serving.errors import ServerStartError
 
@@ -25,3 +30,24 @@ def listening_socket(host: str, port: int) -> socket.socket:
         raise ServerStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick "
                                "another --port or --host") from exc
     return sock
+
+
+def serve_in_thread(server: uvicorn.Server, sock: socket.socket, *, thread_name: str,
+                    what: str, timeout_s: float, on_failure: Callable[[], None]
+                    ) -> threading.Thread:
+    """Run `server` on `sock` from a daemon thread; return it once the server accepts
+    connections. A server that dies or is not up within `timeout_s` is told to exit, then
+    `on_failure()` (the caller's clean-up) runs and one error naming `what` ("the index server on http://...")."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name=thread_name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(timeout=5)
+            on_failure()
+            raise ServerStartError(f"{what} did not start within {timeout_s} s; see the log "
+                                   "above")
+        time.sleep(0.01)
+    return thread

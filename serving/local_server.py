@@ -40,7 +40,7 @@ from sieverag.serving.config import LocalServerConfig, client_base_url
 from sieverag.serving.engine.batching import BatchingEngine
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
-from sieverag.serving.listen import listening_socket
+from sieverag.serving.listen import listening_socket, serve_in_thread
 from sieverag.serving.observability.tracing import (
     ENDPOINT_ENV,
     TRACES_ENDPOINT_ENV,
@@ -192,17 +192,10 @@ class LocalServer:
         """Serve from a background thread; returns once the server accepts connections."""
         server, sock = self._prepare(log_config=None)
         self.engine.start()
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                  name="sieverag-server", daemon=True)
-        self._server, self._thread = server, thread
-        thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"the embedded server did not start on {self.base_url}"
-                                       f" within {timeout_s} s; see the log above")
-            time.sleep(0.01)
+        self._server = server
+        self._thread = serve_in_thread(server, sock, thread_name="sieverag-server",
+                                       what=f"the embedded server on {self.base_url}",
+                                       timeout_s=timeout_s, on_failure=self.stop)
         self._announce()
         return self
 

@@ -146,10 +146,9 @@ class BatchingEngine:
                 cache = kv.growing_cache(self.served.model.config, self.served.name)
                 with self.served.activated(name) as model:
                     model(input_ids=probe, cache=cache, use_cache=True, logits_to_keep=1)
-        models = {id(m): m for m in (self.served.base, self.served.model)}.values()
+        # The PEFT model wraps the base's own layers (`hf.SharedBase`): one hook per layer.
         self._hooks = [layer.register_forward_pre_hook(_AbandonCheck(self, index))
-                       for model in models
-                       for index, layer in enumerate(_decoder_layers(model))]
+                       for index, layer in enumerate(_decoder_layers(self.served.base))]
         self._thread.start()
 
     @property
@@ -535,8 +534,8 @@ class BatchingEngine:
 
 class _AbandonCheck:
     """A decoder layer's pre-hook: the engine's `_before_layer` for that layer. A copy of the
-    model (an adapter's, made while the engine runs) gets a hook that does nothing: it is not
-    this engine's model."""
+    model (`copy.deepcopy`, made while the engine runs) gets a hook that does nothing: it is
+    not this engine's model."""
 
     def __init__(self, engine: BatchingEngine, index: int) -> None:
         self.engine, self.index = engine, index

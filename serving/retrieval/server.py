@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.retrieval.backend import SearchBackend
 from sieverag.serving.api.middleware.auth import read_api_key
-from sieverag.serving.errors import ServerStartError
-from sieverag.serving.listen import listening_socket
+from sieverag.serving.listen import listening_socket, serve_in_thread
 from sieverag.serving.retrieval.app import create_retrieval_app
 from sieverag.serving.retrieval.config import RetrievalServerConfig
 
@@ -72,17 +70,10 @@ class RetrievalServer:
     def start(self, timeout_s: float = 30.0) -> RetrievalServer:
         """Serve from a background thread; returns once the server accepts connections."""
         server, sock = self._prepare(None)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                  name="sieverag-index-server", daemon=True)
-        self._server, self._thread = server, thread
-        thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"the index server did not start on {self.url} within "
-                                       f"{timeout_s} s; see the log above")
-            time.sleep(0.01)
+        self._server = server
+        self._thread = serve_in_thread(server, sock, thread_name="sieverag-index-server",
+                                       what=f"the index server on {self.url}",
+                                       timeout_s=timeout_s, on_failure=self.stop)
         self._announce()
         return self
 

@@ -121,9 +121,6 @@ def test_main_rag_keeps_the_same_documents_with_the_same_judge_scores(runs) -> N
         assert served["prediction"] == local["prediction"]  # the in-process generator's
 
 
-@pytest.mark.xfail(reason="known failure since the 2026-12-07 session (issues 66/67: the "
-                   "shared base and the served engine, the proxy's sieverag field); in "
-                   "that stop's note, to fix first", strict=False)
 def test_amber_stack_keeps_the_same_chunks_with_the_same_judge_and_filter_scores(runs) -> None:
     for local, served in by_question(runs, "amber-stack"):
         mine, theirs = local["trace"], served["trace"]

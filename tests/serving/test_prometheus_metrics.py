@@ -6,7 +6,6 @@ the API key, and a second server in the same process counts apart (`--metrics-po
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,9 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
+from tiny_server import keyed_filter_server, keyed_http
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 from sieverag.serving.proxy.marked_documents import Passage, documents_block
@@ -41,22 +40,14 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[LocalServer]:
-    os.environ[KEY_ENV] = KEY
-    config = LocalServerConfig(model=str(tiny_model_dir), adapters=(f"filter={adapter_dir}",),
-                               rerank=MCFConfig(always_score_chunks=True), port=0,
-                               access_log=False, api_key_env=KEY_ENV,
-                               max_request_bytes=MAX_BYTES)
-    try:
-        with LocalServer(config) as running:
-            yield running
-    finally:
-        del os.environ[KEY_ENV]
+    with keyed_filter_server(tiny_model_dir, adapter_dir, KEY_ENV, KEY,
+                             max_request_bytes=MAX_BYTES) as running:
+        yield running
 
 
 @pytest.fixture()
 def http(server: LocalServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"}) as client:
+    with keyed_http(server, KEY) as client:
         yield client
 
 

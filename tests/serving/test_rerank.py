@@ -4,7 +4,6 @@ plain HTTP: MCF's scores and verdicts, the response schema, the sentence stage, 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 import pytest
 from fake_backend import ScriptedBackend
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
+from tiny_server import keyed_filter_server, keyed_http
 
 from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import chunk_prompt
@@ -20,7 +20,6 @@ from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, docum
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.base import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.tokens import max_token_chars
 from sieverag.serving.local_server import LocalServer
@@ -42,24 +41,14 @@ MAX_DOCUMENTS = 6
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, adapter_dir: Path) -> Iterator[LocalServer]:
-    os.environ[KEY_ENV] = KEY
-    # No card: BM25 + dense rank; the filter still reads every chunk (its tokens counted).
-    config = LocalServerConfig(model=str(tiny_model_dir), adapters=(f"filter={adapter_dir}",),
-                               rerank=MCFConfig(always_score_chunks=True),
-                               port=0, access_log=False, api_key_env=KEY_ENV,
-                               max_rerank_documents=MAX_DOCUMENTS)
-    try:
-        with LocalServer(config) as running:
-            yield running
-    finally:
-        del os.environ[KEY_ENV]
+    with keyed_filter_server(tiny_model_dir, adapter_dir, KEY_ENV, KEY,
+                             max_rerank_documents=MAX_DOCUMENTS) as running:
+        yield running
 
 
 @pytest.fixture()
 def http(server: LocalServer) -> Iterator[httpx.Client]:
-    root = server.base_url.removesuffix("/v1")
-    with httpx.Client(base_url=root, timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"}) as client:
+    with keyed_http(server, KEY) as client:
         yield client
 
 
@@ -205,9 +194,6 @@ def test_a_document_kept_whole_passes_on_its_whole_text() -> None:
     assert [(r.spans, r.pruned_text) for r in no_spans] == [(None, t) for t in texts]
 
 
-@pytest.mark.xfail(reason="known failure since the 2026-12-07 session (issues 66/67: the "
-                   "shared base and the served engine, the proxy's sieverag field); in "
-                   "that stop's note, to fix first", strict=False)
 def test_engine_backend_computes_what_hf_computes(server: LocalServer,
                                                    in_process: dict[str, HFBackend]) -> None:
     """The backend the endpoint runs MCF on, beside the in-process one on the same adapter:

@@ -126,9 +126,6 @@ def test_echo_of_a_long_prompt_matches_a_direct_forward(server: LocalServer,
         expected.squeeze(1).tolist(), abs=1e-4)
 
 
-@pytest.mark.xfail(reason="known failure since the 2026-12-07 session (issues 66/67: the "
-                   "shared base and the served engine, the proxy's sieverag field); in "
-                   "that stop's note, to fix first", strict=False)
 def test_long_prompts_of_different_lengths_prefill_slice_by_slice(
         server: LocalServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two echo prompts over one slice (512 positions), left-padded in one prefill pass run
@@ -218,9 +215,6 @@ def test_stop_strings_and_seeded_sampling(server: LocalServer, client: openai.Op
 
 # ----- adapters -----
 
-@pytest.mark.xfail(reason="known failure since the 2026-12-07 session (issues 66/67: the "
-                   "shared base and the served engine, the proxy's sieverag field); in "
-                   "that stop's note, to fix first", strict=False)
 def test_adapter_selection_changes_logprobs_and_matches_hf(
     server: LocalServer, tiny_model_dir: Path, tiny_adapter_dir: Path
 ) -> None:
