@@ -71,10 +71,12 @@ browser:
 	fi
 
 # ruff, then every test (tests/test_layers.py is the import-layer contract; the vLLM tests run
-# the real vLLM from $(VLLM_VENV)).
+# the real vLLM from $(VLLM_VENV)). Two pytest-xdist workers, each test module on one of them,
+# the slowest modules first (tests/conftest.py): most tests run one torch thread.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(VENV)/bin/ruff check .
-	SIEVERAG_REQUIRE_VLLM=1 $(PY) -m pytest -q
+	SIEVERAG_REQUIRE_VLLM=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -32,6 +32,21 @@ os.environ["TORCH_EXTENSIONS_DIR"] = str(SESSION_CACHE / "torch_extensions")
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
+
+# The slowest modules (each a minute or more), started first: under `make test`'s two
+# pytest-xdist workers (--dist loadfile --no-loadscope-reorder) they run beside the rest
+# instead of after it. Any other module keeps its place.
+SLOWEST_FIRST = ("inference/llm/test_vllm_real.py", "training/test_train_multiprocess.py",
+                 "serving/test_spans.py", "test_docs.py", "training/test_any_base_model.py",
+                 "training/test_gpu_check.py", "data_gen/test_cxmi.py",
+                 "training/test_train_command.py")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {module: place for place, module in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -77,8 +77,12 @@ FILTER = "filter"  # the shipped filter's served name
 FLOAT32_TOLERANCE = 1e-3
 HELD_OUT = TEST_DATA / "hotpotqa_heldout_sample.jsonl"
 STARTUP_S = 300.0
-# CPU settings for every start here: both cores, no torch.compile (it would add minutes).
-CPU_OPTIONS = {"cpu_cores": "all", "max_model_len": 4096, "extra_args": "--enforce-eager"}
+# CPU settings for every start here: both cores, no torch.compile (it would add minutes), the
+# worker inside the engine's process (one process start less, ~15 s of imports), 1 GiB of KV
+# cache (its allocation is part of every start).
+EXTRA_ARGS = "--enforce-eager --distributed-executor-backend uni"
+CPU_OPTIONS = {"cpu_cores": "all", "max_model_len": 4096, "extra_args": EXTRA_ARGS,
+               "cpu_kvcache_gib": 1}
 
 
 def free_port() -> int:
@@ -118,7 +122,8 @@ def served(embedded_model_dir: Path) -> Iterator[ServeProcess]:
         [sys.executable, "-m", "sieverag", "serve", "--engine", "vllm", "--model", DEFAULT_MODEL,
          "--adapters", f"{FILTER}={DEFAULT_FILTER_NAME}", "--port", str(port),
          "--vllm.dtype", "float32", "--vllm.cpu-cores", "all", "--vllm.max-model-len", "4096",
-         "--vllm.extra-args=--enforce-eager", "--vllm.startup-timeout-s", str(STARTUP_S)],
+         f"--vllm.extra-args={EXTRA_ARGS}", "--vllm.cpu-kvcache-gib", "1",
+         "--vllm.startup-timeout-s", str(STARTUP_S)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = ServeProcess(process, f"http://127.0.0.1:{port}/v1")
     lines = read_lines(process)
@@ -387,7 +392,7 @@ def test_teacher_labels_through_vllm_equal_the_embedded_servers(
     assert verdicts == expected
 
 
-# ----- teacher labels through `vllm run_batch`, CXMI through vLLM's prompt log-probs -----
+# ----- teacher labels asked one at a time, CXMI through vLLM's prompt log-probs -----
 
 def run_batch(batch_input: Path, output: Path, model_dir: Path) -> None:
     """`vllm run_batch` on a Batch JSONL, SmolLM2 at float32 under the teacher's name (by its
@@ -397,39 +402,34 @@ def run_batch(batch_input: Path, output: Path, model_dir: Path) -> None:
     subprocess.run([find_vllm_python(None), "-m", "vllm.entrypoints.openai.run_batch",
                     "-i", str(batch_input), "-o", str(output), "--model", str(model_dir),
                     "--served-model-name", DEFAULT_MODEL, "--dtype", "float32",
-                    "--max-model-len", "4096", "--enforce-eager"],
+                    "--max-model-len", "4096", *EXTRA_ARGS.split()],
                    env=vllm_environment(config, dict(os.environ)), check=True,
                    timeout=STARTUP_S + 300)
 
 
-def test_teacher_labels_through_vllm_run_batch_equal_the_synchronous_paths(
-    served: ServeProcess, embedded_model_dir: Path, tmp_path: Path
-) -> None:
-    """The same requests as Batch JSONL through `vllm run_batch` (`--teacher.mode
-    batch-file`, a correction round where a reply breaks the format) give the verdicts the
-    synchronous path gets from vLLM serving the same model."""
-    command = ["label", "--dataset", str(TEST_DATA / "hotpotqa_sample.jsonl"), "--scorer",
-               "none", "--max-documents", "3", "--quiet", "--teacher.endpoint",
-               served.base_url, "--teacher.model", DEFAULT_MODEL, "--teacher.max-tokens", "48",
-               "--teacher.timeout-s", "300"]
-    assert main([*command, "--out", str(tmp_path / "sync")]) == 0
-    batch = [*command, "--out", str(tmp_path / "batch"), "--teacher.mode", "batch-file"]
-    assert main(batch) == 0
-    for round_number in range(2):  # the labelling round, then perhaps one of corrections
-        written = sorted((tmp_path / "batch").glob("teacher_batch_*.jsonl"),
-                         key=lambda path: path.stat().st_mtime)[-1]
-        output = tmp_path / f"output-{round_number}.jsonl"
-        run_batch(written, output, embedded_model_dir)
-        assert main([*batch, "--teacher.batch-output", str(output)]) == 0
-        if (tmp_path / "batch" / "labels.jsonl").exists():
-            break
-    verdicts = {}
-    for run in ("sync", "batch"):
-        lines = (tmp_path / run / "labels.jsonl").read_text(encoding="utf-8").splitlines()
-        verdicts[run] = [chunk["teacher"] for line in lines
-                         for chunk in json.loads(line)["chunks"]]
-    assert len(verdicts["sync"]) == 6 and all(v["reply"] for v in verdicts["sync"])
-    assert verdicts["batch"] == verdicts["sync"]
+LABEL_COMMAND = ["label", "--dataset", str(TEST_DATA / "hotpotqa_sample.jsonl"), "--scorer",
+                 "none", "--max-documents", "3", "--quiet", "--teacher.model", DEFAULT_MODEL,
+                 "--teacher.max-tokens", "48", "--teacher.timeout-s", "300"]
+
+
+def chunk_verdicts(out: Path) -> list[dict]:
+    lines = (out / "labels.jsonl").read_text(encoding="utf-8").splitlines()
+    return [chunk["teacher"] for line in lines for chunk in json.loads(line)["chunks"]]
+
+
+@pytest.fixture(scope="module")
+def synchronous_verdicts(served: ServeProcess, tmp_path_factory: pytest.TempPathFactory
+                         ) -> list[dict]:
+    """The sample's verdicts from the teacher asked one request at a time, vLLM serving."""
+    out = tmp_path_factory.mktemp("sync")
+    assert main([*LABEL_COMMAND, "--teacher.endpoint", served.base_url, "--out", str(out)]) == 0
+    return chunk_verdicts(out)
+
+
+def test_teacher_labels_every_chunk_through_vllm(synchronous_verdicts: list[dict]) -> None:
+    """Asked here, while vLLM serves; the same verdicts through `vllm run_batch` are checked
+    after the server has stopped (two vLLM engines at once halve each other on 2 cores)."""
+    assert len(synchronous_verdicts) == 6 and all(v["reply"] for v in synchronous_verdicts)
 
 
 def test_cxmi_through_vllm_equals_in_process(served: ServeProcess, embedded_model_dir: Path,
@@ -453,40 +453,6 @@ def test_cxmi_through_vllm_equals_in_process(served: ServeProcess, embedded_mode
     assert len(values["local"]) == len(values["served"]) > 10
     assert max(abs(a - b) for a, b in zip(values["local"], values["served"], strict=True)) \
         < FLOAT32_TOLERANCE
-
-
-# ----- bfloat16: vLLM against in-process float32, at the GPU check's tolerances -----
-
-@pytest.fixture(scope="module")
-def served_bf16(embedded_model_dir: Path) -> Iterator[VLLMServer]:
-    config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=(f"{FILTER}={DEFAULT_FILTER_NAME}",),
-                              port=free_port(), dtype="bfloat16", startup_timeout_s=STARTUP_S,
-                              **CPU_OPTIONS)
-    with VLLMServer(config) as server:
-        yield server
-
-
-def test_bf16_scores_through_vllm_are_within_the_gpu_checks_tolerances(
-    served_bf16: VLLMServer, held_out: list, in_process_filter: HFBackend,
-    in_process_base: HFBackend, embedded_model_dir: Path
-) -> None:
-    examples = held_out[:1]  # 10 chunks and 10 documents: the tolerances are per item
-    with through(served_bf16.base_url, FILTER, embedded_model_dir) as remote:
-        served_scores = filter_log_odds(remote, examples)
-    filter_report = compare_filter(filter_log_odds(in_process_filter, examples), served_scores)
-    assert filter_report["passed"], filter_report
-    # The judge's r on the in-process answers (greedy answers may part at bf16 near-ties).
-    judge = MainRagJudge(in_process_base)
-    answers = {e.id: judge.predict_answers(e.question, e.documents) for e in examples}
-    local = {e.id: judge.judge_scores(e.question, e.documents, answers[e.id]) for e in examples}
-    with through(served_bf16.base_url, DEFAULT_MODEL, embedded_model_dir) as remote:
-        remote_judge = MainRagJudge(remote)
-        measured = {e.id: remote_judge.judge_scores(e.question, e.documents, answers[e.id])
-                    for e in examples}
-    judge_report = compare_judge(local, measured)
-    assert judge_report["passed"], judge_report
-    # bf16 moved something: the comparison ran at bf16, not at float32 again.
-    assert filter_report["max_abs_delta_p_yes"] > FLOAT32_TOLERANCE / 10
 
 
 # ----- starts that fail: one clear error, no process left -----
@@ -522,7 +488,7 @@ def test_vllm_not_ready_in_time_is_stopped_with_its_engine(embedded_model_dir: P
     assert server.pid is not None and group_gone(server.pid)
 
 
-# ----- the stop, last: SIGTERM to `sieverag serve` -----
+# ----- the stop: SIGTERM to `sieverag serve` -----
 
 def test_sigterm_stops_vllm_and_leaves_no_process(served: ServeProcess) -> None:
     served.process.send_signal(signal.SIGTERM)
@@ -532,3 +498,60 @@ def test_sigterm_stops_vllm_and_leaves_no_process(served: ServeProcess) -> None:
     assert not [p for p in served.family if p.is_running()]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{served.base_url}/models", timeout=2)
+
+
+# ----- after the stop: `vllm run_batch`, then vLLM at bfloat16 (one vLLM engine at a time) -----
+
+def test_teacher_labels_through_vllm_run_batch_equal_the_synchronous_paths(
+    synchronous_verdicts: list[dict], embedded_model_dir: Path, tmp_path: Path
+) -> None:
+    """The same requests as Batch JSONL through `vllm run_batch` (`--teacher.mode
+    batch-file`, a correction round where a reply breaks the format) give the verdicts the
+    synchronous path got from vLLM serving the same model."""
+    batch = [*LABEL_COMMAND, "--teacher.endpoint", "http://127.0.0.1:9/v1", "--out",
+             str(tmp_path / "batch"), "--teacher.mode", "batch-file"]
+    assert main(batch) == 0
+    for round_number in range(2):  # the labelling round, then perhaps one of corrections
+        written = sorted((tmp_path / "batch").glob("teacher_batch_*.jsonl"),
+                         key=lambda path: path.stat().st_mtime)[-1]
+        output = tmp_path / f"output-{round_number}.jsonl"
+        run_batch(written, output, embedded_model_dir)
+        assert main([*batch, "--teacher.batch-output", str(output)]) == 0
+        if (tmp_path / "batch" / "labels.jsonl").exists():
+            break
+    assert chunk_verdicts(tmp_path / "batch") == synchronous_verdicts
+
+
+# ----- bfloat16: vLLM against in-process float32, at the GPU check's tolerances -----
+
+@pytest.fixture()
+def served_bf16(embedded_model_dir: Path) -> Iterator[VLLMServer]:
+    config = VLLMLaunchConfig(model=DEFAULT_MODEL, adapters=(f"{FILTER}={DEFAULT_FILTER_NAME}",),
+                              port=free_port(), dtype="bfloat16", startup_timeout_s=STARTUP_S,
+                              **CPU_OPTIONS)
+    with VLLMServer(config) as server:
+        yield server
+
+
+def test_bf16_scores_through_vllm_are_within_the_gpu_checks_tolerances(
+    served_bf16: VLLMServer, held_out: list, in_process_filter: HFBackend,
+    in_process_base: HFBackend, embedded_model_dir: Path
+) -> None:
+    # 5 chunks and 5 documents of one question: the tolerances are per item.
+    examples = [replace(held_out[0], documents=held_out[0].documents[:5])]
+    with through(served_bf16.base_url, FILTER, embedded_model_dir) as remote:
+        served_scores = filter_log_odds(remote, examples)
+    filter_report = compare_filter(filter_log_odds(in_process_filter, examples), served_scores)
+    assert filter_report["passed"], filter_report
+    # The judge's r on the in-process answers (greedy answers may part at bf16 near-ties).
+    judge = MainRagJudge(in_process_base)
+    answers = {e.id: judge.predict_answers(e.question, e.documents) for e in examples}
+    local = {e.id: judge.judge_scores(e.question, e.documents, answers[e.id]) for e in examples}
+    with through(served_bf16.base_url, DEFAULT_MODEL, embedded_model_dir) as remote:
+        remote_judge = MainRagJudge(remote)
+        measured = {e.id: remote_judge.judge_scores(e.question, e.documents, answers[e.id])
+                    for e in examples}
+    judge_report = compare_judge(local, measured)
+    assert judge_report["passed"], judge_report
+    # bf16 moved something: the comparison ran at bf16, not at float32 again.
+    assert filter_report["max_abs_delta_p_yes"] > FLOAT32_TOLERANCE / 10
