@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, scripted_filter_folder
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
@@ -139,20 +139,12 @@ def test_eval_filter_completes_and_says_the_filter_skipped_blanks_and_read_windo
 
 def test_fit_combination_completes_and_says_it_read_every_passage_whole(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from sieverag.inference.filters import adapters
-    from sieverag.inference.llm import registry
     from sieverag.training.cli import FitCombinationCommand, run_fit_combination
 
     folder = tmp_path / "filter"
-    folder.mkdir()
-    card = {"base_model": "scripted", "dataset": {"train_questions": [["common", "other"]]}}
-    monkeypatch.setattr(adapters, "find_adapter", lambda name: type("Found", (), {
-        "path": folder})())
-    monkeypatch.setattr(adapters, "read_card", lambda path: card)
-    monkeypatch.setattr(adapters, "resolve_filter", lambda path, base: folder)
     backend = ScriptedBackend(labels=lambda text: {"Yes": 2.0 if "written" in text else -2.0,
                                                    "No": 0.0})
-    monkeypatch.setattr(registry, "build_backend", lambda spec: backend)
+    scripted_filter_folder(monkeypatch, folder, [["common", "other"]], backend)
     assert run_fit_combination(FitCombinationCommand(
         adapter="scripted", dataset=(str(odd_dataset(tmp_path)),), folds=2, quiet=True,
         home_sources="none")) == 0

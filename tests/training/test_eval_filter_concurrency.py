@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from fake_backend import ScriptedBackend
+from fake_backend import ScriptedBackend, scripted_filter_folder
 from repo_paths import REPO
 
 from sieverag.inference.composition.config import ModelRoles
@@ -213,16 +213,9 @@ def fit(tmp_path: Path, books: Path, concurrency: int | None, monkeypatch,
     """`filter fit-combination` on a scripted filter whose card lists no question of `books`
     as a training question; the card it writes."""
     from sieverag.inference.filters import adapters
-    from sieverag.inference.llm import registry
 
     folder = tmp_path / f"filter-{concurrency}"
-    folder.mkdir()
-    card = {"base_model": "scripted", "dataset": {"train_questions": [["nq", "elsewhere"]]}}
-    monkeypatch.setattr(adapters, "find_adapter", lambda name: type("Found", (), {
-        "path": folder})())
-    monkeypatch.setattr(adapters, "read_card", lambda path: card)
-    monkeypatch.setattr(adapters, "resolve_filter", lambda path, base: folder)
-    monkeypatch.setattr(registry, "build_backend", lambda spec: model)
+    scripted_filter_folder(monkeypatch, folder, [["nq", "elsewhere"]], model)
     command = training_cli.FitCombinationCommand(
         adapter="scripted", dataset=(str(books),), folds=2, quiet=True,
         concurrency=concurrency)
