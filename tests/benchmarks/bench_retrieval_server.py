@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -97,8 +98,8 @@ def main() -> int:
                 show_progress=False)
     index = Index.load(work / "index", use_cache=False)
     print(f"index: {index.size} SQuAD paragraphs ({args.articles} articles), built in "
-          f"{time.perf_counter() - start:.0f} s; {len(questions)} questions, k={args.k}; "
-          "measured while other jobs shared the machine's 2 cores")
+          f"{time.perf_counter() - start:.0f} s; {len(questions)} questions, k={args.k}; load "
+          f"average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     index.search_many(questions[:4], args.k, "dense")  # the encoder's first call
     config = RetrievalServerConfig(index=str(work / "index"), port=0, access_log=False,
                                    log_level="warning", cache=False)
