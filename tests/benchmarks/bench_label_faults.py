@@ -231,8 +231,8 @@ def main() -> None:
         ("wall seconds", figures["seconds"], f"time scale {figures['time_scale']:g}"),
     ]
     print("fault schedule: 2 min of 429 (Retry-After 90 s), 5 % 500, 2 % hangs past the "
-          "timeout, 1 % JSON cut short, SIGKILL at half, then resumed (x time scale); run "
-          "while other jobs shared the machine's 2 cores")
+          "timeout, 1 % JSON cut short, SIGKILL at half, then resumed (x time scale); load "
+          f"average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     width = max(len(name) for name, _, _ in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value!s:>22}  {note}")

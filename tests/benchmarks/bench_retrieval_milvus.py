@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -100,8 +101,8 @@ def main() -> int:
     milvus_build = time.perf_counter() - start
     print(f"{local.size:,} passages, {len(questions)} SQuAD questions; embedded once in "
           f"{embedded:.0f} s; built in process {local_build:.1f} s, Milvus Lite "
-          f"{milvus_build:.1f} s (embedding excluded); measured while other jobs shared the "
-          "machine's 2 cores")
+          f"{milvus_build:.1f} s (embedding excluded); load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     figures: dict[str, float | int] = {"passages": local.size, "queries": len(questions),
                                        "local_build_s": round(local_build, 2),
                                        "milvus_build_s": round(milvus_build, 2)}

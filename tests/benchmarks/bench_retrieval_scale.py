@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -289,7 +290,7 @@ def main() -> None:
         print(json.dumps({**figures, "peak_gb": _peak_gb()}))
         return
     sizes = [20_000] if args.quick else [int(s) for s in args.passages.split(",")]
-    print("ran while other jobs shared the 2 CPU cores: times are inflated")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores at the start")
     rows = [row for size in sizes for row in measure(size, Path(args.work) / str(size))]
     columns = ["backend", "passages", "build s", "build peak GB", "disk GB", "load s",
                "RSS after load GB", "p50 ms", "p99 ms", "batched ms/q", "recall@10"]

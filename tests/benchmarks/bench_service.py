@@ -277,8 +277,8 @@ def main() -> None:
         finally:
             exit_code = stop_server(server)
     print(f"model {args.model}; limit {LIMIT}; generator {args.generator_s} s; "
-          f"{time.monotonic() - started:.0f} s in all; measured while other jobs shared the "
-          "machine's cores (timings and memory are indicative)")
+          f"{time.monotonic() - started:.0f} s in all; load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     summary: dict[str, Any] = {"model": args.model, "limit": LIMIT, "levels": levels,
                                "waves_per_level": waves, "shared_machine": True,
                                "server_exit_code": exit_code,
