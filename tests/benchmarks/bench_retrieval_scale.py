@@ -246,32 +246,43 @@ def measure(passages: int, work: Path) -> list[dict]:
 
 
 def projection(rows: list[dict]) -> list[list]:
-    """Each backend's figures at 21M passages, scaled linearly from the largest size run, with
-    the arithmetic; dense codes at 768 dimensions (e5, Contriever)."""
-    largest = max(r["passages"] for r in rows)
-    scale = PAPERS / largest
+    """Each backend's figures at 21M passages, extrapolated along the line through its two
+    largest sizes run (a fixed cost, as the interpreter's ~0.1 GB or IVF's training on a
+    sample, stays fixed), with the arithmetic; dense memory from its codes at 768 dimensions
+    (e5, Contriever). Empty with one size: scaling one size's figures would scale the fixed
+    costs with them."""
+    sizes = sorted({r["passages"] for r in rows})
+    if len(sizes) < 2:
+        return []
+    small, large = sizes[-2:]
     out = []
-    for row in (r for r in rows if r["passages"] == largest):
-        disk = row["disk_gb"] * scale
-        note = f"disk {row['disk_gb']:.3f} GB × {PAPERS:,}/{largest:,} = {disk:.1f} GB"
-        memory = row.get("load_rss_gb", 0.0) * scale
+    for row in (r for r in rows if r["passages"] == large):
+        before = next(r for r in rows if r["passages"] == small and r["backend"] == row["backend"])
+
+        def at_papers(key: str, row: dict = row, before: dict = before) -> float:
+            slope = (row[key] - before[key]) / (large - small)
+            return max(row[key], row[key] + slope * (PAPERS - large))
+
+        def line(key: str, unit: str, row: dict = row, before: dict = before) -> str:
+            return (f"{key} {before[key]:.3f} → {row[key]:.3f} {unit} from {small:,} to "
+                    f"{large:,}: {at_papers(key):.2f} {unit} at 21M")
+
+        notes = [line("disk_gb", "GB"), line("build_peak_gb", "GB"), line("build_s", "s")]
+        memory = at_papers("load_rss_gb") if "load_rss_gb" in row else 0.0
         if row["kind"] == "dense" and row["code_bytes"] < 4 * 384:
-            codes = row["code_bytes"] * PAPERS / 1e9
-            full = PAPERS * 768 * 4 / 1e9
-            memory = codes + PAPERS * 8 / 1e9
-            note += (f"; in memory: codes {row['code_bytes']} B × 21M = {codes:.2f} GB + ids 8 B "
-                     f"× 21M = {PAPERS * 8 / 1e9:.2f} GB; on disk: vectors 21M × 768 × 4 B = "
-                     f"{full:.1f} GB")
+            memory = (row["code_bytes"] + 8) * PAPERS / 1e9
+            notes.append(f"in memory: (codes {row['code_bytes']} B + id 8 B) × 21M = "
+                         f"{memory:.2f} GB; on disk: vectors 21M × 768 × 4 B = "
+                         f"{PAPERS * 768 * 4 / 1e9:.1f} GB")
         elif row["kind"] == "dense":
-            memory = PAPERS * 768 * 4 / 1e9 * (1.25 if "HNSW" in row["backend"] else 1.0)
-            graph = " × 1.25 (graph)" if "HNSW" in row["backend"] else ""
-            note += f"; in memory: 21M × 768 × 4 B{graph} = {memory:.1f} GB"
-        elif row["kind"] == "bm25":
-            note += (f"; resident after load {row['load_rss_gb']:.3f} GB × {scale:.0f} = "
-                     f"{memory:.2f} GB")
-        out.append([row["backend"], row["build_s"] * scale / 3600, row["build_peak_gb"] * (
-            scale if row["backend"] in ("BM25 bm25s", "HNSW32", "Flat") else 1.0),
-            disk, memory, note])
+            graph = 1.25 if "HNSW" in row["backend"] else 1.0
+            memory = PAPERS * 768 * 4 / 1e9 * graph
+            notes.append(f"in memory: 21M × 768 × 4 B{' × 1.25 (graph)' if graph > 1 else ''}"
+                         f" = {memory:.1f} GB")
+        elif "load_rss_gb" in row:
+            notes.append(line("load_rss_gb", "GB resident"))
+        out.append([row["backend"], at_papers("build_s") / 3600, at_papers("build_peak_gb"),
+                    at_papers("disk_gb"), memory, "; ".join(notes)])
     return out
 
 
@@ -306,7 +317,11 @@ def main() -> None:
         formats=[None, ".2f", ".2f", ".1f", ".2f", None])
     print(results_json.markdown(tables["main"]))
     print()
-    print(results_json.markdown(tables["projection"]))
+    if tables["projection"]["rows"]:
+        print(results_json.markdown(tables["projection"]))
+    else:
+        print("no 21M projection from one size: give two (--passages 100000,1000000); "
+              "scaling one size would scale its fixed costs (the interpreter, IVF's training)")
     largest = max(sizes)
     dense = [r for r in rows if r["kind"] == "dense" and r["passages"] == largest]
     bm25 = [r for r in rows if r["kind"] == "bm25" and r["passages"] == largest]
