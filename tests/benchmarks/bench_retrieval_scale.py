@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -245,6 +246,11 @@ def measure(passages: int, work: Path) -> list[dict]:
     return rows
 
 
+def _family(backend: str) -> str:
+    """A backend's name without its size-dependent IVF list count (IVF256,PQ48 → IVF,PQ48)."""
+    return re.sub(r"IVF\d+", "IVF", backend)
+
+
 def projection(rows: list[dict]) -> list[list]:
     """Each backend's figures at 21M passages, extrapolated along the line through its two
     largest sizes run (a fixed cost, as the interpreter's ~0.1 GB or IVF's training on a
@@ -257,7 +263,8 @@ def projection(rows: list[dict]) -> list[list]:
     small, large = sizes[-2:]
     out = []
     for row in (r for r in rows if r["passages"] == large):
-        before = next(r for r in rows if r["passages"] == small and r["backend"] == row["backend"])
+        before = next(r for r in rows if r["passages"] == small
+                      and _family(r["backend"]) == _family(row["backend"]))
 
         def at_papers(key: str, row: dict = row, before: dict = before) -> float:
             slope = (row[key] - before[key]) / (large - small)
@@ -311,11 +318,11 @@ def main() -> None:
     tables = {"main": results_json.table(
         columns, main_rows, align=["", *["right"] * 10],
         formats=[None, ",d", ".1f", ".2f", ".3f", ".3f", ".3f", ".2f", ".2f", ".2f", ".3f"])}
+    print(results_json.markdown(tables["main"]))  # before anything computed from it
     tables["projection"] = results_json.table(
         ["backend", "build h", "build peak GB", "disk GB", "memory GB", "arithmetic"],
         projection(rows), align=["", "right", "right", "right", "right", ""],
         formats=[None, ".2f", ".2f", ".1f", ".2f", None])
-    print(results_json.markdown(tables["main"]))
     print()
     if tables["projection"]["rows"]:
         print(results_json.markdown(tables["projection"]))
