@@ -41,8 +41,8 @@ from transformers.cache_utils import Cache
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm import kv
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.context import FittedPrompt
+from sieverag.inference.llm.backend_protocol import LLMBackend
+from sieverag.inference.llm.context_guard import FittedPrompt
 from sieverag.inference.llm.hf import HFBackend, shared_prefix_length
 
 AGENT = "cxmi"

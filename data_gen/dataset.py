@@ -47,7 +47,7 @@ from sieverag.inference.filters.filter_format import (
     sentence_record,
     training_token_count,
 )
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 
 SPLITS = ("train", "validation")
 VERDICT_TASKS = ("chunk", "passage")  # records whose completion is a passage's Yes/No
@@ -362,7 +362,7 @@ def _describe(by_split: Mapping[str, list[dict[str, Any]]], config: DatasetConfi
 
 def _tokenizer(model: str) -> Any:
     from sieverag.inference.llm.chat_template import load_tokenizer
-    from sieverag.inference.llm.models import resolve_model
+    from sieverag.inference.llm.model_resolution import resolve_model
 
     return load_tokenizer(resolve_model(model))
 

@@ -79,8 +79,8 @@ from sieverag.inference.data import (
     odd_passages_line,
 )
 from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
-from sieverag.inference.llm.context import context_guard_of
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.context_guard import context_guard_of
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
 
 CXMILevel = Literal["chunk", "sentence", "both"]
@@ -424,8 +424,8 @@ def _default_scorer(config: LabelRunConfig) -> CXMIScorer:
 def served_scorer(config: LabelRunConfig) -> CXMIScorer:
     """CXMI through `scorer_endpoint`'s servers (their prompt log-probs, the prompts rendered
     with the scorer's own chat template), one usage meter for all the replicas."""
-    from sieverag.inference.llm.base import UsageMeter
-    from sieverag.inference.llm.models import resolve_model
+    from sieverag.inference.llm.backend_protocol import UsageMeter
+    from sieverag.inference.llm.model_resolution import resolve_model
     from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 
     name = config.scorer or DEFAULT_MODEL

@@ -49,7 +49,7 @@ from sieverag.inference.core.io_utils import JsonlLog, parse_json
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Conversation
 from sieverag.inference.filters.filter_format import numbered_sentences
-from sieverag.inference.llm.base import GenerationSettings, Usage
+from sieverag.inference.llm.backend_protocol import GenerationSettings, Usage
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig, ReplyUsage
 from sieverag.inference.llm.openai_transport import TokenField
 from sieverag.inference.llm.rate_limit import prompt_bytes

@@ -21,7 +21,7 @@ from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device, DType
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 VLLMDType = Literal["auto", "float32", "bfloat16", "float16"]

@@ -39,7 +39,7 @@ from sieverag.inference.filters.filter_format import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, document_sentences, window_rule
 from sieverag.inference.filters.windows import WindowRule, window_document
-from sieverag.inference.llm.base import marked_prompt_ids
+from sieverag.inference.llm.backend_protocol import marked_prompt_ids
 from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.batching import BatchingEngine

@@ -31,7 +31,7 @@ from uvicorn.config import LOGGING_CONFIG
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
 from sieverag.inference.filters.combination import card_combination, ranking_statement
-from sieverag.inference.llm.models import resolve_model
+from sieverag.inference.llm.model_resolution import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.api.middleware.concurrency import AdmissionState

@@ -70,9 +70,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def embedded_model_converted_at_most_once() -> Iterator[None]:
     """Fail a test that would convert the embedded model a second time (~15 s each): one that
     points SIEVERAG_CACHE elsewhere and then loads the embedded model by name."""
-    from sieverag.inference.llm import models
+    from sieverag.inference.llm import model_resolution
 
-    convert = models._convert_gguf
+    convert = model_resolution._convert_gguf
     converted: list[Path] = []
 
     def convert_once(folder: Path, gguf_file: str, target: Path) -> None:
@@ -84,14 +84,14 @@ def embedded_model_converted_at_most_once() -> Iterator[None]:
         convert(folder, gguf_file, target)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(models, "_convert_gguf", convert_once)
+        patch.setattr(model_resolution, "_convert_gguf", convert_once)
         yield
 
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct, converted once into the session's cache."""
-    from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
+    from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import LABEL_MARK, GenerationSettings, UsageMeter
+from sieverag.inference.llm.backend_protocol import LABEL_MARK, GenerationSettings, UsageMeter
 
 
 def user_text(conversation: Conversation) -> str:
@@ -71,7 +71,7 @@ def scripted_filter_folder(monkeypatch, folder, train_questions: list[list[str]]
     """`sieverag filter` commands find a filter in `folder` (created here), its card naming
     `train_questions` (source, question) as its training questions, and run it on `backend`."""
     from sieverag.inference.filters import adapters
-    from sieverag.inference.llm import registry
+    from sieverag.inference.llm import backend_registry
 
     folder.mkdir()
     card = {"base_model": "scripted", "dataset": {"train_questions": train_questions}}
@@ -79,4 +79,4 @@ def scripted_filter_folder(monkeypatch, folder, train_questions: list[list[str]]
         "path": folder})())
     monkeypatch.setattr(adapters, "read_card", lambda path: card)
     monkeypatch.setattr(adapters, "resolve_filter", lambda path, base: folder)
-    monkeypatch.setattr(registry, "build_backend", lambda spec: backend)
+    monkeypatch.setattr(backend_registry, "build_backend", lambda spec: backend)

@@ -11,7 +11,7 @@ from pathlib import Path
 from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 
 

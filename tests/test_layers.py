@@ -301,7 +301,7 @@ def test_no_import_runs_up_the_layers() -> None:
      "shared base imports data, a layer above it"),
     ("sieverag.inference.filters.judge", "sieverag.inference.cli.run",
      "agents imports command line, a layer above it"),
-    ("sieverag.inference.pipelines.base", "sieverag.inference.composition.config",
+    ("sieverag.inference.pipelines.pipeline_registry", "sieverag.inference.composition.config",
      "pipelines imports composition, a layer above it"),
     ("sieverag.inference.eval.runner", "sieverag.data_gen.cxmi", "`inference` imports none of"),
     ("sieverag.inference.cli.run", "sieverag.accelerate_configs", "`inference` imports none of"),
@@ -323,7 +323,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.data.loading", "sieverag.inference.core.errors"),
     ("sieverag.inference.filters.mcf", "sieverag.inference.retrieval.bm25"),
     ("sieverag.inference.pipelines.amber.collector", "sieverag.inference.pipelines.amber.memory"),
-    ("sieverag.inference.cli.index", "sieverag.inference.llm.models"),
+    ("sieverag.inference.cli.index", "sieverag.inference.llm.model_resolution"),
     ("sieverag.inference.cli.run", "sieverag.inference.cli.index"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
     ("sieverag.training.filter_eval", "sieverag.inference.metrics.answers"),
@@ -352,17 +352,17 @@ def test_imports_are_read_everywhere_in_a_file_and_resolved(tmp_path: Path) -> N
         "from . import bm25, missing_name\n"
         "from ..metrics import answers\n"
         "if TYPE_CHECKING:\n"
-        "    from sieverag.inference.llm.base import LLMBackend\n"
+        "    from sieverag.inference.llm.backend_protocol import LLMBackend\n"
         "def later():\n"
         "    import transformers\n", encoding="utf-8")
     module = SourceModule("sieverag.inference.retrieval.probe", source, is_package=False)
     known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.metrics.answers",
-             "sieverag.inference.llm.base"}
+             "sieverag.inference.llm.backend_protocol"}
     assert {(found.target, found.line) for found in imports_of(module, known)} == {
         ("typing", 1),
         ("sieverag.inference.retrieval.bm25", 2), ("sieverag.inference.retrieval", 2),
         ("sieverag.inference.metrics.answers", 3),
-        ("sieverag.inference.llm.base", 5),
+        ("sieverag.inference.llm.backend_protocol", 5),
         ("transformers", 7),
     }
 
@@ -507,7 +507,7 @@ EVAL_DIR = REPO / PART_FOLDERS[INFERENCE] / "eval"
 # source, and evaluation (which reads what each pipeline declares: its trace and renderer,
 # what it compares with, whether a judge sweep may run it).
 PIPELINE_NEUTRAL = ("composition/compose.py", "composition/config.py", "pipelines/__init__.py",
-                    "pipelines/base.py", "pipelines/rounds.py", "pipelines/traces.py",
+                    "pipelines/pipeline_registry.py", "pipelines/rounds.py", "pipelines/traces.py",
                     *sorted(str(path.relative_to(EVAL_DIR.parent))
                             for path in EVAL_DIR.rglob("*.py")))
 # A string there that equals a pipeline's name but means something else, with what it means.

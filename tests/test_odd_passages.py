@@ -90,7 +90,7 @@ def test_eval_with_the_trained_filter_says_it_skips_blanks_and_reads_windows(
     from sieverag.inference.composition.compose import Roles, plan_run
     from sieverag.inference.composition.config import ModelRoles, RunConfig
     from sieverag.inference.eval.runner import passage_handling
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     models = ModelRoles(generator=BackendSpec(model="scripted"), filter_card="retrieval-only",
                         filter=BackendSpec(model="scripted-filter",
@@ -110,7 +110,7 @@ def test_eval_with_the_trained_filter_says_it_skips_blanks_and_reads_windows(
 def test_eval_filter_completes_and_says_the_filter_skipped_blanks_and_read_windows(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
     from sieverag.inference.composition.config import ModelRoles
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
     from sieverag.training import filter_eval
     from sieverag.training.cli import EvalFilterCommand, run_eval_filter
 

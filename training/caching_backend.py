@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend, UsageMeter
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend, UsageMeter
 
 
 def request_key(prompt: Conversation, detail: object) -> str:

@@ -37,7 +37,7 @@ from sieverag.inference.filters.combination import (
 from sieverag.inference.filters.filter_format import card_format
 from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule
 from sieverag.inference.filters.windows import DEFAULT_MAX_WINDOWS, WindowRule, card_window_tokens
-from sieverag.inference.llm.batching import on_batcher, question_batcher
+from sieverag.inference.llm.call_batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
 from sieverag.training.combination_fit import (
     LabelledRound,
@@ -88,7 +88,7 @@ def filter_scorer(folder: Path, card: Mapping[str, Any], *,
                   ) -> Iterator[Callable[[Sequence[Example]], list[LabelledRound]]]:
     """A function examples → their rounds scored as `score_fitting_rounds` scores them, on
     one backend while the context lasts (the home fit scores away rounds as it needs them)."""
-    from sieverag.inference.llm.registry import BackendSpec, build_backend
+    from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 
     spec = BackendSpec(model=card["base_model"], adapter=str(folder), device=device)
     concurrency = default_concurrency(concurrency, spec.endpoint is not None)

@@ -51,14 +51,14 @@ from sieverag.inference.core.types import Example
 from sieverag.inference.data import PassageHandling, example_source, odd_passages_line
 from sieverag.inference.filters.combination import PRIORS_ONLY_KEY, Combination
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.batching import (
+from sieverag.inference.llm.backend_protocol import LLMBackend
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
+from sieverag.inference.llm.call_batching import (
     CallBatcher,
     on_batcher,
     question_batcher,
     warn_capped_requests,
 )
-from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.inference.metrics.filter import (
     chunk_quality,
     has_supporting_facts,

@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.home import dataset_decision
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.metrics.filter import top_k_indices
 from sieverag.training.questions_in_flight import by_question
 

@@ -170,7 +170,7 @@ def build_trainer(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()
     from trl import SFTTrainer
 
     from sieverag.inference.llm.chat_template import template_identity
-    from sieverag.inference.llm.models import resolve_model
+    from sieverag.inference.llm.model_resolution import resolve_model
     from sieverag.training import data
 
     script, args, model_args = recipe.script, recipe.training, recipe.model
@@ -254,7 +254,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     from sieverag.inference.filters.filter_format import FORMAT_KEY
     from sieverag.inference.filters.windows import RECORD_TOKENS_KEY
     from sieverag.inference.llm.chat_template import CARD_KEY as CHAT_TEMPLATE_KEY
-    from sieverag.inference.llm.models import EMBEDDED_MODELS
+    from sieverag.inference.llm.model_resolution import EMBEDDED_MODELS
     from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
     # A linear warmup starts at learning rate 0: a run whose only step is its first one (the

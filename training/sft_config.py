@@ -14,7 +14,7 @@ from trl import ModelConfig
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 
 # attn_implementation: flash_attention_2 where flash-attn and a CUDA device are, else sdpa.
 FLASH_OR_SDPA = "flash_attention_2_or_sdpa"
@@ -71,7 +71,8 @@ class FilterModelConfig(ModelConfig):
     model_name_or_path: str | None = field(
         default=DEFAULT_MODEL,
         metadata={"help": "base model: an embedded name (resolved by "
-                          "inference.llm.models.resolve_model) or a local Hugging Face folder"})
+                          "inference.llm.model_resolution.resolve_model) or a local Hugging "
+                          "Face folder"})
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "the base model's attention kernel (flash_attention_2, sdpa, eager, "

@@ -26,7 +26,7 @@ from sieverag.inference.filters.combination import (
     card_combination,
     ranking_statement,
 )
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 
 if TYPE_CHECKING:
     from sieverag.inference.filters.mcf import MCFConfig

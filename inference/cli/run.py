@@ -32,7 +32,7 @@ from sieverag.inference.core.settings import narrow, settings
 from sieverag.inference.data.dataset_fields import limit_field
 from sieverag.inference.filters.combination import filter_role
 from sieverag.inference.filters.judge import DocumentOrder
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PIPELINES,
     section_values,
     with_pipeline_sections,

@@ -3,16 +3,17 @@
 One place decides who runs what, for every command (`eval`, `ask`, `demo`, `judge-sweep`),
 in two steps:
 * `plan_run(config)` reads the config once, with what each pipeline declares
-  (`pipelines.base.register_pipeline`): the pipelines the run runs (and those they run inside
-  them), the model roles they call, whether they read the dataset's own documents, and the trained
-  filter's adapter found by path or name (installed, else shipped) and checked against its
-  base model and prompts — so the run's config.yaml names the adapter folder it used;
+  (`pipelines.pipeline_registry.register_pipeline`): the pipelines the run runs (and those
+  they run inside them), the model roles they call, whether they read the dataset's own
+  documents, and the trained filter's adapter found by path or name (installed, else
+  shipped) and checked against its base model and prompts — so the run's config.yaml names
+  the adapter folder it used;
 * `build_context(plan)` builds what the plan says: one backend per role the run calls (roles
-  with equal specs share one backend and one loaded model, `llm.registry.build_backend`), the
-  document source (the dataset's own documents or an index: fused, reranked and
-  hygiene-filtered as `retrieval` says, one search rule for the question and for later
-  queries), and the part each pipeline declares it needs (auto: its router), begun before the
-  models load so that a part that cannot load fails first.
+  with equal specs share one backend and one loaded model,
+  `llm.backend_registry.build_backend`), the document source (the dataset's own documents or
+  an index: fused, reranked and hygiene-filtered as `retrieval` says, one search rule for the
+  question and for later queries), and the part each pipeline declares it needs (auto: its
+  router), begun before the models load so that a part that cannot load fails first.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.batching import CallBatcher, on_batcher
-from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.llm.backend_protocol import LLMBackend
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
+from sieverag.inference.llm.call_batching import CallBatcher, on_batcher
 from sieverag.inference.pipelines import PipelineContext
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     DocumentSource,
     PartInputs,
     PipelineSettings,
@@ -128,7 +129,7 @@ def build_roles(models: ModelRoles, roles: frozenset[str],
                 batcher: CallBatcher | None = None) -> Roles:
     """One backend per role in `roles` (the generator always); the filter's adapter must be
     resolved (`resolve_filter_role`). With `batcher`, in-process backends run their calls
-    on it, merged across the questions in flight (`llm.batching`)."""
+    on it, merged across the questions in flight (`llm.call_batching`)."""
     check_role_devices(models, roles)
     build = functools.partial(role_backend, batcher=batcher)
     return Roles(generator=build(models.generator),

@@ -18,8 +18,8 @@ from sieverag.inference.core.settings import (
 )
 from sieverag.inference.core.types import Device
 from sieverag.inference.data.dataset_fields import dataset_field, dataset_format_field, limit_field
-from sieverag.inference.llm.base import GenerationSettings
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_protocol import GenerationSettings
+from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.metrics.trust import (
     ALIGNMENT_THRESHOLD,
     NOISE_THRESHOLD,
@@ -27,7 +27,7 @@ from sieverag.inference.metrics.trust import (
     QualityWeights,
     TAASWeights,
 )
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     ANSWER_GENERATION,
     PIPELINES,
     default_pipeline,
@@ -129,7 +129,7 @@ def models_field() -> Any:
 class RunConfig:
     """Everything that determines a run's results; `provenance` only records where it ran.
     After its own fields come the settings sections the pipelines declare (`amber`, `judge`,
-    `mcf`, `iter_retgen`, `router`, ...: see `sieverag.inference.pipelines.base`)."""
+    `mcf`, `iter_retgen`, `router`, ...: see `sieverag.inference.pipelines.pipeline_registry`)."""
 
     dataset: str = dataset_field()
     pipelines: tuple[str, ...] = field(default=(default_pipeline(),), metadata={

@@ -4,7 +4,7 @@
 each result back, in the calling thread, as soon as it finishes: the caller appends it to its
 results file there, so a run killed at any moment has lost no finished question, and one
 rerun resumes. Each item runs exactly what it runs alone; what batches the work of several is
-the engine behind them (a server's batches, or `llm.batching` in-process).
+the engine behind them (a server's batches, or `llm.call_batching` in-process).
 
 A failing item stops new ones from starting; those already running finish and are handed
 back; then one `QuestionFailedError` names the item (the first to fail) and what went wrong.

@@ -4,7 +4,7 @@ A template file has `name`, `inputs` (the field names it needs), `system` and `u
 (`{field}` placeholders). Rendering checks the inputs given are exactly the declared ones.
 
 A rendered message's text is a `TemplateText`: a plain string that also remembers its
-template and input values, so that the backends' context guard (inference/llm/context.py)
+template and input values, so that the backends' context guard (inference/llm/context_guard.py)
 can render it again with shorter documents when a prompt does not fit the model's context.
 Which inputs may be cut is fixed by their names, `CUT_ORDER`: the retrieved text first, then
 the memory notes; never the question, the instruction or any other input. (A name, not a

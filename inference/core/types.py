@@ -35,7 +35,8 @@ def check_device(value: str) -> str:
 # "cuda" (the current GPU) or "cuda:N"; each role has its own (`models.filter.device cuda:1`).
 Device = Annotated[str, AfterValidator(check_device)]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-# What a backend does with a prompt longer than the model's context (inference/llm/context.py).
+# What a backend does with a prompt longer than the model's context
+# (inference/llm/context_guard.py).
 ContextOverflow = Literal["truncate", "error"]
 
 

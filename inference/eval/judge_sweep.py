@@ -47,9 +47,9 @@ from sieverag.inference.eval.report import comparison_table
 from sieverag.inference.eval.runner import selected_examples
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import DocumentOrder, judge_selection
-from sieverag.inference.llm.base import measured
-from sieverag.inference.llm.batching import question_batcher
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.llm.backend_protocol import measured
+from sieverag.inference.llm.call_batching import question_batcher
+from sieverag.inference.pipelines.pipeline_registry import (
     PIPELINES,
     DocumentSource,
     PipelineOutput,

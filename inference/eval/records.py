@@ -13,8 +13,8 @@ from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.core.types import Example
 from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.migration import migrate_record, migrate_trust
-from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.llm.base import LLMBackend, Usage
+from sieverag.inference.filters.document_filter import ScoredDocumentRecord
+from sieverag.inference.llm.backend_protocol import LLMBackend, Usage
 from sieverag.inference.metrics.answers import (
     answer_accuracy,
     asqa_rouge_l,
@@ -26,7 +26,11 @@ from sieverag.inference.metrics.answers import (
 )
 from sieverag.inference.metrics.grader import GraderItem, grade_answers
 from sieverag.inference.metrics.trust import Embed, trust_report
-from sieverag.inference.pipelines.base import PipelineOutput, declared_traces, question_text
+from sieverag.inference.pipelines.pipeline_registry import (
+    PipelineOutput,
+    declared_traces,
+    question_text,
+)
 from sieverag.inference.pipelines.traces import PipelineTrace, trace_model
 
 
@@ -55,7 +59,7 @@ class ReadScores(JsonlRecord):
 
 
 class AgentUsage(JsonlRecord):
-    """One agent's LLM usage on the example (`llm.base.Usage`)."""
+    """One agent's LLM usage on the example (`llm.backend_protocol.Usage`)."""
 
     calls: int = Field(description="prompts sent")
     prompt_tokens: int
@@ -205,7 +209,7 @@ class EvalRecord(JsonlRecord):
     seconds: float = Field(description="wall time of the example")
     truncated_prompts: int = Field(
         0, description="prompts cut to fit the model's context, all agents (absent when none "
-                       "was; inference/llm/context.py)")
+                       "was; inference/llm/context_guard.py)")
     tokens_dropped: int = Field(0, description="prompt tokens those cuts removed, all agents "
                                                "(absent when none was cut)")
     hygiene_removed: list[HygieneRemoval] | None = Field(

@@ -46,9 +46,9 @@ from sieverag.inference.eval.records import (
 from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
-from sieverag.inference.llm.base import measured
-from sieverag.inference.llm.batching import question_batcher, warn_capped_requests
-from sieverag.inference.llm.context import context_guard_of
+from sieverag.inference.llm.backend_protocol import measured
+from sieverag.inference.llm.call_batching import question_batcher, warn_capped_requests
+from sieverag.inference.llm.context_guard import context_guard_of
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.retrieval.hygiene import HygieneLog
 
@@ -150,7 +150,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
 
     `concurrency`: questions in flight (`inference.in_flight`; unset: 16 when every model is
     served, 1 when any runs in-process); in-process models then batch the questions' calls
-    together (`llm.batching`). Records are appended as questions finish and the results come
+    together (`llm.call_batching`). Records are appended as questions finish and the results come
     out in dataset order, whatever the concurrency. `announce`: say first (stderr) which
     score the trained filter ranks by, and why (`RunPlan.ranking`), where a pipeline calls
     it, and where the run reads the dataset's passages, the line counting its odd ones

@@ -71,7 +71,7 @@ def summarize(records: Sequence[EvalRecord]) -> dict:
     documents: for `main-rag` the filter's quality, for `vanilla` the keep-all baseline;
     `read_all_gold` is the share of those examples whose gold documents were all read.
     `truncated_rate` is the share of examples with some prompt cut to fit the model's context
-    (inference/llm/context.py), `tokens_dropped_per_question` the prompt tokens cut.
+    (inference/llm/context_guard.py), `tokens_dropped_per_question` the prompt tokens cut.
     """
     summary: dict = {"examples": len(records)}
     for metric in ANSWER_METRICS:

@@ -7,10 +7,20 @@ trained filter (a folder, a name in the user's cache, or the one shipped in `shi
 window, judged by its best); `sentence_priors` is MCF's sentence rule without the filter (a
 sentence's BM25, dense score and place in its chunk)."""
 
-from sieverag.inference.filters.base import DocumentFilter, FilterResult, KeepAll, ScoredDocument
+from sieverag.inference.filters.document_filter import (
+    DocumentFilter,
+    FilterResult,
+    KeepAll,
+    ScoredDocument,
+)
+from sieverag.inference.filters.filter_registry import (
+    FILTER_NAMES,
+    FilterName,
+    FilterSetup,
+    build_filter,
+)
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.inference.filters.registry import FILTER_NAMES, FilterName, FilterSetup, build_filter
 from sieverag.inference.filters.stack import StackConfig, StackedFilter
 
 __all__ = ["FILTER_NAMES", "DocumentFilter", "FilterName", "FilterResult", "FilterSetup",

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from sieverag.inference.core.errors import SieveragError
 from sieverag.inference.core.io_utils import atomic_directory, parse_json, read_text
-from sieverag.inference.llm.models import adapters_dir
+from sieverag.inference.llm.model_resolution import adapters_dir
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -321,7 +321,7 @@ def resolve_filter(name_or_path: str, base_model: str) -> Path:
     """The folder of the filter adapter `name_or_path` (see `find_adapter`), checked to be a
     whole adapter whose card fits `base_model` (an embedded name or a local folder) and the
     filter prompts in use. Every command that loads a filter onto a model calls this."""
-    from sieverag.inference.llm.models import resolve_model
+    from sieverag.inference.llm.model_resolution import resolve_model
 
     found = find_adapter(name_or_path)
     check_adapter_files(found.path)

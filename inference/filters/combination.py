@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from sieverag.inference.filters.adapters import AdapterError, read_card
-from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
 from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule, HomeTest
@@ -85,7 +85,7 @@ def round_features(scores: RoundScores) -> np.ndarray:
 
 
 def _z(values: np.ndarray) -> np.ndarray:
-    """`base.z_scores` (MCF's z-normalisation over a round) as an array."""
+    """`document_filter.z_scores` (MCF's z-normalisation over a round) as an array."""
     return np.asarray(z_scores(values.tolist()), dtype=float)
 
 

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import LABEL_MARK, chat_prompt_text, marked_prompt_ids
+from sieverag.inference.llm.backend_protocol import LABEL_MARK, chat_prompt_text, marked_prompt_ids
 
 CHUNK_TEMPLATE = "filter_chunk"
 SENTENCE_TEMPLATE = "filter_sentence"

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 
 HOME_KEY = "home"  # the card's section

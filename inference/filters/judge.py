@@ -30,9 +30,9 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.core.types import Conversation, Document
-from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.filter_format import relevance_log_odds
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 
 YES, NO = "Yes", "No"
 DocumentOrder = Literal["descending", "ascending", "random"]

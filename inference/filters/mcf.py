@@ -47,7 +47,6 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import AdapterError
-from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.combination import (
     DEFAULT_P_MIN,
     PRIORS_ONLY,
@@ -57,6 +56,7 @@ from sieverag.inference.filters.combination import (
     calls_filter,
     passage_priors,
 )
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.embeddings import round_vectors
 from sieverag.inference.filters.filter_format import (
     CHUNK_LABELS,
@@ -88,7 +88,7 @@ from sieverag.inference.filters.windows import (
     WindowRule,
     token_offsets_of,
 )
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 from sieverag.inference.retrieval.sentences import split_sentences
 
 ChunkBar = Literal["calibrated", "top_k", "fixed", "adaptive"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult, ScoredDocument
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.judge import YES, JudgeConfig, MainRagJudge
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 
 
 def says_yes(verdict: str) -> bool:

@@ -86,7 +86,7 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
     import torch
     from safetensors.torch import load_file, save_file
 
-    from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
+    from sieverag.inference.llm.model_resolution import EMBEDDED_MODELS, resolve_model
 
     run_dir, out = Path(run_dir), Path(out)
     check_adapter_files(run_dir)

@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sieverag.inference.core.types import Document, RerankResult, SentenceSpan
-from sieverag.inference.filters.base import FilterResult, ScoredDocument
 from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.filter_format import p_relevant
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.windows import WindowRule
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.retrieval.sentences import sentence_spans
 
 

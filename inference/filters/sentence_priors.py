@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sieverag.inference.filters.base import z_scores
+from sieverag.inference.filters.document_filter import z_scores
 
 # What bench_sentence_rule.py chose on every source (z units): the first sentence's prior
 # and the bar on the fused score.

@@ -24,7 +24,7 @@ from typing import Literal
 
 from sieverag.inference.core.settings import settings
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter
 

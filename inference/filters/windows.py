@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult, ScoredDocument, z_scores
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument, z_scores
 from sieverag.inference.retrieval.sentences import sentence_spans
 
 # The shipped filter's training max_length: the window of a filter whose card gives no figure.

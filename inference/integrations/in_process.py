@@ -28,7 +28,7 @@ from sieverag.inference.integrations.selection import (
     choose,
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 
 
 class InProcessFilter:

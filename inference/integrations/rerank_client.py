@@ -30,7 +30,7 @@ from sieverag.inference.integrations.selection import (
     check_selection,
     choose,
 )
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 
 # What each refused status most likely means for a caller of this client.
 _ADVICE = {

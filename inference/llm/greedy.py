@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
 from sieverag.inference.llm import kv
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.prompt_cache import PromptCache
 from sieverag.inference.llm.prompt_lookup import Drafter, agreed
 

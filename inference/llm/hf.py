@@ -1,6 +1,6 @@
 """The `hf` backend: transformers in-process, batched with left padding, CPU or GPU.
 
-Every prompt goes through the context guard (inference/llm/context.py) before it runs: the
+Every prompt goes through the context guard (inference/llm/context_guard.py) before it runs: the
 model's context is `context_length`, by default the model's own (its config's
 `max_position_embeddings`). This module loads the model, batches and prefills prompts and
 scores them; greedy replies then decode in inference/llm/greedy.py (rows leaving as they end,
@@ -32,7 +32,7 @@ from sieverag.inference.core.types import (
     check_device_present,
 )
 from sieverag.inference.llm import greedy, kv
-from sieverag.inference.llm.base import (
+from sieverag.inference.llm.backend_protocol import (
     GenerationSettings,
     Usage,
     UsageMeter,
@@ -46,7 +46,7 @@ from sieverag.inference.llm.base import (
     metered,
 )
 from sieverag.inference.llm.chat_template import load_tokenizer
-from sieverag.inference.llm.context import (
+from sieverag.inference.llm.context_guard import (
     ContextGuard,
     FittedPrompt,
     check_context_settings,
@@ -54,7 +54,7 @@ from sieverag.inference.llm.context import (
     context_overflow_field,
 )
 from sieverag.inference.llm.decode_step import Decoder
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model
 from sieverag.inference.llm.prompt_cache import KeptBatch, PromptCache
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
 
@@ -277,7 +277,7 @@ def _in_adapter_scope(operation: Callable) -> Callable:
 
 
 class HFBackend:
-    """LLMBackend on an in-process transformers model (see inference/llm/base.py)."""
+    """LLMBackend on an in-process transformers model (see inference/llm/backend_protocol.py)."""
 
     def __init__(self, config: HFBackendConfig = HFBackendConfig()) -> None:
         self.config = config
@@ -315,7 +315,7 @@ class HFBackend:
 
     def fit(self, prompts: Sequence[Conversation], reserved: int | Sequence[int], *,
             agent: str, reserved_for: str = "new tokens") -> list[FittedPrompt]:
-        """The prompts as they will run: through the context guard (inference/llm/context.py),
+        """The prompts as they will run: through the context guard (inference/llm/context_guard.py),
         with `reserved` tokens left after each."""
         return self.context_guard.fit(prompts, reserved, agent=agent, reserved_for=reserved_for)
 

@@ -27,7 +27,7 @@ How each operation of the `LLMBackend` protocol maps onto the server:
   top-k by id, vLLM's `return_tokens_as_token_ids`, else by the token's decoded text).
 
 With `context_length` set (and `chat_template_model`, whose tokenizer counts the tokens),
-every prompt goes through the context guard (inference/llm/context.py) before it is sent;
+every prompt goes through the context guard (inference/llm/context_guard.py) before it is sent;
 without it prompts are sent as they are, and a server refuses one over its context with its
 own error (vLLM and the embedded server: HTTP 400), reported as the one-line error below.
 
@@ -56,7 +56,7 @@ from typing import Any, Literal, get_args
 
 from sieverag.inference.core.errors import ConfigError, SieveragError
 from sieverag.inference.core.types import ContextOverflow, Conversation
-from sieverag.inference.llm.base import (
+from sieverag.inference.llm.backend_protocol import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
@@ -67,7 +67,7 @@ from sieverag.inference.llm.base import (
     marked_prompt_ids,
     metered,
 )
-from sieverag.inference.llm.context import (
+from sieverag.inference.llm.context_guard import (
     ContextGuard,
     check_context_settings,
     context_length_field,

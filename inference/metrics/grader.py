@@ -14,7 +14,7 @@ from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.io_utils import parse_json
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Document
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 
 Evidence = Document | str
 

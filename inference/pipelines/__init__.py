@@ -4,7 +4,7 @@
 
 A pipeline is one module of this package, or one package when it has parts: `amber/` (the
 loop, its memory updater AMU and information collector AIC, its settings and its trace) and
-`auto/` (the router and its settings). It registers itself (`base.register_pipeline`,
+`auto/` (the router and its settings). It registers itself (`pipeline_registry.register_pipeline`,
 declaring what it needs, the settings it reads, the pipelines it runs inside it and the part
 composition builds for it); importing this package imports every module and package in it, so
 adding a pipeline is adding its module. `build_pipeline(name, context)` makes one. `rounds`
@@ -14,7 +14,7 @@ holds the round-by-round document source of the pipelines that search more than 
 import importlib
 import pkgutil
 
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PIPELINES,
     Pipeline,
     PipelineContext,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext,
     PipelineOutput,
     Reader,

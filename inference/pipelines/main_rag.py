@@ -10,12 +10,12 @@ document source gives for the plain question.
 from __future__ import annotations
 
 from sieverag.inference.core.types import Example
-from sieverag.inference.filters.base import DocumentFilter
+from sieverag.inference.filters.document_filter import DocumentFilter
+from sieverag.inference.filters.filter_registry import FilterSetup
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig, MainRagJudge
 from sieverag.inference.filters.naive_judge import NaiveJudge
-from sieverag.inference.filters.registry import FilterSetup
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.llm.backend_protocol import LLMBackend
+from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext,
     PipelineOutput,
     Reader,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.gold_match import mark_gold
-from sieverag.inference.pipelines.base import PipelineContext
+from sieverag.inference.pipelines.pipeline_registry import PipelineContext
 from sieverag.inference.retrieval.bm25 import BM25Index
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sieverag.inference.core.types import Example
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext,
     PipelineOutput,
     Reader,

@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, JsonValue
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlRecord
-from sieverag.inference.filters.base import ScoredDocumentRecord
+from sieverag.inference.filters.document_filter import ScoredDocumentRecord
 
 WIDTH = 100  # the terminal width a rendered trace wraps at
 

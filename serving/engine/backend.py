@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from concurrent.futures import CancelledError, Future
 
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import (
+from sieverag.inference.llm.backend_protocol import (
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,

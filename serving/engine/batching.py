@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sieverag.inference.llm import kv
-from sieverag.inference.llm.base import first_stop
-from sieverag.inference.llm.batching import drain_queue
+from sieverag.inference.llm.backend_protocol import first_stop
+from sieverag.inference.llm.call_batching import drain_queue
 from sieverag.inference.llm.decode_step import Decoder
 from sieverag.serving.engine.decode_batch import RunningBatch
 from sieverag.serving.engine.sampling import Sampling, choose_tokens

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination, RoundBar, RoundScores
+from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.mcf import MultiGranularFilter
 from sieverag.serving.observability import tracing
 from sieverag.serving.observability.metrics import sentence_counts

@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.mcf import document_sentences
 from sieverag.inference.retrieval.sentences import split_sentences
 

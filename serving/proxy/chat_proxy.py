@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import FilterResult
+from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.mcf import document_sentences
 from sieverag.serving.api.context import ServingContext
 from sieverag.serving.context_budget import Candidate, Placed, fit_to_budget, token_counter

@@ -39,7 +39,7 @@ from typing import IO
 import httpx
 
 from sieverag.inference.llm.chat_template import fallback_template_file, has_own_template
-from sieverag.inference.llm.models import EMBEDDED_MODELS, resolve_model
+from sieverag.inference.llm.model_resolution import EMBEDDED_MODELS, resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.config import VLLM_PYTHON_ENV, VLLM_VENV, VLLMLaunchConfig, client_base_url

@@ -52,8 +52,8 @@ from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.eval.report import delta_table
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.metrics.retrieval import spread_subset
 from sieverag.inference.pipelines.auto.router import RouterConfig
 from sieverag.inference.retrieval.config import IndexConfig

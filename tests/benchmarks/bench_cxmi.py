@@ -42,7 +42,7 @@ from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 
 DATA = HOTPOT
 THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)

@@ -98,12 +98,12 @@ from sieverag.inference.filters.filter_format import (  # noqa: E402
     chunk_prompt,
     relevance_log_odds,
 )
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
 from sieverag.inference.llm.openai_backend import (  # noqa: E402
     OpenAIBackend,
     OpenAIBackendConfig,
 )
-from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 from sieverag.training.filter_eval import run_filter_eval  # noqa: E402

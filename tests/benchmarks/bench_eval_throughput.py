@@ -5,7 +5,7 @@ shipped filter's training questions) run through vanilla, main-rag and amber-mcf
 `--concurrency 1` and `--concurrency 16`, side by side in one run:
 
   in-process  the models in this process (N = 16: the questions' calls batched together on
-              one worker, `llm.batching.CallBatcher`);
+              one worker, `llm.call_batching.CallBatcher`);
   embedded    `sieverag serve --engine local` in its own process (its batching engine);
   vllm        vLLM's CPU build through sieverag's launcher (`--enforce-eager`, prefix
               caching off: the N = 16 run reads the questions N = 1 just read, and a cache
@@ -74,9 +74,9 @@ from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustCo
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.llm.registry import BackendSpec, build_backend  # noqa: E402
+from sieverag.inference.llm.backend_protocol import GenerationSettings  # noqa: E402
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
 

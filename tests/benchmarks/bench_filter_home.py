@@ -38,8 +38,8 @@ import results_json
 
 from sieverag.inference.data import example_source
 from sieverag.inference.filters.adapters import find_adapter, read_card, resolve_filter
-from sieverag.inference.filters.base import z_scores
 from sieverag.inference.filters.combination import card_combination
+from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.metrics.filter import top_k_indices
 from sieverag.training.card_fit import fit_card_home, home_sources_of, score_fitting_rounds
 from sieverag.training.combination_fit import fitting_questions

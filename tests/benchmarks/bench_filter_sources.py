@@ -32,7 +32,7 @@ from offline_env import run_offline
 run_offline()
 
 from sieverag.inference.composition.config import ModelRoles  # noqa: E402
-from sieverag.inference.llm.registry import BackendSpec  # noqa: E402
+from sieverag.inference.llm.backend_registry import BackendSpec  # noqa: E402
 from sieverag.training.filter_eval import run_filter_eval  # noqa: E402
 from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
 from sieverag.training.filter_report import summary_table  # noqa: E402

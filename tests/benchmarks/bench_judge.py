@@ -35,7 +35,7 @@ from bench_data import HOTPOT  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.data.demo import write_demo_dataset  # noqa: E402
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge, judge_selection  # noqa: E402
-from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
+from sieverag.inference.llm.backend_protocol import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.pipelines import PipelineContext, build_pipeline  # noqa: E402
 

@@ -50,8 +50,8 @@ run_offline()
 from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Document, Example  # noqa: E402
 from sieverag.inference.filters.adapters import resolve_filter  # noqa: E402
-from sieverag.inference.filters.base import ScoredDocument  # noqa: E402
 from sieverag.inference.filters.combination import passage_priors  # noqa: E402
+from sieverag.inference.filters.document_filter import ScoredDocument  # noqa: E402
 from sieverag.inference.filters.filter_format import (  # noqa: E402
     CHUNK_LABELS,
     chunk_prompt,
@@ -67,7 +67,7 @@ from sieverag.inference.filters.mcf import (  # noqa: E402
     source_positions,
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import auroc, decision_quality  # noqa: E402
 
 # The one-pass sentence rules measured: (sentence_p_min, sentence_min_keep).

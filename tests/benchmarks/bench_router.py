@@ -49,8 +49,8 @@ from sieverag.inference.core.io_utils import cache_root, write_atomic
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
 from sieverag.inference.eval.runner import run_evaluation
-from sieverag.inference.llm.models import DEFAULT_MODEL
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.metrics.retrieval import spread_subset
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.corpus import load_corpus

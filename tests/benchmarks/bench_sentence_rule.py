@@ -64,12 +64,12 @@ from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
 from sieverag.inference.filters.adapters import CARD_FILE, read_card, resolve_filter  # noqa: E402
-from sieverag.inference.filters.base import FilterResult, ScoredDocument  # noqa: E402
 from sieverag.inference.filters.combination import (  # noqa: E402
     CARD_KEY,
     adapter_combination,
     passage_priors,
 )
+from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument  # noqa: E402
 from sieverag.inference.filters.mcf import (  # noqa: E402
     MCFConfig,
     MultiGranularFilter,
@@ -83,7 +83,7 @@ from sieverag.inference.filters.sentence_priors import (  # noqa: E402
 )
 from sieverag.inference.filters.windows import token_offsets_of  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import decision_quality  # noqa: E402
 from sieverag.training.caching_backend import CachingBackend  # noqa: E402
 from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402

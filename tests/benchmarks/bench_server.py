@@ -39,7 +39,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
 
 SERVER = """
 import logging, sys

@@ -56,7 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from sieverag.inference.llm.models import DEFAULT_MODEL  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 
 ANNOUNCED = re.compile(r"serving .+ at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)")
 KEY_VARIABLE = "SIEVERAG_BENCH_API_KEY"

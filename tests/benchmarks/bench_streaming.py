@@ -44,7 +44,7 @@ from bench_server import generation_requests  # noqa: E402
 from bench_server_abuse import stop_server  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
 
 ROUND = 16
 

@@ -52,7 +52,7 @@ from bench_data import HOTPOT  # noqa: E402
 from bench_train import SAMPLE, build_records, step_arguments  # noqa: E402
 from observed_sft import launch_observed, p_yes  # noqa: E402
 
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
 from sieverag.training.cli import TrainCommand, plan_launch  # noqa: E402
 
 # (name, --accelerate-config, processes, per-device batch, accumulation, threads per process:

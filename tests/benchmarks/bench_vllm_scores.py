@@ -46,9 +46,9 @@ from sieverag.inference.data.loading import load_examples  # noqa: E402
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter  # noqa: E402
 from sieverag.inference.filters.judge import MainRagJudge  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
-from sieverag.inference.llm.base import LLMBackend  # noqa: E402
+from sieverag.inference.llm.backend_protocol import LLMBackend  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from sieverag.inference.llm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
 from sieverag.inference.llm.openai_backend import (  # noqa: E402
     OpenAIBackend,
     OpenAIBackendConfig,

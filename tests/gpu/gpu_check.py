@@ -95,9 +95,9 @@ from sieverag.inference.filters.filter_format import (  # noqa: E402
 )
 from sieverag.inference.filters.judge import MainRagJudge, judge_bar  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
-from sieverag.inference.llm.base import GenerationSettings  # noqa: E402
+from sieverag.inference.llm.backend_protocol import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
-from sieverag.inference.llm.models import resolve_model  # noqa: E402
+from sieverag.inference.llm.model_resolution import resolve_model  # noqa: E402
 from sieverag.training.sft import package_versions  # noqa: E402
 
 ROOT = TESTS.parent

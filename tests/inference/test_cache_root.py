@@ -10,7 +10,7 @@ from platformdirs import user_cache_dir
 
 from sieverag.inference.cli.index import default_eval_index_dir
 from sieverag.inference.core.io_utils import cache_root
-from sieverag.inference.llm import models
+from sieverag.inference.llm import model_resolution
 from sieverag.inference.retrieval.config import IndexConfig
 
 
@@ -32,6 +32,6 @@ def test_every_cached_thing_lives_under_the_root(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "cache"
-    assert models.adapters_dir() == root / "adapters"
+    assert model_resolution.adapters_dir() == root / "adapters"
     index = default_eval_index_dir("squad", IndexConfig(dense=None), tmp_path / "squad.zip")
     assert index.parent == root / "retrieval" and index.name.startswith("squad-")

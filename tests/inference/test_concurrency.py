@@ -20,10 +20,10 @@ from sieverag.inference.core.in_flight import (
 )
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
-from sieverag.inference.llm.base import GenerationSettings, question_usage
-from sieverag.inference.llm.batching import CallBatcher
+from sieverag.inference.llm.backend_protocol import GenerationSettings, question_usage
+from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.llm.call_batching import CallBatcher
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.registry import BackendSpec
 
 # ----- the thread pool -----
 

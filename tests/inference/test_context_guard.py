@@ -1,4 +1,4 @@
-"""The context guard (inference/llm/context.py) on the hf backend and the tiny model: a prompt
+"""The context guard (inference/llm/context_guard.py) on the hf backend and the tiny model: a prompt
 over the context is cut in its documents only (or refused, as configured), the record counts
 the cut, and a prompt that fits runs exactly as before."""
 
@@ -15,12 +15,12 @@ from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.records import build_record
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import MainRagJudge
-from sieverag.inference.llm.base import GenerationSettings
-from sieverag.inference.llm.context import TRUNCATION_MARKER
+from sieverag.inference.llm.backend_protocol import GenerationSettings
+from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.llm.context_guard import TRUNCATION_MARKER
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.registry import BackendSpec
 from sieverag.inference.pipelines import PipelineContext, build_pipeline
-from sieverag.inference.pipelines.base import format_documents
+from sieverag.inference.pipelines.pipeline_registry import format_documents
 
 CONTEXT = 256
 QUESTION = "Which river flows through the city of Cairo in Egypt?"

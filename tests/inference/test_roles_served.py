@@ -22,7 +22,7 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 from sieverag.inference.composition.config import ModelRoles, RunConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
-from sieverag.inference.llm.registry import BackendSpec, build_backend
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 

@@ -20,7 +20,7 @@ from sieverag.inference.filters.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.serving.api.field_policy import IGNORED_HEADER
 from sieverag.serving.api.rerank.serving import cut_to_tokens
 from sieverag.serving.config import LocalServerConfig
@@ -213,7 +213,7 @@ def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
 
     from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.filters.adapters import read_card
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)
     entries = {m["id"]: m for m in httpx.get(

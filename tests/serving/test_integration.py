@@ -11,7 +11,7 @@ import pytest
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.judge import NO, YES, MainRagJudge
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer

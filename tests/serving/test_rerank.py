@@ -18,7 +18,7 @@ from sieverag.inference.filters.combination import Combination
 from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.tokens import max_token_chars
@@ -280,7 +280,7 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
     itself needs the server's key."""
     from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.core.errors import ConfigError
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)
     with pytest.raises(ConfigError, match="served at .* as 'filter' has no filter card") as no:

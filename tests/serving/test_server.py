@@ -23,7 +23,7 @@ import pytest
 import torch
 from tiny_server import fail_next_decode_step
 
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving import local_server

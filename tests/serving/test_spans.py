@@ -18,7 +18,7 @@ from repo_paths import TEST_DATA
 
 from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer

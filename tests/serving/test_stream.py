@@ -17,7 +17,7 @@ import pytest
 from tiny_server import fail_next_decode_step, model
 from transformers import AutoTokenizer
 
-from sieverag.inference.llm.base import first_stop
+from sieverag.inference.llm.backend_protocol import first_stop
 from sieverag.serving.api.streaming import StreamedText
 from sieverag.serving.engine.sequence_types import TokenEvent, TokenLogprob
 from sieverag.serving.engine.tokens import prefix_offsets

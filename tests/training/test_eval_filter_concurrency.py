@@ -18,10 +18,10 @@ from sieverag.inference.composition.config import ModelRoles
 from sieverag.inference.core.errors import SieveragError
 from sieverag.inference.core.in_flight import QuestionFailedError
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm import batching
-from sieverag.inference.llm.base import GenerationSettings
-from sieverag.inference.llm.batching import CallBatcher
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm import call_batching
+from sieverag.inference.llm.backend_protocol import GenerationSettings
+from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.llm.call_batching import CallBatcher
 from sieverag.training import cli as training_cli
 from sieverag.training import combination_fit, filter_eval, questions_in_flight
 from sieverag.training import filter_methods as methods
@@ -98,7 +98,7 @@ def batchers(monkeypatch) -> list[CallBatcher]:
             super().__init__(*args, **kwargs)
             opened.append(self)
 
-    monkeypatch.setattr(batching, "CallBatcher", Noted)
+    monkeypatch.setattr(call_batching, "CallBatcher", Noted)
     return opened
 
 

@@ -15,7 +15,7 @@ from sieverag.inference.composition.config import ModelRoles
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.filters.filter_format import chunk_record
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 
 ROOT = REPO
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
@@ -424,7 +424,7 @@ def test_mcf_rows_score_each_passage_once_and_keep_what_mcf_keeps() -> None:
     """The rows run amber's MultiGranularFilter itself: on one caching backend they equal
     MCF run alone on a fresh backend, config by config, both stages, while the model is
     asked once per passage (chunk stage) and once per passage (sentence stage)."""
-    from sieverag.inference.filters.base import FilterResult, ScoredDocument
+    from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
     from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
     from sieverag.training import filter_methods as methods
     from sieverag.training.caching_backend import CachingBackend
@@ -492,7 +492,7 @@ def test_eval_filter_through_a_served_filter(tiny_model_dir: Path, tmp_path: Pat
     from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_reply
 
     from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-    from sieverag.inference.llm.registry import BackendSpec, build_backend
+    from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 
     gold_titles = {passage["title"] for line in SAMPLE.read_text(encoding="utf-8").splitlines()
                    for passage in json.loads(line)["passages"] if passage["is_gold"]}

@@ -67,7 +67,7 @@ def build_folder(folder: Path, rows: list[dict], validation: list[str], *,
 def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A training run's output folder: its card (no combination), and the scripted filter
     built for it, which finds the gold passages relevant."""
-    from sieverag.inference.llm import registry
+    from sieverag.inference.llm import backend_registry
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -76,7 +76,7 @@ def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
     model = ScriptedBackend(labels=lambda text: {"Yes": 2.0 if "penned" in text else -1.0,
                                                  "No": 0.0})
-    monkeypatch.setattr(registry, "build_backend", lambda spec: model)
+    monkeypatch.setattr(backend_registry, "build_backend", lambda spec: model)
     return folder
 
 

@@ -36,7 +36,7 @@ from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import settings
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.amber.memory import shown_memory
 
 YES, NO = "Yes", "No"

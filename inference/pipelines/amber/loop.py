@@ -11,10 +11,14 @@ from dataclasses import dataclass, field, replace
 from sieverag.inference.agents.answers import extract_answer
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.filters.base import FilterResult, ScoredDocument, ScoredDocumentRecord
+from sieverag.inference.filters.document_filter import (
+    FilterResult,
+    ScoredDocument,
+    ScoredDocumentRecord,
+)
+from sieverag.inference.filters.filter_registry import FILTER_NAMES, FilterSetup, build_filter
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig
 from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
-from sieverag.inference.filters.registry import FILTER_NAMES, FilterSetup, build_filter
 from sieverag.inference.pipelines.amber.collector import InformationCollector
 from sieverag.inference.pipelines.amber.memory import MemoryUpdater, cap_memory, shown_memory
 from sieverag.inference.pipelines.amber.settings import (
@@ -31,7 +35,7 @@ from sieverag.inference.pipelines.amber.trace import (
     StopReason,
     render_amber_trace,
 )
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext,
     PipelineOutput,
     PipelineSettings,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import at_least, settings
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 
 EMPTY_MEMORY = "(empty)"
 REVIEW_AGENT = "reviewer"

@@ -8,8 +8,8 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sieverag.inference.core.settings import Section, at_least, settings
+from sieverag.inference.filters.filter_registry import FilterName
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.filters.registry import FilterName
 from sieverag.inference.filters.stack import StackConfig
 from sieverag.inference.pipelines.amber.collector import CollectorConfig
 from sieverag.inference.pipelines.amber.memory import MemoryConfig

@@ -11,8 +11,8 @@ from typing import Literal, get_args
 from pydantic import Field
 
 from sieverag.inference.core.io_utils import JsonlRecord
-from sieverag.inference.filters.base import ScoredDocumentRecord
-from sieverag.inference.filters.registry import FilterName
+from sieverag.inference.filters.document_filter import ScoredDocumentRecord
+from sieverag.inference.filters.filter_registry import FilterName
 from sieverag.inference.pipelines.amber.settings import AnswerFrom, Branch
 from sieverag.inference.pipelines.traces import PipelineTrace, scored_document_lines, wrap
 

@@ -26,14 +26,14 @@ from pydantic import Field
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.core.types import Example
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.pipelines.auto.router import (
     ROUTER_SECTION,
     RouteDecision,
     Router,
     RouterConfig,
 )
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PartInputs,
     PipelineContext,
     PipelineOutput,

@@ -86,7 +86,7 @@ from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.backend_protocol import LLMBackend
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.dense import Encoder

@@ -9,7 +9,7 @@ import asyncio
 from fastapi.responses import Response
 from jinja2 import TemplateError
 
-from sieverag.inference.llm.base import chat_prompt_text
+from sieverag.inference.llm.backend_protocol import chat_prompt_text
 from sieverag.serving.api.chat.protocol import ChatCompletionRequest
 from sieverag.serving.api.context import Endpoint
 from sieverag.serving.api.errors import APIError

@@ -20,7 +20,7 @@ from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import load_examples
 from sieverag.inference.data.gold_match import PassageMatcher, mark_gold, read_passage_ids
 from sieverag.inference.eval import runner
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index import build_index
 

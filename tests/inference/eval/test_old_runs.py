@@ -31,7 +31,7 @@ from sieverag.inference.eval.report import (
     write_report,
 )
 from sieverag.inference.eval.summary import summarize
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 
 OLD_CONFIG = """dataset: data/nutrition.jsonl
 pipelines: [vanilla]

@@ -18,7 +18,7 @@ from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
 from sieverag.inference.eval.trace import find_record, render_trace
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.llm.base import Usage
+from sieverag.inference.llm.backend_protocol import Usage
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.pipelines.amber.trace import AmberTrace, render_amber_trace

@@ -15,8 +15,8 @@ from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters.judge import JudgeConfig
-from sieverag.inference.llm.base import GenerationSettings
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_protocol import GenerationSettings
+from sieverag.inference.llm.backend_registry import BackendSpec
 
 
 @pytest.fixture

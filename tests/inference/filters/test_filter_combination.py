@@ -288,7 +288,7 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
     remedies."""
     from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
     shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
@@ -311,7 +311,7 @@ def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.Mo
                                                 ) -> None:
     from sieverag.inference.agents.roles import ModelRoles, filter_card
     from sieverag.inference.filters.adapters import CONFIG_FILE
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
@@ -330,7 +330,7 @@ def test_a_server_that_cannot_be_reached_is_named() -> None:
     import socket
 
     from sieverag.inference.agents.roles import filter_card
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
@@ -345,7 +345,7 @@ def test_the_card_is_asked_for_with_the_key_the_role_sends(
     """The model list is read with the role's own key (`openai_backend.server_key`): a key
     variable named but unset is refused by name before anything is sent."""
     from sieverag.inference.agents.roles import filter_card
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.delenv("SIEVERAG_TEST_NO_SUCH_KEY", raising=False)
     served = BackendSpec(endpoint="http://127.0.0.1:9/v1", model="filter",

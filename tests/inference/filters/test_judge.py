@@ -10,7 +10,7 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.base import ScoredDocument
+from sieverag.inference.filters.document_filter import ScoredDocument
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge, judge_bar, reading_order
 from sieverag.inference.filters.naive_judge import NaiveJudge
 

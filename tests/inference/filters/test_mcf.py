@@ -87,7 +87,7 @@ def test_top_k_bar_keeps_the_k_best_chunks(filter_backend):
 
 
 def test_lexical_prior_fuses_z_scores_of_filter_and_bm25(filter_backend):
-    from sieverag.inference.filters.base import z_scores
+    from sieverag.inference.filters.document_filter import z_scores
     from sieverag.inference.retrieval.bm25 import question_scores
 
     question = "Who engineered the Calder Bridge?"

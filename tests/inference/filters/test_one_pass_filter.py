@@ -26,7 +26,7 @@ from sieverag.inference.filters.filter_format import (
     passage_verdicts,
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.inference.llm.base import LABEL_MARK, marked_prompt_ids
+from sieverag.inference.llm.backend_protocol import LABEL_MARK, marked_prompt_ids
 
 QUESTION = "Who founded the Bridge Company?"
 SENTENCES = ["The Bridge Company builds bridges.", "It was founded by Ada Byron.",
@@ -286,7 +286,7 @@ def test_the_sentence_stage_scores_chunks_given_without_a_reading(backend):
     are read once, in one call, then cut by the sentence bar."""
     from dataclasses import replace
 
-    from sieverag.inference.filters.base import ScoredDocument
+    from sieverag.inference.filters.document_filter import ScoredDocument
 
     mcf = MultiGranularFilter(backend, MCFConfig(sentence_stage=True, sentence_p_min=1e-9),
                               replace(PRIORS_ONLY, filter_format="one_pass"))

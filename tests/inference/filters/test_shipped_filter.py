@@ -22,7 +22,7 @@ from sieverag.inference.filters.adapters import (
     resolve_filter,
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, EMBEDDED_MODELS
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sieverag.inference.core.errors import ModelNotFoundError
-from sieverag.inference.llm import models
+from sieverag.inference.llm import model_resolution
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
 pytestmark = pytest.mark.integration
@@ -16,13 +16,13 @@ QUESTION = [{"role": "user", "content": "Is Paris the capital of France? Answer 
 
 @pytest.fixture(scope="module")
 def smollm(embedded_model_dir) -> HFBackend:
-    return HFBackend(HFBackendConfig(model=models.DEFAULT_MODEL))
+    return HFBackend(HFBackendConfig(model=model_resolution.DEFAULT_MODEL))
 
 
 def test_embedded_model_is_converted_to_safetensors_in_the_cache(embedded_model_dir):
     assert (embedded_model_dir / "model.safetensors").is_file()
     assert (embedded_model_dir / "config.json").is_file()
-    assert models.resolve_model(models.DEFAULT_MODEL) == embedded_model_dir
+    assert model_resolution.resolve_model(model_resolution.DEFAULT_MODEL) == embedded_model_dir
 
 
 def test_label_logprobs_agree_with_a_manual_forward_pass(smollm):
@@ -55,15 +55,15 @@ def test_embedded_model_answers_a_simple_question(smollm):
 
 def test_unknown_names_and_bad_folders_are_clear_errors(tmp_path):
     with pytest.raises(ModelNotFoundError, match="unknown model 'gpt-9'"):
-        models.resolve_model("gpt-9")
+        model_resolution.resolve_model("gpt-9")
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
-        models.resolve_model(str(tmp_path))
+        model_resolution.resolve_model(str(tmp_path))
 
 
 def test_missing_model_package_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path))
-    monkeypatch.setitem(models.EMBEDDED_MODELS, "ghost", models.EmbeddedModel(
+    monkeypatch.setitem(model_resolution.EMBEDDED_MODELS, "ghost", model_resolution.EmbeddedModel(
         package="no_such_package_xyz", gguf_file="x.gguf", install_hint="pip install ghost",
         hub_name="nobody/ghost"))
     with pytest.raises(ModelNotFoundError, match="pip install ghost"):
-        models.resolve_model("ghost")
+        model_resolution.resolve_model("ghost")

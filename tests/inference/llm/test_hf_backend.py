@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 
 CONVERSATIONS = [

@@ -15,7 +15,7 @@ from tiny_server import model
 
 from sieverag.inference.core.errors import ConfigError, ContextError
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import LABEL_MARK, marked_prompt_ids
+from sieverag.inference.llm.backend_protocol import LABEL_MARK, marked_prompt_ids
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
 from sieverag.serving.engine.backend import EngineBackend

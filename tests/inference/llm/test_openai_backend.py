@@ -28,14 +28,14 @@ from sieverag.inference.core.errors import (
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm import openai_transport
-from sieverag.inference.llm.base import (
+from sieverag.inference.llm.backend_protocol import (
     GenerationSettings,
     LLMBackend,
     cut_at_stop,
     first_stop,
 )
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.llm.registry import BackendSpec, build_backend
 
 BackendFactory = Callable[..., OpenAIBackend]
 

@@ -15,7 +15,7 @@ from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_re
 
 from sieverag.inference.core.errors import BackendUnavailableError, SieveragError
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig, ReplyUsage
 from sieverag.inference.llm.rate_limit import RateLimiter, parse_duration, retry_after_s
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.prompt_lookup import Drafter, agreed, draft
 
@@ -51,7 +51,7 @@ def test_the_draft_length_grows_when_kept_whole_and_shrinks_otherwise() -> None:
 
 
 def test_the_draft_setting_is_checked_and_reaches_the_in_process_backend(tiny_model_dir) -> None:
-    from sieverag.inference.llm.registry import BackendSpec, _build_hf
+    from sieverag.inference.llm.backend_registry import BackendSpec, _build_hf
 
     for bad in (lambda: HFBackendConfig(draft_tokens=-1), lambda: BackendSpec(draft_tokens=-1)):
         with pytest.raises(Exception, match="draft_tokens must be >= 0, got -1"):

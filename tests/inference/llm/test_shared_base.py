@@ -19,9 +19,9 @@ from sieverag.inference.composition.compose import check_role_devices
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import validate_settings
 from sieverag.inference.core.types import check_device_present
-from sieverag.inference.llm.base import GenerationSettings
+from sieverag.inference.llm.backend_protocol import GenerationSettings
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig, load_causal_lm
-from sieverag.inference.llm.registry import BackendSpec, build_backend
 
 PROMPTS = [
     [{"role": "user", "content": "Is the sky blue?"}],

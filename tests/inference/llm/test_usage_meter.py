@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.llm import base
-from sieverag.inference.llm.base import Usage, UsageMeter, metered
+from sieverag.inference.llm import backend_protocol
+from sieverag.inference.llm.backend_protocol import Usage, UsageMeter, metered
 
 
 class Clock:
@@ -52,7 +52,7 @@ class Backend:
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> Backend:
     clock = Clock()
-    monkeypatch.setattr(base.time, "perf_counter", clock)
+    monkeypatch.setattr(backend_protocol.time, "perf_counter", clock)
     return Backend(clock)
 
 

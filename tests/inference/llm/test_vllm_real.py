@@ -46,11 +46,11 @@ from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapte
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter
-from sieverag.inference.llm.base import LABEL_MARK
+from sieverag.inference.llm.backend_protocol import LABEL_MARK
+from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.inference.llm.registry import BackendSpec, build_backend
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.local_server import LocalServer

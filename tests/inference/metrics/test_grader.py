@@ -6,7 +6,7 @@ import pytest
 
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Document
-from sieverag.inference.llm.base import GenerationSettings, UsageMeter
+from sieverag.inference.llm.backend_protocol import GenerationSettings, UsageMeter
 from sieverag.inference.metrics.grader import (
     GRADER_CRITERIA,
     GRADER_PROMPT,

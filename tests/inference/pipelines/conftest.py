@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from sieverag.inference.pipelines import PIPELINES
-from sieverag.inference.pipelines.base import PipelineEntry
+from sieverag.inference.pipelines.pipeline_registry import PipelineEntry
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines.amber.memory import MemoryConfig
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.pipelines.amber.trace import STOP_REASONS

@@ -18,10 +18,11 @@ from sieverag.inference.composition import compose
 from sieverag.inference.composition.config import ModelRoles, RunConfig, load_run_config
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines.amber.settings import AmberConfig
 from sieverag.inference.pipelines.auto import AutoConfig
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig
+from sieverag.inference.pipelines.pipeline_registry import (
     SECTIONS,
     PartInputs,
     PipelineContext,
@@ -30,7 +31,6 @@ from sieverag.inference.pipelines.base import (
     pipeline_entry,
     register_pipeline,
 )
-from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig
 
 # A served filter: planning a run that calls it resolves nothing on disk.
 SERVED = ModelRoles(filter=BackendSpec(endpoint="http://127.0.0.1:9/v1", model="filter"))
@@ -179,7 +179,7 @@ ECHO_MODULE = '''
 
 from dataclasses import field
 
-from sieverag.inference.pipelines.base import (
+from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext, PipelineOutput, register_pipeline)
 from sieverag.inference.core.settings import Section, settings
 
@@ -220,14 +220,14 @@ from sieverag.inference.composition.compose import build_context, plan_run
 from sieverag.inference.composition.config import RunConfig
 from sieverag.inference.pipelines import build_pipeline
 from sieverag.inference.core.types import Example
-import sieverag.inference.llm.registry as registry
+import sieverag.inference.llm.backend_registry as backend_registry
 
 config = RunConfig(dataset="d", pipelines=("echo",), echo={"times": 2})
 plan = plan_run(config)
 print("roles", sorted(plan.roles), "documents", plan.reads_given_documents)
-registry.build_backend = lambda spec: object()  # no model: echo calls none
+backend_registry.build_backend = lambda spec: object()  # no model: echo calls none
 import sieverag.inference.composition.compose as compose
-compose.build_backend = registry.build_backend
+compose.build_backend = backend_registry.build_backend
 context, _ = build_context(plan)
 echo = build_pipeline("echo", context)
 print("answer", echo.run(Example(id="q", question="hi", answers=())).answer)
@@ -257,7 +257,7 @@ TALLY_MODULE = '''
 from pydantic import Field
 
 from sieverag.inference.core.io_utils import JsonlRecord
-from sieverag.inference.pipelines.base import PipelineOutput, register_pipeline
+from sieverag.inference.pipelines.pipeline_registry import PipelineOutput, register_pipeline
 from sieverag.inference.pipelines.traces import PipelineTrace
 
 

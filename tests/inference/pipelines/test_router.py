@@ -28,7 +28,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.eval.runner import run_evaluation
-from sieverag.inference.llm.registry import BackendSpec
+from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.auto import AutoPipeline, router_encoder
 from sieverag.inference.pipelines.auto.router import Router, RouterConfig, entity_words

@@ -23,10 +23,10 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import Section, with_sections
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.filters.base import FilterResult
 from sieverag.inference.filters.combination import Combination
-from sieverag.inference.filters.registry import FILTER_ROLES
-from sieverag.inference.llm.base import GenerationSettings, LLMBackend
+from sieverag.inference.filters.document_filter import FilterResult
+from sieverag.inference.filters.filter_registry import FILTER_ROLES
+from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend
 from sieverag.inference.pipelines.traces import (
     PipelineTrace,
     TraceDeclaration,
@@ -112,7 +112,8 @@ class Pipeline(Protocol):
 
 
 PipelineFactory = Callable[[PipelineContext], Pipeline]
-# The filter a pipeline runs (a name of `filters.registry`, or None), given the run's settings.
+# The filter a pipeline runs (a name of `filters.filter_registry`, or None), given the run's
+# settings.
 FilterStage = Callable[[PipelineSettings], "str | None"]
 
 

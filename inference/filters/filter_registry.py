@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.filters.base import DocumentFilter, KeepAll
 from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.document_filter import DocumentFilter, KeepAll
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.stack import StackConfig, StackedFilter
-from sieverag.inference.llm.base import LLMBackend
+from sieverag.inference.llm.backend_protocol import LLMBackend
 
 FilterName = Literal["mcf", "judge", "stack", "none"]
 FILTER_NAMES: tuple[str, ...] = get_args(FilterName)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sieverag.inference.core.types import Conversation
-from sieverag.inference.llm.base import (
+from sieverag.inference.llm.backend_protocol import (
     GenerationSettings,
     LLMBackend,
     Usage,
@@ -44,7 +44,7 @@ from sieverag.inference.llm.base import (
 )
 
 if TYPE_CHECKING:
-    from sieverag.inference.llm.registry import BackendSpec
+    from sieverag.inference.llm.backend_registry import BackendSpec
 
 _DEFAULT_SETTINGS = GenerationSettings()
 # How long the idle worker waits after a call arrives for the others of the same moment (the

@@ -13,7 +13,7 @@ Three batched operations serve every agent in sieverag:
   one-pass filter reads each sentence's and its passage's verdict.
 
 Before any of them runs, a backend passes its prompts through the one context guard
-(`llm.context.ContextGuard`): a prompt too long for the model is cut or refused, never run
+(`llm.context_guard.ContextGuard`): a prompt too long for the model is cut or refused, never run
 past the context; the meter counts the cuts per agent.
 """
 
@@ -56,7 +56,7 @@ class GenerationSettings:
 class Usage:
     """Counts for one agent: calls are prompts sent (a batch of 10 is 10 calls);
     `truncated_prompts` of them were cut to fit the model's context, losing `tokens_dropped`
-    prompt tokens in all (inference/llm/context.py); `seconds` is the wall time the agent's
+    prompt tokens in all (inference/llm/context_guard.py); `seconds` is the wall time the agent's
     operations took (`metered`)."""
 
     calls: int = 0
@@ -85,7 +85,7 @@ class Usage:
 # (`--concurrency`) keep their own counts.
 _question_tally: contextvars.ContextVar[dict[str, Usage] | None] = contextvars.ContextVar(
     "sieverag_question_usage", default=None)
-# While a call that serves several questions at once runs (`llm.batching`): whose rows its
+# While a call that serves several questions at once runs (`llm.call_batching`): whose rows its
 # prompts are, in order, as (that question's tally, number of prompts).
 _row_owners: contextvars.ContextVar[Sequence[tuple[dict[str, Usage] | None, int]] | None] = (
     contextvars.ContextVar("sieverag_row_owners", default=None))

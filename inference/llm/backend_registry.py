@@ -10,14 +10,14 @@ from typing import Literal
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import ContextOverflow, Device, DType
-from sieverag.inference.llm.base import LLMBackend
-from sieverag.inference.llm.context import (
+from sieverag.inference.llm.backend_protocol import LLMBackend
+from sieverag.inference.llm.context_guard import (
     check_context_settings,
     context_length_field,
     context_overflow_field,
 )
 from sieverag.inference.llm.hf import PREFILL_TOKEN_BUDGET, HFBackend, HFBackendConfig
-from sieverag.inference.llm.models import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
+from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, EMBEDDED_MODELS, resolve_model
 from sieverag.inference.llm.prompt_lookup import DEFAULT_DRAFT_TOKENS
 
 BackendKind = Literal["hf", "openai"]
