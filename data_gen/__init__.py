@@ -5,7 +5,7 @@
 * `teacher` — a strong model's verdicts over an OpenAI-compatible API, with a disk cache;
 * `labels` — the label policy combining the signals (and gold), and agreement with gold;
 * `labelling` — the resumable `label` run (one jsonl line of signals per question);
-* `records` — the typed label record (`LabelRecord`, one labels.jsonl line) and its reader;
+* `label_records` — the typed label record (`LabelRecord`, one labels.jsonl line) and its reader;
 * `dataset` — the `build-dataset` step (records in the `inference.filters.filter_format`
   contract, balance, mix, split by question, save_to_disk + jsonl + stats.json);
 * `cli` — the `label` and `build-dataset` subcommands.

@@ -32,9 +32,9 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 from tqdm import tqdm
 
+from sieverag.data_gen.label_records import LabelRecord, read_labels
 from sieverag.data_gen.labelling import CONFIG_FILE, LABELS_FILE
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
-from sieverag.data_gen.records import LabelRecord, read_labels
 from sieverag.data_gen.shards import shard_groups
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import check_output_folder, parse_json, read_text

@@ -15,7 +15,7 @@ Output folder:
 `concurrency` questions at a time have their CXMI scored in one scorer call
 (`Labeller.label_many`); their records are those of one at a time, in the same order.
 
-A `labels.jsonl` line (typed as `data_gen.records.LabelRecord`):
+A `labels.jsonl` line (typed as `data_gen.label_records.LabelRecord`):
 
     {"question_id", "source", "question", "answers": [...],
      "no_context_logprobs": {alias: log p(alias | q)} | null (aliases that scored best somewhere),
@@ -51,10 +51,10 @@ from sieverag.data_gen.cxmi import (
     CXMIScorer,
     cxmi_scorer,
 )
+from sieverag.data_gen.label_records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
 from sieverag.data_gen.labels import LabelPolicy, gold_agreement
 from sieverag.data_gen.ledger import progress_ticker
 from sieverag.data_gen.passages import with_borrowed_negatives
-from sieverag.data_gen.records import ChunkLabels, CXMIEntry, LabelRecord, read_labels
 from sieverag.data_gen.shards import SHARD_HELP, in_shard, parse_shard
 from sieverag.data_gen.strinc import strinc
 from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from sieverag.data_gen.records import ChunkLabels, LabelRecord
+from sieverag.data_gen.label_records import ChunkLabels, LabelRecord
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import settings
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sieverag.inference.metrics.answers import normalize_answer
+from sieverag.inference.metrics.answer_scores import normalize_answer
 
 
 def matching_alias(text: str, answers: Sequence[str]) -> str | None:

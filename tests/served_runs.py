@@ -12,7 +12,7 @@ from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustCo
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.backend_protocol import GenerationSettings
-from sieverag.inference.pipelines.amber.settings import AmberConfig
+from sieverag.inference.pipelines.amber.config import AmberConfig
 
 
 def comparison_config(dataset: Path, models: ModelRoles, pipelines: Sequence[str], *,

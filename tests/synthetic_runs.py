@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.eval.summary import summarize
 
 PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf", "auto")

@@ -285,13 +285,13 @@ def test_no_import_runs_up_the_layers() -> None:
 @pytest.mark.parametrize(("importer", "target", "reason"), [
     ("sieverag.inference.retrieval.corpus", "sieverag.inference.eval.runner",
      "retrieval imports evaluation, a layer above it"),
-    ("sieverag.inference.retrieval.corpus", "sieverag.inference.metrics.answers",
+    ("sieverag.inference.retrieval.corpus", "sieverag.inference.metrics.answer_scores",
      "retrieval imports metrics, a layer above it"),
     ("sieverag.training.filter_eval", "sieverag.inference.composition.compose",
      "sieverag.training imports `inference`'s shared core only, not its composition layer"),
     ("sieverag.serving.app", "sieverag.inference.pipelines.amber",
      "not its pipelines layer (inference proper)"),
-    ("sieverag.inference.retrieval.index", "sieverag.inference.llm.hf",
+    ("sieverag.inference.retrieval.index_folder", "sieverag.inference.llm.hf",
      "retrieval imports no LLM code"),
     ("sieverag.inference.llm.hf", "sieverag.inference.retrieval.bm25",
      "llm imports retrieval, a layer beside it"),
@@ -326,7 +326,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.cli.index", "sieverag.inference.llm.model_resolution"),
     ("sieverag.inference.cli.run", "sieverag.inference.cli.index"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
-    ("sieverag.training.filter_eval", "sieverag.inference.metrics.answers"),
+    ("sieverag.training.filter_eval", "sieverag.inference.metrics.answer_scores"),
     ("sieverag.training.cli", "sieverag.accelerate_configs"),
     ("sieverag.cli", "sieverag.inference.core.settings"),
     ("sieverag.__main__", "sieverag.cli"),
@@ -350,18 +350,18 @@ def test_imports_are_read_everywhere_in_a_file_and_resolved(tmp_path: Path) -> N
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "from . import bm25, missing_name\n"
-        "from ..metrics import answers\n"
+        "from ..metrics import answer_scores\n"
         "if TYPE_CHECKING:\n"
         "    from sieverag.inference.llm.backend_protocol import LLMBackend\n"
         "def later():\n"
         "    import transformers\n", encoding="utf-8")
     module = SourceModule("sieverag.inference.retrieval.probe", source, is_package=False)
-    known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.metrics.answers",
+    known = {"sieverag.inference.retrieval.bm25", "sieverag.inference.metrics.answer_scores",
              "sieverag.inference.llm.backend_protocol"}
     assert {(found.target, found.line) for found in imports_of(module, known)} == {
         ("typing", 1),
         ("sieverag.inference.retrieval.bm25", 2), ("sieverag.inference.retrieval", 2),
-        ("sieverag.inference.metrics.answers", 3),
+        ("sieverag.inference.metrics.answer_scores", 3),
         ("sieverag.inference.llm.backend_protocol", 5),
         ("transformers", 7),
     }
@@ -554,7 +554,8 @@ def test_no_pipeline_is_named_outside_its_own_package() -> None:
     so the shared modules and eval decide nothing by a pipeline's name."""
     names = registered_pipeline_names()
     assert {"vanilla", "auto", "amber", "main-rag"} <= names
-    assert "eval/records.py" in PIPELINE_NEUTRAL and "eval/trace.py" in PIPELINE_NEUTRAL
+    assert "eval/result_records.py" in PIPELINE_NEUTRAL
+    assert "eval/trace_rendering.py" in PIPELINE_NEUTRAL
     named = [f"{file}:{node.lineno} names {node.value!r}"
              for file in PIPELINE_NEUTRAL
              for node in code_strings(REPO / PART_FOLDERS[INFERENCE] / file)

@@ -22,7 +22,6 @@ from sieverag.inference.core.io_utils import cache_root, write_json_atomic
 from sieverag.inference.core.settings import FileList, at_least, narrow, settings
 from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
-from sieverag.inference.retrieval.backend import DEFAULT_COLLECTION, BackendKind, read_secret
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
 from sieverag.inference.retrieval.chunking import ChunkingConfig, ChunkStrategy
@@ -30,7 +29,7 @@ from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat, load_squad
 from sieverag.inference.retrieval.dense import DenseConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset, search_with_hygiene
-from sieverag.inference.retrieval.index import (
+from sieverag.inference.retrieval.index_folder import (
     SEARCH_MODES,
     Index,
     SearchMode,
@@ -39,6 +38,7 @@ from sieverag.inference.retrieval.index import (
     ensure_index,
 )
 from sieverag.inference.retrieval.rerank import CrossEncoderReranker
+from sieverag.inference.retrieval.search_backend import DEFAULT_COLLECTION, BackendKind, read_secret
 
 DATA_DIR_ENV = "SIEVERAG_DATA_DIR"
 Retriever = Literal["bm25", "dense"]

@@ -38,7 +38,7 @@ from sieverag.inference.pipelines.pipeline_registry import (
     with_pipeline_sections,
 )
 from sieverag.inference.retrieval.config import IndexConfig
-from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.retrieval.index_folder import SearchMode
 
 DEMO_PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf")
 
@@ -160,7 +160,7 @@ def run_eval(command: EvalCommand) -> int:
 def run_demo(command: DemoCommand) -> int:
     from sieverag.inference.data.demo import write_demo_dataset
     from sieverag.inference.eval.runner import run_evaluation
-    from sieverag.inference.eval.trace import find_record, render_record
+    from sieverag.inference.eval.trace_rendering import find_record, render_record
 
     started = time.perf_counter()
     out = Path(command.out)
@@ -205,8 +205,8 @@ def _bridge_demo(command: DemoCommand, out: Path) -> str:
     returns its trace, as `sieverag trace` shows it."""
     from sieverag.inference.data.demo import write_bridge_demo
     from sieverag.inference.eval.runner import run_evaluation
-    from sieverag.inference.eval.trace import find_record, render_record
-    from sieverag.inference.retrieval.index import build_index
+    from sieverag.inference.eval.trace_rendering import find_record, render_record
+    from sieverag.inference.retrieval.index_folder import build_index
 
     dataset, corpus = write_bridge_demo(out)
     index = out / "bridge-index"
@@ -234,8 +234,8 @@ def _gold_first_line(results: Path) -> str:
     firsts = {"the filter alone": 0, "BM25 alone": 0, "the fused score": 0}
     parts = {"the filter alone": "filter_score", "BM25 alone": "bm25", "the fused score": "score"}
     from sieverag.inference.core.io_utils import JsonlLog
-    from sieverag.inference.eval.records import EvalRecord
-    from sieverag.inference.pipelines.amber.trace import AmberTrace
+    from sieverag.inference.eval.result_records import EvalRecord
+    from sieverag.inference.pipelines.amber.loop_trace import AmberTrace
 
     graded = 0
     for record in JsonlLog(results).read_records(EvalRecord):
@@ -274,7 +274,7 @@ def _demo_verdict(vanilla: dict, amber: dict) -> str:
 
 
 def run_trace(command: TraceCommand) -> int:
-    from sieverag.inference.eval.trace import find_record, render_record
+    from sieverag.inference.eval.trace_rendering import find_record, render_record
 
     print(render_record(find_record(command.run_dir, command.question_id, command.pipeline)))
     return 0
@@ -295,7 +295,7 @@ def run_judge_sweep(command: JudgeSweepCommand) -> int:
 
 def run_ask(command: AskCommand) -> int:
     from sieverag.inference.core.types import Example
-    from sieverag.inference.eval.trace import render_trace
+    from sieverag.inference.eval.trace_rendering import render_trace
     from sieverag.inference.pipelines import build_pipeline
 
     if not Path(command.index).is_dir():

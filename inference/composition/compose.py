@@ -45,8 +45,8 @@ from sieverag.inference.pipelines.pipeline_registry import (
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.backend import SearchBackend
     from sieverag.inference.retrieval.rerank import Reranker
+    from sieverag.inference.retrieval.search_backend import SearchBackend
 
 
 @dataclass(frozen=True)

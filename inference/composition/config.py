@@ -6,7 +6,7 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.agents.answers import AnswerExtraction
+from sieverag.inference.agents.answer_extraction import AnswerExtraction
 from sieverag.inference.agents.roles import ModelRoles
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import (
@@ -33,10 +33,10 @@ from sieverag.inference.pipelines.pipeline_registry import (
     default_pipeline,
     with_pipeline_sections,
 )
-from sieverag.inference.retrieval.backend import IndexSource
 from sieverag.inference.retrieval.config import SearchConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset
-from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.retrieval.index_folder import SearchMode
+from sieverag.inference.retrieval.search_backend import IndexSource
 
 
 @settings

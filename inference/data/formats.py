@@ -12,7 +12,7 @@ from pathlib import Path
 from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.types import Example
 from sieverag.inference.data.files import Record
-from sieverag.inference.data.records import RecordSource
+from sieverag.inference.data.record_fields import RecordSource
 from sieverag.inference.data.sources import DatasetSource
 
 ExampleReader = Callable[[DatasetSource, bool], Iterator[Example]]

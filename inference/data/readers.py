@@ -34,7 +34,7 @@ from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.files import Record, check_readable, json_type, load_json_document
 from sieverag.inference.data.formats import register_format, register_record_format
-from sieverag.inference.data.records import (
+from sieverag.inference.data.record_fields import (
     RecordSource,
     answer_aliases,
     example_metadata,

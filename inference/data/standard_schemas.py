@@ -31,7 +31,7 @@ from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.files import Record, json_type
 from sieverag.inference.data.formats import register_record_format
 from sieverag.inference.data.readers import squad_answer_texts, squad_title
-from sieverag.inference.data.records import (
+from sieverag.inference.data.record_fields import (
     RecordSource,
     answer_aliases,
     example_metadata,

@@ -22,7 +22,7 @@ from typing import Any
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlLog, write_atomic
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 
 
 def export_row(pipeline: str, record: EvalRecord) -> dict[str, Any]:

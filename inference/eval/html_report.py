@@ -36,7 +36,7 @@ from sieverag.inference.core.html.page import asset, write_page
 from sieverag.inference.core.io_utils import parse_json, read_text, validated_record
 from sieverag.inference.core.types import Example
 from sieverag.inference.eval.html_sections import run_header
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.retrieval.sentences import sentence_spans
 
@@ -181,7 +181,7 @@ def index_chunks(run: RunFolder, wanted: set[str]) -> dict[str, tuple[str, str]]
                          "passages show their ids and scores only")
     if not folder or not wanted:
         return {}
-    from sieverag.inference.retrieval.index import CHUNKS_FILE
+    from sieverag.inference.retrieval.index_folder import CHUNKS_FILE
 
     path = Path(folder) / CHUNKS_FILE
     if not path.is_file():

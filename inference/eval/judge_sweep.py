@@ -42,8 +42,8 @@ from sieverag.inference.core.io_utils import (
 )
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data import dataset_fingerprint
-from sieverag.inference.eval.records import EvalRecord, build_record
 from sieverag.inference.eval.report import comparison_table
+from sieverag.inference.eval.result_records import EvalRecord, build_record
 from sieverag.inference.eval.runner import selected_examples
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import DocumentOrder, judge_selection

@@ -1,5 +1,5 @@
 """Run folders written before three renames and a redefinition, read under today's names
-(docs/compatibility.md): a record's trust metrics (`records.TrustMetrics` applies
+(docs/compatibility.md): a record's trust metrics (`result_records.TrustMetrics` applies
 `migrate_trust` to every line it reads) and a pipeline's summary.json figures
 (`report.read_run_summary` applies `migrate_summary`). Values are never changed by a rename.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import parse_json, read_text, write_atomic
 from sieverag.inference.eval.migration import migrate_summary
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.metrics.grader import GRADER_CRITERIA, LOWER_IS_BETTER
 from sieverag.inference.pipelines.pipeline_registry import PIPELINES
 

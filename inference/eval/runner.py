@@ -37,13 +37,13 @@ from sieverag.inference.data import (
     odd_passages_line,
 )
 from sieverag.inference.eval.html_report import write_html_report
-from sieverag.inference.eval.records import (
+from sieverag.inference.eval.report import write_report
+from sieverag.inference.eval.result_records import (
     EvalRecord,
     HygieneRemoval,
     build_record,
     trust_metrics,
 )
-from sieverag.inference.eval.report import write_report
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
 from sieverag.inference.llm.backend_protocol import measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from sieverag.inference.eval.records import EvalRecord, answered_with_retrieval
+from sieverag.inference.eval.result_records import EvalRecord, answered_with_retrieval
 from sieverag.inference.metrics.grader import GRADER_CRITERIA
 
 ANSWER_METRICS = ("em", "f1", "accuracy", "choice_accuracy", "str_em", "str_hit", "rouge_l")

@@ -2,7 +2,7 @@
 decisions and gold, shared by every command that reports them (`eval`, `eval-filter`, `index
 eval`, `label`'s agreement with gold).
 
-* `answers` — exact match, token F1, accuracy (a gold alias in the answer), choice accuracy,
+* `answer_scores` — exact match, token F1, accuracy (a gold alias in the answer), choice accuracy,
   ASQA's STR-EM / STR-Hit and ROUGE-L;
 * `filter` — a filter's kept passages and sentences against gold: precision, recall, F1,
   AUROC, AP, calibration error;

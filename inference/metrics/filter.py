@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from sieverag.inference.core.types import Example
-from sieverag.inference.metrics.answers import filter_scores
+from sieverag.inference.metrics.answer_scores import filter_scores
 
 
 def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]],

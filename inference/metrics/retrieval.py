@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sieverag.inference.core.types import Example
-from sieverag.inference.retrieval.index import Index, SearchMode
+from sieverag.inference.retrieval.index_folder import Index, SearchMode
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 T = TypeVar("T")

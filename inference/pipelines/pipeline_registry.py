@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from sieverag.inference.agents.answers import AnswerExtraction, extract_answer
+from sieverag.inference.agents.answer_extraction import AnswerExtraction, extract_answer
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import Section, with_sections
@@ -133,7 +133,7 @@ def _no_inner(settings: PipelineSettings) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class PartInputs:
     """What composition hands a pipeline's part builder: the run's settings sections, and its
-    index (a `retrieval.backend.SearchBackend`: a local folder, a served index or Milvus;
+    index (a `retrieval.search_backend.SearchBackend`: a local folder, a served index or Milvus;
     None over the dataset's own documents)."""
 
     settings: PipelineSettings

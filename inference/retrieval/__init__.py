@@ -8,8 +8,8 @@
 * `hybrid` — weighted min-max fusion and reciprocal-rank fusion
 * `rerank` — the optional cross-encoder reranker hook
 * `hygiene` — evidence hygiene presets (off / loose / strict) that report what they drop
-* `index` — `build_index`, `Index.load(...).search(query, k, mode)`, `ensure_index`
-* `backend` — `SearchBackend`, what every command needs of an index, and `IndexSource`, where
+* `index_folder` — `build_index`, `Index.load(...).search(query, k, mode)`, `ensure_index`
+* `search_backend` — `SearchBackend`, what every command needs of an index, and `IndexSource`, where
   it lives: a local folder, `sieverag index serve` or Milvus; `chooser` — `open_backend`
 * `remote` — `RemoteIndex`, an index served by `sieverag index serve`, and its wire format
 * `milvus` — `MilvusIndex` and `build_collection`: text, dense and BM25 in one Milvus collection

@@ -1,12 +1,12 @@
 """The one chooser: `open_backend(source)` opens the index an `IndexSource` names (a local
-folder, `sieverag index serve`, or Milvus) as a `backend.SearchBackend`. Every command that
+folder, `sieverag index serve`, or Milvus) as a `search_backend.SearchBackend`. Every command that
 searches an index opens it here."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sieverag.inference.retrieval.backend import IndexSource, SearchBackend, read_secret
+from sieverag.inference.retrieval.search_backend import IndexSource, SearchBackend, read_secret
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.config import SearchConfig
@@ -29,6 +29,6 @@ def open_backend(source: IndexSource, search_config: SearchConfig | None = None,
 
         return RemoteIndex(source.endpoint, search_config=search_config,
                            api_key=read_secret(source.api_key_env), timeout=source.timeout)
-    from sieverag.inference.retrieval.index import Index
+    from sieverag.inference.retrieval.index_folder import Index
 
     return Index.load(source.index or "", search_config=search_config, use_cache=use_cache)

@@ -35,8 +35,8 @@ from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import split_sentences
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.backend import SearchBackend
-    from sieverag.inference.retrieval.index import SearchMode
+    from sieverag.inference.retrieval.index_folder import SearchMode
+    from sieverag.inference.retrieval.search_backend import SearchBackend
 
 HygienePreset = Literal["off", "loose", "strict"]
 HYGIENE_PRESETS: tuple[str, ...] = get_args(HygienePreset)

@@ -32,19 +32,19 @@ from tqdm.auto import tqdm
 
 from sieverag.inference.core.errors import BackendUnavailableError, ConfigError, DatasetError
 from sieverag.inference.core.types import Document
-from sieverag.inference.retrieval.backend import (
-    DEFAULT_COLLECTION,
-    DEFAULT_TIMEOUT_S,
-    check_search,
-    fetch_depth,
-    reranked,
-)
 from sieverag.inference.retrieval.chunking import Chunk, chunk_corpus
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import load_corpora
 from sieverag.inference.retrieval.dense import DenseConfig, Encoder, make_encoder
 from sieverag.inference.retrieval.rerank import Reranker
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
+from sieverag.inference.retrieval.search_backend import (
+    DEFAULT_COLLECTION,
+    DEFAULT_TIMEOUT_S,
+    check_search,
+    fetch_depth,
+    reranked,
+)
 
 if TYPE_CHECKING:
     from pymilvus import MilvusClient

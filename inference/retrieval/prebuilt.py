@@ -31,7 +31,7 @@ from sieverag.inference.retrieval.dense import (
     DenseIndex,
     read_index_mapped,
 )
-from sieverag.inference.retrieval.index import (
+from sieverag.inference.retrieval.index_folder import (
     BM25_DIR,
     DENSE_DIR,
     CorpusFiles,

@@ -24,15 +24,15 @@ import httpx
 
 from sieverag.inference.core.errors import BackendUnavailableError, ConfigError
 from sieverag.inference.core.types import Document
-from sieverag.inference.retrieval.backend import (
+from sieverag.inference.retrieval.config import SearchConfig
+from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.retrieved import RetrievedDocument
+from sieverag.inference.retrieval.search_backend import (
     DEFAULT_TIMEOUT_S,
     check_search,
     fetch_depth,
     reranked,
 )
-from sieverag.inference.retrieval.config import SearchConfig
-from sieverag.inference.retrieval.rerank import Reranker
-from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 INDEX_ROUTE = "/v1/index"
 SEARCH_ROUTE = "/v1/search"

@@ -11,7 +11,6 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.retrieval.backend import SearchBackend
 from sieverag.inference.retrieval.remote import (
     INDEX_ROUTE,
     SEARCH_ROUTE,
@@ -19,6 +18,7 @@ from sieverag.inference.retrieval.remote import (
     index_payload,
 )
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
+from sieverag.inference.retrieval.search_backend import SearchBackend
 from sieverag.serving.api.error_handlers import add_error_handlers
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import ignored_header, unknown_fields

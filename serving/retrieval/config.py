@@ -9,7 +9,7 @@ from pydantic_settings import CliPositionalArg
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.retrieval.config import SearchConfig
-from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.retrieval.index_folder import SearchMode
 from sieverag.serving.config import LogLevel
 
 # Search-R1's retrieval server answers this many passages when a request names no topk.

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sieverag.inference.retrieval.index import SearchMode
+from sieverag.inference.retrieval.index_folder import SearchMode
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.serving.api.request_fields import LENIENT, Text
 

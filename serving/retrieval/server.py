@@ -16,7 +16,7 @@ import threading
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from sieverag.inference.retrieval.backend import SearchBackend
+from sieverag.inference.retrieval.search_backend import SearchBackend
 from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.listen import listening_socket, serve_in_thread
 from sieverag.serving.retrieval.app import create_retrieval_app
@@ -29,8 +29,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def load_served_index(config: RetrievalServerConfig) -> SearchBackend:
     """The index folder `config` names, loaded with its search settings."""
-    from sieverag.inference.retrieval.backend import IndexSource
     from sieverag.inference.retrieval.chooser import open_backend
+    from sieverag.inference.retrieval.search_backend import IndexSource
 
     return open_backend(IndexSource(index=config.index), config.search, use_cache=config.cache)
 

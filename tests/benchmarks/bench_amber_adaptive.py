@@ -66,7 +66,7 @@ from sieverag.inference.core.settings import narrow, parse_settings  # noqa: E40
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.index import build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import build_index  # noqa: E402
 
 SIGNALS = ("sufficiency", "max_p", "sum_p")
 GATE_SIGNALS = ("max_p", "sum_p")  # what the loop reads without an extra call

@@ -48,16 +48,16 @@ from sieverag.inference.composition.config import (
 )
 from sieverag.inference.core.io_utils import JsonlLog, write_atomic
 from sieverag.inference.data import load_examples
-from sieverag.inference.eval.records import EvalRecord
 from sieverag.inference.eval.report import delta_table
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.metrics.retrieval import spread_subset
-from sieverag.inference.pipelines.auto.router import RouterConfig
+from sieverag.inference.pipelines.auto.retrieval_router import RouterConfig
 from sieverag.inference.retrieval.config import IndexConfig
-from sieverag.inference.retrieval.index import ensure_index
+from sieverag.inference.retrieval.index_folder import ensure_index
 
 TUNING_IDS = ROOT / "tests" / "benchmarks" / "data" / "nutrition_tuning_ids.txt"
 PAGES = "human_nutrition_2020_pages.jsonl"

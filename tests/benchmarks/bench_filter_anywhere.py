@@ -72,7 +72,7 @@ from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter  # noqa: E402
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
+from sieverag.inference.metrics.answer_scores import answer_accuracy  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
 from sieverag.serving.engine.backend import EngineBackend  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402

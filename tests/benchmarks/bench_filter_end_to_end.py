@@ -112,7 +112,7 @@ from sieverag.inference.filters.adapters import (  # noqa: E402
 from sieverag.inference.filters.combination import card_combination  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.metrics.answers import answer_accuracy  # noqa: E402
+from sieverag.inference.metrics.answer_scores import answer_accuracy  # noqa: E402
 from sieverag.serving.app import create_app  # noqa: E402
 from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402

@@ -39,7 +39,7 @@ from sieverag.inference.data.gold_match import read_passage_ids  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.report import usage_table  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import Index, build_index  # noqa: E402
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
 
 

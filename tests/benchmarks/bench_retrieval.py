@@ -53,7 +53,7 @@ from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index  # noqa: E40
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
-from sieverag.inference.retrieval.index import ensure_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import ensure_index  # noqa: E402
 
 MIN_BM25_CHUNKS = 50_000
 QUICK_ARTICLES = 2

@@ -38,7 +38,7 @@ from sieverag.inference.retrieval.chunking import ChunkingConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_corpus, load_squad  # noqa: E402
 from sieverag.inference.retrieval.dense import DenseConfig, make_encoder  # noqa: E402
-from sieverag.inference.retrieval.index import SEARCH_MODES, build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import SEARCH_MODES, build_index  # noqa: E402
 from sieverag.inference.retrieval.milvus import MilvusIndex, build_collection  # noqa: E402
 
 

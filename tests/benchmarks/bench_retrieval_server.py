@@ -37,7 +37,7 @@ from bench_data import DATA_DIR  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.corpus import load_squad  # noqa: E402
-from sieverag.inference.retrieval.index import SEARCH_MODES, Index, build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import SEARCH_MODES, Index, build_index  # noqa: E402
 from sieverag.inference.retrieval.remote import RemoteIndex  # noqa: E402
 from sieverag.serving.retrieval.config import RetrievalServerConfig  # noqa: E402
 from sieverag.serving.retrieval.server import RetrievalServer  # noqa: E402

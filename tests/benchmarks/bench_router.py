@@ -54,7 +54,7 @@ from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.metrics.retrieval import spread_subset
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.corpus import load_corpus
-from sieverag.inference.retrieval.index import CACHE_FILE, ensure_index
+from sieverag.inference.retrieval.index_folder import CACHE_FILE, ensure_index
 
 SOURCES = ("hotpotqa", "popqa", "nutrition")
 # the name a row shows → the pipeline it runs

@@ -41,7 +41,7 @@ from sieverag.inference.eval import runner  # noqa: E402
 from sieverag.inference.eval.judge_sweep import bar_label, sweep_judge_bar  # noqa: E402
 from sieverag.inference.eval.report import collate_runs  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
-from sieverag.inference.retrieval.index import build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import build_index  # noqa: E402
 from sieverag.inference.retrieval.manifest import MANIFEST_FILE  # noqa: E402
 
 SOURCES = {"hotpotqa": "hotpotqa_distractor.jsonl", "nq-open": "nq-open-oracle.jsonl.gz",

@@ -16,6 +16,7 @@ from sieverag.data_gen.dataset import (
     split_of,
     split_questions,
 )
+from sieverag.data_gen.label_records import ChunkLabels, LabelRecord, read_labels
 from sieverag.data_gen.labelling import (
     CONFIG_FILE,
     LABELS_FILE,
@@ -24,7 +25,6 @@ from sieverag.data_gen.labelling import (
     run_labelling,
 )
 from sieverag.data_gen.labels import ChunkSignals, LabelPolicy, gold_agreement, label_chunk
-from sieverag.data_gen.records import ChunkLabels, LabelRecord, read_labels
 from sieverag.data_gen.teacher import TeacherConfig
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import JsonlLog

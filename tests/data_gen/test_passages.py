@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sieverag.cli import main
+from sieverag.data_gen.label_records import read_labels
 from sieverag.data_gen.labelling import LabelRunConfig, run_labelling
 from sieverag.data_gen.passages import (
     PassageSetConfig,
@@ -16,7 +17,6 @@ from sieverag.data_gen.passages import (
     mine_passages,
     with_borrowed_negatives,
 )
-from sieverag.data_gen.records import read_labels
 from sieverag.data_gen.strinc import strinc
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import Document, Example

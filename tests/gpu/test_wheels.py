@@ -35,7 +35,7 @@ def test_the_walk_reaches_what_the_check_runs():
     # The training step's launched module, the server the serve step starts, the combination
     # fit `sieverag train` imports, and the OpenAI client of the serve step.
     for file in ("training/sft.py", "serving/cli.py", "training/cli.py",
-                 "inference/metrics/answers.py", "inference/llm/openai_backend.py",
+                 "inference/metrics/answer_scores.py", "inference/llm/openai_backend.py",
                  "tests/benchmarks/bench_train.py"):
         assert file in modules, file
     at_load = {module.split(".")[0] for module in wheel_set.third_party_imports(lazy=False)}

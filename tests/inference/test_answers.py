@@ -2,7 +2,7 @@
 
 import pytest
 
-from sieverag.inference.agents.answers import extract_answer
+from sieverag.inference.agents.answer_extraction import extract_answer
 
 
 @pytest.mark.parametrize(("reply", "expected"), [

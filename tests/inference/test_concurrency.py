@@ -297,8 +297,8 @@ def test_a_tiny_model_answers_the_same_with_four_questions_in_flight(tmp_path, t
 
     from tiny_adapter import make_lora_adapter
 
+    from sieverag.inference.pipelines.amber.config import AmberConfig
     from sieverag.inference.pipelines.amber.memory import MemoryConfig
-    from sieverag.inference.pipelines.amber.settings import AmberConfig
 
     adapter = make_lora_adapter(tiny_model_dir, tmp_path / "lora")
     spec = BackendSpec(model=str(tiny_model_dir), batch_size=16)

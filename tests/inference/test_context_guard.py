@@ -12,7 +12,7 @@ from sieverag.data_gen.cxmi import BatchedCXMI, SharedPrefixCXMI
 from sieverag.inference.core.errors import ConfigError, ContextError
 from sieverag.inference.core.prompt_templates import TemplateText, load_template
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.eval.records import build_record
+from sieverag.inference.eval.result_records import build_record
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.llm.backend_protocol import GenerationSettings

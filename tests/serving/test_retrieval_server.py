@@ -24,13 +24,13 @@ from sieverag.inference.composition.config import RetrievalConfig, RunConfig, Tr
 from sieverag.inference.core.errors import BackendUnavailableError, ConfigError
 from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval import runner
-from sieverag.inference.eval.records import EvalRecord
-from sieverag.inference.retrieval.backend import SearchBackend
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.retrieval.chooser import open_backend
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
-from sieverag.inference.retrieval.index import SEARCH_MODES, Index, build_index
+from sieverag.inference.retrieval.index_folder import SEARCH_MODES, Index, build_index
 from sieverag.inference.retrieval.remote import RemoteIndex
+from sieverag.inference.retrieval.search_backend import SearchBackend
 from sieverag.serving.retrieval.config import RetrievalServerConfig
 from sieverag.serving.retrieval.server import RetrievalServer
 

@@ -34,12 +34,12 @@ evidence (`amber.answer_from`: also the memory alone, or the evidence alone); wh
 than `amber.min_evidence` chunks were kept, the best-scored dropped ones are read too (a weak
 filter or a strict bar must not leave the answer blind); with nothing to read it answers
 directly. `documents_read` is the kept evidence (key sentences only).
-The trace (`trace.AmberTrace`, dumped to JSON-ready data) holds every round: query,
+The trace (`loop_trace.AmberTrace`, dumped to JSON-ready data) holds every round: query,
 documents, scores and sentence choices, the three memory agents' replies, the memory after the
 round, the sufficiency verdict, the next query, and the stop reason. `amber-mcf`,
 `amber-judge`, `amber-stack` and `amber-none` are `amber` with the filter fixed, so one run can
 compare them; `amber-paper` is the paper's loop whatever the run's `amber` and `mcf` sections
-say (`settings.paper_amber`, `settings.paper_mcf`: the sufficiency check and the memory agents
+say (`config.paper_amber`, `config.paper_mcf`: the sufficiency check and the memory agents
 every round, the answer from the memory, MCF on chunks then sentences; the `amber-paper` preset
 sets the same); `amber-no-amu`
 and `amber-no-aic` are `amber` with the memory agents or the collector switched off
@@ -48,16 +48,16 @@ and `amber-no-aic` are `amber` with the memory agents or the collector switched 
 AIC each round takes the next unseen documents for the question, with no sufficiency check.
 
 The package: `loop` (the pipeline and its registered variants), `memory` (AMU), `collector`
-(AIC), `settings` (`AmberConfig`, the `amber` section) and `trace` (the typed trace).
+(AIC), `config` (`AmberConfig`, the `amber` section) and `loop_trace` (the typed trace).
 """
 
+from sieverag.inference.pipelines.amber.config import AMBER_SECTION, AmberConfig
 from sieverag.inference.pipelines.amber.loop import (
     AMBER_ABLATIONS,
     AMBER_PIPELINES,
     AmberPipeline,
 )
-from sieverag.inference.pipelines.amber.settings import AMBER_SECTION, AmberConfig
-from sieverag.inference.pipelines.amber.trace import AmberTrace
+from sieverag.inference.pipelines.amber.loop_trace import AmberTrace
 
 __all__ = ["AMBER_ABLATIONS", "AMBER_PIPELINES", "AMBER_SECTION", "AmberConfig",
            "AmberPipeline", "AmberTrace"]

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from sieverag.inference.agents.answers import extract_answer
+from sieverag.inference.agents.answer_extraction import extract_answer
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.filters.document_filter import (
@@ -20,14 +20,13 @@ from sieverag.inference.filters.filter_registry import FILTER_NAMES, FilterSetup
 from sieverag.inference.filters.judge import JUDGE_SECTION, JudgeConfig
 from sieverag.inference.filters.mcf import MCF_SECTION, MCFConfig
 from sieverag.inference.pipelines.amber.collector import InformationCollector
-from sieverag.inference.pipelines.amber.memory import MemoryUpdater, cap_memory, shown_memory
-from sieverag.inference.pipelines.amber.settings import (
+from sieverag.inference.pipelines.amber.config import (
     AMBER_SECTION,
     AmberConfig,
     paper_amber,
     paper_mcf,
 )
-from sieverag.inference.pipelines.amber.trace import (
+from sieverag.inference.pipelines.amber.loop_trace import (
     AmberRound,
     AmberTrace,
     BranchEntry,
@@ -35,6 +34,7 @@ from sieverag.inference.pipelines.amber.trace import (
     StopReason,
     render_amber_trace,
 )
+from sieverag.inference.pipelines.amber.memory import MemoryUpdater, cap_memory, shown_memory
 from sieverag.inference.pipelines.pipeline_registry import (
     PipelineContext,
     PipelineOutput,
@@ -52,7 +52,7 @@ AMBER_PIPELINES: dict[str, str | None] = {"amber": None,
 # is `amber-none`). They run `amber.filter`'s filter stage.
 AMBER_ABLATIONS: dict[str, str] = {"amber-no-amu": "amu", "amber-no-aic": "aic"}
 AMBER_PIPELINES.update(dict.fromkeys(AMBER_ABLATIONS))
-# The paper's loop with the paper's MCF (`settings.paper_amber`, `settings.paper_mcf`), whatever
+# The paper's loop with the paper's MCF (`config.paper_amber`, `config.paper_mcf`), whatever
 # the run's `amber` and `mcf` sections say.
 PAPER_PIPELINE = "amber-paper"
 AMBER_PIPELINES[PAPER_PIPELINE] = "mcf"

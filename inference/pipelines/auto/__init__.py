@@ -1,6 +1,6 @@
 """`auto`: a retrieve-or-not router in front of another pipeline (the Auto-RAG study's
 conditional routing). `pipeline` holds the pipeline, its `auto` section (`AutoConfig`: what it
-routes to), its trace (`RouteTrace`) and what composition builds for it; `router` the rule
+routes to), its trace (`RouteTrace`) and what composition builds for it; `retrieval_router` the rule
 and its `router` section.
 """
 
@@ -12,7 +12,7 @@ from sieverag.inference.pipelines.auto.pipeline import (
     build_router,
     router_encoder,
 )
-from sieverag.inference.pipelines.auto.router import (
+from sieverag.inference.pipelines.auto.retrieval_router import (
     ROUTER_SECTION,
     RouteDecision,
     Router,

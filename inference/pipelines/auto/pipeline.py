@@ -1,4 +1,4 @@
-"""`auto`: the conditional router (`router`) in front of another pipeline.
+"""`auto`: the conditional router (`retrieval_router`) in front of another pipeline.
 
 Per question the router decides whether retrieval is worth it; if so the routed pipeline
 (`auto.routed_pipeline`: `vanilla` by default, any registered one) runs, else the question is
@@ -27,7 +27,7 @@ from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.settings import Section, settings
 from sieverag.inference.core.types import Example
 from sieverag.inference.llm.backend_protocol import LLMBackend
-from sieverag.inference.pipelines.auto.router import (
+from sieverag.inference.pipelines.auto.retrieval_router import (
     ROUTER_SECTION,
     RouteDecision,
     Router,

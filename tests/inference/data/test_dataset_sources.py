@@ -285,7 +285,7 @@ def test_asqa_answers_are_all_short_answers(tmp_path, monkeypatch, source):
     ]
     assert example.metadata["long_answers"] == ["Cammie King played Bonnie Blue Butler."]
     # Its records carry ASQA's own scores, and the summary averages them.
-    from sieverag.inference.eval.records import answer_metrics
+    from sieverag.inference.eval.result_records import answer_metrics
     from sieverag.inference.eval.summary import ANSWER_METRICS
 
     metrics = answer_metrics(example, "Cammie King, as a child.")

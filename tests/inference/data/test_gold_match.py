@@ -22,7 +22,7 @@ from sieverag.inference.data.gold_match import PassageMatcher, mark_gold, read_p
 from sieverag.inference.eval import runner
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.retrieval.config import IndexConfig
-from sieverag.inference.retrieval.index import build_index
+from sieverag.inference.retrieval.index_folder import build_index
 
 DATA = TEST_DATA
 BRIDGE = ("The Calder Bridge over the river Tamsin was opened in 1901 by the mayor of "

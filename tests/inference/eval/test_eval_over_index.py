@@ -26,11 +26,11 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.eval import runner
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.retrieval import dense, rerank
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
-from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.index_folder import Index, build_index
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 QUESTION = "Who opened the Calder Bridge?"

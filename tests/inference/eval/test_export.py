@@ -15,7 +15,7 @@ from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.eval.export import export_row
-from sieverag.inference.eval.records import build_record
+from sieverag.inference.eval.result_records import build_record
 from sieverag.inference.llm.backend_protocol import Usage
 from sieverag.inference.pipelines.pipeline_registry import PipelineOutput
 

@@ -22,7 +22,6 @@ from sieverag.inference.composition.config import (
 )
 from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.eval.export import export_run
-from sieverag.inference.eval.records import EvalRecord, GraderGrades, TrustMetrics
 from sieverag.inference.eval.report import (
     GRADER_COLUMNS,
     TRUST_COLUMNS,
@@ -30,6 +29,7 @@ from sieverag.inference.eval.report import (
     read_run_summary,
     write_report,
 )
+from sieverag.inference.eval.result_records import EvalRecord, GraderGrades, TrustMetrics
 from sieverag.inference.eval.summary import summarize
 from sieverag.inference.llm.backend_registry import BackendSpec
 

@@ -15,15 +15,15 @@ from scripted_amber import EXAMPLE, Agents
 from sieverag.inference.composition.config import TrustConfig
 from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.io_utils import JsonlLog
-from sieverag.inference.eval.records import EvalRecord, build_record, trust_metrics
-from sieverag.inference.eval.trace import find_record, render_trace
+from sieverag.inference.eval.result_records import EvalRecord, build_record, trust_metrics
+from sieverag.inference.eval.trace_rendering import find_record, render_trace
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.backend_protocol import Usage
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
-from sieverag.inference.pipelines.amber.settings import AmberConfig
-from sieverag.inference.pipelines.amber.trace import AmberTrace, render_amber_trace
+from sieverag.inference.pipelines.amber.config import AmberConfig
+from sieverag.inference.pipelines.amber.loop_trace import AmberTrace, render_amber_trace
 from sieverag.inference.pipelines.auto import AutoConfig, RouteTrace
-from sieverag.inference.pipelines.auto.router import Router, RouterConfig
+from sieverag.inference.pipelines.auto.retrieval_router import Router, RouterConfig
 from sieverag.inference.pipelines.traces import OpenTrace
 
 GRADES = json.dumps({"correctness": 4, "relevance": 5, "completeness": 3,

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.eval.records import (
-    AnswerMetrics,
-    EvalRecord,
-    GraderGrades,
-    TrustMetrics,
-)
 from sieverag.inference.eval.report import (
     delta_table,
     delta_tables,
     kind_tables,
     trust_counts_line,
+)
+from sieverag.inference.eval.result_records import (
+    AnswerMetrics,
+    EvalRecord,
+    GraderGrades,
+    TrustMetrics,
 )
 from sieverag.inference.eval.summary import summarize
 

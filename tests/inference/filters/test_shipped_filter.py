@@ -111,7 +111,7 @@ def test_ask_answers_with_the_shipped_filter_and_traces_the_rounds(
         no_user_filters, embedded_model_dir, tmp_path, capsys):
     from sieverag.cli import main
     from sieverag.inference.retrieval.config import IndexConfig
-    from sieverag.inference.retrieval.index import build_index
+    from sieverag.inference.retrieval.index_folder import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in [

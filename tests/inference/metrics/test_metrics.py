@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sieverag.inference.metrics.answers import (
+from sieverag.inference.metrics.answer_scores import (
     answer_accuracy,
     asqa_rouge_l,
     asqa_string_scores,

@@ -10,11 +10,11 @@ from fake_backend import ScriptedBackend
 from scripted_amber import EXAMPLE, POOL, Agents
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.eval.trace import render_trace
+from sieverag.inference.eval.trace_rendering import render_trace
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.amber.collector import CollectorConfig, normalise_query
-from sieverag.inference.pipelines.amber.settings import AmberConfig
+from sieverag.inference.pipelines.amber.config import AmberConfig
 
 
 def run_amber(agents: Agents, *, pipeline: str = "amber-mcf", search=None, **amber):

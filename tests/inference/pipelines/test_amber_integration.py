@@ -12,9 +12,9 @@ from sieverag.inference.composition.config import RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.pipelines.amber.collector import CollectorConfig
+from sieverag.inference.pipelines.amber.config import AmberConfig
+from sieverag.inference.pipelines.amber.loop_trace import STOP_REASONS
 from sieverag.inference.pipelines.amber.memory import MemoryConfig
-from sieverag.inference.pipelines.amber.settings import AmberConfig
-from sieverag.inference.pipelines.amber.trace import STOP_REASONS
 
 pytestmark = pytest.mark.integration
 

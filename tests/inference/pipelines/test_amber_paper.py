@@ -11,7 +11,7 @@ from sieverag.inference.cli.run import EvalCommand
 from sieverag.inference.core.settings import parse_settings
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
-from sieverag.inference.pipelines.amber.settings import AmberConfig, paper_amber, paper_mcf
+from sieverag.inference.pipelines.amber.config import AmberConfig, paper_amber, paper_mcf
 
 
 def run(pipeline: str, amber: AmberConfig, mcf: MCFConfig):

@@ -19,12 +19,12 @@ from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapters
 from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
 from sieverag.inference.llm.backend_registry import BackendSpec
+from sieverag.inference.pipelines.amber.config import AmberConfig
+from sieverag.inference.pipelines.amber.loop_trace import STOP_REASONS
 from sieverag.inference.pipelines.amber.memory import MemoryConfig
-from sieverag.inference.pipelines.amber.settings import AmberConfig
-from sieverag.inference.pipelines.amber.trace import STOP_REASONS
 from sieverag.inference.pipelines.auto import AutoConfig
 from sieverag.inference.retrieval.config import IndexConfig
-from sieverag.inference.retrieval.index import build_index
+from sieverag.inference.retrieval.index_folder import build_index
 
 SHORT = AmberConfig(max_iterations=2, k=5, answer_from="memory_and_evidence",
                     memory=MemoryConfig(review_max_new_tokens=8, refine_max_new_tokens=16))

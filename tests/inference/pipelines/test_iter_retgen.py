@@ -8,7 +8,7 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.eval.records import EvalRecord, build_record
+from sieverag.inference.eval.result_records import EvalRecord, build_record
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
 from sieverag.inference.pipelines.iter_retgen import (
     IterRetGenConfig,

@@ -14,11 +14,11 @@ from sieverag.cli import main
 from sieverag.inference.composition.config import TrustConfig
 from sieverag.inference.core.types import Document, Example
 from sieverag.inference.data.demo import write_demo_dataset
-from sieverag.inference.eval.records import trust_metrics
+from sieverag.inference.eval.result_records import trust_metrics
 from sieverag.inference.filters.judge import JudgeConfig
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.pipelines import PipelineContext, PipelineSettings, build_pipeline
-from sieverag.inference.pipelines.amber.settings import AmberConfig
+from sieverag.inference.pipelines.amber.config import AmberConfig
 
 OPTIONS = {"A": "Planetary density will decrease.", "B": "Planetary years will become longer.",
            "C": "Planetary days will become shorter.", "D": "Planetary gravity will grow."}

@@ -19,7 +19,7 @@ from sieverag.inference.composition.config import ModelRoles, RunConfig, load_ru
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section
 from sieverag.inference.llm.backend_registry import BackendSpec
-from sieverag.inference.pipelines.amber.settings import AmberConfig
+from sieverag.inference.pipelines.amber.config import AmberConfig
 from sieverag.inference.pipelines.auto import AutoConfig
 from sieverag.inference.pipelines.iter_retgen import IterRetGenConfig
 from sieverag.inference.pipelines.pipeline_registry import (
@@ -301,7 +301,7 @@ from pathlib import Path
 import sieverag.inference.composition.compose as compose
 from sieverag.cli import main
 from sieverag.inference.composition.config import RunConfig, TrustConfig
-from sieverag.inference.eval.records import EvalRecord
+from sieverag.inference.eval.result_records import EvalRecord
 from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.core.io_utils import JsonlLog
 from sieverag.inference.pipelines.auto import RouteTrace

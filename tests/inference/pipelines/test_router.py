@@ -31,12 +31,12 @@ from sieverag.inference.eval.runner import run_evaluation
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines import PipelineContext
 from sieverag.inference.pipelines.auto import AutoPipeline, router_encoder
-from sieverag.inference.pipelines.auto.router import Router, RouterConfig, entity_words
+from sieverag.inference.pipelines.auto.retrieval_router import Router, RouterConfig, entity_words
 from sieverag.inference.pipelines.simple import DirectPipeline
 from sieverag.inference.retrieval import dense
 from sieverag.inference.retrieval.bm25 import BM25Index
 from sieverag.inference.retrieval.config import IndexConfig
-from sieverag.inference.retrieval.index import build_index
+from sieverag.inference.retrieval.index_folder import build_index
 
 CORPUS = [
     "Scurvy is caused by a lack of vitamin C.",

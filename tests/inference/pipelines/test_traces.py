@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import JsonlRecord
-from sieverag.inference.pipelines.amber.trace import AmberTrace
+from sieverag.inference.pipelines.amber.loop_trace import AmberTrace
 from sieverag.inference.pipelines.pipeline_registry import PipelineEntry, register_pipeline
 from sieverag.inference.pipelines.traces import (
     OpenTrace,

@@ -14,7 +14,7 @@ from sieverag.inference.retrieval.bm25 import BM25Config, BM25Index
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.corpus import load_corpus
-from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.index_folder import Index, build_index
 from sieverag.inference.retrieval.lexical import TANTIVY_FROM_DOCUMENTS, choose_engine
 from sieverag.inference.retrieval.tantivy_bm25 import TANTIVY_B, TANTIVY_K1, TantivyBM25Index
 

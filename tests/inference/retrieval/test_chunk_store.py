@@ -20,7 +20,7 @@ from sieverag.inference.retrieval.chunk_store import (
 from sieverag.inference.retrieval.chunking import ChunkingConfig, chunk_corpus
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.corpus import load_corpus, scan_corpora
-from sieverag.inference.retrieval.index import Index, build_index, convert_index
+from sieverag.inference.retrieval.index_folder import Index, build_index, convert_index
 from sieverag.inference.retrieval.manifest import IndexFormatError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "

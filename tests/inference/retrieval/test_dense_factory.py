@@ -23,7 +23,7 @@ from sieverag.inference.retrieval.dense import (
     read_index_mapped,
     training_sample,
 )
-from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.index_folder import Index, build_index
 
 WORDS = [f"w{n}" for n in range(300)]
 

@@ -25,14 +25,14 @@ from sieverag.inference.composition.config import (  # noqa: E402
 from sieverag.inference.core.errors import ConfigError, DatasetError  # noqa: E402
 from sieverag.inference.core.io_utils import JsonlLog  # noqa: E402
 from sieverag.inference.eval import runner  # noqa: E402
-from sieverag.inference.eval.records import EvalRecord  # noqa: E402
-from sieverag.inference.retrieval.backend import SearchBackend  # noqa: E402
+from sieverag.inference.eval.result_records import EvalRecord  # noqa: E402
 from sieverag.inference.retrieval.chooser import open_backend  # noqa: E402
 from sieverag.inference.retrieval.chunking import ChunkingConfig  # noqa: E402
 from sieverag.inference.retrieval.config import IndexConfig  # noqa: E402
 from sieverag.inference.retrieval.dense import DenseConfig, make_encoder  # noqa: E402
-from sieverag.inference.retrieval.index import Index, build_index  # noqa: E402
+from sieverag.inference.retrieval.index_folder import Index, build_index  # noqa: E402
 from sieverag.inference.retrieval.milvus import MilvusIndex, build_collection  # noqa: E402
+from sieverag.inference.retrieval.search_backend import SearchBackend  # noqa: E402
 
 CORPUS = TEST_DATA / "nutrition_pages_sample.jsonl"
 CHUNKING = ChunkingConfig("tokens", 100, 20)

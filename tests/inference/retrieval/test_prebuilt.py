@@ -14,7 +14,7 @@ from fake_dense import fake_encoder
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.dense import DenseConfig
-from sieverag.inference.retrieval.index import Index
+from sieverag.inference.retrieval.index_folder import Index
 from sieverag.inference.retrieval.prebuilt import import_index, prebuilt_source
 
 PASSAGES = [("Rockets", "Rockets burn fuel to reach orbit around the Earth."),

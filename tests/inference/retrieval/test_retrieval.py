@@ -36,7 +36,7 @@ from sieverag.inference.retrieval.hybrid import (
     weighted_fusion,
 )
 from sieverag.inference.retrieval.hygiene import apply_hygiene, removal_reason
-from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.index_folder import Index, build_index
 from sieverag.inference.retrieval.manifest import IndexFormatError
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import sentence_spans, split_sentences

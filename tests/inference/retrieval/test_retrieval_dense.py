@@ -11,7 +11,7 @@ from sieverag.inference.core.errors import ModelNotFoundError
 from sieverag.inference.retrieval.chunking import ChunkingConfig
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.dense import DenseConfig, DenseIndex, resolve_embedding_model
-from sieverag.inference.retrieval.index import Index, build_index
+from sieverag.inference.retrieval.index_folder import Index, build_index
 from sieverag.inference.retrieval.rerank import CrossEncoderReranker
 
 TEXTS = [

@@ -13,7 +13,7 @@ from typing import Any
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.io_utils import parse_json, validated_record
-from sieverag.inference.eval.records import EvalRecord, read_trace
+from sieverag.inference.eval.result_records import EvalRecord, read_trace
 from sieverag.inference.pipelines.pipeline_registry import declared_traces
 from sieverag.inference.pipelines.traces import (
     OpenTrace,

@@ -5,7 +5,7 @@
 (its `fingerprint`, chunk and source counts: what identifies the indexed chunks, for caches
 and reports). Three backends satisfy it:
 
-* a local index folder (`index.Index`, loaded in this process; it satisfies the protocol as
+* a local index folder (`index_folder.Index`, loaded in this process; it satisfies the protocol as
   it is);
 * `sieverag index serve` on another process or machine (`remote.RemoteIndex`,
   `--retrieval.endpoint URL`);
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import settings
-from sieverag.inference.retrieval.index import SEARCH_MODES
+from sieverag.inference.retrieval.index_folder import SEARCH_MODES
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 if TYPE_CHECKING:

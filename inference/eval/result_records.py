@@ -15,7 +15,7 @@ from sieverag.inference.data.gold_match import read_passage_ids
 from sieverag.inference.eval.migration import migrate_record, migrate_trust
 from sieverag.inference.filters.document_filter import ScoredDocumentRecord
 from sieverag.inference.llm.backend_protocol import LLMBackend, Usage
-from sieverag.inference.metrics.answers import (
+from sieverag.inference.metrics.answer_scores import (
     answer_accuracy,
     asqa_rouge_l,
     asqa_string_scores,
@@ -35,7 +35,7 @@ from sieverag.inference.pipelines.traces import PipelineTrace, trace_model
 
 
 class AnswerMetrics(JsonlRecord):
-    """The answer against the gold aliases (inference/metrics/answers.py)."""
+    """The answer against the gold aliases (inference/metrics/answer_scores.py)."""
 
     em: float = Field(description="exact match after normalisation")
     f1: float = Field(description="token F1, best over the aliases")

@@ -13,7 +13,7 @@ from pydantic import Field
 from sieverag.inference.core.io_utils import JsonlRecord
 from sieverag.inference.filters.document_filter import ScoredDocumentRecord
 from sieverag.inference.filters.filter_registry import FilterName
-from sieverag.inference.pipelines.amber.settings import AnswerFrom, Branch
+from sieverag.inference.pipelines.amber.config import AnswerFrom, Branch
 from sieverag.inference.pipelines.traces import PipelineTrace, scored_document_lines, wrap
 
 # Why a question's loop ended (amber's module docstring says when).
