@@ -136,7 +136,7 @@ def main() -> int:
     report = {"dir": ours.report_dir, "rank": RANK, "card_writes": 0, "zero3_gathers": 0,
               "losses": {}, "log_times": {}, "num_tokens": {}}
 
-    from sieverag.training import adapter, sft
+    from sieverag.training.sft import adapter, trainer
 
     count_calls(adapter, "write_adapter_metadata", report, "card_writes")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -144,7 +144,7 @@ def main() -> int:
 
         count_calls(DeepSpeedEngine, "_zero3_consolidated_16bit_state_dict", report,
                     "zero3_gathers")
-    code = sft.main(recipe_args, callbacks=[
+    code = trainer.main(recipe_args, callbacks=[
         Observer(report, ours.kill_after_save, ours.unsafe_save_dir)])
     wandb = sys.modules.get("wandb")
     report["wandb_run"] = bool(wandb is not None and wandb.run is not None)

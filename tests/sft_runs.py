@@ -1,7 +1,7 @@
 """Training runs for the tests: a tiny filter dataset in the real record format, two steps
 under `accelerate launch`, and the checks on the adapter it writes.
 
-The launched script is `training.sft.main` with one extra callback that snapshots every
+The launched script is `training.sft.trainer.main` with one extra callback that snapshots every
 parameter before training and records, after training, which ones changed: LoRA weights must
 have changed, base weights must not.
 """
@@ -24,7 +24,7 @@ LAUNCHED = '''
 import json, sys
 import torch
 from transformers import TrainerCallback
-from sieverag.training.sft import main
+from sieverag.training.sft.trainer import main
 
 
 class ChangedWeights(TrainerCallback):
@@ -104,7 +104,7 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict, *,
     from transformers import AutoModelForCausalLM
 
     from sieverag.inference.filters.adapters import CARD_FILE, WEIGHTS_FILE
-    from sieverag.training.adapter import verify_adapter
+    from sieverag.training.sft.adapter import verify_adapter
 
     changed = weights["changed"]
     lora = [n for n in changed if "lora_" in n]

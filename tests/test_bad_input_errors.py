@@ -216,8 +216,8 @@ def test_a_bad_input_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.
 def test_eval_filter_names_a_question_ids_file_that_is_not_utf8(tmp_path: Path) -> None:
     """Read directly: the command resolves (and may convert) the filter's model first."""
     from sieverag.inference.core.errors import DatasetError
-    from sieverag.training.filter_eval_config import FilterEvalConfig
-    from sieverag.training.held_out_questions import TrainingQuestions, select_examples
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.held_out_questions import TrainingQuestions, select_examples
 
     config = FilterEvalConfig(dataset=str(write(tmp_path / "qa.jsonl", GOOD_LINE)),
                               out=str(tmp_path / "report"),

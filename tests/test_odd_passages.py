@@ -111,8 +111,8 @@ def test_eval_filter_completes_and_says_the_filter_skipped_blanks_and_read_windo
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
     from sieverag.inference.composition.config import ModelRoles
     from sieverag.inference.llm.backend_registry import BackendSpec
-    from sieverag.training import filter_eval
     from sieverag.training.cli import EvalFilterCommand, run_eval_filter
+    from sieverag.training.evaluation import filter_eval
 
     backend = ScriptedBackend(labels=lambda text: {"Yes": (len(text) % 7) - 3.0, "No": 0.0})
     monkeypatch.setattr(filter_eval, "build_backend", lambda spec: backend)

@@ -23,7 +23,7 @@ from sieverag.inference.filters.combination import (
     describe_combination,
 )
 from sieverag.inference.filters.home import DEFAULT_HOME_READ, describe_home
-from sieverag.training.card_fit import (
+from sieverag.training.evaluation.card_fit import (
     FOLDS,
     MIN_GAIN,
     fit_card_home,
@@ -35,10 +35,10 @@ from sieverag.training.card_fit import (
     write_card_combination,
     write_card_home,
 )
-from sieverag.training.combination_fit import fitting_questions, measure_combination
-from sieverag.training.filter_eval_config import FilterEvalConfig
-from sieverag.training.home_fit import DEFAULT_TOLERANCE
-from sieverag.training.launch import (
+from sieverag.training.evaluation.combination_fit import fitting_questions, measure_combination
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+from sieverag.training.evaluation.home_fit import DEFAULT_TOLERANCE
+from sieverag.training.sft.launch import (
     LaunchConfig,
     Machine,
     check_launch,
@@ -49,7 +49,7 @@ from sieverag.training.launch import (
     shipped_names,
 )
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).parent / "sft" / "recipes"
 
 
 @settings
@@ -119,8 +119,8 @@ def plan_launch(command: TrainCommand, machine: Machine | None = None) -> Launch
     """The `accelerate launch` that trains `command`'s recipe, checked first: the recipe and
     its overrides, the dataset's splits, and the accelerate config against `machine` (default:
     this one)."""
-    from sieverag.training.data import load_training_splits
-    from sieverag.training.recipe import parse_recipe
+    from sieverag.training.sft.data import load_training_splits
+    from sieverag.training.sft.recipe import parse_recipe
 
     machine = machine or Machine.detect()
     recipe_args = ["--config", str(recipe_path(command.recipe))]
@@ -187,8 +187,8 @@ class EvalFilterCommand(FilterEvalConfig):
 
 
 def run_eval_filter(command: EvalFilterCommand) -> int:
-    from sieverag.training.filter_eval import run_filter_eval
-    from sieverag.training.filter_report import (
+    from sieverag.training.evaluation.filter_eval import run_filter_eval
+    from sieverag.training.evaluation.filter_report import (
         CHUNK_COLUMNS,
         SENTENCE_COLUMNS,
         summary_table,

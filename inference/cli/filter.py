@@ -1,5 +1,6 @@
 """`sieverag filter list | install | package`: the trained filters sieverag can find
-(`filter fit-combination` is `training.combination_fit`: it runs the filter over datasets).
+(`filter fit-combination` is `training.evaluation.combination_fit`: it runs the filter over
+datasets).
 
 Each command is a settings class, its fields the command's flags and YAML keys, and a
 `run_*` function (see `sieverag.cli`).

@@ -204,7 +204,7 @@ class Combination:
     """Fitted on labelled passages: the probabilities are calibrated."""
     bar: float | None = None
     """The P(relevant) bar that beat retrieval's top-k F1 by the most on the worst source of the
-    fitting questions (`training/combination_fit.best_bar`; None: unfitted)."""
+    fitting questions (`training/evaluation/combination_fit.best_bar`; None: unfitted)."""
     min_keep: int = 1
     """Passages the calibrated bar keeps at least (the best), chosen with the bar."""
     top_k: int = 2
@@ -360,7 +360,7 @@ def fit_combination(rounds: Sequence[RoundScores], labels: Sequence[Sequence[boo
                     features: Sequence[str] = FEATURES, *, l2: float = 1.0) -> Combination:
     """The L2-regularised logistic regression (strength 1/`l2` as scikit-learn's C) of the
     passages' labels on the named features, pooled over every round; its weights and bias as
-    a fitted `Combination` (no bar, no report: see `training.combination_fit`)."""
+    a fitted `Combination` (no bar, no report: see `training.evaluation.combination_fit`)."""
     from sklearn.linear_model import LogisticRegression
 
     x, y = _stacked(rounds, labels)

@@ -10,7 +10,7 @@ default, chosen leave-one-source-out):
   round's passages and the log of the question's length in words, fitted on rounds of the
   filter's training sources against rounds of other sources. Its `bar` is chosen so that no
   other source, left out of the test's fit in turn, loses against the away default
-  (`training/home_fit.py`): a round is home only where the test is sure.
+  (`training/evaluation/home_fit.py`): a round is home only where the test is sure.
 * the home `Combination` — the filter's score with BM25 and dense, fitted on the home
   sources' validation rounds as MCF reads them at home, with its own calibrated bar, min_keep
   and shift guard.

@@ -1,7 +1,7 @@
 """How well a filter's decisions match the gold: passages kept (precision, recall, F1, macro
 and micro), passage scores ranked (AUROC, average precision), passage probabilities
 calibrated (expected calibration error), and key sentences kept against supporting facts.
-`sieverag eval-filter` (training/filter_eval.py) reports these figures."""
+`sieverag eval-filter` (training/evaluation/filter_eval.py) reports these figures."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The default selection on text no fit saw (issue 53): every source left out in turn.
 
-For each source, each candidate rule (`training/combination_fit.CANDIDATES`: the combination
-with the filter or the priors alone, min_keep, the shift guard's top_k and level) is fitted on
-every other source (weights, bar, guard ranges) and measured on the one left out; the default
-is the rule whose worst left-out source is best (`measure_combination`, the same call
+For each source, each candidate rule (`training/evaluation/combination_fit.CANDIDATES`: the
+combination with the filter or the priors alone, min_keep, the shift guard's top_k and level) is
+fitted on every other source (weights, bar, guard ranges) and measured on the one left out; the
+default is the rule whose worst left-out source is best (`measure_combination`, the same call
 `sieverag filter fit-combination --by-left-out-source` makes). Side by side per source, in one
 run: BM25's and dense's top-2 F1, the default's F1 at its own bar, its margin over the better
 top-2, ECE, passages kept, the share of rounds its shift guard decided, and beside it the same
@@ -31,8 +31,8 @@ import results_json
 
 from sieverag.inference.filters.adapters import find_adapter, read_card, resolve_filter
 from sieverag.inference.metrics.filter import top_k_indices
-from sieverag.training.card_fit import score_fitting_rounds
-from sieverag.training.combination_fit import (
+from sieverag.training.evaluation.card_fit import score_fitting_rounds
+from sieverag.training.evaluation.combination_fit import (
     TOP_K,
     SelectionRule,
     fit_rule,

@@ -106,9 +106,9 @@ from sieverag.inference.llm.openai_backend import (  # noqa: E402
 )
 from sieverag.serving.config import VLLMLaunchConfig  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
-from sieverag.training.filter_eval import run_filter_eval  # noqa: E402
-from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
-from sieverag.training.held_out_questions import training_questions  # noqa: E402
+from sieverag.training.evaluation.filter_eval import run_filter_eval  # noqa: E402
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.evaluation.held_out_questions import training_questions  # noqa: E402
 
 ENGINES = ("embedded", "vllm")
 FILTER = "filter"  # the adapter's served name on both engines

@@ -118,8 +118,8 @@ from sieverag.serving.config import LocalServerConfig, VLLMLaunchConfig  # noqa:
 from sieverag.serving.local_server import LocalServer  # noqa: E402
 from sieverag.serving.proxy.marked_documents import Granularity  # noqa: E402
 from sieverag.serving.vllm.launcher import VLLMServer  # noqa: E402
-from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
-from sieverag.training.held_out_questions import (  # noqa: E402
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.evaluation.held_out_questions import (  # noqa: E402
     select_examples,
     training_questions,
 )

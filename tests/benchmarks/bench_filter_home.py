@@ -2,8 +2,8 @@
 each away source left out, and the home source's held-out questions.
 
 The home rule is fitted as `sieverag filter fit-combination ADAPTER --dataset SETS
---keep-combination` fits it (`training/card_fit.fit_card_home`, the same call): the filter's
-home sources' first `--limit` fitting questions (not its training questions) are home, the
+--keep-combination` fits it (`training/evaluation/card_fit.fit_card_home`, the same call): the
+filter's home sources' first `--limit` fitting questions (not its training questions) are home, the
 other datasets' first `--limit` are away; the card's combination is the away default. Then,
 side by side on the home source's questions outside the fit (held out), per question:
 
@@ -41,9 +41,13 @@ from sieverag.inference.filters.adapters import find_adapter, read_card, resolve
 from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.metrics.filter import top_k_indices
-from sieverag.training.card_fit import fit_card_home, home_sources_of, score_fitting_rounds
-from sieverag.training.combination_fit import fitting_questions
-from sieverag.training.home_fit import (
+from sieverag.training.evaluation.card_fit import (
+    fit_card_home,
+    home_sources_of,
+    score_fitting_rounds,
+)
+from sieverag.training.evaluation.combination_fit import fitting_questions
+from sieverag.training.evaluation.home_fit import (
     f1_of,
     fit_home_combination,
     kept_at_home,

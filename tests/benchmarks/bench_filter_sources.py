@@ -33,9 +33,9 @@ run_offline()
 
 from sieverag.inference.composition.config import ModelRoles  # noqa: E402
 from sieverag.inference.llm.backend_registry import BackendSpec  # noqa: E402
-from sieverag.training.filter_eval import run_filter_eval  # noqa: E402
-from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
-from sieverag.training.filter_report import summary_table  # noqa: E402
+from sieverag.training.evaluation.filter_eval import run_filter_eval  # noqa: E402
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.evaluation.filter_report import summary_table  # noqa: E402
 
 FIGURES = (("filter_auroc", "AUROC (filter alone: score s, no prior)"),
            ("default_auroc", "AUROC (default: the card's combination of s, BM25 and dense)"),

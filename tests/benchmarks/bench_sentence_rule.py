@@ -85,9 +85,9 @@ from sieverag.inference.filters.windows import token_offsets_of  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.filter import decision_quality  # noqa: E402
-from sieverag.training.caching_backend import CachingBackend  # noqa: E402
-from sieverag.training.filter_eval_config import FilterEvalConfig  # noqa: E402
-from sieverag.training.held_out_questions import (  # noqa: E402
+from sieverag.training.evaluation.caching_backend import CachingBackend  # noqa: E402
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig  # noqa: E402
+from sieverag.training.evaluation.held_out_questions import (  # noqa: E402
     select_examples,
     training_questions,
 )

@@ -1,7 +1,7 @@
 """CPU training throughput of the SmolLM2 filter recipe, side by side in one run.
 
-Runs `training.sft.train` in this process (as `accelerate launch` with accelerate_configs/
-cpu.yaml would: one CPU process) on the recipe training/recipes/smollm2_filter_cpu.yaml, on
+Runs `training.sft.trainer.train` in this process (as `accelerate launch` with accelerate_configs/
+cpu.yaml would: one CPU process) on the recipe training/sft/recipes/smollm2_filter_cpu.yaml, on
 the same records and seed, as:
   recipe                    as the recipe says (`train_sampling_strategy: group_by_length`,
                             batches of similar length; the LM head scores the trained
@@ -44,8 +44,8 @@ from transformers import TrainerCallback  # noqa: E402
 
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.filters.filter_format import chunk_record, sentence_record  # noqa: E402
-from sieverag.training.recipe import parse_recipe  # noqa: E402
-from sieverag.training.sft import train  # noqa: E402
+from sieverag.training.sft.recipe import parse_recipe  # noqa: E402
+from sieverag.training.sft.trainer import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "training" / "recipes" / "smollm2_filter_cpu.yaml"

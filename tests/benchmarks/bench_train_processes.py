@@ -1,7 +1,7 @@
 """CPU training throughput of the SmolLM2 filter in one process against two (DDP and ZeRO-3),
 and whether their adapters agree.
 
-Each mode is a real `sieverag train` launch of the recipe training/recipes/
+Each mode is a real `sieverag train` launch of the recipe training/sft/recipes/
 smollm2_filter_cpu.yaml on the embedded SmolLM2-135M-Instruct, planned by `plan_launch` as the
 command plans it on this machine (`cpu`, then `ddp` and `zero3` with 2 processes: their CPU
 files here) and run with tests/observed_sft.py in place of `-m sieverag.training.sft`, so

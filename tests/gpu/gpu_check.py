@@ -98,7 +98,7 @@ from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
 from sieverag.inference.llm.backend_protocol import GenerationSettings  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import resolve_model  # noqa: E402
-from sieverag.training.sft import package_versions  # noqa: E402
+from sieverag.training.sft.trainer import package_versions  # noqa: E402
 
 ROOT = TESTS.parent
 CARRIED = ROOT / ".gpu_check"  # git-ignored; travels to the GPU machine in `carry`
@@ -407,7 +407,7 @@ def training_dataset(workdir: Path) -> Path:
 def training_figures(output_dir: Path, model: str) -> dict[str, Any]:
     """The adapter check (non-empty, reloads with PEFT onto the base) and the run's figures:
     tokens/s over the whole run, the first step's warm-up included."""
-    from sieverag.training.adapter import verify_adapter
+    from sieverag.training.sft.adapter import verify_adapter
 
     check = verify_adapter(output_dir, resolve_model(model))
     card = json.loads((output_dir / "sieverag_adapter.json").read_text("utf-8"))

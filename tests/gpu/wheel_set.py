@@ -46,7 +46,7 @@ PACKAGE_DIRS = {"sieverag.inference": "inference", "sieverag.data_gen": "data_ge
 # launches for training (`-m sieverag.training.sft`), and `python -m sieverag serve`.
 CHECK_FILES = ("tests/gpu/gpu_check.py", "tests/tiny_model.py", "tests/tiny_adapter.py",
                "tests/benchmarks/bench_train.py")
-CHECK_MODULES = ("sieverag.__main__", "sieverag.training.sft", "sieverag.serving.cli")
+CHECK_MODULES = ("sieverag.__main__", "sieverag.training.sft.__main__", "sieverag.serving.cli")
 
 
 def normalize(name: str) -> str:

@@ -111,8 +111,8 @@ def trained(models: dict, labels: Path, tmp_path_factory: pytest.TempPathFactory
             ) -> dict[tuple[str, bool], Trained]:
     """Each base: build-dataset with its tokenizer, then one training process."""
     from sieverag.data_gen.dataset import DatasetConfig, build_dataset
-    from sieverag.training.recipe import parse_recipe
-    from sieverag.training.sft import train
+    from sieverag.training.sft.recipe import parse_recipe
+    from sieverag.training.sft.trainer import train
 
     runs = {}
     for base, model in models.items():
@@ -212,7 +212,7 @@ def test_zero3_in_two_processes_equals_one(trained: dict, tmp_path: Path) -> Non
     import subprocess
 
     from sieverag.training.cli import TrainCommand, plan_launch
-    from sieverag.training.launch import Machine
+    from sieverag.training.sft.launch import Machine
 
     run = trained[("llama3", False)]
     out = tmp_path / "zero3"

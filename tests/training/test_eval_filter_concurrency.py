@@ -23,11 +23,11 @@ from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.llm.call_batching import CallBatcher
 from sieverag.training import cli as training_cli
-from sieverag.training import combination_fit, filter_eval, questions_in_flight
-from sieverag.training import filter_methods as methods
-from sieverag.training.caching_backend import CachingBackend
-from sieverag.training.filter_eval_config import FilterEvalConfig
-from sieverag.training.held_out_questions import TrainingQuestions, select_examples
+from sieverag.training.evaluation import combination_fit, filter_eval, questions_in_flight
+from sieverag.training.evaluation import filter_methods as methods
+from sieverag.training.evaluation.caching_backend import CachingBackend
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+from sieverag.training.evaluation.held_out_questions import TrainingQuestions, select_examples
 
 ROOT = REPO
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"

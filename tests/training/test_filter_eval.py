@@ -69,8 +69,8 @@ def roles(base: Path, adapter: Path | str | None = None, *, endpoint: str | None
 
 def evaluate(**settings) -> dict:
     """`run_filter_eval` with the given FilterEvalConfig fields, no progress bars."""
-    from sieverag.training.filter_eval import run_filter_eval
-    from sieverag.training.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.filter_eval import run_filter_eval
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
     return run_filter_eval(FilterEvalConfig(**{"dataset": str(SAMPLE), **settings}),
                            progress=False)
@@ -218,8 +218,8 @@ def load_sample() -> list[Example]:
 
 
 def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> None:
-    from sieverag.training.filter_eval_config import FilterEvalConfig
-    from sieverag.training.held_out_questions import select_examples, training_questions
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.held_out_questions import select_examples, training_questions
 
     data = training_dataset(tmp_path / "data", [SECOND])
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path / "out"),
@@ -247,8 +247,8 @@ def test_training_questions_are_left_out(tiny_adapter: Path, tmp_path: Path) -> 
 
 
 def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Path) -> None:
-    from sieverag.training.filter_eval_config import FilterEvalConfig
-    from sieverag.training.held_out_questions import training_questions
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.held_out_questions import training_questions
 
     config = FilterEvalConfig(dataset=str(SAMPLE), out=str(tmp_path))
     with pytest.raises(ConfigError, match="--exclude-training DATASET_DIR"):
@@ -268,7 +268,7 @@ def test_unknown_training_questions_is_an_error(tiny_adapter: Path, tmp_path: Pa
 ])
 def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
     from sieverag.inference.core.settings import validate_settings
-    from sieverag.training.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
     with pytest.raises(ConfigError, match=message):
         validate_settings(FilterEvalConfig, {"dataset": str(SAMPLE), "out": "out", **kwargs},
@@ -294,7 +294,7 @@ def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatc
                                                             tiny_model_dir: Path) -> None:
     from sieverag.inference.agents.roles import resolve_filter_role
     from sieverag.inference.filters import adapters
-    from sieverag.training.filter_eval_config import FilterEvalConfig
+    from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped")
@@ -321,7 +321,7 @@ def _example(gold: list[bool], supporting: list[tuple[int, ...]] | None = None) 
         "half-written"])
 def test_a_corrupt_cache_entry_is_a_miss_recomputed_and_overwritten(
         tmp_path: Path, content: bytes) -> None:
-    from sieverag.training.method_cache import MethodCache
+    from sieverag.training.evaluation.method_cache import MethodCache
 
     cache = MethodCache(tmp_path)
     (tmp_path / "judge.json").write_bytes(content)
@@ -355,7 +355,7 @@ def test_sentence_quality_definitions() -> None:
 
 def test_p_relevant_is_overflow_safe_and_baseline_top_k() -> None:
     from sieverag.inference.filters.filter_format import p_relevant, relevance_log_odds
-    from sieverag.training.filter_methods import top_k_decisions
+    from sieverag.training.evaluation.filter_methods import top_k_decisions
 
     def relevance_probability(yes: float, no: float) -> float:
         return p_relevant(relevance_log_odds({"Yes": yes, "No": no}))
@@ -371,7 +371,7 @@ def test_p_relevant_is_overflow_safe_and_baseline_top_k() -> None:
 
 def test_row_names_say_which_mcf_config() -> None:
     from sieverag.inference.filters.mcf import MCFConfig
-    from sieverag.training.filter_methods import (
+    from sieverag.training.evaluation.filter_methods import (
         mcf_row_name,
         sentence_row_name,
         sentence_stage_name,
@@ -426,8 +426,8 @@ def test_mcf_rows_score_each_passage_once_and_keep_what_mcf_keeps() -> None:
     asked once per passage (chunk stage) and once per passage (sentence stage)."""
     from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
     from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-    from sieverag.training import filter_methods as methods
-    from sieverag.training.caching_backend import CachingBackend
+    from sieverag.training.evaluation import filter_methods as methods
+    from sieverag.training.evaluation.caching_backend import CachingBackend
 
     examples = load_sample()
     configs = [MCFConfig(**c) for c in MCF_CONFIGS]
@@ -471,7 +471,7 @@ def test_kept_sentences_index_the_data_split_when_it_has_blank_entries() -> None
     from fake_backend import ScriptedBackend
 
     from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-    from sieverag.training.filter_methods import kept_sentences, whole_passages
+    from sieverag.training.evaluation.filter_methods import kept_sentences, whole_passages
 
     document = Document(id="q/0", text="A. B. C.", sentences=("A.", " ", "B.", "C."),
                         is_gold=True, supporting_sentences=(2,))

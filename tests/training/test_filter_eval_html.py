@@ -1,5 +1,5 @@
-"""eval-filter's report.html (training/filter_eval_html.py): the per-source and chunk tables,
-the calibration plot, each question's passages ranked by every row with gold marked, and in
+"""eval-filter's report.html (training/evaluation/filter_eval_html.py): the per-source and chunk
+tables, the calibration plot, each question's passages ranked by every row with gold marked, and in
 headless Chromium the one click that shows where the default lost to dense top-2."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from headless_chromium import chromium, console_errors
 
 from sieverag.inference.core.html.page import DATA_ELEMENT
 from sieverag.inference.core.types import Document, Example
-from sieverag.training.filter_eval_html import question_f1, write_filter_eval_html
-from sieverag.training.filter_methods import ChunkDecisions
-from sieverag.training.filter_report import DatasetDecisions
+from sieverag.training.evaluation.filter_eval_html import question_f1, write_filter_eval_html
+from sieverag.training.evaluation.filter_methods import ChunkDecisions
+from sieverag.training.evaluation.filter_report import DatasetDecisions
 
 DEFAULT, DENSE, BM25 = "MCF default", "dense top-2", "BM25 top-2"
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(TESTS / "gpu"))
 import gpu_check  # noqa: E402
 
 from sieverag.inference.filters.filter_format import p_relevant  # noqa: E402
-from sieverag.training.launch import Machine  # noqa: E402
+from sieverag.training.sft.launch import Machine  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -69,7 +69,7 @@ def bf16_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def launched_recipe(argv: list[str]):
-    from sieverag.training.recipe import parse_recipe
+    from sieverag.training.sft.recipe import parse_recipe
 
     return parse_recipe(argv[argv.index("sieverag.training.sft") + 1:])
 
@@ -106,7 +106,7 @@ def test_zero3_training_is_one_process_with_gathered_weights(bf16_gpu: None,
 @pytest.mark.parametrize("architecture", list(gpu_check.RECIPE_PATHS))
 def test_the_8b_recipes_step_runs_each_recipe_under_zero3_in_one_process(
         bf16_gpu: None, tmp_path: Path, architecture: str) -> None:
-    from sieverag.training.sft_config import FLASH_OR_SDPA
+    from sieverag.training.sft.sft_config import FLASH_OR_SDPA
 
     recipe_name, _ = gpu_check.RECIPE_PATHS[architecture]
     argv = gpu_check.train_command("zero3", 1, "tiny", tmp_path / "data", tmp_path / "out",

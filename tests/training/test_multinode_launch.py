@@ -14,7 +14,7 @@ from sft_runs import write_filter_dataset
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.training.cli import TrainCommand, plan_launch, run_train
-from sieverag.training.launch import Machine
+from sieverag.training.sft.launch import Machine
 
 MAIN_IP = "10.1.2.3"
 EIGHT_GPUS = Machine(cuda_devices=8, cpu_cores=64, cpu_bf16=True)

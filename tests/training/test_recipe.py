@@ -15,7 +15,7 @@ ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
 def parse(argv: list[str]):
-    from sieverag.training.recipe import parse_recipe
+    from sieverag.training.sft.recipe import parse_recipe
 
     return parse_recipe(argv)
 
@@ -42,7 +42,7 @@ def test_shipped_recipes_parse(recipe: Path) -> None:
 
 
 def test_cpu_recipe_fits_the_cpu() -> None:
-    parsed = parse(["--config", str(ROOT / "training/recipes/smollm2_filter_cpu.yaml")])
+    parsed = parse(["--config", str(ROOT / "training/sft/recipes/smollm2_filter_cpu.yaml")])
     assert parsed.training.bf16 is False
     assert parsed.training.activation_checkpointing is False
     assert parsed.training.eval_strategy == "steps"
@@ -132,7 +132,7 @@ def test_accelerate_configs_load(config: Path) -> None:
 
 
 def test_resume_picks_the_last_checkpoint(tmp_path: Path) -> None:
-    from sieverag.training.sft import resume_checkpoint
+    from sieverag.training.sft.trainer import resume_checkpoint
 
     recipe = parse(["--config", write_recipe(tmp_path, ""), "--output_dir", str(tmp_path / "run")])
     assert resume_checkpoint(recipe) is None

@@ -1,7 +1,7 @@
 """Every recipe field reaches what it configures: the base model's load (dtype, attention
 kernel), LoRA, the batches (padding-free packing, activation checkpointing), the data
 (subsets, splits, long records); a field sieverag's training does not use is refused naming
-it; the one private TRL helper `training.sft.score_positions` sets is pinned to the TRL
+it; the one private TRL helper `training.sft.trainer.score_positions` sets is pinned to the TRL
 source it was checked against. The trainers are built, not trained (`sft.build_trainer`)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from repo_paths import REPO
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.training.recipe import UNUSED_FIELDS, parse_recipe
-from sieverag.training.sft_config import FLASH_OR_SDPA
+from sieverag.training.sft.recipe import UNUSED_FIELDS, parse_recipe
+from sieverag.training.sft.sft_config import FLASH_OR_SDPA
 
 RECIPES = REPO / "training" / "recipes"
 # What a CPU changes in the 8B recipes (float32, no DeepSpeed, no workers).
@@ -34,7 +34,7 @@ TRL_PINNED = {
 
 
 def build(argv: list[str]):
-    from sieverag.training.sft import build_trainer
+    from sieverag.training.sft.trainer import build_trainer
 
     return build_trainer(parse_recipe(argv))
 
@@ -91,7 +91,7 @@ def test_every_model_field_reaches_the_model(filter_dataset: Path, tiny_model_di
 def test_flash_or_sdpa_resolves_at_load_and_says_which(monkeypatch) -> None:
     import transformers.utils
 
-    from sieverag.training.sft import attention_implementation
+    from sieverag.training.sft.trainer import attention_implementation
 
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
     assert attention_implementation(FLASH_OR_SDPA)[0] == "sdpa"
@@ -179,7 +179,7 @@ def test_padding_free_sdpa_gives_the_padded_loss(architecture: str, tiny_model_d
 
 
 def test_the_private_trl_helper_is_pinned_to_the_trl_it_was_checked_on() -> None:
-    """`training.sft.score_positions` replaces `trl.trainer.utils._use_triton`, which TRL's
+    """`training.sft.trainer.score_positions` replaces `trl.trainer.utils._use_triton`, which TRL's
     fused LM head reads to score only the labelled positions. When TRL changes either
     function, check that `add_fused_lm_head` still reads `_use_triton(hidden_states.device)`
     to choose that (tests/training/test_sft.py's label-positions test must pass), then
@@ -192,7 +192,7 @@ def test_the_private_trl_helper_is_pinned_to_the_trl_it_was_checked_on() -> None
     found = {name: hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
              for name, function in sources.items()}
     changed = [name for name in TRL_PINNED if found[name] != TRL_PINNED[name]]
-    assert not changed, (f"TRL changed {', '.join(changed)}, which training.sft."
+    assert not changed, (f"TRL changed {', '.join(changed)}, which training.sft.trainer."
                          "score_positions relies on: check it and update TRL_PINNED")
     assert "compact = _use_triton(hidden_states.device)" in inspect.getsource(
         trl_utils.add_fused_lm_head)

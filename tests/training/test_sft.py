@@ -1,7 +1,7 @@
 """Training runs on the tiny random model through `accelerate launch`, and the adapter checks.
 
 Each run trains 2 steps on a tiny dataset in the real record format, in a subprocess under
-an accelerate config. The launched script is `training.sft.main` with one extra callback
+an accelerate config. The launched script is `training.sft.trainer.main` with one extra callback
 that snapshots every parameter before training and records, after training, which ones
 changed: LoRA weights must have changed, base weights must not.
 """
@@ -48,7 +48,7 @@ def _rewrite(adapter: Path, change) -> None:
 
 
 def test_sound_adapter_passes(saved_adapter: Path, tiny_model_dir: Path) -> None:
-    from sieverag.training.adapter import verify_adapter
+    from sieverag.training.sft.adapter import verify_adapter
 
     check = verify_adapter(saved_adapter, tiny_model_dir)
     assert check.tensors == 8 and check.parameters > 0 and check.file_bytes > 0
@@ -64,7 +64,7 @@ def test_sound_adapter_passes(saved_adapter: Path, tiny_model_dir: Path) -> None
 ])
 def test_broken_adapters_fail_clearly(saved_adapter: Path, tiny_model_dir: Path, change,
                                       message: str) -> None:
-    from sieverag.training.adapter import AdapterSaveError, verify_adapter
+    from sieverag.training.sft.adapter import AdapterSaveError, verify_adapter
 
     _rewrite(saved_adapter, change)
     with pytest.raises(AdapterSaveError, match=message):
@@ -73,7 +73,7 @@ def test_broken_adapters_fail_clearly(saved_adapter: Path, tiny_model_dir: Path,
 
 def test_zero_byte_adapter_names_the_zero3_setting(saved_adapter: Path,
                                                    tiny_model_dir: Path) -> None:
-    from sieverag.training.adapter import AdapterSaveError, verify_adapter
+    from sieverag.training.sft.adapter import AdapterSaveError, verify_adapter
 
     (saved_adapter / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(AdapterSaveError, match="zero3_save_16bit_model"):
@@ -81,7 +81,7 @@ def test_zero_byte_adapter_names_the_zero3_setting(saved_adapter: Path,
 
 
 def test_adapter_name_is_unique_per_weights(saved_adapter: Path) -> None:
-    from sieverag.training.adapter import adapter_name
+    from sieverag.training.sft.adapter import adapter_name
 
     first = adapter_name("smollm2-135m-instruct", saved_adapter)
     assert first.startswith("filter-smollm2-135m-instruct-") and len(first.split("-")[-1]) == 8
@@ -97,8 +97,8 @@ def test_a_run_whose_one_step_is_in_warmup_is_untrained_and_says_so(
     from safetensors.torch import load_file
 
     from sieverag.inference.filters.adapters import WEIGHTS_FILE
-    from sieverag.training.recipe import parse_recipe
-    from sieverag.training.sft import train
+    from sieverag.training.sft.recipe import parse_recipe
+    from sieverag.training.sft.trainer import train
 
     out = train(parse_recipe([
         "--dataset_path", str(filter_dataset), "--model_name_or_path", str(tiny_model_dir),
@@ -120,7 +120,7 @@ def test_scoring_label_positions_only_gives_the_same_loss_and_gradients(
     from transformers import AutoModelForCausalLM
     from trl.trainer import utils as trl_utils
 
-    from sieverag.training.sft import score_positions
+    from sieverag.training.sft.trainer import score_positions
 
     torch.manual_seed(0)
     ids = torch.randint(5, 1000, (2, 12))
@@ -165,8 +165,8 @@ def test_lora_on_the_upper_layers_only(tiny_model_dir: Path) -> None:
     """`lora_layers_from` puts LoRA on the decoder layers from that index up, and names the
     model's layer count when it is past the last."""
     from sieverag.inference.core.errors import ConfigError
-    from sieverag.training.sft import lora_config
-    from sieverag.training.sft_config import FilterModelConfig
+    from sieverag.training.sft.sft_config import FilterModelConfig
+    from sieverag.training.sft.trainer import lora_config
 
     config = lora_config(FilterModelConfig(model_name_or_path=str(tiny_model_dir),
                                            lora_layers_from=1), tiny_model_dir)
@@ -186,7 +186,7 @@ def test_the_card_records_the_lengths_of_the_records_trained_on(tiny_model_dir: 
     from transformers import AutoTokenizer
 
     from sieverag.inference.filters.filter_format import chunk_record
-    from sieverag.training.data import record_length, record_token_lengths
+    from sieverag.training.sft.data import record_length, record_token_lengths
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = Dataset.from_list([

@@ -1,6 +1,6 @@
-"""The end of `sieverag train` (`training.card_fit.fit_trained_filter`): MCF's combination
-fitted on the run's own validation split, read from the datasets the build-dataset folder was
-labelled from, each source left out in turn where there are two; one validation question:
+"""The end of `sieverag train` (`training.evaluation.card_fit.fit_trained_filter`): MCF's
+combination fitted on the run's own validation split, read from the datasets the build-dataset
+folder was labelled from, each source left out in turn where there are two; one validation question:
 the filter's score Platt-scaled alone; nothing to fit on: one line saying why, and the card
 ranks by the filter alone. A scripted filter stands in for the trained adapter (no model)."""
 
@@ -19,7 +19,7 @@ from sieverag.inference.filters.combination import (
     card_combination,
 )
 from sieverag.inference.filters.filter_format import chunk_record
-from sieverag.training.card_fit import fit_trained_filter
+from sieverag.training.evaluation.card_fit import fit_trained_filter
 
 SOURCES = ("nq", "popqa")
 

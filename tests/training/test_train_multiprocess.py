@@ -106,8 +106,8 @@ def reference(dataset: Path, model_dir: Path, tmp_path_factory: pytest.TempPathF
     """The one-process run, in this process (on the CPU, as the launches are)."""
     from transformers import TrainerCallback
 
-    from sieverag.training.recipe import parse_recipe
-    from sieverag.training.sft import train
+    from sieverag.training.sft.recipe import parse_recipe
+    from sieverag.training.sft.trainer import train
 
     class Losses(TrainerCallback):
         def __init__(self) -> None:
@@ -130,7 +130,7 @@ def launch(name: str, dataset: Path, model: Path, out: Path, *observer_flags: st
            overrides: dict | None = None, env: dict | None = None) -> Run:
     """Two processes under the shipped config `name`, as `sieverag train` launches them."""
     from sieverag.training.cli import TrainCommand, plan_launch
-    from sieverag.training.launch import Machine
+    from sieverag.training.sft.launch import Machine
 
     values = {**recipe_overrides(dataset, model, out, GLOBAL_BATCH // 2), **(overrides or {})}
     # As on a machine without CUDA (here it is one; a CPU config hides any GPU).
@@ -172,7 +172,7 @@ def assert_same_adapter(adapter: Path, reference: Path, model: Path, mode: str) 
     from safetensors.torch import load_file
 
     from sieverag.inference.filters.adapters import WEIGHTS_FILE
-    from sieverag.training.adapter import verify_adapter
+    from sieverag.training.sft.adapter import verify_adapter
 
     check = verify_adapter(adapter, model)
     assert check.tensors == verify_adapter(reference, model).tensors
@@ -225,7 +225,7 @@ def test_one_process_reference_is_a_sound_trained_adapter(reference: Run,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from sieverag.training.adapter import verify_adapter
+    from sieverag.training.sft.adapter import verify_adapter
 
     assert verify_adapter(reference.out, model_dir).parameters > 0
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir),
@@ -274,7 +274,7 @@ def test_zero3_killed_after_a_checkpoint_resumes_to_the_same_adapter(
     """ZeRO-3, killed once the checkpoint of step SAVE_AT is written, then rerun: it resumes
     there and ends with the one-process adapter; its save gathered the sharded weights, and a
     save without the gather is refused by the adapter check."""
-    from sieverag.training.adapter import AdapterSaveError, verify_adapter
+    from sieverag.training.sft.adapter import AdapterSaveError, verify_adapter
 
     out = tmp_path / "run"
     killed = launch("zero3", dataset, model_dir, out, "--kill-after-save", str(SAVE_AT))

@@ -56,8 +56,8 @@ def test_recipe_reports_to_wandb_offline(tiny_model_dir: Path, tmp_path: Path,
     import wandb
 
     from sieverag.inference.filters.adapters import CARD_FILE, WEIGHTS_FILE
-    from sieverag.training.recipe import parse_recipe
-    from sieverag.training.sft import train
+    from sieverag.training.sft.recipe import parse_recipe
+    from sieverag.training.sft.trainer import train
 
     wandb_dir = tmp_path / "wandb-home"
     for name, folder in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"),

@@ -1,5 +1,5 @@
 """MCF's learned combination (inference/filters/combination.py) and its fit
-(training/combination_fit.py) on synthetic scores: the fit recovers the weights, its
+(training/evaluation/combination_fit.py) on synthetic scores: the fit recovers the weights, its
 probabilities are calibrated, a filter that adds nothing is dropped and says so, the
 calibrated bar keeps every passage above it and never empties a round, the card round-trips,
 `filter list` shows it, and eval-filter's default row says "default". No model runs."""
@@ -31,13 +31,13 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.metrics.filter import calibration_error, paired_f1_difference
-from sieverag.training.combination_fit import (
+from sieverag.training.evaluation.combination_fit import (
     LabelledRound,
     SelectionRule,
     best_bar,
     measure_combination,
 )
-from sieverag.training.filter_methods import mcf_row_name
+from sieverag.training.evaluation.filter_methods import mcf_row_name
 
 FEW_RULES = tuple(SelectionRule(features, 1, 2, None)
                   for features in ("with_filter", "priors_alone"))
@@ -373,7 +373,10 @@ def test_paired_f1_difference_counts_wins_losses_and_brackets_the_mean():
 
 
 def test_leaving_each_source_out_measures_what_an_unseen_source_gets():
-    from sieverag.training.combination_fit import leave_one_source_out, worst_left_out_margin
+    from sieverag.training.evaluation.combination_fit import (
+        leave_one_source_out,
+        worst_left_out_margin,
+    )
 
     rounds = synthetic_rounds(120, seed=7)
     table = leave_one_source_out(rounds, candidates=FEW_RULES)
@@ -406,7 +409,10 @@ def test_leaving_each_source_out_measures_what_an_unseen_source_gets():
 def test_a_filter_that_only_helps_the_sources_it_was_fitted_on_is_left_out():
     # The filter's score carries the labels on src-b only; fitted on src-b it moves src-a's
     # verdicts by noise, so src-a left out loses with it: leaving sources out drops it.
-    from sieverag.training.combination_fit import leave_one_source_out, worst_left_out_margin
+    from sieverag.training.evaluation.combination_fit import (
+        leave_one_source_out,
+        worst_left_out_margin,
+    )
 
     helpful = [r for r in synthetic_rounds(160, seed=8) if r.source == "src-b"]
     noisy = [r for r in synthetic_rounds(160, seed=9, filter_noise=True) if r.source == "src-a"]

@@ -31,8 +31,8 @@ from sieverag.inference.filters.home import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.ranking import rank_by_filter
-from sieverag.training.combination_fit import LabelledRound
-from sieverag.training.home_fit import (
+from sieverag.training.evaluation.combination_fit import LabelledRound
+from sieverag.training.evaluation.home_fit import (
     AwayRound,
     HomeRound,
     fit_home_rule,
@@ -165,8 +165,8 @@ def _scored(example: Example, rng: random.Random, filter_reads: bool) -> Labelle
 
 
 def test_the_home_fit_uses_the_filter_at_home_and_keeps_every_away_source_whole(monkeypatch):
-    monkeypatch.setattr("sieverag.training.home_fit.round_vectors", vectors)
-    monkeypatch.setattr("sieverag.training.home_fit.passage_priors",
+    monkeypatch.setattr("sieverag.training.evaluation.home_fit.round_vectors", vectors)
+    monkeypatch.setattr("sieverag.training.evaluation.home_fit.passage_priors",
                         lambda q, texts, m: (tuple(float(len(t)) for t in texts),
                                              tuple(0.4 for _ in texts)))
     rng = random.Random(3)
@@ -203,7 +203,7 @@ def test_the_home_fit_uses_the_filter_at_home_and_keeps_every_away_source_whole(
 
 
 def test_a_dataset_is_decided_as_a_whole_by_its_mean_p_home(capsys):
-    from sieverag.training.filter_methods import dataset_modes
+    from sieverag.training.evaluation.filter_methods import dataset_modes
 
     rule = HomeRule(HomeTest(TEST.weights, 0.0, 0.9, dataset_bar=0.6), HOME, 3, ("castles",))
     castles = [(f"q{i} {HOME_WORD}", [f"a {HOME_WORD}"]) for i in range(3)]

@@ -271,7 +271,7 @@ def test_a_split_mixing_formats_is_refused():
 
     from sieverag.inference.core.errors import DatasetError
     from sieverag.inference.filters.filter_format import chunk_record
-    from sieverag.training.data import filter_format_of
+    from sieverag.training.sft.data import filter_format_of
 
     common = {"question": QUESTION, "source": "s", "question_id": "q"}
     mixed = Dataset.from_list([

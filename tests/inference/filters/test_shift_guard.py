@@ -22,7 +22,7 @@ from sieverag.inference.filters.combination import (
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.ranking import rank_by_filter
-from sieverag.training.combination_fit import (
+from sieverag.training.evaluation.combination_fit import (
     TIE_MARGIN,
     LabelledRound,
     SelectionRule,

@@ -21,7 +21,7 @@ from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendCo
 from sieverag.serving.engine.backend import EngineBackend
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.local_server import LocalServer
-from sieverag.training.caching_backend import CachingBackend
+from sieverag.training.evaluation.caching_backend import CachingBackend
 
 pytest_plugins = ["tiny_server"]
 

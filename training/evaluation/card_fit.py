@@ -39,14 +39,14 @@ from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRul
 from sieverag.inference.filters.windows import DEFAULT_MAX_WINDOWS, WindowRule, card_window_tokens
 from sieverag.inference.llm.call_batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
-from sieverag.training.combination_fit import (
+from sieverag.training.evaluation.combination_fit import (
     LabelledRound,
     best_bar,
     fitting_questions,
     measure_combination,
     score_rounds,
 )
-from sieverag.training.home_fit import DEFAULT_TOLERANCE
+from sieverag.training.evaluation.home_fit import DEFAULT_TOLERANCE
 
 FOLDS = 5  # cross-validation folds by question (`filter fit-combination --folds`)
 MIN_GAIN = 0.005  # AUROC the filter must add over the priors alone to be used (`--min-gain`)
@@ -117,12 +117,17 @@ def fit_card_home(folder: Path, card: Mapping[str, Any],
                   embedding_model: str = DEFAULT_EMBEDDING_MODEL, device: Device = "auto",
                   concurrency: int | None = None, progress: bool = True,
                   scores_file: str | Path | None = None) -> HomeRule:
-    """The home rule of the filter in `folder` (`training/home_fit.py`): the questions of
+    """The home rule of the filter in `folder` (`training/evaluation/home_fit.py`): the questions of
     `by_dataset` from `home_sources` are home (scored now), the others away (scored only
     where the home test would call them home); `away_combination` is the default they are
     measured against."""
     from sieverag.inference.data import example_source
-    from sieverag.training.home_fit import AwayRound, HomeRound, fit_home_rule, round_features
+    from sieverag.training.evaluation.home_fit import (
+        AwayRound,
+        HomeRound,
+        fit_home_rule,
+        round_features,
+    )
 
     examples = [e for chunk in by_dataset.values() for e in chunk]
     home = [e for e in examples if example_source(e) in home_sources]
@@ -203,7 +208,7 @@ def fit_trained_filter(output_dir: str | Path, dataset_dir: str | Path, *,
     into the adapter's card (see the module docstring); returns what was fitted, or why
     nothing was, ending with the line that says what MCF now ranks by."""
     from sieverag.inference.filters.adapters import CARD_FILE, read_card
-    from sieverag.training.data import labelled_datasets
+    from sieverag.training.sft.data import labelled_datasets
 
     folder, split_dir = Path(output_dir), str(dataset_dir)
     card = read_card(folder)

@@ -4,11 +4,11 @@ format, `sieverag hard-negatives` sets), with a cross-dataset summary (`dataset_
 
 The filter rows are the real MCF (`MultiGranularFilter`, inference/filters/mcf.py) under the
 `MCFConfig`s `mcf_configs` lists, each row named for its config (`filter_methods.mcf_row_name`);
-the judge row is the real `MainRagJudge`. Every method (see `training.filter_methods`) runs on
-the SAME held-out questions (`training.held_out_questions`: the dataset's rows minus the
-questions any training split was built from, matched by (source, question id) — so a source
-left out of training is evaluated whole; questions without a gold passage left out, counted).
-The command's settings are `training.filter_eval_config.FilterEvalConfig`.
+the judge row is the real `MainRagJudge`. Every method (see `training.evaluation.filter_methods`)
+runs on the SAME held-out questions (`training.evaluation.held_out_questions`: the dataset's rows
+minus the questions any training split was built from, matched by (source, question id) — so a
+source left out of training is evaluated whole; questions without a gold passage left out, counted).
+The command's settings are `training.evaluation.filter_eval_config.FilterEvalConfig`.
 
 Metrics (defined in `inference.metrics.filter`, with every other metric):
 
@@ -22,15 +22,15 @@ Metrics (defined in `inference.metrics.filter`, with every other metric):
   keeping whole passages (all their sentences), and two oracle reference rows on the gold
   passages (all sentences; MCF's sentence stage alone).
 
-Model work is cached in `OUT/cache/` (`training.method_cache`) under a fingerprint of what
-decides it (model, adapter content, and for the judge the questions and bar): the filter's
+Model work is cached in `OUT/cache/` (`training.evaluation.method_cache`) under a fingerprint of
+what decides it (model, adapter content, and for the judge the questions and bar): the filter's
 answers per request (`filter-chunks.json`, `filter-sentences.json`, written after each
 stage) and the judge's decisions (`judge.json`), so a rerun after an interruption skips
 finished work.
 
 `concurrency` questions run at once in every per-question model loop (`--concurrency`, as
-`sieverag eval` runs them: `training.questions_in_flight`); in-process models (the filter,
-the judge) share one `CallBatcher`, which merges the questions' concurrent calls, and wraps
+`sieverag eval` runs them: `training.evaluation.questions_in_flight`); in-process models (the
+filter, the judge) share one `CallBatcher`, which merges the questions' concurrent calls, and wraps
 the filter's `CachingBackend` itself, so merged calls fill and read its tables. Whatever
 order the questions finish in, the report and decisions are in dataset order and the cache
 tables are written sorted by request, the cache also after a failed question.
@@ -65,11 +65,15 @@ from sieverag.inference.metrics.filter import (
     paired_f1_difference,
     sentence_quality,
 )
-from sieverag.training import filter_methods as methods
-from sieverag.training.caching_backend import CachingBackend
-from sieverag.training.filter_eval_config import FilterEvalConfig
-from sieverag.training.held_out_questions import Selection, select_examples, training_questions
-from sieverag.training.method_cache import MethodCache
+from sieverag.training.evaluation import filter_methods as methods
+from sieverag.training.evaluation.caching_backend import CachingBackend
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
+from sieverag.training.evaluation.held_out_questions import (
+    Selection,
+    select_examples,
+    training_questions,
+)
+from sieverag.training.evaluation.method_cache import MethodCache
 
 JUDGE = "MAIN-RAG judge"
 KEEP_ALL = "keep all"
@@ -86,8 +90,8 @@ def run_filter_eval(config: FilterEvalConfig, *, progress: bool = True,
 
     `concurrency`: questions in flight in each model loop (unset: 16 when the filter, and the
     judge where it runs, are served, else 1); the report is the same at any value."""
-    from sieverag.training.filter_eval_html import write_filter_eval_html
-    from sieverag.training.filter_report import DatasetDecisions, write_report
+    from sieverag.training.evaluation.filter_eval_html import write_filter_eval_html
+    from sieverag.training.evaluation.filter_report import DatasetDecisions, write_report
 
     check_output_folder(config.out)
     filter_role = resolve_filter_role(config.models.filter)  # the adapter found and checked

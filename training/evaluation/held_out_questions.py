@@ -21,7 +21,7 @@ from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.combination import CARD_KEY
-from sieverag.training.filter_eval_config import FilterEvalConfig
+from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
     list in the adapter's card (it travels with a shipped or installed filter), else the train
     split of the dataset the card names; and always the questions the card's combination was
     fitted on."""
-    from sieverag.training.data import question_ids
+    from sieverag.training.sft.data import question_ids
 
     fitted = frozenset(tuple(q) for q in (metadata.get(CARD_KEY) or {}).get("questions") or ())
 

@@ -1,15 +1,15 @@
 """LoRA multi-task SFT of the filter with TRL's `SFTTrainer`, under accelerate / DeepSpeed.
 
     accelerate launch --config_file accelerate_configs/cpu.yaml -m sieverag.training.sft \\
-        --config training/recipes/smollm2_filter_cpu.yaml [--field value ...]
+        --config training/sft/recipes/smollm2_filter_cpu.yaml [--field value ...]
 
-The recipe (see `training.recipe`) sets the script arguments, TRL's `SFTConfig` and the
+The recipe (see `training.sft.recipe`) sets the script arguments, TRL's `SFTConfig` and the
 model/LoRA config; flags override it. The data is `sieverag build-dataset`'s output:
 conversational prompt/completion records, so the loss falls on the completion only
 (`completion_only_loss`), in whatever task mix the dataset holds. The run evaluates on the
 validation split (held-out questions), saves checkpoints in `output_dir`, resumes from the
 last one when rerun, and ends by saving the adapter in `output_dir`, checking that it is
-non-empty and reloads with PEFT (`training.adapter.verify_adapter`, under every accelerate
+non-empty and reloads with PEFT (`training.sft.adapter.verify_adapter`, under every accelerate
 config), and writing `sieverag_adapter.json` (name, base model, dataset fingerprint, recipe,
 metrics).
 """
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from sieverag.inference.core.errors import ConfigError, DatasetError, SieveragError
 from sieverag.inference.llm.chat_template import FALLBACK_TEMPLATE, load_tokenizer
-from sieverag.training.recipe import Recipe, parse_recipe
-from sieverag.training.sft_config import FLASH_OR_SDPA
+from sieverag.training.sft.recipe import Recipe, parse_recipe
+from sieverag.training.sft.sft_config import FLASH_OR_SDPA
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -144,7 +144,7 @@ def score_positions(*, label_only: bool) -> None:
     if not hasattr(trl_utils, "_use_triton"):
         raise SieveragError("this TRL version no longer decides which positions its fused LM "
                             "head scores in trl.trainer.utils._use_triton: update "
-                            "training.sft.score_positions")
+                            "training.sft.trainer.score_positions")
     trl_utils._use_triton = (lambda device: True) if label_only else _use_triton
 
 
@@ -171,7 +171,7 @@ def build_trainer(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()
 
     from sieverag.inference.llm.chat_template import template_identity
     from sieverag.inference.llm.model_resolution import resolve_model
-    from sieverag.training import data
+    from sieverag.training.sft import data
 
     script, args, model_args = recipe.script, recipe.training, recipe.model
     base_dir = resolve_model(model_args.model_name_or_path)
@@ -229,7 +229,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     """
     from transformers.integrations import unset_hf_deepspeed_config
 
-    from sieverag.training import data
+    from sieverag.training.sft import data
 
     trainer, run = build_trainer(recipe, callbacks)
     script, args, model_args = recipe.script, recipe.training, recipe.model
@@ -255,7 +255,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     from sieverag.inference.filters.windows import RECORD_TOKENS_KEY
     from sieverag.inference.llm.chat_template import CARD_KEY as CHAT_TEMPLATE_KEY
     from sieverag.inference.llm.model_resolution import EMBEDDED_MODELS
-    from sieverag.training.adapter import adapter_name, verify_adapter, write_adapter_metadata
+    from sieverag.training.sft.adapter import adapter_name, verify_adapter, write_adapter_metadata
 
     # A linear warmup starts at learning rate 0: a run whose only step is its first one (the
     # README's two-question sample) rightly leaves every lora_B at zero.
@@ -341,7 +341,7 @@ def package_versions(packages: Sequence[str] = TRAINING_PACKAGES) -> dict[str, s
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> int:
     """Entry point of `accelerate launch -m sieverag.training.sft` (or `python -m ...`)."""
-    from sieverag.training.launch import skip_unused_deepspeed_ops
+    from sieverag.training.sft.launch import skip_unused_deepspeed_ops
 
     skip_unused_deepspeed_ops()
     try:
@@ -351,6 +351,3 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

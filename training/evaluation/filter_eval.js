@@ -1,4 +1,4 @@
-// The questions of eval-filter's report.html (training/filter_eval_html.py writes the data):
+// The questions of eval-filter's report.html (training/evaluation/filter_eval_html.py writes the data):
 // each question's passages ranked by every selector, gold marked, and the questions where one
 // row lost to another (one click: the default against dense top-k). Needs page.js.
 "use strict";

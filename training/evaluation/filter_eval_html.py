@@ -16,7 +16,11 @@ from typing import Any
 
 from sieverag.inference.core.html import svg
 from sieverag.inference.core.html.page import asset, escape, table, write_page
-from sieverag.training.filter_report import CHUNK_COLUMNS, SUMMARY_COLUMNS, DatasetDecisions
+from sieverag.training.evaluation.filter_report import (
+    CHUNK_COLUMNS,
+    SUMMARY_COLUMNS,
+    DatasetDecisions,
+)
 
 REPORT_FILE = "report.html"
 SCRIPT = "filter_eval.js"

@@ -50,7 +50,12 @@ from sieverag.inference.filters.home import (
     home_reading,
 )
 from sieverag.inference.metrics.filter import auroc, decision_quality
-from sieverag.training.combination_fit import CANDIDATES, LabelledRound, SelectionRule, fit_rule
+from sieverag.training.evaluation.combination_fit import (
+    CANDIDATES,
+    LabelledRound,
+    SelectionRule,
+    fit_rule,
+)
 
 BAR_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
 DEFAULT_TOLERANCE = 0.0  # F1 an away source may lose against the away default

@@ -12,7 +12,7 @@ from typing import Any
 
 from sieverag.inference.core.io_utils import write_atomic
 from sieverag.inference.core.types import Example
-from sieverag.training.filter_methods import ChunkDecisions
+from sieverag.training.evaluation.filter_methods import ChunkDecisions
 
 CHUNK_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"), ("auroc", "AUROC"),
                  ("average_precision", "AP"), ("ece", "ECE"), ("kept_per_question", "kept/q"))

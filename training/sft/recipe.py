@@ -2,7 +2,7 @@
 
 `parse_recipe` runs TRL's `TrlParser` over (`FilterScriptArguments`, `SFTConfig`,
 `FilterModelConfig`): the YAML `--config` file sets the defaults, flags override them (on a
-machine without CUDA, `training.launch.process_defaults` comes first). Before
+machine without CUDA, `training.sft.launch.process_defaults` comes first). Before
 TRL reads the file, every key is checked against the three configs' fields and every value
 against the field's type and choices, so a typo or a wrong value fails at start-up with a
 `ConfigError` naming the file and the field (TRL alone would accept a wrongly typed value
@@ -23,8 +23,8 @@ from trl import SFTConfig, TrlParser
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import read_yaml_mapping
-from sieverag.training.launch import process_defaults
-from sieverag.training.sft_config import FilterModelConfig, FilterScriptArguments
+from sieverag.training.sft.launch import process_defaults
+from sieverag.training.sft.sft_config import FilterModelConfig, FilterScriptArguments
 
 CONFIG_FLAG = "--config"
 # HfArgumentParser's message for command-line flags no dataclass field takes.
@@ -129,18 +129,18 @@ def _config_path(args: list[str]) -> str | None:
     position = args.index(CONFIG_FLAG)
     if position + 1 >= len(args):
         raise ConfigError(f"{CONFIG_FLAG} needs a recipe file (e.g. "
-                          "training/recipes/smollm2_filter_cpu.yaml)")
+                          "training/sft/recipes/smollm2_filter_cpu.yaml)")
     return args[position + 1]
 
 
 def _read_recipe(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"recipe {path} not found: give a YAML file such as "
-                          "training/recipes/smollm2_filter_cpu.yaml")
+                          "training/sft/recipes/smollm2_filter_cpu.yaml")
     values = read_yaml_mapping(path)
     if not values:  # TRL refuses a recipe without a mapping; say so before it does
         raise ConfigError(f"recipe {path} is empty: give it field: value lines such as "
-                          "training/recipes/smollm2_filter_cpu.yaml")
+                          "training/sft/recipes/smollm2_filter_cpu.yaml")
     return values
 
 

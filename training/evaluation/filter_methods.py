@@ -17,9 +17,9 @@ passage (None for methods without one) and the ids of the passages kept.
   retrieval package's BM25 (bm25s) and its dense encoder (all-MiniLM-L6-v2 cosine).
 * `keep all` — every passage.
 
-MCF runs on a `CachingBackend` (`training.caching_backend`), so each passage is scored,
+MCF runs on a `CachingBackend` (`training.evaluation.caching_backend`), so each passage is scored,
 and each sentence-stage reply generated, once for all the rows. The model-calling methods
-run `concurrency` questions at once (`training.questions_in_flight.by_question`); their
+run `concurrency` questions at once (`training.evaluation.questions_in_flight.by_question`); their
 results are by question id in dataset order, whatever the concurrency.
 """
 
@@ -36,7 +36,7 @@ from sieverag.inference.filters.home import dataset_decision
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.metrics.filter import top_k_indices
-from sieverag.training.questions_in_flight import by_question
+from sieverag.training.evaluation.questions_in_flight import by_question
 
 SentenceIds = set[tuple[str, int]]
 """(passage id, index in the passage's own sentence split) pairs."""

@@ -77,7 +77,7 @@ from sieverag.inference.metrics.filter import (
     decision_quality,
     top_k_indices,
 )
-from sieverag.training.questions_in_flight import by_question
+from sieverag.training.evaluation.questions_in_flight import by_question
 
 BAR_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))  # 0.05 … 0.95
 TOP_K = MCFConfig().top_k  # the k of the retrieval top-k the bar is measured against
@@ -453,7 +453,7 @@ def fitting_questions(datasets: Sequence[str], card: dict[str, Any], *, adapter:
     trained = {tuple(q) for q in (card.get("dataset") or {}).get("train_questions") or ()}
     validation = None
     if split_dir is not None:
-        from sieverag.training.data import question_ids
+        from sieverag.training.sft.data import question_ids
 
         validation = question_ids(split_dir, "validation")
         if not validation:
