@@ -5,7 +5,7 @@ inference side's `openai` backend:
 
 * `local_server` — the embedded server (`LocalServer`): FastAPI + uvicorn on transformers +
   PEFT, CPU or GPU, its app assembled by `app` from:
-  * `api/` — one module or folder per endpoint (`health`, `models`, `completions/`, `chat/`,
+  * `api/` — one module or folder per endpoint (`health`, `models_route`, `completions/`, `chat/`,
     `rerank/`), each with its thin routes, its request and response bodies and the one class
     that owns its work, and what they share (the field policy, the request limits, the
     middleware, the error bodies);

@@ -15,27 +15,28 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from sieverag.serving.api import health, metrics, models
+from sieverag.serving.api import health, models_route
 from sieverag.serving.api.chat.router import router as chat_router
 from sieverag.serving.api.chat.serving import Chat
 from sieverag.serving.api.completions.router import router as completions_router
 from sieverag.serving.api.completions.serving import Completions
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.endpoint_base import ServingContext
 from sieverag.serving.api.error_handlers import add_error_handlers
 from sieverag.serving.api.health import Health
+from sieverag.serving.api.metrics_route import router as metrics_router
 from sieverag.serving.api.middleware.auth import BearerAuth
 from sieverag.serving.api.middleware.body_limit import BodySizeLimit
 from sieverag.serving.api.middleware.concurrency import Admission, AdmissionState
 from sieverag.serving.api.middleware.disconnect import CancelOnDisconnect
-from sieverag.serving.api.middleware.metrics import RequestMetrics
-from sieverag.serving.api.middleware.tracing import TraceRequests
-from sieverag.serving.api.models import ModelListing
+from sieverag.serving.api.middleware.request_metrics import RequestMetrics
+from sieverag.serving.api.middleware.request_tracing import TraceRequests
+from sieverag.serving.api.models_route import ModelListing
 from sieverag.serving.api.rerank.router import router as rerank_router
 from sieverag.serving.api.rerank.serving import Reranker
 from sieverag.serving.api.score.router import router as score_router
 from sieverag.serving.api.score.serving import Scorer
 from sieverag.serving.config import LocalOptions
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.proxy.chat_proxy import ChatProxy, ProxyTarget
 from sieverag.serving.proxy.router import router as proxy_router
 from sieverag.serving.proxy.upstream import UpstreamClient
@@ -84,8 +85,8 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     app.state.scorer = Scorer(context)
     app.include_router(health.router)
     if metrics_route:
-        app.include_router(metrics.router)
-    app.include_router(models.router)
+        app.include_router(metrics_router)
+    app.include_router(models_route.router)
     app.include_router(completions_router)
     app.include_router(rerank_router)
     app.include_router(score_router)

@@ -41,8 +41,8 @@ from sieverag.inference.filters.mcf import MCFConfig, document_sentences, window
 from sieverag.inference.filters.windows import WindowRule, window_document
 from sieverag.inference.llm.backend_protocol import marked_prompt_ids
 from sieverag.serving.api.limits import PromptLimits
-from sieverag.serving.engine.backend import EngineBackend
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.observability import tracing
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.api.middleware.concurrency import AdmissionState
 from sieverag.serving.app import create_app
 from sieverag.serving.config import LocalServerConfig, client_base_url
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.errors import ServerStartError
 from sieverag.serving.listen import listening_socket, serve_in_thread

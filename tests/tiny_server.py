@@ -24,7 +24,7 @@ import pytest
 
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.local_server import LocalServer
 
 

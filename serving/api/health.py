@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from sieverag.serving.api.middleware.concurrency import AdmissionState
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 
 
 class Health:

@@ -38,7 +38,7 @@ from sieverag.serving.api.openai_format import (
     legacy_logprobs,
     usage,
 )
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import (
     SequenceRequest,
     SequenceResult,

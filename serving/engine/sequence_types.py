@@ -3,8 +3,8 @@ each token as it is chosen (`TokenEvent` with its `TokenLogprob`, for a streamed
 listener) and the finished result (`SequenceResult`); `EngineClosedError` when the engine
 stops before a sequence finishes.
 
-The HTTP endpoints build the requests and read the results; `batching.BatchingEngine` runs
-them.
+The HTTP endpoints build the requests and read the results;
+`continuous_batching.BatchingEngine` runs them.
 """
 
 from __future__ import annotations

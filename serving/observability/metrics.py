@@ -2,12 +2,12 @@
 
 Each app has its own `CollectorRegistry` (`ServerMetrics`), never prometheus_client's global
 one, so two servers in one process (tests, a notebook) count apart. GET /metrics
-(`serving.api.metrics`) serves it in Prometheus's text format; `--metrics-port` serves it on a
+(`serving.api.metrics_route`) serves it in Prometheus's text format; `--metrics-port` serves it on a
 port of its own instead.
 
 What is counted, and where it is counted (the place that knows the fact):
 
-* requests (`api/middleware/metrics.py`, outermost, so a 401 or a 429 is counted too):
+* requests (`api/middleware/request_metrics.py`, outermost, so a 401 or a 429 is counted too):
   `sieverag:http_requests_total{route,status}`, `sieverag:http_request_duration_seconds{route}`
   (until the last byte of the response, a stream's too), `sieverag:request_refusals_total
   {route,reason}` (400 invalid_request, 401 unauthorized, 404 not_found, 413 too_large, 429
@@ -16,10 +16,11 @@ What is counted, and where it is counted (the place that knows the fact):
 * admission (`api/middleware/concurrency.py`): `sieverag:requests_in_flight` (the requests
   holding one of `--local.max-concurrent-requests` slots, a stream until it ends),
   `sieverag:max_concurrent_requests`, `sieverag:draining` (1 once SIGTERM was received);
-* the engine (`engine/batching.py`, `EngineMetrics`): `sieverag:num_sequences_waiting` and
-  `sieverag:num_tokens_waiting` (sequences submitted and not yet prefilled, e.g. filter
-  windows, and their prompt tokens), `sieverag:num_sequences_running`,
-  `sieverag:batch_size{kind="prefill"|"decode"}` (sequences per forward pass),
+* the engine (`engine/continuous_batching.py`, `EngineMetrics`):
+  `sieverag:num_sequences_waiting` and `sieverag:num_tokens_waiting` (sequences submitted and
+  not yet prefilled, e.g. filter windows, and their prompt tokens),
+  `sieverag:num_sequences_running`, `sieverag:batch_size{kind="prefill"|"decode"}` (sequences
+  per forward pass),
   `sieverag:prompt_tokens_total` (tokens prefilled), `sieverag:generation_tokens_total`, and
   each sequence's wait and work: `sieverag:sequence_queue_time_seconds` (submitted until its
   prefill pass starts) and `sieverag:sequence_inference_time_seconds` (from then until it

@@ -8,7 +8,7 @@ tracer provider exporting OTLP over HTTP (`opentelemetry-sdk` and
 imports OpenTelemetry and every `span` is a no-op. The SDK reads its other variables itself
 (`OTEL_SERVICE_NAME`, default "sieverag"; `OTEL_EXPORTER_OTLP_HEADERS`, ...).
 
-The app's tracing middleware (`api/middleware/tracing.py`) opens each request's route span
+The app's tracing middleware (`api/middleware/request_tracing.py`) opens each request's route span
 and makes its tracer the request's (`traced_by`, a context variable, so it follows the
 request into the worker threads that run the filter); `span` opens a child of whatever span
 is current, with that tracer. The spans of one request:

@@ -42,9 +42,9 @@ from transformers import PreTrainedTokenizerBase
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.mcf import document_sentences
-from sieverag.serving.api.context import ServingContext
+from sieverag.serving.api.endpoint_base import ServingContext
 from sieverag.serving.context_budget import Candidate, Placed, fit_to_budget, token_counter
-from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.observability import tracing
 from sieverag.serving.observability.filter_spans import mcf_class

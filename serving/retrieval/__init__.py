@@ -1,8 +1,8 @@
 """`sieverag index serve`: one index held by an HTTP server, for other processes and machines.
 
 * `config` — the server's settings (`RetrievalServerConfig`, the command's flags)
-* `protocol` — the request and response bodies: Search-R1's `POST /retrieve` and sieverag's
+* `search_protocol` — the request and response bodies: Search-R1's `POST /retrieve` and sieverag's
   own `POST /v1/search` (the wire format the client, `inference.retrieval.remote`, reads)
-* `app` — the FastAPI app: the routes, `/health`, the API key, the body limit, the errors
+* `retrieval_app` — the FastAPI app: the routes, `/health`, the API key, the body limit, the errors
 * `server` — `RetrievalServer`: load the index, serve it (foreground or a background thread)
 """

@@ -19,8 +19,8 @@ from uvicorn.config import LOGGING_CONFIG
 from sieverag.inference.retrieval.search_backend import SearchBackend
 from sieverag.serving.api.middleware.auth import read_api_key
 from sieverag.serving.listen import listening_socket, serve_in_thread
-from sieverag.serving.retrieval.app import create_retrieval_app
 from sieverag.serving.retrieval.config import RetrievalServerConfig
+from sieverag.serving.retrieval.retrieval_app import create_retrieval_app
 
 logger = logging.getLogger(__name__)
 

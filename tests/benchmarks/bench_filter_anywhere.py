@@ -74,7 +74,7 @@ from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: 
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.answer_scores import answer_accuracy  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
-from sieverag.serving.engine.backend import EngineBackend  # noqa: E402
+from sieverag.serving.engine.engine_backend import EngineBackend  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402
 from sieverag.serving.proxy.marked_documents import Passage, documents_block  # noqa: E402
 

@@ -43,7 +43,7 @@ from sieverag.inference.core.types import Document  # noqa: E402
 from sieverag.inference.filters.combination import card_combination  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
-from sieverag.serving.engine.backend import EngineBackend  # noqa: E402
+from sieverag.serving.engine.engine_backend import EngineBackend  # noqa: E402
 from sieverag.serving.local_server import LocalServer  # noqa: E402
 
 QUERY = "Where was the cartographer Liora Tamsin born?"

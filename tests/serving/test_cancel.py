@@ -23,7 +23,7 @@ import pytest
 from sieverag.serving.api.chat import serving as chat_serving
 from sieverag.serving.api.completions import serving as completions_serving
 from sieverag.serving.config import LocalServerConfig
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult, TokenListener
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer

@@ -20,7 +20,7 @@ from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, docum
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
-from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.engine.tokens import max_token_chars
 from sieverag.serving.local_server import LocalServer
 

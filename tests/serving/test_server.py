@@ -29,7 +29,7 @@ from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendCo
 from sieverag.serving import local_server
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import scheduling
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.scheduling import PREFILL_TOKEN_BUDGET
 from sieverag.serving.engine.sequence_types import EngineClosedError, SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model

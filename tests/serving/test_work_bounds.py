@@ -28,8 +28,8 @@ from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import scheduling
-from sieverag.serving.engine.backend import EngineBackend
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer

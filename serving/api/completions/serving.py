@@ -9,7 +9,7 @@ import asyncio
 from fastapi.responses import Response
 
 from sieverag.serving.api.completions.protocol import CompletionRequest
-from sieverag.serving.api.context import Endpoint
+from sieverag.serving.api.endpoint_base import Endpoint
 from sieverag.serving.api.openai_format import completion_body
 from sieverag.serving.api.streaming import completion_stream
 from sieverag.serving.engine.sequence_types import SequenceRequest

@@ -44,13 +44,13 @@ from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.combination import logit_of
 from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
 from sieverag.inference.retrieval.sentences import split_sentences
-from sieverag.serving.api.context import Endpoint
+from sieverag.serving.api.endpoint_base import Endpoint
 from sieverag.serving.api.rerank.detection import RerankRequest, dialect_of
 from sieverag.serving.api.rerank.dialects import cohere
 from sieverag.serving.api.rerank.protocol import RerankBody
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
 from sieverag.serving.context_budget import Candidate, Placed, each_text_measure, fit_to_budget
-from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.observability import tracing
 from sieverag.serving.observability.filter_spans import mcf_class

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
-from sieverag.serving.api.context import Endpoint
+from sieverag.serving.api.endpoint_base import Endpoint
 from sieverag.serving.api.generation_protocol import Usage
 from sieverag.serving.api.rerank.protocol import prompt_token_cut
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse

@@ -18,7 +18,7 @@ from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.backend_protocol import LABEL_MARK, marked_prompt_ids
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
 from sieverag.inference.llm.openai_backend import OpenAIBackend, OpenAIBackendConfig
-from sieverag.serving.engine.backend import EngineBackend
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.local_server import LocalServer
 from sieverag.training.evaluation.caching_backend import CachingBackend

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from sieverag.serving.api.bodies import to_json
-from sieverag.serving.api.context import Endpoint
+from sieverag.serving.api.endpoint_base import Endpoint
 
 
 class ModelCard(BaseModel):

@@ -36,7 +36,7 @@ from sieverag.inference.llm.backend_protocol import (
     metered,
 )
 from sieverag.inference.llm.hf import reply_token_ids
-from sieverag.serving.engine.batching import BatchingEngine
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 
 _DEFAULT_SETTINGS = GenerationSettings()

@@ -25,7 +25,11 @@ from sieverag.serving.api.field_policy import ignored_header, unknown_fields
 from sieverag.serving.api.middleware.auth import BearerAuth
 from sieverag.serving.api.middleware.body_limit import BodySizeLimit
 from sieverag.serving.retrieval.config import RetrievalServerConfig
-from sieverag.serving.retrieval.protocol import RetrieveRequest, SearchRequest, search_r1_result
+from sieverag.serving.retrieval.search_protocol import (
+    RetrieveRequest,
+    SearchRequest,
+    search_r1_result,
+)
 
 
 def default_mode(index: SearchBackend, wanted: str | None) -> str:
