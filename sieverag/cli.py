@@ -29,10 +29,10 @@ def _command(module: str, settings: str, run: str, help: str) -> Command:
 
 
 _INFERENCE = "sieverag.inference.cli.run"
-_FILTERS = "sieverag.inference.cli.filter"
+_FILTERS = "sieverag.training.cli.filter"
 _RETRIEVAL = "sieverag.inference.cli.index"
 _DATA_GEN = "sieverag.data_gen.cli"
-_TRAINING = "sieverag.training.cli"
+_TRAINING = "sieverag.training.cli.train"
 _SERVING = "sieverag.serving.cli"
 
 # Command name (two words for a group's command) → what runs it, in the order --help shows.

@@ -4,7 +4,7 @@ and the filter score of what it saved.
     accelerate launch --config_file CONFIG tests/observed_sft.py --report-dir DIR \
         [--kill-after-save STEP] [--unsafe-save-dir DIR] -- RECIPE ARGS...
 
-`launch_observed` runs a `sieverag train` launch plan (`training.cli.plan_launch`) this way;
+`launch_observed` runs a `sieverag train` launch plan (`training.cli.train.plan_launch`) this way;
 `p_yes` scores chunk prompts with the filter (base model plus adapter) through the hf backend.
 
 Each rank writes DIR/rank-R.json: the world size its trainer saw, how many adapter cards it
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from transformers import TrainerCallback
 
 if TYPE_CHECKING:
-    from sieverag.training.cli import LaunchPlan
+    from sieverag.training.cli.train import LaunchPlan
 
 RANK = int(os.environ.get("RANK", "0"))
 SCRIPT = Path(__file__).resolve()

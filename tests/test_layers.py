@@ -262,7 +262,7 @@ def test_the_parts_are_found_and_each_has_its_rules() -> None:
 
 def test_command_modules_sit_at_a_parts_top_never_in_a_layers_folder() -> None:
     """A `cli` module or package is a part's own (sieverag/cli.py, inference/cli/,
-    training/cli.py, ...): no layer folder holds one."""
+    training/cli/, ...): no layer folder holds one."""
     misplaced = sorted(name for name in MODULES if "cli" in name.split(".")[1:]
                        and name.split(".").index("cli") != len(part_of(name).split(".")))
     assert not misplaced, f"command modules inside a layer's folder: {misplaced}"
@@ -327,7 +327,7 @@ def test_imports_up_the_layers_are_refused(importer: str, target: str, reason: s
     ("sieverag.inference.cli.run", "sieverag.inference.cli.index"),
     ("sieverag.data_gen.labelling", "sieverag.inference.data"),
     ("sieverag.training.evaluation.filter_eval", "sieverag.inference.metrics.answer_scores"),
-    ("sieverag.training.cli", "sieverag.accelerate_configs"),
+    ("sieverag.training.cli.train", "sieverag.accelerate_configs"),
     ("sieverag.cli", "sieverag.inference.core.settings"),
     ("sieverag.__main__", "sieverag.cli"),
 ])

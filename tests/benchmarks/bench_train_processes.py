@@ -53,7 +53,7 @@ from bench_train import SAMPLE, build_records, step_arguments  # noqa: E402
 from observed_sft import launch_observed, p_yes  # noqa: E402
 
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, resolve_model  # noqa: E402
-from sieverag.training.cli import TrainCommand, plan_launch  # noqa: E402
+from sieverag.training.cli.train import TrainCommand, plan_launch  # noqa: E402
 
 # (name, --accelerate-config, processes, per-device batch, accumulation, threads per process:
 # None as `sieverag train` sets them): global batch 8. "1 process, 1 thread" tells the cost of

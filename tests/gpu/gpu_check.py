@@ -383,7 +383,7 @@ def train_command(accelerate_config: str, num_processes: int | None, model: str,
     """`sieverag train`'s launch line for `recipe` (default: the GPU recipe) on `model`,
     `steps` steps, logging every step and saving at the end (other recipe `overrides` after
     these). Like `sieverag train`, it checks the recipe first, which needs a bf16-capable GPU."""
-    from sieverag.training.cli import TrainCommand, launch_command
+    from sieverag.training.cli.train import TrainCommand, launch_command
 
     return launch_command(TrainCommand(
         recipe=recipe, accelerate_config=accelerate_config,

@@ -211,7 +211,7 @@ def test_zero3_in_two_processes_equals_one(trained: dict, tmp_path: Path) -> Non
     one-process run trained, and the same card template."""
     import subprocess
 
-    from sieverag.training.cli import TrainCommand, plan_launch
+    from sieverag.training.cli.train import TrainCommand, plan_launch
     from sieverag.training.sft.launch import Machine
 
     run = trained[("llama3", False)]

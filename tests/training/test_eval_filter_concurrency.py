@@ -22,7 +22,7 @@ from sieverag.inference.llm import call_batching
 from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.llm.call_batching import CallBatcher
-from sieverag.training import cli as training_cli
+from sieverag.training.cli import train as training_cli
 from sieverag.training.evaluation import combination_fit, filter_eval, questions_in_flight
 from sieverag.training.evaluation import filter_methods as methods
 from sieverag.training.evaluation.caching_backend import CachingBackend

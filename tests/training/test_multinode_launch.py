@@ -13,7 +13,7 @@ import pytest
 from sft_runs import write_filter_dataset
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.training.cli import TrainCommand, plan_launch, run_train
+from sieverag.training.cli.train import TrainCommand, plan_launch, run_train
 from sieverag.training.sft.launch import Machine
 
 MAIN_IP = "10.1.2.3"

@@ -21,7 +21,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import parse_settings, read_yaml_mapping
 from sieverag.inference.filters.adapters import read_card
 from sieverag.inference.filters.combination import PRIORS_ONLY, Combination, card_combination
-from sieverag.training.cli import RECIPES_DIR, TrainCommand, launch_command, plan_launch
+from sieverag.training.cli.train import RECIPES_DIR, TrainCommand, launch_command, plan_launch
 from sieverag.training.sft.launch import Machine
 
 SAMPLE = TEST_DATA / "hotpotqa_sample.jsonl"

@@ -129,7 +129,7 @@ def reference(dataset: Path, model_dir: Path, tmp_path_factory: pytest.TempPathF
 def launch(name: str, dataset: Path, model: Path, out: Path, *observer_flags: str,
            overrides: dict | None = None, env: dict | None = None) -> Run:
     """Two processes under the shipped config `name`, as `sieverag train` launches them."""
-    from sieverag.training.cli import TrainCommand, plan_launch
+    from sieverag.training.cli.train import TrainCommand, plan_launch
     from sieverag.training.sft.launch import Machine
 
     values = {**recipe_overrides(dataset, model, out, GLOBAL_BATCH // 2), **(overrides or {})}

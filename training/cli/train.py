@@ -49,7 +49,7 @@ from sieverag.training.sft.launch import (
     shipped_names,
 )
 
-RECIPES_DIR = Path(__file__).parent / "sft" / "recipes"
+RECIPES_DIR = Path(__file__).parents[1] / "sft" / "recipes"
 
 
 @settings
