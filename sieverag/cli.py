@@ -29,10 +29,11 @@ def _command(module: str, settings: str, run: str, help: str) -> Command:
 
 
 _INFERENCE = "sieverag.inference.cli.run"
-_FILTERS = "sieverag.training.cli.filter"
 _RETRIEVAL = "sieverag.inference.cli.index"
 _DATA_GEN = "sieverag.data_gen.cli"
-_TRAINING = "sieverag.training.cli.train"
+_TRAIN = "sieverag.training.cli.train"
+_EVAL_FILTER = "sieverag.training.cli.eval_filter"
+_FILTERS = "sieverag.training.cli.filter"
 _SERVING = "sieverag.serving.cli"
 
 # Command name (two words for a group's command) → what runs it, in the order --help shows.
@@ -76,9 +77,9 @@ COMMANDS: dict[str, Command] = {
                       "label chunks and sentences with STRINC, CXMI and a teacher"),
     "build-dataset": _command(_DATA_GEN, "BuildDatasetCommand", "run_build_dataset",
                               "turn label folders into the multi-task filter dataset"),
-    "train": _command(_TRAINING, "TrainCommand", "run_train",
+    "train": _command(_TRAIN, "TrainCommand", "run_train",
                       "LoRA-train the filter under `accelerate launch` (recipe by name)"),
-    "eval-filter": _command(_TRAINING, "EvalFilterCommand", "run_eval_filter",
+    "eval-filter": _command(_EVAL_FILTER, "EvalFilterCommand", "run_eval_filter",
                             "score a trained filter against gold passages and baselines"),
     "filter list": _command(_FILTERS, "FilterListCommand", "run_list",
                             "show the filters found by name, and where"),
@@ -87,7 +88,7 @@ COMMANDS: dict[str, Command] = {
     "filter package": _command(_FILTERS, "FilterPackageCommand", "run_package",
                                "turn a training run into a shippable bf16 adapter with a card"),
     "filter fit-combination": _command(
-        _TRAINING, "FitCombinationCommand", "run_fit_combination",
+        _FILTERS, "FitCombinationCommand", "run_fit_combination",
         "fit MCF's combination of the filter with BM25 and dense into the card"),
     "serve": _command(_SERVING, "ServeCommand", "run_serve",
                       "serve a model and LoRA adapters over an OpenAI-compatible API"),

@@ -111,7 +111,7 @@ def test_eval_filter_completes_and_says_the_filter_skipped_blanks_and_read_windo
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
     from sieverag.inference.composition.config import ModelRoles
     from sieverag.inference.llm.backend_registry import BackendSpec
-    from sieverag.training.cli.train import EvalFilterCommand, run_eval_filter
+    from sieverag.training.cli.eval_filter import EvalFilterCommand, run_eval_filter
     from sieverag.training.evaluation import filter_eval
 
     backend = ScriptedBackend(labels=lambda text: {"Yes": (len(text) % 7) - 3.0, "No": 0.0})
@@ -139,7 +139,7 @@ def test_eval_filter_completes_and_says_the_filter_skipped_blanks_and_read_windo
 
 def test_fit_combination_completes_and_says_it_read_every_passage_whole(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from sieverag.training.cli.train import FitCombinationCommand, run_fit_combination
+    from sieverag.training.cli.filter import FitCombinationCommand, run_fit_combination
 
     folder = tmp_path / "filter"
     backend = ScriptedBackend(labels=lambda text: {"Yes": 2.0 if "written" in text else -2.0,

@@ -22,7 +22,7 @@ from sieverag.inference.llm import call_batching
 from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.llm.call_batching import CallBatcher
-from sieverag.training.cli import train as training_cli
+from sieverag.training.cli import filter as filter_cli
 from sieverag.training.evaluation import combination_fit, filter_eval, questions_in_flight
 from sieverag.training.evaluation import filter_methods as methods
 from sieverag.training.evaluation.caching_backend import CachingBackend
@@ -216,10 +216,10 @@ def fit(tmp_path: Path, books: Path, concurrency: int | None, monkeypatch,
 
     folder = tmp_path / f"filter-{concurrency}"
     scripted_filter_folder(monkeypatch, folder, [["nq", "elsewhere"]], model)
-    command = training_cli.FitCombinationCommand(
+    command = filter_cli.FitCombinationCommand(
         adapter="scripted", dataset=(str(books),), folds=2, quiet=True,
         concurrency=concurrency)
-    assert training_cli.run_fit_combination(command) == 0
+    assert filter_cli.run_fit_combination(command) == 0
     return json.loads((folder / adapters.CARD_FILE).read_text(encoding="utf-8"))
 
 
@@ -257,7 +257,7 @@ def test_scored_rounds_come_in_dataset_order_and_a_failing_question_is_named(tmp
 
 def test_a_bad_concurrency_fails_before_any_work(tmp_path, model):
     with pytest.raises(SieveragError, match="--concurrency must be >= 1, got 0"):
-        training_cli.FitCombinationCommand(adapter="x", dataset=("d.jsonl",),
+        filter_cli.FitCombinationCommand(adapter="x", dataset=("d.jsonl",),
                                                concurrency=0)
     with pytest.raises(SieveragError, match="--concurrency must be >= 1, got 0"):
         evaluate(tmp_path / "out", books_dataset(tmp_path), 0)

@@ -46,10 +46,7 @@ from sieverag.training.evaluation.combination_fit import (
     measure_combination,
     score_rounds,
 )
-from sieverag.training.evaluation.home_fit import DEFAULT_TOLERANCE
-
-FOLDS = 5  # cross-validation folds by question (`filter fit-combination --folds`)
-MIN_GAIN = 0.005  # AUROC the filter must add over the priors alone to be used (`--min-gain`)
+from sieverag.training.evaluation.fit_defaults import DEFAULT_TOLERANCE, FOLDS, MIN_GAIN
 
 
 def score_fitting_rounds(folder: Path, card: Mapping[str, Any],

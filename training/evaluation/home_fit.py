@@ -56,9 +56,9 @@ from sieverag.training.evaluation.combination_fit import (
     SelectionRule,
     fit_rule,
 )
+from sieverag.training.evaluation.fit_defaults import DEFAULT_TOLERANCE
 
 BAR_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
-DEFAULT_TOLERANCE = 0.0  # F1 an away source may lose against the away default
 FOLDS = 5
 
 
