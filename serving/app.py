@@ -32,7 +32,7 @@ from sieverag.serving.api.middleware.request_metrics import RequestMetrics
 from sieverag.serving.api.middleware.request_tracing import TraceRequests
 from sieverag.serving.api.models_route import ModelListing
 from sieverag.serving.api.rerank.router import router as rerank_router
-from sieverag.serving.api.rerank.serving import Reranker
+from sieverag.serving.api.rerank.serving import RerankServing
 from sieverag.serving.api.score.router import router as score_router
 from sieverag.serving.api.score.serving import Scorer
 from sieverag.serving.config import LocalOptions
@@ -81,7 +81,7 @@ def create_app(engine: BatchingEngine, options: LocalOptions, *, api_key: str | 
     app.state.health = Health(engine, admission)
     app.state.models = ModelListing(context)
     app.state.completions = Completions(context)
-    app.state.reranker = Reranker(context)
+    app.state.reranker = RerankServing(context)
     app.state.scorer = Scorer(context)
     app.include_router(health.router)
     if metrics_route:

@@ -562,3 +562,96 @@ def test_no_pipeline_is_named_outside_its_own_package() -> None:
              if (node.value in names or node.value.startswith("amber-"))
              and (file, node.value) not in NOT_A_PIPELINE]
     assert named == []
+
+
+# ----- one name, one thing -------------------------------------------------------------------
+
+# Stems that name a role, not a thing: every package may hold one.
+ROLE_STEMS = {
+    "__init__": "a package's door",
+    "__main__": "what `python -m` runs",
+    "cli": "a part's commands",
+    "config": "a package's own settings",
+    "errors": "a part's own error types",
+    "adapters": "moving in issue 68 (other change): the filter card leaves "
+                "inference/filters/adapters.py",
+    "filter": "moving in issue 68 (other change): the `filter` command module is being unified",
+}
+# Stems an HTTP endpoint's folder holds, each endpoint its own: its routes, its bodies, its work.
+ENDPOINT_STEMS = ("router", "protocol", "serving")
+
+
+def _in_endpoint_folder(path: Path) -> bool:
+    """Whether a module sits in an HTTP endpoint's folder: serving/api/<endpoint>/ or
+    serving/proxy/."""
+    folder = path.parent.relative_to(REPO / PART_FOLDERS[SERVING]).parts
+    return (len(folder) == 2 and folder[0] == "api") or folder == ("proxy",)
+
+
+def shared_stems(modules: dict[str, SourceModule]) -> dict[str, list[str]]:
+    """Module file stems two or more package modules share, but for role stems and an endpoint
+    folder's own."""
+    by_stem: dict[str, list[str]] = {}
+    for module in modules.values():
+        stem = module.path.stem
+        if stem in ROLE_STEMS:
+            continue
+        if (stem in ENDPOINT_STEMS and part_of(module.name) == SERVING
+                and _in_endpoint_folder(module.path)):
+            continue
+        by_stem.setdefault(stem, []).append(module.shown)
+    return {stem: sorted(shown) for stem, shown in sorted(by_stem.items()) if len(shown) > 1}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """`git grep -w NAME` for a module finds one module: a stem names what its module holds
+    (`call_batching`, `continuous_batching`), never a second module elsewhere."""
+    shared = shared_stems(MODULES)
+    assert not shared, ("modules sharing a name; name each for what it holds:\n" + "\n".join(
+        f"{stem}: {', '.join(shown)}" for stem, shown in shared.items()))
+
+
+def test_a_shared_stem_is_found_and_an_endpoints_own_is_not() -> None:
+    serving = REPO / PART_FOLDERS[SERVING]
+    inference = REPO / PART_FOLDERS[INFERENCE]
+    probe = {name: SourceModule(name, path, is_package=False) for name, path in [
+        ("sieverag.serving.api.chat.router", serving / "api/chat/router.py"),
+        ("sieverag.serving.api.score.router", serving / "api/score/router.py"),
+        ("sieverag.serving.proxy.router", serving / "proxy/router.py"),
+        ("sieverag.inference.pipelines.gate.router", inference / "pipelines/gate/router.py"),
+        ("sieverag.serving.api.router", serving / "api/router.py"),
+        ("sieverag.inference.llm.pool", inference / "llm/pool.py"),
+        ("sieverag.serving.engine.pool", serving / "engine/pool.py"),
+        ("sieverag.inference.retrieval.config", inference / "retrieval/config.py"),
+        ("sieverag.serving.config", serving / "config.py"),
+    ]}
+    assert shared_stems(probe) == {
+        "pool": ["inference/llm/pool.py", "serving/engine/pool.py"],
+        "router": ["inference/pipelines/gate/router.py", "serving/api/router.py"]}
+
+
+# A class name two package modules define, and why both keep it (none today).
+SHARED_CLASS_NAMES: dict[str, str] = {}
+
+
+def class_definitions(modules: dict[str, SourceModule]) -> dict[str, list[str]]:
+    """Class name → where each package module defines it (`file:line`), nested classes too."""
+    found: dict[str, list[str]] = {}
+    for module in modules.values():
+        tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(f"{module.shown}:{node.lineno}")
+    return found
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    """`git grep -w NAME` for a class finds one class (the server's `RerankServing`, the
+    retrieval stage's `HitReranker` and the client's `RerankEndpoint` are three things)."""
+    twice = {name: where for name, where in class_definitions(MODULES).items()
+             if len(where) > 1 and name not in SHARED_CLASS_NAMES}
+    assert not twice, ("class names defined more than once; name each for what it is:\n"
+                       + "\n".join(f"{name}: {', '.join(where)}" for name, where in twice.items()))
+    stale = set(SHARED_CLASS_NAMES) - {name for name, where in class_definitions(MODULES).items()
+                                       if len(where) > 1}
+    assert not stale, f"SHARED_CLASS_NAMES lists names defined once or not at all: {stale}"

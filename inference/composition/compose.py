@@ -45,7 +45,7 @@ from sieverag.inference.pipelines.pipeline_registry import (
 from sieverag.inference.retrieval.hygiene import HygieneLog, search_with_hygiene
 
 if TYPE_CHECKING:
-    from sieverag.inference.retrieval.rerank import Reranker
+    from sieverag.inference.retrieval.rerank import HitReranker
     from sieverag.inference.retrieval.search_backend import SearchBackend
 
 
@@ -159,7 +159,7 @@ def _capped_documents(limit: int | None) -> DocumentSource:
     return documents
 
 
-def _index_search(index: SearchBackend, config: RetrievalConfig, reranker: Reranker | None,
+def _index_search(index: SearchBackend, config: RetrievalConfig, reranker: HitReranker | None,
                   removed: HygieneLog | None) -> QuerySearch:
     """Query-based search on the index as `config` says (mode, reranker, evidence hygiene);
     what hygiene removes goes to `removed`."""
@@ -183,7 +183,7 @@ def _retrieved_documents(search: QuerySearch, k: int) -> DocumentSource:
     return documents
 
 
-def _reranker(config: RetrievalConfig) -> Reranker | None:
+def _reranker(config: RetrievalConfig) -> HitReranker | None:
     """The cross-encoder of `retrieval.reranker`, or None when it is unset."""
     if config.reranker is None:
         return None

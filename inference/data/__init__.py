@@ -12,7 +12,8 @@
   2wikimultihopqa, triviaqa-original, nq-open, squad-flat, asqa), one adapter each;
 * `formats` — the format registry (`DATASET_FORMATS`, `register_format`,
   `register_record_format`) the readers add themselves to;
-* `record_fields` — reading one record's fields, with errors that name the dataset, record and field;
+* `record_fields` — reading one record's fields, with errors that name the dataset, record
+  and field;
 * `files` — jsonl (gzip told by content), parquet and whole JSON documents (zipped or not);
 * `demo` — `write_demo_dataset`: the demo set of invented facts (`sieverag demo`).
 * `dataset_fields` — the `dataset`, `dataset_format` and `limit` settings fields every command

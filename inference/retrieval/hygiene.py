@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar, get_args
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.rerank import HitReranker
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.sentences import split_sentences
 
@@ -171,7 +171,7 @@ def apply_hygiene(items: Iterable[T], preset: HygienePreset = "off",
 
 
 def search_with_hygiene(index: SearchBackend, query: str, k: int, mode: SearchMode,
-                        preset: HygienePreset = "off", reranker: Reranker | None = None
+                        preset: HygienePreset = "off", reranker: HitReranker | None = None
                         ) -> HygieneReport[RetrievedDocument]:
     """The top-k hits for `query` that `preset` keeps, best first (reranked when `reranker`
     is given), and the hits it removed on the way down to the k-th kept one (all of them

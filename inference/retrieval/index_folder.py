@@ -59,7 +59,7 @@ from sieverag.inference.retrieval.manifest import (
     read_manifest,
     write_manifest,
 )
-from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.rerank import HitReranker
 from sieverag.inference.retrieval.retrieved import Ranking, RetrievedDocument
 
 SearchMode = Literal["bm25", "dense", "hybrid", "rrf"]
@@ -269,12 +269,12 @@ class Index:
         return RetrievedDocument(chunk.to_document(), score, chunk.source_id)
 
     def search(self, query: str, k: int = 10, mode: SearchMode = "hybrid",
-               reranker: Reranker | None = None) -> list[RetrievedDocument]:
+               reranker: HitReranker | None = None) -> list[RetrievedDocument]:
         """The top-k chunks for `query`, best first (fewer when fewer match; [] if empty)."""
         return self.search_many([query], k, mode, reranker)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 10, mode: SearchMode = "hybrid",
-                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]:
+                    reranker: HitReranker | None = None) -> list[list[RetrievedDocument]]:
         """`search` for each query, batched; cached rankings are reused."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"search mode must be one of {', '.join(SEARCH_MODES)}, "

@@ -36,7 +36,7 @@ from sieverag.inference.retrieval.chunking import Chunk, chunk_corpus
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import load_corpora
 from sieverag.inference.retrieval.dense import DenseConfig, Encoder, make_encoder
-from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.rerank import HitReranker
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.search_backend import (
     DEFAULT_COLLECTION,
@@ -263,12 +263,12 @@ class MilvusIndex:
         return MODES
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
-               reranker: Reranker | None = None) -> list[RetrievedDocument]:
+               reranker: HitReranker | None = None) -> list[RetrievedDocument]:
         """The top-k chunks for `query`, best first."""
         return self.search_many([query], k, mode, reranker)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
-                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]:
+                    reranker: HitReranker | None = None) -> list[list[RetrievedDocument]]:
         """`search` for each query, in one Milvus request (blank queries find nothing)."""
         check_search(self.where, MODES, mode, k)
         fetch = fetch_depth(k, reranker, self.search_config)

@@ -25,7 +25,7 @@ import httpx
 from sieverag.inference.core.errors import BackendUnavailableError, ConfigError
 from sieverag.inference.core.types import Document
 from sieverag.inference.retrieval.config import SearchConfig
-from sieverag.inference.retrieval.rerank import Reranker
+from sieverag.inference.retrieval.rerank import HitReranker
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.search_backend import (
     DEFAULT_TIMEOUT_S,
@@ -113,12 +113,12 @@ class RemoteIndex:
         self._client.close()
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
-               reranker: Reranker | None = None) -> list[RetrievedDocument]:
+               reranker: HitReranker | None = None) -> list[RetrievedDocument]:
         """The top-k chunks for `query`, best first."""
         return self.search_many([query], k, mode, reranker)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
-                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]:
+                    reranker: HitReranker | None = None) -> list[list[RetrievedDocument]]:
         """`search` for each query, sent in batches of the server's `max_queries`."""
         check_search(f"the index served at {self.endpoint}", self._modes, mode, k)
         fetch = fetch_depth(k, reranker, self.search_config)

@@ -1,6 +1,6 @@
 """Optional second stage: re-score the first-stage hits with a cross-encoder.
 
-Any object with `rerank(query, hits) -> hits` fits the `Reranker` protocol; the one provided
+Any object with `rerank(query, hits) -> hits` fits the `HitReranker` protocol; the one provided
 loads a sentence-transformers `CrossEncoder` from a local model folder (nothing is downloaded).
 """
 
@@ -16,7 +16,7 @@ from sieverag.inference.core.errors import ModelNotFoundError
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 
-class Reranker(Protocol):
+class HitReranker(Protocol):
     """Re-orders hits for a query; returns them best first with their new scores."""
 
     def rerank(self, query: str, hits: Sequence[RetrievedDocument]) -> list[RetrievedDocument]:

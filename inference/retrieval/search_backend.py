@@ -30,7 +30,7 @@ from sieverag.inference.retrieval.retrieved import RetrievedDocument
 
 if TYPE_CHECKING:
     from sieverag.inference.retrieval.config import SearchConfig
-    from sieverag.inference.retrieval.rerank import Reranker
+    from sieverag.inference.retrieval.rerank import HitReranker
 
 BackendKind = Literal["sieverag", "milvus"]
 BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)
@@ -62,10 +62,10 @@ class SearchBackend(Protocol):
     def modes(self) -> tuple[str, ...]: ...
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
-               reranker: Reranker | None = None) -> list[RetrievedDocument]: ...
+               reranker: HitReranker | None = None) -> list[RetrievedDocument]: ...
 
     def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
-                    reranker: Reranker | None = None) -> list[list[RetrievedDocument]]: ...
+                    reranker: HitReranker | None = None) -> list[list[RetrievedDocument]]: ...
 
 
 def check_search(where: str, modes: Sequence[str], mode: str, k: int) -> None:
@@ -79,13 +79,13 @@ def check_search(where: str, modes: Sequence[str], mode: str, k: int) -> None:
         raise ConfigError(f"k must be >= 1, got {k}")
 
 
-def fetch_depth(k: int, reranker: Reranker | None, search_config: SearchConfig) -> int:
+def fetch_depth(k: int, reranker: HitReranker | None, search_config: SearchConfig) -> int:
     """How many first-stage hits a search takes: k, or the reranker's depth when deeper."""
     return max(k, search_config.rerank_depth) if reranker is not None else k
 
 
 def reranked(queries: Sequence[str], hits: Sequence[list[RetrievedDocument]], k: int,
-             reranker: Reranker | None) -> list[list[RetrievedDocument]]:
+             reranker: HitReranker | None) -> list[list[RetrievedDocument]]:
     """Each query's hits reranked (when a reranker is given) and cut to k."""
     if reranker is None:
         return [list(h[:k]) for h in hits]

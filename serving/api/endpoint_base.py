@@ -107,7 +107,7 @@ class ServingContext:
 
 
 class Endpoint:
-    """An endpoint class (`Chat`, `Completions`, `Scorer`, `Reranker`, `ModelListing`): its
+    """An endpoint class (`Chat`, `Completions`, `Scorer`, `RerankServing`, `ModelListing`): its
     requests' work, done on the server's `ServingContext`."""
 
     def __init__(self, context: ServingContext) -> None:

@@ -1,5 +1,5 @@
 """What /v1/completions and /v1/chat/completions share: the sampling and streaming fields of
-their requests (`GenerationRequest`), and `Usage` in their answers.
+their requests (`GenerationRequest`), and `TokenUsage` in their answers.
 
 What happens to each field is the field policy (`field_policy`), declared here field by
 field: a plain field is honoured; `Ignored` ones change nothing here and are dropped; `OnlyAt`
@@ -74,12 +74,12 @@ class GenerationRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class Usage(BaseModel):
+class TokenUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> TokenUsage:
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens)

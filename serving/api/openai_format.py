@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from sieverag.serving.api.chat.protocol import (
+    AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatLogprobs,
-    ChatMessage,
     ChatTokenLogprob,
     TopLogprob,
 )
@@ -27,7 +27,7 @@ from sieverag.serving.api.completions.protocol import (
     CompletionChoice,
     CompletionLogprobs,
 )
-from sieverag.serving.api.generation_protocol import Usage
+from sieverag.serving.api.generation_protocol import TokenUsage
 from sieverag.serving.engine.sequence_types import SequenceResult, TokenLogprob
 from sieverag.serving.engine.tokens import EncodedPrompt, prefix_offsets, token_text
 
@@ -62,7 +62,7 @@ def chat_body(
     tokenizer: PreTrainedTokenizerBase,
 ) -> ChatCompletion:
     """The body of a /v1/chat/completions response."""
-    choice = ChatChoice(index=0, message=ChatMessage(content=result.text),
+    choice = ChatChoice(index=0, message=AssistantMessage(content=result.text),
                         logprobs=chat_logprobs(tokenizer, result.logprobs) if logprobs else None,
                         finish_reason=result.finish_reason)
     return ChatCompletion(id=chat_id(), created=int(time.time()), model=model,
@@ -128,6 +128,6 @@ def _chat_token(tokenizer: PreTrainedTokenizerBase, token: int, logprob: float) 
     return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
 
-def usage(prompts: Sequence[EncodedPrompt], results: Sequence[SequenceResult]) -> Usage:
+def usage(prompts: Sequence[EncodedPrompt], results: Sequence[SequenceResult]) -> TokenUsage:
     """Tokens of the prompts and of what was generated for them (an EOS included)."""
-    return Usage.of(sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results))
+    return TokenUsage.of(sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results))

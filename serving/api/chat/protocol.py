@@ -13,7 +13,7 @@ from sieverag.serving.api.generation_protocol import (
     MAX_LOGPROBS,
     FinishReason,
     GenerationRequest,
-    Usage,
+    TokenUsage,
 )
 from sieverag.serving.api.request_fields import LENIENT, Text, text_or_object
 
@@ -112,14 +112,14 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None
 
 
-class ChatMessage(BaseModel):
+class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
 class ChatChoice(BaseModel):
     index: int
-    message: ChatMessage
+    message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
 
@@ -130,7 +130,7 @@ class ChatCompletion(BaseModel):
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: TokenUsage
 
 
 class ChatDelta(BaseModel):
@@ -151,4 +151,4 @@ class ChatCompletionChunk(BaseModel):
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
+    usage: TokenUsage | None = None

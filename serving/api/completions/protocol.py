@@ -12,7 +12,7 @@ from sieverag.serving.api.generation_protocol import (
     MAX_LOGPROBS,
     FinishReason,
     GenerationRequest,
-    Usage,
+    TokenUsage,
 )
 from sieverag.serving.api.request_fields import Text
 
@@ -84,4 +84,4 @@ class Completion(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None  # a stream's chunks: None but in the usage chunk
+    usage: TokenUsage | None = None  # a stream's chunks: None but in the usage chunk

@@ -1,5 +1,5 @@
 """The one query every rerank dialect maps its request to (`RankingQuery`), and the filter's
-ranking that each maps back to its client's answer (`Ranking`): the work (`serving.Reranker`)
+ranking that each maps back to its client's answer (`Ranking`): the work (`serving.RerankServing`)
 reads these two and no dialect's fields."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The rerank endpoints' routes: POST /v1/rerank (and /rerank, as on vLLM) and POST
-/v2/rerank, each handed to the app's `Reranker`."""
+/v2/rerank, each handed to the app's `RerankServing`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from fastapi.responses import Response
 
 from sieverag.serving.api.rerank.detection import RerankRequest
 from sieverag.serving.api.rerank.dialects.cohere import RerankV2Request
-from sieverag.serving.api.rerank.serving import Reranker
+from sieverag.serving.api.rerank.serving import RerankServing
 
 router = APIRouter()
 
 
-def reranker(request: Request) -> Reranker:
+def reranker(request: Request) -> RerankServing:
     return request.app.state.reranker
 
 

@@ -1,4 +1,4 @@
-"""The rerank endpoints' work (`Reranker`): the trained filter as a reranker, at POST
+"""The rerank endpoints' work (`RerankServing`): the trained filter as a reranker, at POST
 /v1/rerank in the dialect the request speaks (`detection` tells which) and at POST /v2/rerank
 in Cohere's v2 schema. The dialect's module (`dialects/`) maps the request to one
 `RankingQuery` and the `Ranking` back to its client's answer; the work here reads no
@@ -61,7 +61,7 @@ _EPSILON = 1e-12
 Body = TypeVar("Body", bound=RerankBody)
 
 
-class Reranker(Endpoint):
+class RerankServing(Endpoint):
     """The rerank endpoints: each request's documents ranked by the filter it names."""
 
     async def rerank(self, body: RerankRequest) -> Response:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from sieverag.serving.api.bodies import SparseBody
 from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import Ignored
-from sieverag.serving.api.generation_protocol import Usage
+from sieverag.serving.api.generation_protocol import TokenUsage
 from sieverag.serving.api.request_fields import LENIENT, Text
 from sieverag.serving.api.rerank.protocol import PromptTokenLimit
 
@@ -91,4 +91,4 @@ class ScoreResponse(SparseBody):
     created: int
     model: str
     data: list[ScoreData]
-    usage: Usage
+    usage: TokenUsage

@@ -1,7 +1,7 @@
 """POST /v1/score's work (`Scorer`): each (query, document) pair scored by the filter.
 
 The documents of one query are ranked together, as one /v1/rerank request of that query
-ranks them (`Reranker.rank`'s code: `serving.filtering` and `rank_by_filter`), so a pair's
+ranks them (`RerankServing.rank`'s code: `serving.filtering` and `rank_by_filter`), so a pair's
 `score` equals that document's `relevance_score` there; pairs of different queries are ranked
 per query. The documents' count and the filter tokens are checked over the whole request,
 before any round runs, and its rounds take the engine's turns as one request.
@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.serving.api.endpoint_base import Endpoint
-from sieverag.serving.api.generation_protocol import Usage
+from sieverag.serving.api.generation_protocol import TokenUsage
 from sieverag.serving.api.rerank.protocol import prompt_token_cut
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
 from sieverag.serving.filtering import (
@@ -57,13 +57,13 @@ class Scorer(Endpoint):
         context.limits.check_request_tokens(sum(r.tokens for r in rounds), len(pairs))
 
         async def rank(query: str, prepared: PreparedRound
-                       ) -> tuple[list[RerankResult], Usage]:
+                       ) -> tuple[list[RerankResult], TokenUsage]:
             ranked = await run_prepared(prepared, lambda backend, documents: rank_by_filter(
                 backend, rules, query, documents, combination, spans=False,
                 observe=lambda result: context.metrics.record_filter("score", documents,
                                                                      result)))
             usage = prepared.backend.meter.by_agent.values()
-            return ranked, Usage.of(sum(u.prompt_tokens for u in usage),
+            return ranked, TokenUsage.of(sum(u.prompt_tokens for u in usage),
                                     sum(u.completion_tokens for u in usage))
 
         ranked = await asyncio.gather(*(rank(query, prepared) for query, prepared
@@ -71,7 +71,7 @@ class Scorer(Endpoint):
         data = [ScoreData(index=indices[r.index], score=r.relevance_score, kept=r.kept)
                 for indices, (results, _) in zip(by_query.values(), ranked, strict=True)
                 for r in results]
-        usage = Usage.of(sum(u.prompt_tokens for _, u in ranked),
+        usage = TokenUsage.of(sum(u.prompt_tokens for _, u in ranked),
                          sum(u.completion_tokens for _, u in ranked))
         return await context.respond(body, lambda: ScoreResponse(
             id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=model,
