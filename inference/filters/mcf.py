@@ -45,7 +45,7 @@ from typing import Literal
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, at_least, settings
-from sieverag.inference.core.types import Document
+from sieverag.inference.core.types import Conversation, Document
 from sieverag.inference.filters.adapters import AdapterError
 from sieverag.inference.filters.combination import (
     DEFAULT_P_MIN,
@@ -311,6 +311,29 @@ class MultiGranularFilter:
         """Whether the filter reads both granularities in one pass (its card says so)."""
         return self.combination.filter_format == "one_pass"
 
+    @property
+    def asks_sentences(self) -> bool:
+        """Whether the sentence stage asks the filter a prompt of its own: a two-stage filter
+        under the sentence stage's filter rule (a one-pass filter read its sentences with the
+        chunk; the priors rule asks nothing)."""
+        return (self.config.sentence_stage and self.config.sentence_rule == "filter"
+                and not self.one_pass)
+
+    def chunk_prompt(self, question: str, document: Document) -> Conversation:
+        """The prompt the chunk stage asks on `document`: a one-pass filter's passage prompt
+        (its sentences marked), a two-stage filter's chunk prompt. What `chunk_scores` asks
+        and what a round's plan counts (`round_plan`)."""
+        if self.one_pass:
+            return passage_prompt(question, document_sentences(document) or [document.text],
+                                  document.title)
+        return chunk_prompt(question, document.text, document.title)
+
+    def sentence_prompt(self, question: str, sentences: Sequence[str],
+                        title: str = "") -> Conversation:
+        """The prompt a two-stage filter's sentence stage asks on a kept chunk's numbered
+        `sentences` (asked only of a chunk of two or more)."""
+        return sentence_prompt(question, list(sentences), title)
+
     def chunk_scores(self, question: str, documents: Sequence[Document]) -> list[dict]:
         """s = log P("Yes") − log P("No") per document, with P("Yes") normalised over the two
         labels: a one-pass filter's from one batched marked_label_logprobs call (agent
@@ -318,7 +341,7 @@ class MultiGranularFilter:
         filter's from one batched label_logprobs call (agent `filter_chunk`)."""
         if self.one_pass:
             return self.passage_scores(question, documents)
-        prompts = [chunk_prompt(question, d.text, d.title) for d in documents]
+        prompts = [self.chunk_prompt(question, d) for d in documents]
         logprobs = self.backend.label_logprobs(prompts, CHUNK_LABELS, agent="filter_chunk")
         scores = [relevance_log_odds(lp) for lp in logprobs]
         return [{"score": score, "p_yes": p_relevant(score)} for score in scores]
@@ -327,8 +350,7 @@ class MultiGranularFilter:
         """The one-pass reading: per document its s, P("Yes") and each of its sentences' s
         (`document_sentences` order; None where a context cut left one unread)."""
         sentences = [document_sentences(d) or [d.text] for d in documents]
-        prompts = [passage_prompt(question, sents, d.title)
-                   for d, sents in zip(documents, sentences, strict=True)]
+        prompts = [self.chunk_prompt(question, d) for d in documents]
         reads = self.backend.marked_label_logprobs(prompts, CHUNK_LABELS, agent="filter_passage")
         scores = []
         for read, sents in zip(reads, sentences, strict=True):
@@ -475,7 +497,7 @@ class MultiGranularFilter:
         asked = [i for i, sents in enumerate(sentences) if len(sents) > 1]
         replies: dict[int, str] = {}
         if asked:
-            prompts = [sentence_prompt(question, sentences[i], kept[i].document.title)
+            prompts = [self.sentence_prompt(question, sentences[i], kept[i].document.title)
                        for i in asked]
             settings = GenerationSettings(max_new_tokens=self.config.sentence_max_new_tokens,
                                           stop=("\n",))

@@ -45,15 +45,21 @@ def as_documents(texts: Sequence[str]) -> list[Document]:
 def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
                    documents: Sequence[Document], combination: Combination | None = None, *,
                    spans: bool = True,
-                   observe: Callable[[FilterResult], object] | None = None,
-                   mcf_class: type[MultiGranularFilter] = MultiGranularFilter
+                   observe: Callable[[FilterResult], object] | None = None
                    ) -> list[RerankResult]:
     """Every document (`as_documents` of the request's texts) in request order, scored and
     judged by MCF under `config` with the filter's `combination` (None: `PRIORS_ONLY`), and
     under `config.sentence_stage` with its key sentences, its pruned text and (`spans`) its
-    sentence spans. `observe`, when given, is handed MCF's result (the server counts it).
-    `mcf_class`: MCF, or a subclass that observes its steps (the server's traced filter)."""
-    mcf = mcf_class(backend, config, combination)
+    sentence spans. `observe`, when given, is handed MCF's result (the server counts it)."""
+    return rank_with(MultiGranularFilter(backend, config, combination), query, documents,
+                     spans=spans, observe=observe)
+
+
+def rank_with(mcf: MultiGranularFilter, query: str, documents: Sequence[Document], *,
+              spans: bool = True, observe: Callable[[FilterResult], object] | None = None
+              ) -> list[RerankResult]:
+    """`rank_by_filter` with an MCF already built: the server's, whose plan it checked first
+    (`serving.filtering`), traced step by step where the request is traced."""
     result = mcf.select(query, documents)
     if observe is not None:
         observe(result)
@@ -62,7 +68,7 @@ def rank_by_filter(backend: LLMBackend, config: MCFConfig, query: str,
     for document, judged in zip(documents, result.scored, strict=True):
         ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept,
                                bar_rule=bar_rule)
-        if config.sentence_stage:
+        if mcf.config.sentence_stage:
             ranking = sentence_view(ranking, document, judged, spans=spans, rule=mcf.windows)
         ranked.append(ranking)
     return ranked

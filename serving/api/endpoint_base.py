@@ -19,15 +19,15 @@ from pydantic import BaseModel
 
 from sieverag.inference.filters.combination import Combination, card_combination
 from sieverag.serving.api.bodies import to_json
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import ignored_header, unknown_fields
-from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.api.streaming import MEDIA_TYPE as STREAM_MEDIA_TYPE
 from sieverag.serving.config import LocalOptions
 from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest, SequenceResult
 from sieverag.serving.engine.tokens import max_token_chars
 from sieverag.serving.observability.metrics import ServerMetrics
+from sieverag.serving.refusals import APIError
+from sieverag.serving.request_limits import PromptLimits
 
 
 @dataclass

@@ -13,11 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from sieverag.serving.api.errors import APIError, error_body
 from sieverag.serving.api.field_policy import CANNOT_HONOUR
 from sieverag.serving.api.middleware.body_limit import RequestTooLarge
 from sieverag.serving.api.request_fields import UNENCODABLE_TEXT, is_branch_tag
 from sieverag.serving.engine.sequence_types import EngineClosedError
+from sieverag.serving.refusals import APIError, error_body
 
 logger = logging.getLogger(__name__)
 

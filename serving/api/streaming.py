@@ -29,7 +29,6 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.serving.api.chat.protocol import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from sieverag.serving.api.completions.protocol import Completion, CompletionChoice
-from sieverag.serving.api.errors import error_body
 from sieverag.serving.api.generation_protocol import FinishReason
 from sieverag.serving.api.openai_format import (
     chat_id,
@@ -47,6 +46,7 @@ from sieverag.serving.engine.sequence_types import (
     TokenLogprob,
 )
 from sieverag.serving.engine.tokens import EncodedPrompt
+from sieverag.serving.refusals import error_body
 
 logger = logging.getLogger(__name__)
 

@@ -41,13 +41,11 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters.document_filter import FilterResult
-from sieverag.inference.filters.mcf import document_sentences
+from sieverag.inference.filters.mcf import MultiGranularFilter, document_sentences
 from sieverag.serving.api.endpoint_base import ServingContext
 from sieverag.serving.context_budget import Candidate, Placed, fit_to_budget, token_counter
-from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.observability import tracing
-from sieverag.serving.observability.filter_spans import mcf_class
 from sieverag.serving.proxy.generator_span import generator_span, record_answer
 from sieverag.serving.proxy.marked_documents import (
     MarkedRequest,
@@ -162,9 +160,9 @@ class ChatProxy:
             context.limits.check_documents([d.text for d in documents])
         combination = self.combination
 
-        def select(backend: EngineBackend, judged: list[Document]
+        def select(mcf: MultiGranularFilter, judged: list[Document]
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-            result = mcf_class()(backend, rules, combination).select(marked.question, judged)
+            result = mcf.select(marked.question, judged)
             kept = kept_passages(marked.passages, result)
             budget = marked.settings.context_tokens or self.context_tokens
             fitted: dict[str, Any] = {}

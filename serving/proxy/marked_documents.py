@@ -32,8 +32,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from sieverag.inference.core.types import Document
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.request_fields import Text
+from sieverag.serving.refusals import APIError
 
 OPEN_TAG = "<documents>"
 CLOSE_TAG = "</documents>"

@@ -26,8 +26,8 @@ from typing import TypeVar
 import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sieverag.serving.api.errors import error_body
 from sieverag.serving.api.streaming import error_event
+from sieverag.serving.refusals import error_body
 
 logger = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from sieverag.inference.retrieval.remote import (
 from sieverag.inference.retrieval.retrieved import RetrievedDocument
 from sieverag.inference.retrieval.search_backend import SearchBackend
 from sieverag.serving.api.error_handlers import add_error_handlers
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import ignored_header, unknown_fields
 from sieverag.serving.api.middleware.auth import BearerAuth
 from sieverag.serving.api.middleware.body_limit import BodySizeLimit
+from sieverag.serving.refusals import APIError
 from sieverag.serving.retrieval.config import RetrievalServerConfig
 from sieverag.serving.retrieval.search_protocol import (
     RetrieveRequest,

@@ -18,9 +18,9 @@ from rerank_server import http_at_root, post, root  # noqa: F401 (http_at_root: 
 
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.serving.api.endpoint_base import ServingContext
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
+from sieverag.serving.refusals import APIError
 
 QUERY = "Where was Liora Tamsin born?"
 TEXTS = [

@@ -22,10 +22,10 @@ from tiny_server import model
 from sieverag.inference.core.errors import ConfigError
 from sieverag.serving.api.chat import serving as chat_serving
 from sieverag.serving.api.completions import serving as completions_serving
-from sieverag.serving.api.limits import PromptLimits
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import tokens
 from sieverag.serving.local_server import LocalServer
+from sieverag.serving.request_limits import PromptLimits
 
 # The tiny model's server and its clients (`server`, `client`, `http`): tests/tiny_server.py.
 pytest_plugins = ["tiny_server"]

@@ -13,11 +13,11 @@ import pytest
 
 from sieverag.inference.core.types import RerankResult
 from sieverag.serving.api.bodies import to_json
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.rerank.detection import COHERE, DIALECTS, RerankRequest, dialect_of
 from sieverag.serving.api.rerank.protocol import FilterFields, RerankV1Body
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
-from sieverag.serving.filtering import Truncation
+from sieverag.serving.refusals import APIError
+from sieverag.serving.request_limits import Truncation
 
 QUERY = "Where was Liora Tamsin born?"
 TEXTS = ["Liora Tamsin was born in Quorrin.", "Penguins huddle together in winter."]

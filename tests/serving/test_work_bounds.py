@@ -26,10 +26,11 @@ from sieverag.inference.core.types import Document
 from sieverag.inference.filters.adapters import CARD_FILE
 from sieverag.inference.filters.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
+from sieverag.inference.filters.round_plan import plan_round
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import scheduling
-from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.engine_backend import EngineBackend
+from sieverag.serving.engine.continuous_batching import BatchingEngine
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer
@@ -309,3 +310,28 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"still waiting for {what}"
         time.sleep(0.005)
+
+
+# ----- MCF's plan of a round: what the server checks is what MCF asks -----
+
+def test_the_plan_counts_what_mcf_then_asks(server: LocalServer) -> None:
+    """The filter tokens MCF's plan gives a round (what the 413 budget is checked against)
+    are what the same MCF then reads on the engine: exactly, for documents of one window each
+    (a blank one asks nothing); at least, for a long one read in several (its windows counted
+    at their largest)."""
+    def asked(documents: list[Document]) -> tuple[int, int]:
+        backend = EngineBackend(server.engine, "filter")
+        mcf = MultiGranularFilter(backend, server.config.rerank, card_combination(CARD))
+        plan = plan_round(mcf, QUERY, documents)
+        mcf.select(QUERY, documents)
+        used = sum(u.prompt_tokens + u.completion_tokens for u in backend.meter.by_agent.values())
+        return plan.tokens, used
+
+    short = [Document(id="0", text=OTHER), Document(id="1", text=ANSWER),
+             Document(id="2", text="   ")]
+    planned, used = asked(short)
+    # The plan budgets each chunk prompt's one-token answer, which a label read (the next
+    # token's log-probabilities) does not generate: one for each of the two documents read.
+    assert planned == used + 2 and used > 0
+    planned, used = asked([Document(id="0", text=LONG), Document(id="1", text=OTHER)])
+    assert planned >= used > 0

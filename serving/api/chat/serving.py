@@ -12,11 +12,11 @@ from jinja2 import TemplateError
 from sieverag.inference.llm.backend_protocol import chat_prompt_text
 from sieverag.serving.api.chat.protocol import ChatCompletionRequest
 from sieverag.serving.api.endpoint_base import Endpoint
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.openai_format import chat_body
 from sieverag.serving.api.streaming import chat_stream
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.tokens import EncodedPrompt, encode_text
+from sieverag.serving.refusals import APIError
 
 
 class Chat(Endpoint):

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.serving.api.errors import error_body
+from sieverag.serving.refusals import error_body
 
 # The paths open without the key: the liveness probe, as on vLLM.
 OPEN_PATHS = frozenset({"/health"})

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sieverag.serving.api.errors import error_body
+from sieverag.serving.refusals import error_body
 
 
 class RequestTooLarge(HTTPException):

@@ -17,7 +17,7 @@ import threading
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sieverag.serving.api.errors import error_body
+from sieverag.serving.refusals import error_body
 
 # Paths answered whatever the load: the liveness probe and the metrics scrape.
 UNLIMITED_PATHS = frozenset({"/health", "/metrics"})

@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.rerank.dialects import cohere, infinity, tei, voyage
 from sieverag.serving.api.rerank.protocol import RerankV1Body
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
+from sieverag.serving.refusals import APIError
 
 # Two clients' spellings of one setting, and the fields that each set a truncation rule: a
 # request sends one of each pair (checked before the dialects, so the refusal names both).

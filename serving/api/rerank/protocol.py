@@ -38,11 +38,11 @@ from pydantic import (
 
 from sieverag.inference.core.types import RerankResult, SentenceSpan
 from sieverag.serving.api.bodies import SparseBody
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import Ignored, OnlyAt
 from sieverag.serving.api.request_fields import LENIENT, Text, text_or_object
 from sieverag.serving.api.rerank.query import RankingQuery
-from sieverag.serving.filtering import DocumentRefusal, Truncation
+from sieverag.serving.refusals import APIError
+from sieverag.serving.request_limits import DocumentRefusal, Truncation
 
 
 def _prompt_token_limit(limit: int) -> int:

@@ -9,8 +9,8 @@ from typing import Literal
 
 from sieverag.inference.core.types import RerankResult
 from sieverag.inference.filters.ranking import best_first
-from sieverag.serving.api.errors import APIError
-from sieverag.serving.filtering import DocumentRefusal, Truncation
+from sieverag.serving.refusals import APIError
+from sieverag.serving.request_limits import DocumentRefusal, Truncation
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ in Cohere's v2 schema. The dialect's module (`dialects/`) maps the request to on
 `RankingQuery` and the `Ranking` back to its client's answer; the work here reads no
 dialect's fields.
 
-The query's documents are ranked by `rank_by_filter` (inference/filters/ranking.py: one
+The query's documents are ranked by `rank_with` (inference/filters/ranking.py: one
 round of MCF, by MCF's own code) on the served model or adapter the request names
 (`serving.filtering`, shared with the filtering proxy), so every number is MCF's by
 construction; each result is a `RerankResult` (inference/core/types.py), the shape the clients
@@ -42,7 +42,8 @@ from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document, RerankResult
 from sieverag.inference.filters.combination import logit_of
-from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
+from sieverag.inference.filters.mcf import MultiGranularFilter
+from sieverag.inference.filters.ranking import as_documents, best_first, rank_with
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.serving.api.endpoint_base import Endpoint
 from sieverag.serving.api.rerank.detection import RerankRequest, dialect_of
@@ -50,10 +51,8 @@ from sieverag.serving.api.rerank.dialects import cohere
 from sieverag.serving.api.rerank.protocol import RerankBody
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
 from sieverag.serving.context_budget import Candidate, Placed, each_text_measure, fit_to_budget
-from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.filtering import FilterRequest, run_filter
 from sieverag.serving.observability import tracing
-from sieverag.serving.observability.filter_spans import mcf_class
 
 # The probabilities raw_score reads are kept this far from 0 and 1.
 _EPSILON = 1e-12
@@ -103,11 +102,10 @@ class RerankServing(Endpoint):
         request = FilterRequest(model, rules, question, as_documents(judged), combination,
                                 cut_rule, refusal)
 
-        def ranked_on(backend: EngineBackend, documents: list[Document]
+        def ranked_on(mcf: MultiGranularFilter, documents: list[Document]
                       ) -> list[RerankResult]:
-            ranked = rank_by_filter(
-                backend, rules, question, documents, combination, spans=query.wants_spans(),
-                mcf_class=mcf_class(),
+            ranked = rank_with(
+                mcf, question, documents, spans=query.wants_spans(),
                 observe=lambda result: context.metrics.record_filter("rerank", documents,
                                                                      result))
             if cut_rule is not None:  # a document cut at its start: spans from its text as sent

@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from sieverag.serving.api.bodies import SparseBody
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.api.field_policy import Ignored
 from sieverag.serving.api.generation_protocol import TokenUsage
 from sieverag.serving.api.request_fields import LENIENT, Text
 from sieverag.serving.api.rerank.protocol import PromptTokenLimit
+from sieverag.serving.refusals import APIError
 
 TextOrTexts = Text | list[Text]
 

@@ -1,7 +1,7 @@
 """POST /v1/score's work (`Scorer`): each (query, document) pair scored by the filter.
 
 The documents of one query are ranked together, as one /v1/rerank request of that query
-ranks them (`RerankServing.rank`'s code: `serving.filtering` and `rank_by_filter`), so a pair's
+ranks them (`RerankServing.rank`'s code: `serving.filtering` and `rank_with`), so a pair's
 `score` equals that document's `relevance_score` there; pairs of different queries are ranked
 per query. The documents' count and the filter tokens are checked over the whole request,
 before any round runs, and its rounds take the engine's turns as one request.
@@ -17,18 +17,18 @@ from collections import defaultdict
 from fastapi.responses import Response
 
 from sieverag.inference.core.types import RerankResult
-from sieverag.inference.filters.ranking import as_documents, rank_by_filter
+from sieverag.inference.filters.ranking import as_documents, rank_with
 from sieverag.serving.api.endpoint_base import Endpoint
 from sieverag.serving.api.generation_protocol import TokenUsage
 from sieverag.serving.api.rerank.protocol import prompt_token_cut
 from sieverag.serving.api.score.protocol import ScoreData, ScoreRequest, ScoreResponse
 from sieverag.serving.filtering import (
-    DocumentRefusal,
     FilterRequest,
     PreparedRound,
     prepare_filter,
     run_prepared,
 )
+from sieverag.serving.request_limits import DocumentRefusal
 
 
 class Scorer(Endpoint):
@@ -58,8 +58,8 @@ class Scorer(Endpoint):
 
         async def rank(query: str, prepared: PreparedRound
                        ) -> tuple[list[RerankResult], TokenUsage]:
-            ranked = await run_prepared(prepared, lambda backend, documents: rank_by_filter(
-                backend, rules, query, documents, combination, spans=False,
+            ranked = await run_prepared(prepared, lambda mcf, documents: rank_with(
+                mcf, query, documents, spans=False,
                 observe=lambda result: context.metrics.record_filter("score", documents,
                                                                      result)))
             usage = prepared.backend.meter.by_agent.values()

@@ -31,7 +31,7 @@ from sieverag.serving.api.rerank.protocol import (
     rerank_id,
 )
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
-from sieverag.serving.filtering import DocumentRefusal
+from sieverag.serving.request_limits import DocumentRefusal
 
 
 class VLLMRequest(RerankV1Body):

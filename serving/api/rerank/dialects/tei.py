@@ -12,7 +12,7 @@ from pydantic import Field, RootModel
 
 from sieverag.serving.api.rerank.protocol import Documents, FilterFields, RawScores, RerankV1Body
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
-from sieverag.serving.filtering import DocumentRefusal, Truncation
+from sieverag.serving.request_limits import DocumentRefusal, Truncation
 
 
 class TEIRequest(RawScores, RerankV1Body):

@@ -12,7 +12,7 @@ from pydantic import Field, StrictInt
 from sieverag.serving.api.bodies import SparseBody
 from sieverag.serving.api.rerank.protocol import FilterFields, RerankUsage, RerankV1Body
 from sieverag.serving.api.rerank.query import Ranking, RankingQuery
-from sieverag.serving.filtering import DocumentRefusal, Truncation
+from sieverag.serving.request_limits import DocumentRefusal, Truncation
 
 
 class VoyageRequest(RerankV1Body):

@@ -1,8 +1,12 @@
-"""The size rules every prompt must pass, each checked before the work whose cost it bounds.
+"""What a request may ask, below both the API that parses it and the filtering that runs it:
+the size rules every prompt must pass (`PromptLimits`), how a document too long is cut
+(`Truncation`) and how a refusal names the documents (`DocumentRefusal`).
+
+The size rules, each checked before the work whose cost it bounds:
 
 * Prompts per /v1/completions request: at most `max_prompts_per_request` (400); documents
   per /v1/rerank request: at least one, at most `max_rerank_documents` (400).
-* The filter tokens of a rerank, score or proxy request (`serving.filtering.round_tokens`:
+* The filter tokens of a rerank, score or proxy request (MCF's plan, `round_plan`:
   the prompts of the windows the filter may read): at most `max_request_tokens` (413),
   checked once the documents are tokenised, before the filter or retrieval runs.
 * A text prompt (a completions string, a chat conversation as its template renders it),
@@ -26,9 +30,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from sieverag.serving.api.errors import APIError
 from sieverag.serving.engine.tokens import EncodedPrompt
+from sieverag.serving.refusals import APIError
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """How a document too long is cut, from its end (`keep` "start") or its start: to the
+    filter's window (`max_prompt_tokens` None: its first or last window's worth of tokens,
+    read as one window), or until every filter prompt on it holds at most
+    `max_prompt_tokens` tokens (what is left, read window by window)."""
+
+    max_prompt_tokens: int | None = None
+    keep: Literal["start", "end"] = "start"
+
+    def start_in(self, text: str, cut: str) -> int:
+        """Where `cut`, `text` as this rule cut it, starts in `text`."""
+        return len(text) - len(cut) if self.keep == "end" else 0
+
+
+@dataclass(frozen=True)
+class DocumentRefusal:
+    """How a refusal names the request's documents: their field and what to send instead."""
+
+    param: str = "documents"
+    remedy: str | None = None
 
 
 @dataclass(frozen=True)
