@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,7 +41,6 @@ SLOWEST_FIRST = ("inference/llm/test_vllm_real.py", "training/test_train_multipr
                  "serving/test_spans.py", "test_docs.py", "training/test_any_base_model.py",
                  "training/test_gpu_check.py", "data_gen/test_cxmi.py",
                  "training/test_train_command.py")
-TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

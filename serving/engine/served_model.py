@@ -26,13 +26,17 @@ class ServedModel:
     takes its turn on that model with its adapter's layers on, or all off for the base."""
 
     name: str
-    model: torch.nn.Module  # the PEFT model holding every adapter; the base when there is none
     base: torch.nn.Module  # the loaded base model (its adapter layers, if any, are off for it)
     tokenizer: PreTrainedTokenizerBase
     adapters: dict[str, str]  # served adapter name -> PEFT adapter name
     max_model_len: int
     eos_token_ids: frozenset[int]
     shared: SharedBase = field(repr=False)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The PEFT model holding every adapter; the base when this server serves none."""
+        return self.shared.wrapper if self.adapters else self.base
 
     @property
     def names(self) -> list[str]:
@@ -74,8 +78,8 @@ def load_served_model(
     for adapter in adapters:
         with _loading(adapter):
             names[adapter.name] = shared.attach(adapter.path)
-    return ServedModel(model, shared.wrapper if adapters else base, base, tokenizer, names,
-                       max_model_len, frozenset(eos_token_ids(base, tokenizer)), shared)
+    return ServedModel(model, base, tokenizer, names, max_model_len,
+                       frozenset(eos_token_ids(base, tokenizer)), shared)
 
 
 @contextmanager

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpe
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+import results_json  # noqa: E402
 from fake_openai_server import FakeOpenAIServer, Reply, chat_reply  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -252,7 +253,9 @@ def main() -> None:
     parser.add_argument("--waves", type=int, default=3, help="waves per level (not --quick)")
     parser.add_argument("--generator-s", type=float, default=1.0,
                         help="seconds the scripted generator takes to answer the proxy")
+    results_json.add_option(parser)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
     levels = [int(level) for level in args.levels.split(",")]
     waves = 1 if args.quick else args.waves
     started = time.monotonic()
@@ -280,7 +283,8 @@ def main() -> None:
           f"{time.monotonic() - started:.0f} s in all; load average "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     summary: dict[str, Any] = {"model": args.model, "limit": LIMIT, "levels": levels,
-                               "waves_per_level": waves, "shared_machine": True,
+                               "waves_per_level": waves,
+                               "load_average_at_start": round(load_at_start, 2),
                                "server_exit_code": exit_code,
                                "counts_match": all(w.counts_match for w in results),
                                "errors_among_admitted": sum(w.errors for w in results)}
@@ -299,6 +303,20 @@ def main() -> None:
             summary[kind]["rss_600_over_256"] = round(
                 summary[kind]["600"]["rss_peak_mb"] / summary[kind]["256"]["rss_peak_mb"], 3)
     print(json.dumps(summary))
+    if args.results_json:
+        results_json.write(args.results_json, {"main": results_table(results)})
+
+
+def results_table(waves: list[Wave]) -> dict[str, Any]:
+    """docs/results/serving.md's load table: a row per wave."""
+    return results_json.table(
+        ["traffic", "concurrency", "answered", "429 (all with Retry-After)", "errors",
+         "answered/s", "p50 s", "p99 s", "server RSS peak MB", "/metrics = client"],
+        [[w.kind, w.level, w.answered, w.refused, w.errors, w.answered / w.seconds,
+          percentile(w.latencies, 50), percentile(w.latencies, 99), w.rss_peak_mb,
+          "yes" if w.counts_match and w.retry_after == w.refused else "NO"] for w in waves],
+        align=["left"] + ["right"] * 8 + ["left"],
+        formats=[None, None, None, None, None, ".1f", ".2f", ".2f", ".0f", None])
 
 
 if __name__ == "__main__":
