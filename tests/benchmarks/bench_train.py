@@ -48,7 +48,7 @@ from sieverag.training.sft.recipe import parse_recipe  # noqa: E402
 from sieverag.training.sft.trainer import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "training" / "recipes" / "smollm2_filter_cpu.yaml"
+RECIPE = ROOT / "training" / "sft" / "recipes" / "smollm2_filter_cpu.yaml"
 SAMPLE = ROOT / "tests" / "data" / "hotpotqa_sample.jsonl"
 
 

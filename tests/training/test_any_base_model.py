@@ -37,8 +37,8 @@ from sieverag.inference.llm.chat_template import (
     fallback_template,
 )
 
-RECIPES = {"llama3": REPO / "training" / "recipes" / "llama3_8b_filter_zero3.yaml",
-           "qwen2": REPO / "training" / "recipes" / "qwen2_5_7b_filter_zero3.yaml"}
+RECIPES = {"llama3": REPO / "training" / "sft" / "recipes" / "llama3_8b_filter_zero3.yaml",
+           "qwen2": REPO / "training" / "sft" / "recipes" / "qwen2_5_7b_filter_zero3.yaml"}
 BASES = [("llama3", False), ("llama3", True), ("qwen2", False), ("qwen2", True)]
 STEPS = 2
 GLOBAL_BATCH = 2  # packed rows per optimizer step

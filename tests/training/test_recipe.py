@@ -10,7 +10,7 @@ from repo_paths import REPO
 from sieverag.inference.core.errors import ConfigError
 
 ROOT = REPO
-RECIPES = sorted((ROOT / "training" / "recipes").glob("*.yaml"))
+RECIPES = sorted((ROOT / "training" / "sft" / "recipes").glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 

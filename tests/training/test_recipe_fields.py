@@ -19,7 +19,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.training.sft.recipe import UNUSED_FIELDS, parse_recipe
 from sieverag.training.sft.sft_config import FLASH_OR_SDPA
 
-RECIPES = REPO / "training" / "recipes"
+RECIPES = REPO / "training" / "sft" / "recipes"
 # What a CPU changes in the 8B recipes (float32, no DeepSpeed, no workers).
 ON_CPU = ["--bf16", "false", "--dtype", "float32", "--use_cpu", "true",
           "--dataloader_num_workers", "0", "--report_to", "none", "--disable_tqdm", "true"]

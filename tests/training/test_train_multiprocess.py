@@ -43,7 +43,7 @@ from sft_runs import filter_records
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 ROOT = REPO
-RECIPE = ROOT / "training" / "recipes" / "smollm2_filter_cpu.yaml"
+RECIPE = ROOT / "training" / "sft" / "recipes" / "smollm2_filter_cpu.yaml"
 STEPS = 4
 GLOBAL_BATCH = 4
 SAVE_AT = 2  # the ZeRO-3 run is killed after this step's checkpoint

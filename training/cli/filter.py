@@ -198,7 +198,12 @@ class FitCombinationCommand:
 
 
 def run_fit_combination(command: FitCombinationCommand) -> int:
-    from sieverag.inference.filters.adapters import CARD_FILE, find_adapter, resolve_filter
+    from sieverag.inference.filters.adapters import (
+        CARD_FILE,
+        find_adapter,
+        read_card,
+        resolve_filter,
+    )
     from sieverag.training.evaluation.card_fit import (
         fit_card_home,
         fitting_passage_handling,
