@@ -1,7 +1,7 @@
 """LoRA adapter arguments shared by both engines: `NAME=PATH` parsing, default names, ranks.
 
 PATH is an adapter folder or the name of an installed or shipped filter (found by
-`inference.filters.adapters.find_adapter`, like every other command); an adapter whose card
+`inference.filters.adapter_store.find_adapter`, like every other command); an adapter whose card
 does not fit the served base model or the filter prompts is refused before anything loads.
 
 A served adapter is chosen by its name in the request's `model` field, as with vLLM's
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters.adapter_store import (
     ADAPTER_NAME,
     AdapterError,
     check_card,

@@ -19,7 +19,7 @@ from typing import Literal
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import at_least, settings
 from sieverag.inference.core.types import Device, DType
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 

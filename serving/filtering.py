@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.round_plan import RoundPlan, plan_round, prompt_costs
 from sieverag.inference.filters.windows import WindowRule

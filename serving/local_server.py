@@ -29,8 +29,8 @@ from prometheus_client import start_http_server
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, read_card
-from sieverag.inference.filters.combination import card_combination, ranking_statement
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, read_card
+from sieverag.inference.filters.card.combination import card_combination, ranking_statement
 from sieverag.inference.llm.model_resolution import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key

@@ -573,8 +573,6 @@ ROLE_STEMS = {
     "cli": "a part's commands",
     "config": "a package's own settings",
     "errors": "a part's own error types",
-    "adapters": "moving in issue 68 (other change): the filter card leaves "
-                "inference/filters/adapters.py",
     "filter": "moving in issue 68 (other change): the `filter` command module is being unified",
 }
 # Stems an HTTP endpoint's folder holds, each endpoint its own: its routes, its bodies, its work.

@@ -12,7 +12,7 @@ import httpx
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import settings
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters.adapter_store import (
     CARD_FILE,
     DEFAULT_FILTER_NAME,
     AdapterError,
@@ -20,7 +20,7 @@ from sieverag.inference.filters.adapters import (
     read_card,
     resolve_filter,
 )
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.card.combination import (
     PRIORS_ONLY,
     Combination,
     card_combination,

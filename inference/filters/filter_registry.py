@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.document_filter import DocumentFilter, KeepAll
 from sieverag.inference.filters.judge import JudgeConfig, MainRagJudge
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter

@@ -9,7 +9,7 @@ stage gets each sentence's s with the chunk's, and its sentence stage only appli
 
 * Chunk stage: one batched `label_logprobs` call over the round's chunks; the filter's
   s = log P("Yes") − log P("No"). A chunk's score is, by default, the combined logit of
-  `inference/filters/combination.py`: s with the BM25 and dense scores of the round's chunks,
+  `inference/filters/card/combination.py`: s with the BM25 and dense scores of the round's chunks,
   weighted as fitted on held-out questions and stored in the filter's card (a card without a
   fit: s alone, `FILTER_ALONE`; no card: z(BM25) + z(dense), `PRIORS_ONLY`); its
   P(relevant) (calibrated where fitted) is in every chunk's details. `lexical_weight` 0
@@ -46,8 +46,8 @@ from typing import Literal
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.core.types import Conversation, Document
-from sieverag.inference.filters.adapters import AdapterError
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.card.combination import (
     DEFAULT_P_MIN,
     PRIORS_ONLY,
     Combination,

@@ -38,7 +38,7 @@ from sieverag.inference.core.io_utils import (
     write_json_atomic,
 )
 from sieverag.inference.core.types import Device, DType, check_device_present
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters.adapter_store import (
     BASE_SHA_KEY,
     CARD_FILE,
     CONFIG_FILE,

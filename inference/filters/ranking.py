@@ -8,7 +8,7 @@ proxy makes, so what a result says was kept is what the proxy forwards.
 Rerank documents are plain texts: MCF reads each with no title and its position in the
 request as its id (`as_documents`). Each comes back as a `RerankResult` (inference/core/types.py):
 `relevance_score` is MCF's P(relevant), the filter's score combined with the request's BM25
-and dense scores by the filter's card (`inference/filters/combination.py`; calibrated where
+and dense scores by the filter's card (`inference/filters/card/combination.py`; calibrated where
 the card holds a fitted combination, else retrieval's fusion of BM25 and dense,
 uncalibrated); `kept` is MCF's verdict under the given `MCFConfig` (its default: P(relevant)
 at or above the card's fitted bar, and at least the best document). With
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sieverag.inference.core.types import Document, RerankResult, SentenceSpan
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.filter_format import p_relevant
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from sieverag.inference.core.types import Device, RerankResult
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
-from sieverag.inference.filters.combination import adapter_combination
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.card.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import as_documents, best_first, rank_by_filter
 from sieverag.inference.integrations.selection import (

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from sieverag.inference.core.errors import ConfigError, SieveragError, validation_problems
 from sieverag.inference.core.types import RerankResult
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
 from sieverag.inference.integrations.selection import (
     Granularity,
     Keep,

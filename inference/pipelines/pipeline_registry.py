@@ -23,7 +23,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.prompt_templates import load_template
 from sieverag.inference.core.settings import Section, with_sections
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.filter_registry import FILTER_ROLES
 from sieverag.inference.llm.backend_protocol import GenerationSettings, LLMBackend

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from sieverag.inference.filters.combination import Combination, card_combination
+from sieverag.inference.filters.card.combination import Combination, card_combination
 from sieverag.serving.api.bodies import to_json
 from sieverag.serving.api.field_policy import ignored_header, unknown_fields
 from sieverag.serving.api.streaming import MEDIA_TYPE as STREAM_MEDIA_TYPE

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.combination import Combination, RoundBar, RoundScores
+from sieverag.inference.filters.card.combination import Combination, RoundBar, RoundScores
 from sieverag.inference.filters.document_filter import FilterResult
 from sieverag.inference.filters.mcf import MultiGranularFilter
 from sieverag.serving.observability import tracing

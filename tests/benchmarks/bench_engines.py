@@ -87,7 +87,7 @@ from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source, load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.filters.adapters import (  # noqa: E402
+from sieverag.inference.filters.adapter_store import (  # noqa: E402
     CARD_FILE,
     DEFAULT_FILTER_NAME,
     read_card,

@@ -67,7 +67,7 @@ from sieverag.inference.core.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
 from sieverag.inference.eval.runner import read_question_ids  # noqa: E402
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter  # noqa: E402
 from sieverag.inference.integrations.in_process import InProcessFilter  # noqa: E402

@@ -102,14 +102,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sieverag.inference.core.errors import SieveragError  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
-from sieverag.inference.filters.adapters import (  # noqa: E402
+from sieverag.inference.filters.adapter_store import (  # noqa: E402
     CARD_FILE,
     DEFAULT_FILTER_NAME,
     AdapterError,
     read_card,
     resolve_filter,
 )
-from sieverag.inference.filters.combination import card_combination  # noqa: E402
+from sieverag.inference.filters.card.combination import card_combination  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.metrics.answer_scores import answer_accuracy  # noqa: E402

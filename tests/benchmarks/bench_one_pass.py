@@ -49,8 +49,8 @@ run_offline()
 
 from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Document, Example  # noqa: E402
-from sieverag.inference.filters.adapters import resolve_filter  # noqa: E402
-from sieverag.inference.filters.combination import passage_priors  # noqa: E402
+from sieverag.inference.filters.adapter_store import resolve_filter  # noqa: E402
+from sieverag.inference.filters.card.combination import passage_priors  # noqa: E402
 from sieverag.inference.filters.document_filter import ScoredDocument  # noqa: E402
 from sieverag.inference.filters.filter_format import (  # noqa: E402
     CHUNK_LABELS,

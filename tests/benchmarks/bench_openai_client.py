@@ -56,7 +56,7 @@ from bench_server_abuse import stop_server  # noqa: E402
 
 from sieverag.inference.core.types import Conversation  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME  # noqa: E402
 from sieverag.inference.filters.filter_format import chunk_prompt  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
 from sieverag.inference.llm.openai_backend import (  # noqa: E402

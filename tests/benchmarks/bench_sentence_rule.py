@@ -63,8 +63,8 @@ from tqdm import tqdm  # noqa: E402
 from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
-from sieverag.inference.filters.adapters import CARD_FILE, read_card, resolve_filter  # noqa: E402
-from sieverag.inference.filters.combination import (  # noqa: E402
+from sieverag.inference.filters.adapter_store import CARD_FILE, read_card, resolve_filter  # noqa: E402
+from sieverag.inference.filters.card.combination import (  # noqa: E402
     CARD_KEY,
     adapter_combination,
     passage_priors,

@@ -53,7 +53,7 @@ import results_json  # noqa: E402
 from fake_openai_server import FakeOpenAIServer, Reply, chat_reply  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME  # noqa: E402
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME  # noqa: E402
 
 ANNOUNCED = re.compile(r"serving .+ at (?P<url>http://127\.0\.0\.1:\d+/v1)")
 LIMIT = 512

@@ -40,7 +40,7 @@ run_offline()
 import httpx  # noqa: E402
 
 from sieverag.inference.core.types import Document  # noqa: E402
-from sieverag.inference.filters.combination import card_combination  # noqa: E402
+from sieverag.inference.filters.card.combination import card_combination  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
 from sieverag.serving.config import LocalServerConfig  # noqa: E402
 from sieverag.serving.engine.engine_backend import EngineBackend  # noqa: E402

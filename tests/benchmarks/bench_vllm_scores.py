@@ -43,7 +43,7 @@ import results_json  # noqa: E402
 from gpu_check import compare_filter, compare_judge  # noqa: E402
 
 from sieverag.inference.data.loading import load_examples  # noqa: E402
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter  # noqa: E402
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter  # noqa: E402
 from sieverag.inference.filters.judge import MainRagJudge  # noqa: E402
 from sieverag.inference.filters.mcf import MultiGranularFilter  # noqa: E402
 from sieverag.inference.llm.backend_protocol import LLMBackend  # noqa: E402

@@ -15,8 +15,8 @@ import cohere
 import pytest
 
 from sieverag.inference.core.types import RerankResult
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, resolve_filter
-from sieverag.inference.filters.combination import adapter_combination
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.card.combination import adapter_combination
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
@@ -212,7 +212,7 @@ def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
     import openai
 
     from sieverag.inference.agents.roles import filter_card
-    from sieverag.inference.filters.adapters import read_card
+    from sieverag.inference.filters.adapter_store import read_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)

@@ -14,7 +14,7 @@ from fake_backend import ScriptedBackend
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 from tiny_server import keyed_filter_server, keyed_http
 
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.filter_format import chunk_prompt
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, document_sentences
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
@@ -298,7 +298,11 @@ def test_the_server_says_what_each_served_model_ranks_by(
     served model's documents by (`served_rankings`): without a card (the base model and the
     tiny adapter here) BM25 + dense alone, a card without a fitted combination the filter
     alone, a card with one its combination; the unfitted ones as warnings."""
-    from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter, read_card
+    from sieverag.inference.filters.adapter_store import (
+        DEFAULT_FILTER_NAME,
+        find_adapter,
+        read_card,
+    )
     from sieverag.serving.local_server import served_rankings
 
     names = server.engine.served.names

@@ -17,7 +17,7 @@ from fake_openai_server import FakeOpenAIServer
 from repo_paths import TEST_DATA
 
 from sieverag.inference.core.types import Document, RerankResult
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.inference.retrieval.sentences import split_sentences
 from sieverag.serving.config import LocalServerConfig

@@ -13,7 +13,7 @@ from repo_paths import REPO
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import parse_settings
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.cli import ServeCommand, engine_config

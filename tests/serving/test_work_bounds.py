@@ -23,14 +23,14 @@ from rerank_server import http_at_root, post  # noqa: F401 (http_at_root: the ht
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.adapters import CARD_FILE
-from sieverag.inference.filters.combination import card_combination
+from sieverag.inference.filters.adapter_store import CARD_FILE
+from sieverag.inference.filters.card.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
 from sieverag.inference.filters.round_plan import plan_round
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.engine import scheduling
-from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.engine.continuous_batching import BatchingEngine
+from sieverag.serving.engine.engine_backend import EngineBackend
 from sieverag.serving.engine.sequence_types import SequenceRequest
 from sieverag.serving.engine.served_model import load_served_model
 from sieverag.serving.local_server import LocalServer

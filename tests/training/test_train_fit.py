@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.filters.adapters import CARD_FILE, read_card
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.adapter_store import CARD_FILE, read_card
+from sieverag.inference.filters.card.combination import (
     FILTER_ALONE,
     FILTER_ALONE_FIT,
     card_combination,

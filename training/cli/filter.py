@@ -18,8 +18,8 @@ from sieverag.inference.core.settings import FileList, at_least, settings
 from sieverag.inference.core.types import Device
 from sieverag.inference.data import odd_passages_line
 from sieverag.inference.data.dataset_fields import limit_field
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, read_card
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, AdapterError, read_card
+from sieverag.inference.filters.card.combination import (
     DEFAULT_EMBEDDING_MODEL,
     adapter_combination,
     card_combination,
@@ -85,7 +85,7 @@ def _held_out_f1(card: dict | None) -> str:
 
 
 def run_list(command: FilterListCommand) -> int:
-    from sieverag.inference.filters.adapters import adapters_dir, available_adapters
+    from sieverag.inference.filters.adapter_store import adapters_dir, available_adapters
 
     found = available_adapters()
     if not found:
@@ -115,7 +115,7 @@ def run_list(command: FilterListCommand) -> int:
 
 
 def run_install(command: FilterInstallCommand) -> int:
-    from sieverag.inference.filters.adapters import install_adapter
+    from sieverag.inference.filters.adapter_store import install_adapter
 
     target = install_adapter(command.path, command.name)
     print(f"installed {command.path} as {target.name!r}: {target}")
@@ -198,7 +198,7 @@ class FitCombinationCommand:
 
 
 def run_fit_combination(command: FitCombinationCommand) -> int:
-    from sieverag.inference.filters.adapters import (
+    from sieverag.inference.filters.adapter_store import (
         CARD_FILE,
         find_adapter,
         read_card,

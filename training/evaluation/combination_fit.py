@@ -1,5 +1,5 @@
 """`sieverag filter fit-combination ADAPTER --dataset FILES`: fit how MCF combines the trained
-filter's score with BM25 and dense (`inference/filters/combination.py`), measure what the
+filter's score with BM25 and dense (`inference/filters/card/combination.py`), measure what the
 filter adds, and write the result into the adapter's card.
 
 The questions: the datasets' gold-marked rows minus the filter's training questions (the
@@ -55,7 +55,7 @@ import numpy as np
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.card.combination import (
     DEFAULT_EMBEDDING_MODEL,
     FEATURES,
     PRIOR_FEATURES,

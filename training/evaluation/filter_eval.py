@@ -49,7 +49,7 @@ from sieverag.inference.core.io_utils import check_output_folder
 from sieverag.inference.core.settings import settings_to_data
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import PassageHandling, example_source, odd_passages_line
-from sieverag.inference.filters.combination import PRIORS_ONLY_KEY, Combination
+from sieverag.inference.filters.card.combination import PRIORS_ONLY_KEY, Combination
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
@@ -350,7 +350,7 @@ def _filter_identity(filter_role: BackendSpec) -> dict[str, Any]:
     """What identifies the filter's answers (the cache key of its scores and replies)."""
     if filter_role.endpoint:
         return {"endpoint": filter_role.endpoint, "model": filter_role.model}
-    from sieverag.inference.filters.adapters import adapter_content_hash
+    from sieverag.inference.filters.adapter_store import adapter_content_hash
 
     return {"base": filter_role.model, "dtype": filter_role.dtype,
             "adapter": adapter_content_hash(filter_role.adapter or "")}

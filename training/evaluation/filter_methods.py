@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.combination import Combination
+from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.home import dataset_decision
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions

@@ -19,8 +19,8 @@ from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import read_text
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.adapters import CARD_FILE
-from sieverag.inference.filters.combination import CARD_KEY
+from sieverag.inference.filters.adapter_store import CARD_FILE
+from sieverag.inference.filters.card.combination import CARD_KEY
 from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.types import Example
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.card.combination import (
     DEFAULT_EMBEDDING_MODEL,
     Combination,
     RoundScores,

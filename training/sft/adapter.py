@@ -19,7 +19,7 @@ from typing import Any
 
 from sieverag.inference.core.errors import SieveragError
 from sieverag.inference.core.io_utils import write_atomic
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters.adapter_store import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,

@@ -41,7 +41,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from sieverag.inference.core.types import Document, RerankResult
-from sieverag.inference.filters.combination import logit_of
+from sieverag.inference.filters.card.combination import logit_of
 from sieverag.inference.filters.mcf import MultiGranularFilter
 from sieverag.inference.filters.ranking import as_documents, best_first, rank_with
 from sieverag.inference.retrieval.sentences import split_sentences

@@ -12,8 +12,8 @@ import torch
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.cli import main
-from sieverag.inference.filters import adapters
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters import adapter_store
+from sieverag.inference.filters.adapter_store import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -38,7 +38,7 @@ def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]
     """An empty user cache and an empty shipped folder, both under tmp_path."""
     cache, shipped = tmp_path / "cache", tmp_path / "shipped"
     monkeypatch.setenv("SIEVERAG_CACHE", str(cache))
-    monkeypatch.setattr(adapters, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(adapter_store, "SHIPPED_DIR", shipped)
     return cache / "adapters", shipped
 
 

@@ -1,4 +1,4 @@
-"""MCF's learned combination (inference/filters/combination.py) and its fit
+"""MCF's learned combination (inference/filters/card/combination.py) and its fit
 (training/evaluation/combination_fit.py) on synthetic scores: the fit recovers the weights, its
 probabilities are calibrated, a filter that adds nothing is dropped and says so, the
 calibrated bar keeps every passage above it and never empties a round, the card round-trips,
@@ -15,8 +15,8 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.adapters import CARD_FILE, AdapterError
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.adapter_store import CARD_FILE, AdapterError
+from sieverag.inference.filters.card.combination import (
     FEATURES,
     FILTER_ALONE,
     PRIOR_FEATURES,
@@ -119,7 +119,7 @@ def test_a_filter_that_adds_nothing_is_left_out_and_says_so():
     assert fit["filter_adds_nothing"] and fit["filter_gain_auroc"] < 0.005
     assert not combination.uses_filter
     assert combination.weights["bm25_z"] > 0
-    from sieverag.inference.filters.combination import describe_combination
+    from sieverag.inference.filters.card.combination import describe_combination
 
     assert "the filter adds nothing" in describe_combination(combination)
 
@@ -207,7 +207,7 @@ def test_a_card_without_a_fit_ranks_by_the_filters_own_score_where_no_card_ranks
 
 def test_every_start_says_which_score_ranks_and_why(tmp_path):
     from sieverag.inference.agents.roles import RETRIEVAL_ONLY_SOURCE, FilterCard
-    from sieverag.inference.filters.combination import ranking_statement
+    from sieverag.inference.filters.card.combination import ranking_statement
 
     fitted = measure_combination(synthetic_rounds(60, seed=4), folds=3)
     useless = measure_combination(synthetic_rounds(60, seed=6, filter_noise=True), folds=3,
@@ -247,11 +247,11 @@ def test_every_start_says_which_score_ranks_and_why(tmp_path):
 def test_filter_list_shows_the_weights_and_when_the_filter_adds_nothing(tmp_path, monkeypatch,
                                                                           capsys):
     from sieverag.cli import main
-    from sieverag.inference.filters import adapters
+    from sieverag.inference.filters import adapter_store
 
     shipped = tmp_path / "shipped"
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(adapters, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(adapter_store, "SHIPPED_DIR", shipped)
     cards = {"useful": measure_combination(synthetic_rounds(60, seed=5), folds=3),
              "useless": measure_combination(synthetic_rounds(60, seed=6, filter_noise=True),
                                             folds=3, min_gain=0.05)}
@@ -287,7 +287,7 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
     in-process; under another name with no card named, it is one error naming both
     remedies."""
     from sieverag.inference.agents.roles import filter_card
-    from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
+    from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
@@ -310,7 +310,7 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
 def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.MonkeyPatch
                                                 ) -> None:
     from sieverag.inference.agents.roles import ModelRoles, filter_card
-    from sieverag.inference.filters.adapters import CONFIG_FILE
+    from sieverag.inference.filters.adapter_store import CONFIG_FILE
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
@@ -399,7 +399,7 @@ def test_leaving_each_source_out_measures_what_an_unseen_source_gets():
     assert {s: {k: v for k, v in row.items() if k != "default"}
             for s, row in left_out.items()} == table
     assert all(row["default"]["rule"] == row["with_filter"]["rule"] for row in left_out.values())
-    from sieverag.inference.filters.combination import describe_combination
+    from sieverag.inference.filters.card.combination import describe_combination
 
     assert "src-a left out of the fit (60 q" in describe_combination(combination)
     with pytest.raises(DatasetError, match="at least 2 sources"):

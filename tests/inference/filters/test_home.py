@@ -14,8 +14,8 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.filters.adapters import AdapterError
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.card.combination import (
     Combination,
     RoundScores,
     card_combination,

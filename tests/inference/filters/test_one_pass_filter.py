@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.combination import FILTER_ALONE, PRIORS_ONLY, card_combination
+from sieverag.inference.filters.card.combination import FILTER_ALONE, PRIORS_ONLY, card_combination
 from sieverag.inference.filters.filter_format import (
     IGNORED,
     PASSAGE_TEMPLATE,

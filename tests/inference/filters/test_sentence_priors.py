@@ -11,7 +11,7 @@ from fake_dense import fake_encoder
 
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.combination import _passage_priors
+from sieverag.inference.filters.card.combination import _passage_priors
 from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.ranking import rank_by_filter

@@ -12,7 +12,7 @@ from fake_backend import ScriptedBackend
 from test_filter_combination import synthetic_rounds
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.combination import (
+from sieverag.inference.filters.card.combination import (
     Combination,
     RoundScores,
     ShiftGuard,
@@ -211,7 +211,7 @@ def test_scored_rounds_are_kept_and_read_back(tmp_path, monkeypatch):
 
 
 def test_the_closing_line_says_plainly_what_ranks_and_what_the_filter_does():
-    from sieverag.inference.filters.combination import FILTER_ALONE, PRIORS_ONLY, filter_role
+    from sieverag.inference.filters.card.combination import FILTER_ALONE, PRIORS_ONLY, filter_role
 
     rounds = _shifted_rounds()
     left_out = measure_combination(rounds, folds=3, by_left_out_source=True,

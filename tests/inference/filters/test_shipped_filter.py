@@ -11,8 +11,8 @@ import pytest
 from repo_paths import TEST_DATA
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters import adapters
-from sieverag.inference.filters.adapters import (
+from sieverag.inference.filters import adapter_store
+from sieverag.inference.filters.adapter_store import (
     CARD_FILE,
     CONFIG_FILE,
     DEFAULT_FILTER_NAME,
@@ -26,14 +26,14 @@ from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, EMBEDDED_MODE
 
 pytestmark = pytest.mark.integration
 
-SHIPPED = adapters.SHIPPED_DIR / DEFAULT_FILTER_NAME
+SHIPPED = adapter_store.SHIPPED_DIR / DEFAULT_FILTER_NAME
 SAMPLE = TEST_DATA / "hotpotqa_sample.jsonl"
 
 
 @pytest.fixture
 def no_user_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An empty user cache for adapters, so a name can only mean the shipped filter."""
-    monkeypatch.setattr(adapters, "adapters_dir", lambda: tmp_path / "adapters")
+    monkeypatch.setattr(adapter_store, "adapters_dir", lambda: tmp_path / "adapters")
 
 
 def test_the_shipped_filter_is_small_bf16_package_data_with_a_card():

@@ -12,8 +12,8 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters import combination
-from sieverag.inference.filters.combination import Combination, card_combination
+from sieverag.inference.filters.card import combination
+from sieverag.inference.filters.card.combination import Combination, card_combination
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.filters.windows import (

@@ -42,7 +42,7 @@ from sieverag.inference.core.types import Document
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.data.loading import load_examples
 from sieverag.inference.eval import runner
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, find_adapter
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter
 from sieverag.inference.filters.filter_format import CHUNK_LABELS, chunk_prompt
 from sieverag.inference.filters.judge import MainRagJudge
 from sieverag.inference.filters.mcf import MultiGranularFilter

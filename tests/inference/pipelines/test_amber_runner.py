@@ -16,8 +16,12 @@ from sieverag.inference.composition import compose
 from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustConfig
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
-from sieverag.inference.filters import adapters
-from sieverag.inference.filters.adapters import DEFAULT_FILTER_NAME, AdapterError, install_adapter
+from sieverag.inference.filters import adapter_store
+from sieverag.inference.filters.adapter_store import (
+    DEFAULT_FILTER_NAME,
+    AdapterError,
+    install_adapter,
+)
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines.amber.config import AmberConfig
 from sieverag.inference.pipelines.amber.loop_trace import STOP_REASONS
@@ -90,7 +94,7 @@ def test_eval_runs_amber_variants_and_trace_renders_a_saved_question(
 def test_mcf_without_a_usable_trained_filter_is_a_clear_error(tmp_path, tiny_model_dir,
                                                               monkeypatch):
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(adapters, "SHIPPED_DIR", tmp_path / "shipped-nothing")
+    monkeypatch.setattr(adapter_store, "SHIPPED_DIR", tmp_path / "shipped-nothing")
     dataset = write_demo_dataset(tmp_path / "demo.jsonl")
     config = RunConfig(dataset=str(dataset), pipelines=("vanilla", "amber"),
                        models=tiny_roles(tiny_model_dir))

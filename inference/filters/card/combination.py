@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from sieverag.inference.filters.adapters import AdapterError, read_card
+from sieverag.inference.filters.adapter_store import AdapterError, read_card
 from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
