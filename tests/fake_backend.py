@@ -55,13 +55,14 @@ class ScriptedBackend:
 
 
 def serve_every_role(monkeypatch, backend: object) -> None:
-    """Composition builds `backend` for every role a run calls (no model loads)."""
+    """Composition builds `backend` for every role a run calls, and for its grader where the
+    plan names one (no model loads)."""
     from sieverag.inference.composition import compose
 
-    def build_roles(models, roles, batcher=None):
+    def build_roles(plan, batcher=None):
         served = batcher.wrap(backend) if batcher is not None else backend
-        return compose.Roles(generator=served, judge=served if "judge" in roles else None,
-                             filter=served if "filter" in roles else None)
+        return compose.Roles(**dict.fromkeys(plan.role_specs, served),
+                             grader=served if plan.grader is not None else None)
 
     monkeypatch.setattr(compose, "build_roles", build_roles)
 

@@ -159,7 +159,7 @@ def run_eval(command: EvalCommand) -> int:
 
 def run_demo(command: DemoCommand) -> int:
     from sieverag.inference.data.demo import write_demo_dataset
-    from sieverag.inference.eval.runner import run_evaluation
+    from sieverag.inference.eval.runner import run_plan
     from sieverag.inference.eval.trace_rendering import find_record, render_record
 
     started = time.perf_counter()
@@ -170,10 +170,10 @@ def run_demo(command: DemoCommand) -> int:
     plan = plan_run(RunConfig(dataset=str(dataset), pipelines=DEMO_PIPELINES,
                               limit=command.limit, models=command.models,
                               **section_values(command)))
-    config, trained = plan.config, plan.trained_filter
+    trained = plan.trained_filter
     print(f"demo: {dataset} (invented facts: only the documents can answer them); amber "
           f"filters with the trained filter {trained.adapter or trained.model}\n{plan.ranking}")
-    summaries = run_evaluation(config, out / "run", progress=not command.quiet, announce=False)
+    summaries = run_plan(plan, out / "run", progress=not command.quiet, announce=False)
     _print_summary(out / "run", summaries)
     print()
     print(_demo_verdict(summaries["vanilla"], summaries["amber-mcf"]))

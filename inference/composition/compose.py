@@ -3,13 +3,15 @@
 One place decides who runs what, for every command (`eval`, `ask`, `demo`, `judge-sweep`),
 in two steps:
 * `plan_run(config)` reads the config once, with what each pipeline declares
-  (`pipelines.pipeline_registry.register_pipeline`): the pipelines the run runs (and those
-  they run inside them), the model roles they call, whether they read the dataset's own
-  documents, and the trained filter's adapter found by path or name (installed, else
-  shipped) and checked against its base model and prompts — so the run's config.yaml names
-  the adapter folder it used;
-* `build_context(plan)` builds what the plan says: one backend per role the run calls (roles
-  with equal specs share one backend and one loaded model,
+  (`pipelines.pipeline_registry.register_pipeline`), into the `RunPlan` every command then
+  reads, never the config again: the pipelines the run runs (and those they run inside
+  them), the model roles they call and each role's spec (`RunPlan.role_specs`), whether the
+  trust metrics' LLM grader runs and on which model (`RunPlan.grader`), whether they read the
+  dataset's own documents, and the trained filter's adapter found by path or name (installed,
+  else shipped) and checked against its base model and prompts — so the run's config.yaml
+  names the adapter folder it used;
+* `build_context(plan)` builds what the plan says: one backend per spec of `role_specs` and
+  the grader's (roles with equal specs share one backend and one loaded model,
   `llm.backend_registry.build_backend`), the document source (the dataset's own documents or
   an index: fused, reranked and hygiene-filtered as `retrieval` says, one search rule for the
   question and for later queries), and the part each pipeline declares it needs (auto: its
@@ -19,12 +21,12 @@ in two steps:
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.agents.roles import FilterCard, ModelRoles, filter_card, resolve_filter_role
-from sieverag.inference.composition.config import RetrievalConfig, RunConfig, grader_spec
+from sieverag.inference.agents.roles import FilterCard, filter_card, resolve_filter_role
+from sieverag.inference.composition.config import RetrievalConfig, RunConfig
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
@@ -51,18 +53,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run needs, decided once from its config (`plan_run`)."""
+    """What a run needs, decided once from its config (`plan_run`): the commands read these
+    decisions here, not from the config."""
 
     config: RunConfig  # the filter role's adapter resolved where the run calls the filter
     pipelines: frozenset[str]  # those it names, and those they run inside them
     settings: PipelineSettings  # the pipelines' settings sections
     roles: frozenset[str]  # the model roles its pipelines call
+    # The spec of each role the run builds a backend for: the generator always, the judge and
+    # the filter (its adapter resolved) where `roles` has them.
+    role_specs: Mapping[str, BackendSpec]
+    grader: BackendSpec | None  # the trust metrics' LLM grader's model; None: no grader runs
     reads_given_documents: bool  # no index, and some pipeline reads documents
 
     @property
     def trained_filter(self) -> BackendSpec | None:
         """The filter role's spec where the run calls the trained filter."""
-        return self.config.models.filter if "filter" in self.roles else None
+        return self.role_specs.get("filter")
 
     @functools.cached_property
     def filter_card(self) -> FilterCard | None:
@@ -81,22 +88,21 @@ class RunPlan:
         card = self.filter_card
         return None if card is None else card.ranking_statement(self.settings(MCFConfig))
 
-    def role_specs(self) -> list[BackendSpec]:
-        """The spec of every model the run calls: its roles', and the trust grader's."""
-        models = self.config.models
-        specs = [models.generator]
-        if "judge" in self.roles:
-            specs.append(models.judge_spec)
-        if "filter" in self.roles:
-            specs.append(models.filter)
-        if self.config.trust.enabled and self.config.trust.llm_grader:
-            specs.append(grader_spec(self.config))
-        return specs
+    @property
+    def model_specs(self) -> list[BackendSpec]:
+        """The spec of every model the run calls: its roles', and the grader's."""
+        return [*self.role_specs.values(), *([self.grader] if self.grader is not None else [])]
 
     @property
     def all_served(self) -> bool:
         """Every model the run calls is served (none runs in-process)."""
-        return all(spec.endpoint is not None for spec in self.role_specs())
+        return all(spec.endpoint is not None for spec in self.model_specs)
+
+    @property
+    def logs_hygiene(self) -> bool:
+        """The run searches an index with evidence hygiene on: what it removes is recorded
+        per question."""
+        return self.config.retrieval is not None and self.config.retrieval.hygiene != "off"
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -108,9 +114,25 @@ def plan_run(config: RunConfig) -> RunPlan:
     if "filter" in roles:
         models = replace(config.models, filter=resolve_filter_role(config.models.filter))
         config = replace(config, models=models)
+    models = config.models
+    role_specs = {role: spec for role, spec in (("generator", models.generator),
+                                                ("judge", models.judge_spec),
+                                                ("filter", models.filter))
+                  if role == "generator" or role in roles}
     return RunPlan(config=config, pipelines=frozenset(names), settings=settings, roles=roles,
+                   role_specs=role_specs, grader=_grader(config),
                    reads_given_documents=(config.retrieval is None
                                           and any(e.reads_documents for e in entries)))
+
+
+def _grader(config: RunConfig) -> BackendSpec | None:
+    """The trust metrics' LLM grader's model where the run grades answers (`trust.enabled`
+    and `trust.llm_grader`): `trust.grader_model`, else the MAIN-RAG judge role's (itself
+    the generator's unless `models.judge` is set); None: no grader runs."""
+    trust = config.trust
+    if not (trust.enabled and trust.llm_grader):
+        return None
+    return trust.grader_model or config.models.judge_spec
 
 
 @dataclass(frozen=True)
@@ -125,25 +147,30 @@ class Roles:
 
 
 
-def build_roles(models: ModelRoles, roles: frozenset[str],
-                batcher: CallBatcher | None = None) -> Roles:
-    """One backend per role in `roles` (the generator always); the filter's adapter must be
-    resolved (`resolve_filter_role`). With `batcher`, in-process backends run their calls
-    on it, merged across the questions in flight (`llm.call_batching`)."""
-    check_role_devices(models, roles)
+def build_roles(plan: RunPlan, batcher: CallBatcher | None = None) -> Roles:
+    """One backend per spec of `plan.role_specs`, and the grader's where `plan.grader` names
+    one (a backend per spec: a grader on a role's spec shares that role's). With `batcher`,
+    in-process backends run their calls on it, merged across the questions in flight
+    (`llm.call_batching`)."""
+    check_role_devices(plan.role_specs)
+    grader = plan.grader
+    # A grader of its own (`trust.grader_model`) is checked under that name; else it runs on
+    # the judge role's spec.
+    if (grader is not None and grader.endpoint is None
+            and plan.config.trust.grader_model is not None):
+        check_device_present(grader.device, "trust.grader_model.device")
     build = functools.partial(role_backend, batcher=batcher)
-    return Roles(generator=build(models.generator),
-                 judge=build(models.judge_spec) if "judge" in roles else None,
-                 filter=build(models.filter) if "filter" in roles else None)
+    backends = {role: build(spec) for role, spec in plan.role_specs.items()}
+    return Roles(**backends, grader=build(grader) if grader is not None else None)
 
 
-def check_role_devices(models: ModelRoles, roles: frozenset[str]) -> None:
-    """Every in-process role in `roles` (the generator always) names a device this machine
-    has, before any model loads: else one ConfigError naming the role's setting and the GPUs
-    there are (e.g. `models.filter.device is cuda:3, but this machine has 2 CUDA GPUs`)."""
-    named = {"generator": models.generator, "judge": models.judge, "filter": models.filter}
-    for role, spec in named.items():
-        if spec is not None and spec.endpoint is None and (role == "generator" or role in roles):
+def check_role_devices(role_specs: Mapping[str, BackendSpec]) -> None:
+    """Every in-process role of `role_specs` (`RunPlan.role_specs`) names a device this
+    machine has, before any model loads: else one ConfigError naming the role's setting and
+    the GPUs there are (e.g. `models.filter.device is cuda:3, but this machine has 2 CUDA
+    GPUs`)."""
+    for role, spec in role_specs.items():
+        if spec.endpoint is None:
             check_device_present(spec.device, f"models.{role}.device")
 
 
@@ -199,7 +226,7 @@ def _reranker(config: RetrievalConfig) -> HitReranker | None:
 def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
                   batcher: CallBatcher | None = None) -> tuple[PipelineContext, Roles]:
     """The pipelines' shared context for a run's plan, and the role backends (for usage; with
-    the LLM grader where `trust.llm_grader` asks for one). Over an index, what evidence hygiene
+    the LLM grader where `RunPlan.grader` names one). Over an index, what evidence hygiene
     removes from each search is added to `removed` (a run takes it per question). `batcher`:
     the in-process models' shared batcher, for many questions in flight."""
     config = plan.config
@@ -219,13 +246,7 @@ def build_context(plan: RunPlan, *, removed: HygieneLog | None = None,
                    if (entry := pipeline_entry(name)).part is not None}
     # The filter's card (read once, `RunPlan.filter_card`) before any model loads.
     card = plan.filter_card
-    roles = build_roles(config.models, plan.roles, batcher)
-    if config.trust.enabled and config.trust.llm_grader:
-        # A role's backend when its spec equals that role's (one backend per spec).
-        if config.trust.grader_model is not None and config.trust.grader_model.endpoint is None:
-            check_device_present(config.trust.grader_model.device,
-                                 "trust.grader_model.device")
-        roles = replace(roles, grader=role_backend(grader_spec(config), batcher))
+    roles = build_roles(plan, batcher)
     context = PipelineContext(
         generator=roles.generator,
         judge_backend=roles.judge,

@@ -109,12 +109,6 @@ class TrustConfig:
                 raise ConfigError(f"trust.{name} is a cosine in [-1, 1], got {value}")
 
 
-def grader_spec(config: RunConfig) -> BackendSpec:
-    """The trust metrics' LLM grader's model: `trust.grader_model`, else the MAIN-RAG judge
-    role's (itself the generator's unless `models.judge` is set)."""
-    return config.trust.grader_model or config.models.judge_spec
-
-
 # Every command that runs pipelines (eval's RunConfig, demo, ask) declares `models` with this
 # field, and takes the pipelines' settings sections with `@with_pipeline_sections`, so each
 # flag and its help read the same everywhere.

@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sieverag.inference.composition.compose import Roles, RunPlan, build_context, plan_run
-from sieverag.inference.composition.config import RunConfig, grader_spec, load_run_config
+from sieverag.inference.composition.config import RunConfig, load_run_config
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.in_flight import default_concurrency, run_in_flight
 from sieverag.inference.core.io_utils import (
@@ -146,7 +146,16 @@ def _check_same_run(config: RunConfig, out_dir: Path) -> None:
 
 def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = True,
                    concurrency: int | None = None, announce: bool = True) -> dict:
-    """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries.
+    """Run every pipeline of `config` on its dataset into `out_dir`; returns the summaries:
+    `run_plan` of its plan (`plan_run`)."""
+    return run_plan(plan_run(config), out_dir, progress=progress, concurrency=concurrency,
+                    announce=announce)
+
+
+def run_plan(plan: RunPlan, out_dir: str | Path, *, progress: bool = True,
+             concurrency: int | None = None, announce: bool = True) -> dict:
+    """Run every pipeline of `plan` on its dataset into `out_dir`; returns the summaries. What
+    the run does is the plan's (`plan_run` decided it): the roles, the grader, the documents.
 
     `concurrency`: questions in flight (`inference.in_flight`; unset: 16 when every model is
     served, 1 when any runs in-process); in-process models then batch the questions' calls
@@ -157,7 +166,6 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     (`odd_passages_line`, `passage_handling`)."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir)
-    plan = plan_run(config)
     config = plan.config
     concurrency = default_concurrency(concurrency, plan.all_served)
     examples = selected_examples(plan)
@@ -171,9 +179,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     wanted = set(ids)
     finished = {name: [r for r in log.read_records(EvalRecord) if r.id in wanted]
                 for name, log in logs.items()}
-    config = replace(config, provenance=provenance(plan))
-    write_atomic(out_dir / "config.yaml", config.to_yaml())
-    warn_capped_requests(plan.role_specs(), concurrency)
+    write_atomic(out_dir / "config.yaml",
+                 replace(config, provenance=provenance(plan)).to_yaml())
+    warn_capped_requests(plan.model_specs, concurrency)
     if announce and plan.ranking is not None:
         print(plan.ranking, file=sys.stderr)
 
@@ -181,8 +189,7 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
     import torch
 
     torch.manual_seed(config.seed)
-    hygiene = (HygieneLog() if config.retrieval is not None
-               and config.retrieval.hygiene != "off" else None)
+    hygiene = HygieneLog() if plan.logs_hygiene else None
     with question_batcher(concurrency, plan.all_served) as batcher:
         context, roles = build_context(plan, removed=hygiene, batcher=batcher)
         if announce and plan.reads_given_documents:
@@ -226,9 +233,9 @@ def run_evaluation(config: RunConfig, out_dir: str | Path, *, progress: bool = T
             order = {example_id: i for i, example_id in enumerate(ids)}
             all_records[name] = sorted(records, key=lambda r: order[r.id])
     summaries = {name: summarize(records) for name, records in all_records.items()}
-    graded = ({"grader": {"model": grader_spec(config).model,
-                          "self_graded": grader_spec(config) == config.models.generator}}
-              if config.trust.enabled and config.trust.llm_grader else {})
+    graded = ({"grader": {"model": plan.grader.model,
+                          "self_graded": plan.grader == config.models.generator}}
+              if plan.grader is not None else {})
     write_atomic(
         out_dir / "summary.json",
         json.dumps({"dataset": config.dataset, **graded, "pipelines": summaries},

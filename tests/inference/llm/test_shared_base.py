@@ -137,20 +137,23 @@ def test_a_device_is_auto_cpu_cuda_or_cuda_n_named_by_its_setting():
 def test_a_gpu_the_machine_lacks_is_one_error_naming_the_role_and_the_count(monkeypatch):
     models = validate_settings(ModelRoles, {"filter": {"device": "cuda:3"},
                                             "judge": {"device": "cuda:1"}}, "flags")
+    specs = {"generator": models.generator, "judge": models.judge_spec,
+             "filter": models.filter}  # as `RunPlan.role_specs` has them
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(ConfigError, match=r"^models\.filter\.device is cuda:3, but this machine "
                                           r"has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
-        check_role_devices(models, frozenset({"judge", "filter"}))
-    check_role_devices(models, frozenset({"judge"}))  # the filter is not called: not checked
+        check_role_devices(specs)
+    del specs["filter"]  # a run that calls no filter plans no filter spec: none checked
+    check_role_devices(specs)
     assert check_device_present("cuda", "x") == "cuda:0"
     assert check_device_present("auto", "x") == "cuda:0"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ConfigError, match=r"^models\.judge\.device is cuda:1, but this machine "
                                           r"has no CUDA GPU"):
-        check_role_devices(models, frozenset({"judge"}))
+        check_role_devices(specs)
     assert check_device_present("auto", "x") == "cpu"
 
 

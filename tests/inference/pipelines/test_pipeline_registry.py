@@ -92,7 +92,7 @@ def test_a_run_builds_only_the_roles_its_pipelines_call(monkeypatch) -> None:
                                 (("amber-mcf", "direct"), ["gen", "filter"])]:
         built.clear()
         config = RunConfig(dataset="d", pipelines=pipelines, models=models)
-        compose.build_roles(config.models, compose.plan_run(config).roles)
+        compose.build_roles(compose.plan_run(config))
         assert built == expected, pipelines
 
 
