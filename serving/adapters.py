@@ -16,14 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sieverag.inference.filters.adapter_store import (
-    ADAPTER_NAME,
-    AdapterError,
-    check_card,
-    content_name,
-    find_adapter,
-    read_adapter_config,
-)
+from sieverag.inference.filters.adapter_files import AdapterError, content_name, read_adapter_config
+from sieverag.inference.filters.adapter_store import ADAPTER_NAME, find_adapter
+from sieverag.inference.filters.card.card_file import check_card
 
 
 @dataclass(frozen=True)

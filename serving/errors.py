@@ -1,7 +1,7 @@
 """User-facing errors of the serving package (the CLI prints them as one line)."""
 
 from sieverag.inference.core.errors import SieveragError
-from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.adapter_files import AdapterError
 
 __all__ = ["AdapterError", "ServerStartError"]
 

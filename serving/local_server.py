@@ -29,8 +29,10 @@ from prometheus_client import start_http_server
 from uvicorn.config import LOGGING_CONFIG
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, read_card
-from sieverag.inference.filters.card.combination import card_combination, ranking_statement
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.card.card_file import read_card
+from sieverag.inference.filters.card.combination import card_combination
+from sieverag.inference.filters.card.filter_card import ranking_statement
 from sieverag.inference.llm.model_resolution import resolve_model
 from sieverag.serving.adapters import Adapter, resolve_adapters
 from sieverag.serving.api.middleware.auth import read_api_key
@@ -284,7 +286,7 @@ def served_rankings(names: Sequence[str], cards: Mapping[str, Mapping[str, Any]]
                     ) -> dict[str, tuple[bool, str]]:
     """For each served model (`names`: the base model, then the adapters), whether
     /v1/rerank, /v1/score and the proxy rank its documents by a fitted combination, and the
-    line that says what they rank by and why (`combination.ranking_statement`): a card's
+    line that says what they rank by and why (`filter_card.ranking_statement`): a card's
     combination; a card without one, the filter alone; no card, BM25 + dense alone."""
     rankings = {}
     for name in names:

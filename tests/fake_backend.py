@@ -72,12 +72,13 @@ def scripted_filter_folder(monkeypatch, folder, train_questions: list[list[str]]
     """`sieverag filter` commands find a filter in `folder` (created here), its card naming
     `train_questions` (source, question) as its training questions, and run it on `backend`."""
     from sieverag.inference.filters import adapter_store
+    from sieverag.inference.filters.card import card_file
     from sieverag.inference.llm import backend_registry
 
     folder.mkdir()
     card = {"base_model": "scripted", "dataset": {"train_questions": train_questions}}
     monkeypatch.setattr(adapter_store, "find_adapter", lambda name: type("Found", (), {
         "path": folder})())
-    monkeypatch.setattr(adapter_store, "read_card", lambda path: card)
+    monkeypatch.setattr(card_file, "read_card", lambda path: card)
     monkeypatch.setattr(adapter_store, "resolve_filter", lambda path, base: folder)
     monkeypatch.setattr(backend_registry, "build_backend", lambda spec: backend)

@@ -103,7 +103,8 @@ def assert_trained_adapter(out: Path, model_dir: Path, weights: dict, *,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from sieverag.inference.filters.adapter_store import CARD_FILE, WEIGHTS_FILE
+    from sieverag.inference.filters.adapter_files import WEIGHTS_FILE
+    from sieverag.inference.filters.card.card_file import CARD_FILE
     from sieverag.training.sft.adapter import verify_adapter
 
     changed = weights["changed"]

@@ -160,7 +160,7 @@ def test_the_shipped_cards_rows_are_the_commands_own():
     report (no row typed beside them), and its left-out rows, written by `filter
     fit-combination --by-left-out-source`, are the figures docs/results/filter.md shows
     (left_out.json, written by bench_default_left_out.py from the same scores)."""
-    from sieverag.inference.filters.packaging import HELD_OUT_FIGURES
+    from sieverag.inference.filters.card.card_file import HELD_OUT_FIGURES
 
     card = json.loads(SHIPPED_CARD.read_text(encoding="utf-8"))
     for name, figures in card["held_out"]["chunk"].items():

@@ -72,8 +72,10 @@ LAYERS = (
     Layer("retrieval", 2, (f"{INFERENCE}.retrieval",),
           role="BM25, dense and hybrid retrieval, indexes; runs no LLM"),
     Layer("agents", 3, (f"{INFERENCE}.filters", f"{INFERENCE}.agents"),
-          role="the filters (MCF, the MAIN-RAG judge, their stack, the shipped filter), who "
-               "runs each model role, cutting the scored answer from a reply"),
+          role="the filters (MCF, the MAIN-RAG judge, their stack, the shipped filter), the "
+               "filter's card in one package (`card/`: its file, its fitted combination, the "
+               "questions asked of it), who runs each model role, cutting the scored answer "
+               "from a reply"),
     # Every metric's definition (the runner and reports sit above, in evaluation): functions of
     # answers, decisions, context and gold.
     Layer("metrics", 3, (f"{INFERENCE}.metrics",),
@@ -653,3 +655,92 @@ def test_no_class_name_is_defined_twice() -> None:
     stale = set(SHARED_CLASS_NAMES) - {name for name, where in class_definitions(MODULES).items()
                                        if len(where) > 1}
     assert not stale, f"SHARED_CLASS_NAMES lists names defined once or not at all: {stale}"
+
+
+# ----- the filter's card in one room ---------------------------------------------------------
+
+CARD_PACKAGE = f"{INFERENCE}.filters.card"
+# The card's sections of the fitted combination, its home rule and its priors-only fit: only the
+# card package reads them, by these keys or by the constants that hold them.
+CARD_SECTION_KEYS = frozenset({"combination", "home", "priors_only"})
+CARD_SECTION_CONSTANTS = frozenset({"COMBINATION_KEY", "HOME_KEY", "PRIORS_ONLY_KEY"})
+# A module outside the card package that reads one of those keys of something that is not a
+# card, with what it reads.
+NOT_A_CARD_SECTION = {
+    ("training/evaluation/home_fit.py", "home"): "the home fit's own rows and means: the "
+                                                 "figures of its home rounds, before any card",
+}
+# The one question whether MCF reads the filter for a round's chunks, and the names it had.
+READS_FILTER = "reads_filter"
+RETIRED_READS_FILTER = ("uses_filter", "calls_filter")
+
+
+def card_section_reads(path: Path) -> Iterator[tuple[int, str]]:
+    """Each place a file reads a card section (`CARD_SECTION_KEYS` as a subscript or the key of
+    `.get`/`.pop`/`.setdefault`) or names a constant of `CARD_SECTION_CONSTANTS` (an import
+    too): (line, the key or constant)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop", "setdefault") and node.args):
+            key = node.args[0]
+        if isinstance(key, ast.Constant) and key.value in CARD_SECTION_KEYS:
+            yield node.lineno, key.value
+        if isinstance(node, ast.Name) and node.id in CARD_SECTION_CONSTANTS:
+            yield node.lineno, node.id
+        if isinstance(node, ast.ImportFrom):
+            yield from ((node.lineno, a.name) for a in node.names
+                        if a.name in CARD_SECTION_CONSTANTS)
+
+
+def function_definitions(modules: dict[str, SourceModule], names: tuple[str, ...]
+                         ) -> list[tuple[str, str]]:
+    """(function or method name, `file:line`) of every definition of one of `names`."""
+    return [(node.name, f"{module.shown}:{node.lineno}")
+            for module in modules.values()
+            for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names]
+
+
+def test_only_the_card_package_reads_the_cards_sections() -> None:
+    """The card's combination, home and priors-only sections are read (and written) in
+    `inference/filters/card/` alone: the server, MCF, eval-filter and training's fits ask it
+    (`card_combination`, `fitted_questions`, `with_combination`, ...), never the dict."""
+    found, allowed = [], set()
+    for module in MODULES.values():
+        if _within(module.name, CARD_PACKAGE):
+            continue
+        for line, key in card_section_reads(module.path):
+            if (module.shown, key) in NOT_A_CARD_SECTION:
+                allowed.add((module.shown, key))
+            else:
+                found.append(f"{module.shown}:{line}: reads {key!r}")
+    assert not found, ("card sections read outside inference/filters/card/ (ask the card "
+                       "package, or add what it reads to it):\n" + "\n".join(found))
+    stale = set(NOT_A_CARD_SECTION) - allowed
+    assert not stale, f"NOT_A_CARD_SECTION lists reads no module makes: {sorted(stale)}"
+
+
+def test_whether_the_filter_is_read_has_one_rule() -> None:
+    """`Combination.reads_filter` is the one rule (MCF, its start line and every description
+    of a card ask it); the names it had are gone."""
+    defined = function_definitions(MODULES, (READS_FILTER, *RETIRED_READS_FILTER))
+    assert [name for name, _ in defined] == [READS_FILTER], defined
+    assert defined[0][1].startswith("inference/filters/card/"), defined
+
+
+def test_a_card_section_read_is_found_and_another_key_is_not(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from sieverag.inference.filters.card.combination import HOME_KEY\n"
+        "fit = card['combination']['fit']\n"
+        "rule = (card or {}).get('home')\n"
+        "rest = {k: v for k, v in card.items() if k != HOME_KEY}\n"
+        "base = card.get('base_model')\n"
+        "weights = section['weights']\n"
+        "report = {'combination': None}\n", encoding="utf-8")
+    assert sorted(card_section_reads(source)) == [
+        (1, "HOME_KEY"), (2, "combination"), (3, "home"), (4, "HOME_KEY")]

@@ -30,7 +30,7 @@ from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.in_flight import CONCURRENCY_HELP
 from sieverag.inference.core.settings import narrow, settings
 from sieverag.inference.data.dataset_fields import limit_field
-from sieverag.inference.filters.card.combination import filter_role
+from sieverag.inference.filters.card.filter_card import filter_role
 from sieverag.inference.filters.judge import DocumentOrder
 from sieverag.inference.pipelines.pipeline_registry import (
     PIPELINES,

@@ -25,11 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sieverag.inference.agents.roles import FilterCard, filter_card, resolve_filter_role
+from sieverag.inference.agents.roles import resolve_filter_role
 from sieverag.inference.composition.config import RetrievalConfig, RunConfig
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
+from sieverag.inference.filters.card.filter_card import FilterCard, filter_card
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend

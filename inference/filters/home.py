@@ -3,7 +3,8 @@ than retrieval, and a test of whether a round looks like it (issue 65).
 
 A small trained filter earns its place on its own kind of text and is noise elsewhere. A card
 whose filter helps at home holds a `home` section beside its `combination` (the away
-default, chosen leave-one-source-out):
+default, chosen leave-one-source-out; the card's sections are read and written by
+`card/combination.py`):
 
 * `HomeTest` — P(home) of a round, read from retrieval's features alone before the filter is
   called: a logistic regression on the question's embedding, the mean embedding of the
@@ -33,7 +34,6 @@ import numpy as np
 from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 
-HOME_KEY = "home"  # the card's section
 # question, passage texts, embedding model → unit vectors, the question's first
 RoundVectors = Callable[[str, Sequence[str], str], np.ndarray]
 DEFAULT_HOME_READ = 5  # passages a home round's filter reads: the priors' best
@@ -139,13 +139,6 @@ class HomeRule:
                                               f"{self.test.bar:g}")
         return HomeDecision(False, p_home, f"away: P(home) {p_home:.3f} < {self.test.bar:g}")
 
-    def as_card(self) -> dict[str, Any]:
-        """The card's `home` section."""
-        combination = {k: v for k, v in self.combination.as_card().items()
-                       if k in ("weights", "bias", "bar", "min_keep", "top_k", "shift_guard")}
-        return {"sources": list(self.sources), "read": self.read, "test": self.test.as_card(),
-                "combination": combination, **dict(self.report)}
-
 
 def dataset_decision(rule: HomeRule, rounds: Sequence[tuple[str, Sequence[str]]],
                      name: str, vectors: RoundVectors = round_vectors
@@ -172,36 +165,3 @@ def home_reading(bm25: Sequence[float], dense: Sequence[float], read: int) -> li
     fused = [b + d for b, d in zip(z_scores(list(bm25)), z_scores(list(dense)), strict=True)]
     best = sorted(range(len(fused)), key=lambda i: (-fused[i], i))[:read]
     return sorted(best)
-
-
-def describe_home(rule: HomeRule) -> str:
-    """What a home rule is and what its fit measured, in a few lines (`filter list`,
-    `filter fit-combination`)."""
-    fit = rule.report.get("fit") or {}
-    combination = rule.combination
-    weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
-    lines = [f"home: {', '.join(rule.sources)}; a round is home at P(home) >= "
-             f"{rule.test.bar:g} (its question and passages' embeddings); there the filter "
-             f"reads the priors' best {rule.read} passages and ranks by logit = "
-             f"{combination.bias:+.3f} + {weights}"
-             + (f", calibrated bar P(relevant) >= {combination.bar:g}, at least "
-                f"{combination.min_keep} kept" if combination.bar is not None else "")]
-    if rule.test.dataset_bar is not None:
-        lines.append(f"a whole dataset is home at mean P(home) >= {rule.test.dataset_bar:.3g} "
-                     "(eval-filter decides each dataset first)")
-    if fit.get("cross_validated_f1") is not None:
-        lines.append(f"home questions: {fit.get('questions')}, cross-validated F1 "
-                     f"{fit['cross_validated_f1']:.3f} at home; gold passages read "
-                     f"{fit.get('gold_read')}/{fit.get('gold')}; home test AUROC "
-                     f"{fit.get('test_auroc_out_of_fit') or 0:.3f} (out of fit)")
-    chosen = next((row for row in fit.get("bars") or () if row["bar"] == rule.test.bar), None)
-    if chosen is None and rule.test.bar >= 1.0:
-        lines.append("no bar kept every away source from losing: no round is called home")
-    elif chosen is not None:
-        home = chosen["home"]
-        lines.append(f"at the bar: {home['called_home']:.0%} of home questions called home, "
-                     f"F1 {home['f1']:.3f} against {home['f1_away_only']:.3f} away-only")
-        lines += [f"{source} left out of the test: {row['called_home']:.0%} called home, "
-                  f"F1 change {0.0 - (row['f1_loss'] or 0.0) + 0.0:+.3f}"
-                  for source, row in chosen["sources"].items()]
-    return "\n".join(lines)

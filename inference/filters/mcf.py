@@ -46,14 +46,13 @@ from typing import Literal
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import Section, at_least, settings
 from sieverag.inference.core.types import Conversation, Document
-from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.adapter_files import AdapterError
 from sieverag.inference.filters.card.combination import (
     DEFAULT_P_MIN,
     PRIORS_ONLY,
     Combination,
     RoundBar,
     RoundScores,
-    calls_filter,
     passage_priors,
 )
 from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument, z_scores
@@ -296,17 +295,6 @@ class MultiGranularFilter:
         self.windows = window_rule(backend, self.config, self.combination)
 
     @property
-    def reads_filter(self) -> bool:
-        """Whether the chunk stage calls the filter: its score is the filter's own, a fusion
-        with it, or a combination that weighs it (`Combination.uses_filter`), or the config
-        asks for its scores anyway (`always_score_chunks`). A combination of BM25 and dense
-        alone (the shipped card's) needs no filter call: every chunk's s is then unknown
-        (None in the records), and a long document's best window is the one BM25 + dense
-        rank first. The sentence stage calls the filter on its own (`sentence_rule`)."""
-        return calls_filter(self.combination.uses_filter, self.config.score_rule,
-                            self.config.always_score_chunks)
-
-    @property
     def one_pass(self) -> bool:
         """Whether the filter reads both granularities in one pass (its card says so)."""
         return self.combination.filter_format == "one_pass"
@@ -381,7 +369,12 @@ class MultiGranularFilter:
                                   self.combination.embedding_model)
         if decision is not None and decision.home:
             return self.home_stage(question, round_, decision)
-        scores = (self.chunk_scores(question, round_.read) if self.reads_filter
+        # A combination of BM25 and dense alone (the shipped card's) needs no filter call:
+        # every chunk's s is then unknown (None in the records), and a long document's best
+        # window is the one BM25 + dense rank first. The sentence stage asks on its own.
+        reads_filter = self.combination.reads_filter(self.config.score_rule,
+                                                     self.config.always_score_chunks)
+        scores = (self.chunk_scores(question, round_.read) if reads_filter
                   else round_.prior_scores(question, self.priors,
                                            self.combination.embedding_model))
         best = round_.best(scores)
@@ -433,7 +426,7 @@ class MultiGranularFilter:
         each chunk's score under the config's rule, its P(relevant) from `combination` (default
         the card's away combination), the bar applied, kept ones best first."""
         combination = combination if combination is not None else self.combination
-        # s of a chunk the filter did not read (`reads_filter`) is unknown: 0 in the
+        # s of a chunk the filter did not read (`Combination.reads_filter`) is unknown: 0 in the
         # combination's inputs, which then give it no weight.
         log_odds = [s["score"] if s["p_yes"] is not None else 0.0 for s in scores]
         bm25, dense = self.priors(question, [d.as_context() for d in documents],

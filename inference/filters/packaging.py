@@ -16,7 +16,7 @@ The packaged folder holds exactly the three adapter files (`ADAPTER_FILES`), not
   of each filter prompt template, the training data (fingerprint, sources, record counts,
   the training questions), the recipe, the training metrics, the combination `sieverag train`
   fitted (when it did), the weights check, and the held-out quality from an `eval-filter`
-  report when one is given.
+  report when one is given (`card.card_file.packaged_card` says what it holds).
 
 The next retrained filter replaces the shipped one the same way:
 `sieverag filter package runs/filter-smollm2-cpu --eval-filter runs/eval-filter
@@ -34,36 +34,31 @@ from sieverag.inference.core.errors import DatasetError
 from sieverag.inference.core.io_utils import (
     atomic_directory,
     parse_json,
-    read_text,
     write_json_atomic,
 )
 from sieverag.inference.core.types import Device, DType, check_device_present
-from sieverag.inference.filters.adapter_store import (
-    BASE_SHA_KEY,
-    CARD_FILE,
+from sieverag.inference.filters.adapter_files import (
     CONFIG_FILE,
-    DEFAULT_FILTER_NAME,
-    TEMPLATES_KEY,
     WEIGHTS_FILE,
     AdapterError,
     adapter_content_hash,
-    check_adapter_files,
-    filter_template_hashes,
     read_adapter_config,
-    read_card,
     weights_sha256,
 )
-from sieverag.inference.filters.filter_format import FORMAT_KEY, card_format
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, check_adapter_files
+from sieverag.inference.filters.card.card_file import (
+    BASE_SHA_KEY,
+    CARD_FILE,
+    TEMPLATES_KEY,
+    filter_template_hashes,
+    held_out_quality,
+    packaged_card,
+    read_card,
+    write_card,
+)
+from sieverag.inference.filters.filter_format import card_format
 
-CARD_FORMAT = "sieverag-filter-card/1"
-# Keys of a training run's metadata that describe how the adapter was made, kept in the card;
-# with the combination `sieverag train` fitted (the bf16 weights' P(Yes) is checked to stay
-# within `max_p_yes_diff` of the trained ones it was fitted on).
-CARRIED_KEYS = ("recipe", "metrics", "versions", "combination")
-# eval-filter's chunk-level figures kept per method in the card.
-HELD_OUT_FIGURES = ("precision", "recall", "f1", "auroc", "ece", "kept_per_question")
 _SPLIT_ADVICE = "is it a folder written by `sieverag build-dataset`?"
-_REPORT_ADVICE = "give the --out folder of `sieverag eval-filter`"
 
 
 @dataclass(frozen=True)
@@ -123,26 +118,15 @@ def package_filter(run_dir: str | Path, out: str | Path, *, name: str = DEFAULT_
                                f"on {len(passages)} passages ({dtype} base on {device}; "
                                f"allowed {max_p_yes_diff}): ship this filter in its training "
                                "precision or retrain it")
-        card = {
-            "format": CARD_FORMAT,
-            "name": name,
-            "trained_as": metadata.get("name"),
-            "base_model": base_model,
-            "base_model_hub_name": hub_name,
-            BASE_SHA_KEY: base_sha,
-            TEMPLATES_KEY: templates,
-            FORMAT_KEY: card_format(metadata),
-            **{key: _portable(metadata[key]) for key in CARRIED_KEYS if key in metadata},
-            "dataset": _portable(dataset),
-            "weights": {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
-                        "content_sha256": adapter_content_hash(staging),
-                        "p_yes_check": {"passages": len(passages),
-                                        "max_abs_diff_vs_trained": round(diff, 6),
-                                        "tolerance": max_p_yes_diff,
-                                        "base_dtype": dtype, "device": device}},
-            "held_out": held_out,
-        }
-        write_json_atomic(staging / CARD_FILE, card)
+        weights = {"dtype": "bfloat16", "bytes": (staging / WEIGHTS_FILE).stat().st_size,
+                   "content_sha256": adapter_content_hash(staging),
+                   "p_yes_check": {"passages": len(passages),
+                                   "max_abs_diff_vs_trained": round(diff, 6),
+                                   "tolerance": max_p_yes_diff,
+                                   "base_dtype": dtype, "device": device}}
+        write_card(staging, packaged_card(metadata, name=name, hub_name=hub_name,
+                                          base_sha=base_sha, templates=templates,
+                                          dataset=dataset, weights=weights, held_out=held_out))
     return PackagedFilter(out, (out / WEIGHTS_FILE).stat().st_size, len(passages), diff,
                           device, dtype)
 
@@ -153,17 +137,6 @@ def _same(run_dir: Path, what: str, recorded: str | None, current: str) -> None:
         raise AdapterError(f"{run_dir} was trained with {what} {recorded[:16]}…, but the one in "
                            f"use now is {current[:16]}…: package it where it was trained, or "
                            "retrain it")
-
-
-def _portable(value: Any) -> Any:
-    """`value` with the training machine's absolute paths reduced to their last part."""
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_portable(v) for v in value]
-    if isinstance(value, str) and value.startswith("/") and Path(value).is_absolute():
-        return Path(value).name
-    return value
 
 
 def with_training_questions(dataset: dict[str, Any]) -> dict[str, Any]:
@@ -259,32 +232,3 @@ def max_p_yes_difference(base_dir: str, reference: Path, candidate: Path,
         return [p_relevant(relevance_log_odds(s)) for read in reads for s in read]
 
     return max(abs(a - b) for a, b in zip(p_yes(reference), p_yes(candidate), strict=True))
-
-
-def held_out_quality(eval_dir: str | Path) -> dict[str, Any]:
-    """The chunk-level figures of an `eval-filter` report (report.json), for the card."""
-    path = Path(eval_dir) / "report.json"
-    if not path.is_file():
-        raise AdapterError(f"{path} not found: {_REPORT_ADVICE}")
-    report = parse_json(read_text(path, AdapterError), str(path), _REPORT_ADVICE,
-                        error=AdapterError)
-    if not (isinstance(report, dict) and isinstance(report.get("chunk"), dict)
-            and isinstance(report.get("questions"), dict)):
-        raise AdapterError(f"{path} is not an eval-filter report (no chunk and questions "
-                           f"sections): {_REPORT_ADVICE}")
-    chunk, questions = report["chunk"], report["questions"]
-    return {
-        "dataset": Path(str(report.get("config", {}).get("dataset", ""))).name,
-        "questions": questions.get("evaluated"),
-        "training_questions_left_out": questions.get("excluded_as_training"),
-        "passages": report.get("passages"),
-        # The row of the MCF rule amber runs by default (e.g. "MCF top_k=2 + BM25 prior w=1").
-        "amber_default_row": (report.get("filter") or {}).get("amber_default_row"),
-        "chunk": {method: {k: figures.get(k) for k in HELD_OUT_FIGURES if k in figures}
-                  for method, figures in chunk.items()},
-        "sentence": {method: figures.get("f1") for method, figures in
-                     (report.get("sentence") or {}).items()},
-        # Every evaluated dataset's line (filter vs BM25 / dense AUROC, F1s), when several.
-        "by_dataset": report.get("by_dataset") if len(report.get("datasets") or {}) > 1
-        else None,
-    }

@@ -221,9 +221,9 @@ class WindowedRound:
 
     def prior_scores(self, question: str, priors: PriorScorer, embedding_model: str
                      ) -> list[dict]:
-        """Scores of `read` in its order where the filter does not read them (MCF's
-        `reads_filter`): a windowed document's windows by z(BM25) + z(dense) over them (as
-        `windows_read` ranks them), a document read whole 0; no P(Yes) (None)."""
+        """Scores of `read` in its order where the filter does not read them
+        (`Combination.reads_filter`): a windowed document's windows by z(BM25) + z(dense) over
+        them (as `windows_read` ranks them), a document read whole 0; no P(Yes) (None)."""
         scores: list[dict] = []
         for windows in self.reads:
             if len(windows) <= 1:

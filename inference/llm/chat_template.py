@@ -6,7 +6,7 @@ none (Meta-Llama-3-8B, Qwen2.5-7B base) gets sieverag's named fallback, `sievera
 loaded (`load_tokenizer`), so training, MCF's scoring, the embedded server and the openai
 backend's `chat_template_model` all render the same text; `sieverag serve --engine vllm`
 passes the same file as vLLM's `--chat-template`. A trained filter's card records which
-template it learned (`template_identity`) and `adapters.check_card` refuses a model whose
+template it learned (`template_identity`) and `card_file.check_card` refuses a model whose
 template is another.
 """
 

@@ -1,7 +1,7 @@
 """GET /v1/models: the served base model and its adapters, as OpenAI's model list (`root` the
 base model, `parent` the base for an adapter), with the context length each serves and, for
 an adapter that has one, its filter card (`filter_card`: its `sieverag_adapter.json`, whole),
-so a client ranks with the served filter's own combination (`inference.roles.filter_card`).
+so a client ranks with the served filter's own combination (`inference.filters.card.filter_card`).
 An adapter without a card, and the base model, have no `filter_card` key."""
 
 from __future__ import annotations

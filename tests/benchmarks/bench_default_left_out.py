@@ -29,7 +29,8 @@ from dataclasses import replace
 
 import results_json
 
-from sieverag.inference.filters.adapter_store import find_adapter, read_card, resolve_filter
+from sieverag.inference.filters.adapter_store import find_adapter, resolve_filter
+from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.metrics.filter import top_k_indices
 from sieverag.training.evaluation.card_fit import score_fitting_rounds
 from sieverag.training.evaluation.combination_fit import (

@@ -87,12 +87,8 @@ from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source, load_examples  # noqa: E402
 from sieverag.inference.eval.runner import run_evaluation  # noqa: E402
-from sieverag.inference.filters.adapter_store import (  # noqa: E402
-    CARD_FILE,
-    DEFAULT_FILTER_NAME,
-    read_card,
-    resolve_filter,
-)
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, resolve_filter  # noqa: E402
+from sieverag.inference.filters.card.card_file import CARD_FILE, read_card  # noqa: E402
 from sieverag.inference.filters.filter_format import (  # noqa: E402
     CHUNK_LABELS,
     chunk_prompt,

@@ -102,13 +102,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sieverag.inference.core.errors import SieveragError  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
-from sieverag.inference.filters.adapter_store import (  # noqa: E402
-    CARD_FILE,
-    DEFAULT_FILTER_NAME,
-    AdapterError,
-    read_card,
-    resolve_filter,
-)
+from sieverag.inference.filters.adapter_files import AdapterError  # noqa: E402
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, resolve_filter  # noqa: E402
+from sieverag.inference.filters.card.card_file import CARD_FILE, read_card  # noqa: E402
 from sieverag.inference.filters.card.combination import card_combination  # noqa: E402
 from sieverag.inference.filters.mcf import MCFConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402

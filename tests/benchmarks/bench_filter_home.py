@@ -37,7 +37,8 @@ import numpy as np
 import results_json
 
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.adapter_store import find_adapter, read_card, resolve_filter
+from sieverag.inference.filters.adapter_store import find_adapter, resolve_filter
+from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.filters.card.combination import card_combination
 from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.metrics.filter import top_k_indices

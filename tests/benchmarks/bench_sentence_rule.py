@@ -63,9 +63,10 @@ from tqdm import tqdm  # noqa: E402
 from sieverag.data_gen.strinc import strinc  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import example_source  # noqa: E402
-from sieverag.inference.filters.adapter_store import CARD_FILE, read_card, resolve_filter  # noqa: E402
+from sieverag.inference.filters.adapter_store import resolve_filter  # noqa: E402
+from sieverag.inference.filters.card.card_file import CARD_FILE, read_card  # noqa: E402
 from sieverag.inference.filters.card.combination import (  # noqa: E402
-    CARD_KEY,
+    COMBINATION_KEY,
     adapter_combination,
     passage_priors,
 )
@@ -147,7 +148,7 @@ def held_out(sets: dict[str, Path], filter_folder: Path, limit: int
     card = read_card(filter_folder) or {}
     config = FilterEvalConfig(dataset=tuple(str(p) for p in sets.values()), out="")
     # The combination ranks chunks; chunks are held fixed here, so its fit questions may stay.
-    trained = training_questions(config, {k: v for k, v in card.items() if k != CARD_KEY},
+    trained = training_questions(config, {k: v for k, v in card.items() if k != COMBINATION_KEY},
                                  f"{filter_folder}/{CARD_FILE}")
     chosen: dict[str, list[tuple[Example, list]]] = {}
     for name, path in sets.items():

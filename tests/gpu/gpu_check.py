@@ -86,7 +86,8 @@ from sieverag.inference.core.io_utils import write_atomic  # noqa: E402
 from sieverag.inference.core.prompt_templates import load_template  # noqa: E402
 from sieverag.inference.core.types import Example  # noqa: E402
 from sieverag.inference.data import load_examples  # noqa: E402
-from sieverag.inference.filters.adapter_store import resolve_filter, weights_sha256  # noqa: E402
+from sieverag.inference.filters.adapter_files import weights_sha256  # noqa: E402
+from sieverag.inference.filters.adapter_store import resolve_filter  # noqa: E402
 from sieverag.inference.filters.filter_format import (  # noqa: E402
     CHUNK_LABELS,
     CHUNK_TEMPLATE,

@@ -211,8 +211,8 @@ def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
     import httpx
     import openai
 
-    from sieverag.inference.agents.roles import filter_card
-    from sieverag.inference.filters.adapter_store import read_card
+    from sieverag.inference.filters.card.card_file import read_card
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)

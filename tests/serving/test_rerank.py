@@ -278,8 +278,8 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
     """The tiny adapter has no card: /v1/models shows none for it, no filter has its served
     name, so a run's filter role on it is refused, naming both remedies; the model list
     itself needs the server's key."""
-    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.core.errors import ConfigError
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)
@@ -298,11 +298,8 @@ def test_the_server_says_what_each_served_model_ranks_by(
     served model's documents by (`served_rankings`): without a card (the base model and the
     tiny adapter here) BM25 + dense alone, a card without a fitted combination the filter
     alone, a card with one its combination; the unfitted ones as warnings."""
-    from sieverag.inference.filters.adapter_store import (
-        DEFAULT_FILTER_NAME,
-        find_adapter,
-        read_card,
-    )
+    from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter
+    from sieverag.inference.filters.card.card_file import read_card
     from sieverag.serving.local_server import served_rankings
 
     names = server.engine.served.names

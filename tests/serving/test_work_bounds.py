@@ -23,7 +23,7 @@ from rerank_server import http_at_root, post  # noqa: F401 (http_at_root: the ht
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.adapter_store import CARD_FILE
+from sieverag.inference.filters.card.card_file import CARD_FILE
 from sieverag.inference.filters.card.combination import card_combination
 from sieverag.inference.filters.mcf import MultiGranularFilter, window_rule
 from sieverag.inference.filters.round_plan import plan_round

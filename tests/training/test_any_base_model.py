@@ -29,7 +29,8 @@ from repo_paths import REPO
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.adapter_store import AdapterError, resolve_filter
+from sieverag.inference.filters.adapter_files import AdapterError
+from sieverag.inference.filters.adapter_store import resolve_filter
 from sieverag.inference.llm.chat_template import (
     CARD_KEY,
     FALLBACK_TEMPLATE,
@@ -129,7 +130,7 @@ def trained(models: dict, labels: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def card(run: Trained) -> dict:
-    from sieverag.inference.filters.adapter_store import CARD_FILE
+    from sieverag.inference.filters.card.card_file import CARD_FILE
 
     return json.loads((run.adapter / CARD_FILE).read_text(encoding="utf-8"))
 

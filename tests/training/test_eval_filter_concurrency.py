@@ -212,7 +212,7 @@ def fit(tmp_path: Path, books: Path, concurrency: int | None, monkeypatch,
         model: ThreadNotingBackend) -> dict:
     """`filter fit-combination` on a scripted filter whose card lists no question of `books`
     as a training question; the card it writes."""
-    from sieverag.inference.filters import adapter_store
+    from sieverag.inference.filters.card import card_file
 
     folder = tmp_path / f"filter-{concurrency}"
     scripted_filter_folder(monkeypatch, folder, [["nq", "elsewhere"]], model)
@@ -220,7 +220,7 @@ def fit(tmp_path: Path, books: Path, concurrency: int | None, monkeypatch,
         adapter="scripted", dataset=(str(books),), folds=2, quiet=True,
         concurrency=concurrency)
     assert filter_cli.run_fit_combination(command) == 0
-    return json.loads((folder / adapter_store.CARD_FILE).read_text(encoding="utf-8"))
+    return json.loads((folder / card_file.CARD_FILE).read_text(encoding="utf-8"))
 
 
 def test_fit_combination_fits_the_same_card_at_one_and_four_in_flight(tmp_path, monkeypatch,

@@ -281,7 +281,7 @@ def test_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
 ])
 def test_a_bad_adapter_fails_before_any_work(adapter: str, message: str, tmp_path: Path,
                                              tiny_model_dir: Path) -> None:
-    from sieverag.inference.filters.adapter_store import AdapterError
+    from sieverag.inference.filters.adapter_files import AdapterError
 
     with pytest.raises(AdapterError, match=message):
         evaluate(models=roles(tiny_model_dir, adapter), out=str(tmp_path / "out"),
@@ -294,12 +294,13 @@ def test_without_an_adapter_the_default_filter_is_evaluated(tmp_path, monkeypatc
                                                             tiny_model_dir: Path) -> None:
     from sieverag.inference.agents.roles import resolve_filter_role
     from sieverag.inference.filters import adapter_store
+    from sieverag.inference.filters.adapter_files import AdapterError
     from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
     monkeypatch.setenv("SIEVERAG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adapter_store, "SHIPPED_DIR", tmp_path / "shipped")
     config = FilterEvalConfig(dataset=str(SAMPLE), out="out", models=roles(tiny_model_dir))
-    with pytest.raises(adapter_store.AdapterError, match="'smollm2-filter' is neither a folder"):
+    with pytest.raises(AdapterError, match="'smollm2-filter' is neither a folder"):
         resolve_filter_role(config.models.filter)
     installed = adapter_store.install_adapter(tiny_adapter, "smollm2-filter")
     assert resolve_filter_role(config.models.filter).adapter == str(installed)

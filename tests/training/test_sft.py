@@ -96,7 +96,7 @@ def test_a_run_whose_one_step_is_in_warmup_is_untrained_and_says_so(
     two-question sample under the CPU recipe) saves B = 0: not a failed save."""
     from safetensors.torch import load_file
 
-    from sieverag.inference.filters.adapter_store import WEIGHTS_FILE
+    from sieverag.inference.filters.adapter_files import WEIGHTS_FILE
     from sieverag.training.sft.recipe import parse_recipe
     from sieverag.training.sft.trainer import train
 

@@ -19,7 +19,7 @@ from sieverag.accelerate_configs import ACCELERATE_CONFIGS, ACCELERATE_CONFIGS_D
 from sieverag.cli import main
 from sieverag.inference.core.errors import ConfigError
 from sieverag.inference.core.settings import parse_settings, read_yaml_mapping
-from sieverag.inference.filters.adapter_store import read_card
+from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.filters.card.combination import PRIORS_ONLY, Combination, card_combination
 from sieverag.training.cli.train import RECIPES_DIR, TrainCommand, launch_command, plan_launch
 from sieverag.training.sft.launch import Machine

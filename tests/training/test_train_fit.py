@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fake_backend import ScriptedBackend
 
-from sieverag.inference.filters.adapter_store import CARD_FILE, read_card
+from sieverag.inference.filters.card.card_file import CARD_FILE, read_card
 from sieverag.inference.filters.card.combination import (
     FILTER_ALONE,
     FILTER_ALONE_FIT,
@@ -93,7 +93,7 @@ def test_train_fits_the_combination_on_its_validation_split(trained: Path,
     # Two sources in the split: each left out in turn.
     assert set(section["fit"]["leave_one_source_out"]) == set(SOURCES)
     combination = card_combination(read_card(trained))
-    assert combination.fitted and combination.uses_filter
+    assert combination.fitted and combination.reads_filter()
     assert "6 validation question(s)" in said and "each source left out in turn" in said
     assert said.splitlines()[-1].startswith("MCF ranks by the filter's score combined with")
 

@@ -171,7 +171,7 @@ def assert_same_adapter(adapter: Path, reference: Path, model: Path, mode: str) 
     returns the largest P(Yes) difference."""
     from safetensors.torch import load_file
 
-    from sieverag.inference.filters.adapter_store import WEIGHTS_FILE
+    from sieverag.inference.filters.adapter_files import WEIGHTS_FILE
     from sieverag.training.sft.adapter import verify_adapter
 
     check = verify_adapter(adapter, model)
@@ -199,7 +199,7 @@ def assert_same_losses(run: Run, reference: Run, mode: str) -> None:
 
 
 def read_card(out: Path) -> dict:
-    from sieverag.inference.filters.adapter_store import CARD_FILE
+    from sieverag.inference.filters.card.card_file import CARD_FILE
 
     return json.loads((out / CARD_FILE).read_text(encoding="utf-8"))
 

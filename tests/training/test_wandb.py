@@ -55,7 +55,8 @@ def test_recipe_reports_to_wandb_offline(tiny_model_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import wandb
 
-    from sieverag.inference.filters.adapter_store import CARD_FILE, WEIGHTS_FILE
+    from sieverag.inference.filters.adapter_files import WEIGHTS_FILE
+    from sieverag.inference.filters.card.card_file import CARD_FILE
     from sieverag.training.sft.recipe import parse_recipe
     from sieverag.training.sft.trainer import train
 

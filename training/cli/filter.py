@@ -18,15 +18,21 @@ from sieverag.inference.core.settings import FileList, at_least, settings
 from sieverag.inference.core.types import Device
 from sieverag.inference.data import odd_passages_line
 from sieverag.inference.data.dataset_fields import limit_field
-from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, AdapterError, read_card
+from sieverag.inference.filters.adapter_files import AdapterError
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME
+from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.filters.card.combination import (
     DEFAULT_EMBEDDING_MODEL,
     adapter_combination,
     card_combination,
+)
+from sieverag.inference.filters.card.filter_card import (
     describe_combination,
+    describe_home,
+    held_out_f1,
 )
 from sieverag.inference.filters.filter_format import FORMAT_KEY
-from sieverag.inference.filters.home import DEFAULT_HOME_READ, describe_home
+from sieverag.inference.filters.home import DEFAULT_HOME_READ
 from sieverag.training.evaluation.fit_defaults import DEFAULT_TOLERANCE, FOLDS, MIN_GAIN
 
 
@@ -70,20 +76,6 @@ class FilterPackageCommand:
         at_least(1, check_passages=self.check_passages)
 
 
-def _held_out_f1(card: dict | None) -> str:
-    """Held-out chunk F1 of MCF's default: its worst source left out of the fit where the
-    card's combination was chosen leave-one-source-out, else the card's eval-filter figure of
-    the rule amber runs by default ("–" when the card has neither)."""
-    fit = ((card or {}).get("combination") or {}).get("fit") or {}
-    left_out = [row["default"]["f1"] for row in (fit.get("leave_one_source_out") or {}).values()
-                if "default" in row]
-    if left_out:
-        return f"{min(left_out):.3f} worst"
-    held_out = (card or {}).get("held_out") or {}
-    figures = (held_out.get("chunk") or {}).get(held_out.get("amber_default_row") or "")
-    return "–" if not figures or figures.get("f1") is None else f"{figures['f1']:.3f}"
-
-
 def run_list(command: FilterListCommand) -> int:
     from sieverag.inference.filters.adapter_store import adapters_dir, available_adapters
 
@@ -98,7 +90,7 @@ def run_list(command: FilterListCommand) -> int:
         base = (card or {}).get("base_model", "–")
         print(f"{adapter.name:24} {adapter.source:8} {'yes' if picked else 'shadowed':9} "
               f"{base:24} {(card or {}).get(FORMAT_KEY, 'two_stage'):10} "
-              f"{_held_out_f1(card):12} {adapter.path}")
+              f"{held_out_f1(card):12} {adapter.path}")
     print("\nHow MCF combines each filter's score with BM25 and dense (its card's "
           "combination):")
     for adapter, _ in found:
@@ -198,12 +190,8 @@ class FitCombinationCommand:
 
 
 def run_fit_combination(command: FitCombinationCommand) -> int:
-    from sieverag.inference.filters.adapter_store import (
-        CARD_FILE,
-        find_adapter,
-        read_card,
-        resolve_filter,
-    )
+    from sieverag.inference.filters.adapter_store import find_adapter, resolve_filter
+    from sieverag.inference.filters.card.card_file import CARD_FILE, read_card
     from sieverag.training.evaluation.card_fit import (
         fit_card_home,
         fitting_passage_handling,

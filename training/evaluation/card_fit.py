@@ -24,18 +24,19 @@ from sieverag.inference.core.errors import DatasetError, SieveragError
 from sieverag.inference.core.in_flight import default_concurrency
 from sieverag.inference.core.types import Device, Example
 from sieverag.inference.data import PassageHandling
+from sieverag.inference.filters.card.card_file import write_card
 from sieverag.inference.filters.card.combination import (
-    CARD_KEY,
     DEFAULT_EMBEDDING_MODEL,
     FILTER_ALONE_FIT,
     Combination,
     card_combination,
-    describe_combination,
     fit_combination,
-    ranking_statement,
+    with_combination,
+    with_home,
 )
+from sieverag.inference.filters.card.filter_card import describe_combination, ranking_statement
 from sieverag.inference.filters.filter_format import card_format
-from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule
+from sieverag.inference.filters.home import DEFAULT_HOME_READ, HomeRule
 from sieverag.inference.filters.windows import DEFAULT_MAX_WINDOWS, WindowRule, card_window_tokens
 from sieverag.inference.llm.call_batching import on_batcher, question_batcher
 from sieverag.inference.metrics.filter import auroc
@@ -155,26 +156,17 @@ def _weights_fingerprint(folder: Path, card: Mapping[str, Any]) -> str:
 def write_card_combination(folder: Path, card: Mapping[str, Any], combination: Combination,
                            datasets: Sequence[str], rounds: Sequence[LabelledRound]) -> Path:
     """Write `combination` into the card of `folder` (its `combination` section, with the
-    datasets and questions it was fitted on); returns the card's path."""
-    from sieverag.inference.core.io_utils import write_json_atomic
-    from sieverag.inference.filters.adapter_store import CARD_FILE
-
-    section = {**combination.as_card(), "datasets": [Path(d).name for d in datasets],
-               "questions": sorted([r.source, r.question_id] for r in rounds)}
-    path = folder / CARD_FILE
-    write_json_atomic(path, {**card, CARD_KEY: section})
-    return path
+    datasets and questions it was fitted on: `combination.with_combination`); returns the
+    card's path."""
+    return write_card(folder, with_combination(
+        card, combination, datasets=datasets,
+        questions=[(r.source, r.question_id) for r in rounds]))
 
 
 def write_card_home(folder: Path, card: Mapping[str, Any], home: HomeRule | None) -> Path:
-    """Write `home` into the card of `folder` (its `home` section; None removes it)."""
-    from sieverag.inference.core.io_utils import write_json_atomic
-    from sieverag.inference.filters.adapter_store import CARD_FILE
-
-    path = folder / CARD_FILE
-    rest = {k: v for k, v in card.items() if k != HOME_KEY}
-    write_json_atomic(path, rest if home is None else {**rest, HOME_KEY: home.as_card()})
-    return path
+    """Write `home` into the card of `folder` (its `home` section; None removes it:
+    `combination.with_home`); returns the card's path."""
+    return write_card(folder, with_home(card, home))
 
 
 def filter_alone_fit(rounds: Sequence[LabelledRound], because: str,
@@ -204,7 +196,7 @@ def fit_trained_filter(output_dir: str | Path, dataset_dir: str | Path, *,
     validation questions of `dataset_dir`, the build-dataset folder it trained on, and write it
     into the adapter's card (see the module docstring); returns what was fitted, or why
     nothing was, ending with the line that says what MCF now ranks by."""
-    from sieverag.inference.filters.adapter_store import CARD_FILE, read_card
+    from sieverag.inference.filters.card.card_file import CARD_FILE, read_card
     from sieverag.training.sft.data import labelled_datasets
 
     folder, split_dir = Path(output_dir), str(dataset_dir)
@@ -242,7 +234,7 @@ def not_fitted(output_dir: str | Path, dataset_dir: str | Path, why: str,
     """Why the adapter in `output_dir` got no combination from the validation split of
     `dataset_dir`, and the command that fits one (one line), then what MCF ranks by with its
     card as it is."""
-    from sieverag.inference.filters.adapter_store import CARD_FILE, read_card
+    from sieverag.inference.filters.card.card_file import CARD_FILE, read_card
 
     where = f"{Path(output_dir) / CARD_FILE}"
     return (f"no combination fitted on the validation split of {dataset_dir}: {why} (fit one "

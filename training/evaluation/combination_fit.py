@@ -60,7 +60,6 @@ from sieverag.inference.filters.card.combination import (
     FEATURES,
     PRIOR_FEATURES,
     PRIORS_ONLY,
-    PRIORS_ONLY_KEY,
     Combination,
     RoundScores,
     ShiftGuard,
@@ -141,16 +140,16 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                        if any(r.features == "priors_alone" for r in search)
                        else SelectionRule("priors_alone", 1, TOP_K, None))
         rule = best_rule(allowed) if allowed else priors_rule
-        uses_filter = rule.features == "with_filter"
+        keeps_filter = rule.features == "with_filter"
     else:
-        uses_filter = gain_met
-        rule = SelectionRule("with_filter" if uses_filter else "priors_alone", 1, TOP_K, None)
+        keeps_filter = gain_met
+        rule = SelectionRule("with_filter" if keeps_filter else "priors_alone", 1, TOP_K, None)
         priors_rule = SelectionRule("priors_alone", 1, TOP_K, None)
-    chosen = full_oof if uses_filter else priors_oof
+    chosen = full_oof if keeps_filter else priors_oof
     final, priors_fit = fit_rule(rule, rounds), fit_rule(priors_rule, rounds)
     report = {"fit": {**_figures(rounds, full_oof, priors_oof, chosen, isotonic_oof),
                       "questions": len(rounds), "passages": sum(len(r.labels) for r in rounds),
-                      "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not uses_filter,
+                      "folds": folds, "min_gain": min_gain, "filter_adds_nothing": not keeps_filter,
                       "filter_gain_meets_min_gain": gain_met, "rule": rule.as_card(),
                       **final.report,  # the chosen bar's F1 and worst source margin
                       "by_source": {source: _figures(*_of_source(source, rounds, full_oof,
@@ -169,10 +168,8 @@ def measure_combination(rounds: Sequence[LabelledRound], *, folds: int = 5,
                                   reverse=True)]
     # The priors-only fit is kept whatever was chosen, so MCF can run it by name
     # (`--mcf.combination priors_only`): what the filter adds is one flag away.
-    report[PRIORS_ONLY_KEY] = {k: v for k, v in priors_fit.as_card().items()
-                               if k in ("weights", "bias", "bar", "min_keep", "top_k",
-                                        "shift_guard")}
-    return replace(final, embedding_model=embedding_model, report=report)
+    return replace(final, embedding_model=embedding_model,
+                   report=report).with_priors_only_fit(priors_fit)
 
 
 def _fit(rounds: Sequence[LabelledRound], features: Sequence[str]) -> Combination:

@@ -43,13 +43,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from sieverag.inference.agents.roles import ModelRoles, filter_card, resolve_filter_role
+from sieverag.inference.agents.roles import ModelRoles, resolve_filter_role
 from sieverag.inference.core.in_flight import default_concurrency
 from sieverag.inference.core.io_utils import check_output_folder
 from sieverag.inference.core.settings import settings_to_data
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import PassageHandling, example_source, odd_passages_line
-from sieverag.inference.filters.card.combination import PRIORS_ONLY_KEY, Combination
+from sieverag.inference.filters.card.combination import Combination
+from sieverag.inference.filters.card.filter_card import filter_card
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
@@ -321,7 +322,7 @@ def mcf_configs(config: FilterEvalConfig, combination: Combination | None = None
     top_k = {"bar": "top_k", "top_k": config.top_k, **sentences}
     adaptive = {"bar": "adaptive", "bar_n": config.bar_n, **sentences}
     with_prior = config.lexical_weight > 0
-    has_priors_fit = combination is not None and bool(combination.report.get(PRIORS_ONLY_KEY))
+    has_priors_fit = combination is not None and combination.holds_priors_only_fit
     has_home = combination is not None and combination.home is not None
     return [MCFConfig(**sentences),
             *([MCFConfig(home="home", **sentences), MCFConfig(home="away", **sentences)]
@@ -350,7 +351,7 @@ def _filter_identity(filter_role: BackendSpec) -> dict[str, Any]:
     """What identifies the filter's answers (the cache key of its scores and replies)."""
     if filter_role.endpoint:
         return {"endpoint": filter_role.endpoint, "model": filter_role.model}
-    from sieverag.inference.filters.adapter_store import adapter_content_hash
+    from sieverag.inference.filters.adapter_files import adapter_content_hash
 
     return {"base": filter_role.model, "dtype": filter_role.dtype,
             "adapter": adapter_content_hash(filter_role.adapter or "")}

@@ -19,8 +19,8 @@ from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.io_utils import read_text
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
-from sieverag.inference.filters.adapter_store import CARD_FILE
-from sieverag.inference.filters.card.combination import CARD_KEY
+from sieverag.inference.filters.card.card_file import CARD_FILE
+from sieverag.inference.filters.card.combination import fitted_questions
 from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig
 
 
@@ -53,7 +53,7 @@ def training_questions(config: FilterEvalConfig, metadata: Mapping[str, Any],
     fitted on."""
     from sieverag.training.sft.data import question_ids
 
-    fitted = frozenset(tuple(q) for q in (metadata.get(CARD_KEY) or {}).get("questions") or ())
+    fitted = fitted_questions(metadata)
 
     def from_datasets(folders: Sequence[str]) -> TrainingQuestions:
         pairs = frozenset().union(*(question_ids(f, "train") for f in folders))

@@ -19,12 +19,8 @@ from typing import Any
 
 from sieverag.inference.core.errors import SieveragError
 from sieverag.inference.core.io_utils import write_atomic
-from sieverag.inference.filters.adapter_store import (
-    CARD_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    content_name,
-)
+from sieverag.inference.filters.adapter_files import CONFIG_FILE, WEIGHTS_FILE, content_name
+from sieverag.inference.filters.card.card_file import CARD_FILE
 
 ZERO3_HINT = ("under DeepSpeed ZeRO-3 the sharded LoRA weights must be gathered before saving "
               "(the trainer's save_model does it, a model's own save_pretrained does not): "

@@ -250,7 +250,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()) -> Path:
     # ZeRO-3's zero.Init (which would wait for ranks that have finished).
     unset_hf_deepspeed_config()
 
-    from sieverag.inference.filters.adapter_store import filter_template_hashes, weights_sha256
+    from sieverag.inference.filters.adapter_files import weights_sha256
+    from sieverag.inference.filters.card.card_file import filter_template_hashes
     from sieverag.inference.filters.filter_format import FORMAT_KEY
     from sieverag.inference.filters.windows import RECORD_TOKENS_KEY
     from sieverag.inference.llm.chat_template import CARD_KEY as CHAT_TEMPLATE_KEY

@@ -25,7 +25,10 @@ the filter's own s, so P(relevant) is its normalised P(Yes); not fitted on label
 (`fitted` False), so MCF's calibrated bar falls back to its top_k bar. `PRIORS_ONLY`,
 z(BM25) + z(dense) with the filter's score unused, is what ranks where there is no card at all
 or retrieval is asked for by name (`--models.filter-card retrieval-only`). Every command that
-ranks by a filter says at start which of these ranks, and why (`ranking_statement`).
+ranks by a filter says at start which of these ranks, and why (`filter_card.ranking_statement`).
+
+The card's sections are read and written here alone: `combination` (`card_combination`,
+`with_combination`, `fitted_questions`) and `home` (`card_home_rule`, `with_home`).
 """
 
 from __future__ import annotations
@@ -39,20 +42,24 @@ from typing import Any
 
 import numpy as np
 
-from sieverag.inference.filters.adapter_store import AdapterError, read_card
+from sieverag.inference.filters.adapter_files import AdapterError
+from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.filters.document_filter import z_scores
 from sieverag.inference.filters.embeddings import DEFAULT_EMBEDDING_MODEL, round_vectors
 from sieverag.inference.filters.filter_format import FilterFormat, card_format, p_relevant
-from sieverag.inference.filters.home import DEFAULT_HOME_READ, HOME_KEY, HomeRule, HomeTest
+from sieverag.inference.filters.home import DEFAULT_HOME_READ, HomeRule, HomeTest
 from sieverag.inference.filters.windows import DEFAULT_WINDOW_TOKENS, card_window_tokens
 
 FEATURES = ("filter_log_odds", "filter_z", "bm25_z", "dense", "dense_z")
 PRIOR_FEATURES = ("bm25_z", "dense", "dense_z")
 FILTER_FEATURES = ("filter_log_odds", "filter_z")
-CARD_KEY = "combination"
+COMBINATION_KEY = "combination"  # the card's section of the fitted combination
+HOME_KEY = "home"  # the card's section of the home rule (`filters.home`)
 # The fit report's key saying why a fitted combination holds the filter's score alone.
 FILTER_ALONE_FIT = "filter_alone_because"
 PRIORS_ONLY_KEY = "priors_only"  # the card section's fit of BM25 and dense alone
+# What a card keeps of a fit nested in another section: its rule, not its report.
+RULE_KEYS = ("weights", "bias", "bar", "min_keep", "top_k", "shift_guard")
 # s beyond ±20 says nothing more (and the backends' ±1e6 floors would swamp the weights).
 LOG_ODDS_CLIP = 20.0
 DEFAULT_P_MIN = 0.5  # the calibrated bar where neither the settings nor the card give one
@@ -237,10 +244,15 @@ class Combination:
             raise ValueError(f"the combination's min_keep must be >= 0 and top_k >= 1, got "
                              f"{self.min_keep} and {self.top_k}")
 
-    @property
-    def uses_filter(self) -> bool:
-        """Whether the filter's score moves the combined score at all."""
-        return any(self.weights.get(f, 0.0) != 0.0 for f in FILTER_FEATURES)
+    def reads_filter(self, score_rule: str = "combined", always_score: bool = False) -> bool:
+        """Whether MCF's chunk stage reads the filter: its score is the filter's own or a
+        fusion with it (`score_rule` not "combined", `MCFConfig.score_rule`), this combination
+        weighs it, or the config asks for its scores anyway (`always_score`,
+        `mcf.always_score_chunks`). With the defaults: whether the filter's score moves the
+        combined score at all. The one rule MCF, its start line and every description of a
+        card ask."""
+        return (score_rule != "combined" or always_score
+                or any(self.weights.get(f, 0.0) != 0.0 for f in FILTER_FEATURES))
 
     def logits(self, scores: RoundScores) -> list[float]:
         """The combined logit of each passage of the round."""
@@ -275,6 +287,22 @@ class Combination:
                                               self.embedding_model}, where),
                        filter_format=self.filter_format, window_tokens=self.window_tokens)
 
+    @property
+    def holds_priors_only_fit(self) -> bool:
+        """Whether the fit of BM25 and dense alone is stored beside this one
+        (`priors_only_fit`)."""
+        return bool(self.report.get(PRIORS_ONLY_KEY))
+
+    def with_priors_only_fit(self, priors: Combination) -> Combination:
+        """This combination with `priors`, the fit of BM25 and dense alone on the same
+        questions, stored beside it (its rule alone: `rule_section`)."""
+        return replace(self, report={**self.report, PRIORS_ONLY_KEY: priors.rule_section()})
+
+    def rule_section(self) -> dict[str, Any]:
+        """The combination's rule alone, as a card keeps a fit nested in another section (the
+        home rule's, the priors-only fit): `RULE_KEYS` of `as_card`."""
+        return {k: v for k, v in self.as_card().items() if k in RULE_KEYS}
+
     def as_card(self) -> dict[str, Any]:
         """The card's `combination` section."""
         return {"features": list(FEATURES), "weights": {f: self.weights.get(f, 0.0)
@@ -305,8 +333,9 @@ class Combination:
                                                        DEFAULT_EMBEDDING_MODEL)),
                        report=report)
         except (KeyError, TypeError, ValueError) as err:
-            raise AdapterError(f"{where}: the card's {CARD_KEY!r} section is malformed ({err}); "
-                               "fit it again with `sieverag filter fit-combination`") from None
+            raise AdapterError(f"{where}: the card's {COMBINATION_KEY!r} section is malformed "
+                               f"({err}); fit it again with `sieverag filter "
+                               "fit-combination`") from None
 
 
 PRIORS_ONLY = Combination(weights={"bm25_z": 1.0, "dense_z": 1.0})
@@ -323,7 +352,7 @@ def card_combination(card: Mapping[str, Any] | None, where: str = "the card") ->
     card (None): `PRIORS_ONLY`. Each carries the card's filter format and window."""
     if card is None:
         return PRIORS_ONLY
-    section = card.get(CARD_KEY)
+    section = card.get(COMBINATION_KEY)
     combination = FILTER_ALONE if not section else Combination.from_card(section, where)
     return replace(combination, filter_format=card_format(card),
                    window_tokens=card_window_tokens(card), home=card_home_rule(card, where))
@@ -350,10 +379,38 @@ def card_home_rule(card: Mapping[str, Any], where: str = "the card") -> HomeRule
 def adapter_combination(folder: str | Path | None) -> Combination:
     """The combination the card of the adapter folder ranks by (`card_combination`: its
     fitted one, else `FILTER_ALONE`); no folder or no card: `PRIORS_ONLY`. A run's filter
-    role reads its card with `roles.filter_card`, which never falls back silently."""
+    role reads its card with `filter_card.filter_card`, which never falls back silently."""
     if folder is None:
         return PRIORS_ONLY
     return card_combination(read_card(folder), f"{Path(folder)}")
+
+
+def fitted_questions(card: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
+    """The (source, question id) pairs the card's combination was fitted on (none where it
+    holds no fitted combination): `eval-filter` leaves them out."""
+    return frozenset(tuple(q) for q in (card.get(COMBINATION_KEY) or {}).get("questions") or ())
+
+
+def with_combination(card: Mapping[str, Any], combination: Combination, *,
+                     datasets: Sequence[str], questions: Sequence[Sequence[str]]
+                     ) -> dict[str, Any]:
+    """`card` with `combination` as its `combination` section, with the datasets (their file
+    names) and the (source, question id) pairs it was fitted on."""
+    section = {**combination.as_card(), "datasets": [Path(d).name for d in datasets],
+               "questions": sorted(list(q) for q in questions)}
+    return {**card, COMBINATION_KEY: section}
+
+
+def with_home(card: Mapping[str, Any], home: HomeRule | None) -> dict[str, Any]:
+    """`card` with `home` as its `home` section (None: without one)."""
+    rest = {k: v for k, v in card.items() if k != HOME_KEY}
+    return rest if home is None else {**rest, HOME_KEY: home_section(home)}
+
+
+def home_section(rule: HomeRule) -> dict[str, Any]:
+    """The card's `home` section of a home rule (`card_home_rule` reads it back)."""
+    return {"sources": list(rule.sources), "read": rule.read, "test": rule.test.as_card(),
+            "combination": rule.combination.rule_section(), **dict(rule.report)}
 
 
 def fit_combination(rounds: Sequence[RoundScores], labels: Sequence[Sequence[bool]],
@@ -408,154 +465,3 @@ def _passage_priors(question: str, texts: tuple[str, ...], embedding_model: str
     bm25 = tuple(question_scores(question, texts))
     vectors = round_vectors(question, texts, embedding_model)
     return bm25, tuple(float(v) for v in vectors[1:] @ vectors[0])
-
-
-def describe_combination(combination: Combination) -> str:
-    """What a combination is and what its fit measured, in a few lines (`filter list`,
-    `filter fit-combination`, the end of `train`)."""
-    if not combination.fitted:
-        ranks = ("the filter's own score, P(Yes) normalised over Yes and No"
-                 if combination.uses_filter else "retrieval alone, z(BM25) + z(dense)")
-        return (f"not fitted: MCF ranks by {ranks}, uncalibrated, and its calibrated bar keeps "
-                "the top_k; fit the combination with `sieverag filter fit-combination`")
-    fit = combination.report.get("fit") or {}
-    weights = ", ".join(f"{f} {w:+.3f}" for f, w in combination.weights.items() if w)
-    lines = [f"logit = {combination.bias:+.3f} + {weights}"
-             + (f"; calibrated bar P(relevant) >= {combination.bar:g}, at least "
-                f"{combination.min_keep} kept" if combination.bar is not None else "")]
-    if combination.guard is not None:
-        lines.append(f"shift guard: a round whose {', '.join(combination.guard.ranges)} fall "
-                     f"outside the central {1 - 2 * combination.guard.level:.0%} of the fitting "
-                     f"rounds' keeps at least the top {combination.top_k}")
-    if fit.get(FILTER_ALONE_FIT):
-        lines.append(f"Platt scaling of the filter's score alone, on {fit.get('questions')} "
-                     f"question(s): {fit[FILTER_ALONE_FIT]}")
-    figures = fit.get("auroc") or {}
-    gain = fit.get("filter_gain_auroc")
-    if gain is not None:
-        measured = (f"AUROC {figures.get('with_filter', 0):.3f} with the filter, "
-                    f"{figures.get('priors_alone', 0):.3f} with BM25 + dense alone "
-                    f"({gain:+.3f}, {fit.get('questions')} questions, out of fold)")
-        lines.append(f"the filter adds nothing: {measured}; MCF ranks by the priors alone"
-                     if fit.get("filter_adds_nothing") else measured)
-    ece = fit.get("ece") or {}
-    if ece.get("platt") is not None:
-        lines.append(f"ECE {ece['platt']:.3f} (Platt, used; isotonic "
-                     f"{ece.get('isotonic') or 0:.3f})")
-    if (fit.get("rule") or {}).get("features"):
-        rule = fit["rule"]
-        lines.append(f"chosen leave-one-source-out among {len(fit.get('candidates') or [])} "
-                     f"rules: {rule['features'].replace('_', ' ')}, min_keep "
-                     f"{rule['min_keep']}, top_k {rule['top_k']}, "
-                     + ("no guard" if rule.get("guard_level") is None
-                        else f"guard level {rule['guard_level']:g}"))
-    for source, row in (fit.get("leave_one_source_out") or {}).items():
-        cells = "; ".join(
-            f"{rule.replace('_', ' ')} F1 {row[rule]['f1']:.3f} ({row[rule]['margin']:+.3f}), "
-            f"ECE {row[rule]['ece']:.3f}" for rule in ("default", "with_filter", "priors_alone")
-            if rule in row)
-        lines.append(f"{source} left out of the fit ({row['questions']} q; retrieval top-k F1 "
-                     f"{row['retrieval_top_k_f1']:.3f}): {cells}")
-    return "\n".join(lines)
-
-
-def filter_role(combination: Combination) -> str:
-    """What ranks and what the filter does under `combination`, in one plain line (the
-    demo's closing line)."""
-    fit = combination.report.get("fit") or {}
-    gain, questions = fit.get("filter_gain_auroc"), fit.get("questions")
-    sources = len(fit.get("leave_one_source_out") or {}) or len(fit.get("by_source") or {})
-    measured = (f"{_gain_words(fit)} on {questions} questions from {sources} source(s)"
-                if gain is not None else "")
-    sentences = ("what the filter still does: name each kept passage's key sentences "
-                 "(--mcf.sentence-stage, or the proxy's granularity \"sentence\")")
-    if not combination.fitted:
-        return ("the filter's own score ranks (its card holds no fitted combination)"
-                if combination.uses_filter else "retrieval ranks: z(BM25) + z(dense)")
-    if combination.uses_filter:
-        return (f"the filter's score ranks with BM25 and dense, calibrated: it adds {measured}"
-                if measured else "the filter's score ranks with BM25 and dense, calibrated")
-    return (f"retrieval ranks (BM25 + dense, calibrated): the filter's score added {measured}, "
-            f"so it is left out of the ranking; {sentences}")
-
-
-def _gain_words(fit: Mapping[str, Any]) -> str:
-    """What the filter added over BM25 + dense in a fit report, against what it must add."""
-    added = f"{fit['filter_gain_auroc']:+.4f} AUROC over BM25 + dense"
-    if fit.get("filter_gain_meets_min_gain") is False or fit.get("filter_adds_nothing"):
-        return f"{added}, under the {fit.get('min_gain', 0.005):g} it must add"
-    return added
-
-
-def ranking_statement(combination: Combination, where: str, *, priors_only: bool = False,
-                      score_rule: str = "combined", lexical_weight: float | None = None,
-                      always_score: bool = False, home: str = "auto") -> str:
-    """The line every command that ranks by a filter prints at start (`_ranking_words`),
-    saying too when no chunk is sent to the filter (its score unused and `always_score`,
-    `mcf.always_score_chunks`, off), and where the card's home rule ranks instead (`home`:
-    `mcf.home`)."""
-    words = _ranking_words(combination, where, priors_only=priors_only,
-                           score_rule=score_rule, lexical_weight=lexical_weight)
-    called = calls_filter(combination.uses_filter and not priors_only, score_rule,
-                          always_score)
-    rule = combination.home
-    at_home = rule is not None and not priors_only and score_rule == "combined"
-    if at_home and home == "home":
-        return (f"MCF ranks every round by the home combination of {where} "
-                f"({', '.join(rule.sources)}), as --mcf.home home asks: the filter reads the "
-                f"priors' best {rule.read} passages of each round")
-    words += ("" if called else
-              "; no chunk is sent to the filter (--mcf.always-score-chunks sends them)")
-    if at_home and home == "auto" and rule.test.bar < 1.0:
-        words += (f"; a round that looks like the filter's home text ({', '.join(rule.sources)}"
-                  f": P(home) >= {rule.test.bar:g}, tested on retrieval's features) ranks by "
-                  f"the home combination instead, the filter reading the priors' best "
-                  f"{rule.read} passages (--mcf.home away never, home always)")
-    return words
-
-
-def calls_filter(uses_filter: bool, score_rule: str, always_score: bool) -> bool:
-    """Whether MCF's chunk stage calls the filter: its score is the filter's own or a fusion
-    with it (`score_rule` not "combined"), the combination weighs it (`uses_filter`), or the
-    config asks for its scores anyway (`always_score`). One rule for MCF and its start line."""
-    return score_rule != "combined" or uses_filter or always_score
-
-
-def _ranking_words(combination: Combination, where: str, *, priors_only: bool,
-                   score_rule: str, lexical_weight: float | None) -> str:
-    """The line every command that ranks by a filter prints at start: which score MCF ranks
-    passages by, and why. `combination`: the filter card's (`card_combination`); `where`:
-    where that card was read, or why there is none; `priors_only`: `--mcf.combination
-    priors_only` asked for the card's priors-only fit; `score_rule`: MCF's
-    (`MCFConfig.score_rule`: combined, filter or fused, with `lexical_weight`)."""
-    if score_rule == "filter":
-        return ("MCF ranks by the filter's own score s = log P(Yes) - log P(No), as "
-                "--mcf.lexical-weight 0 or --mcf.bar fixed asks, not by the combination of "
-                f"{where}")
-    if score_rule == "fused":
-        return (f"MCF ranks by z(s) + {lexical_weight:g}·z(BM25), the fixed fusion "
-                f"--mcf.lexical-weight {lexical_weight:g} asks for, not by the combination of "
-                f"{where}")
-    if priors_only and combination.fitted:  # unfitted, MCF refuses priors_only by name
-        return (f"MCF ranks by BM25 + dense alone, the priors-only fit of {where}, as "
-                "--mcf.combination priors_only asks (the filter's score unused)")
-    if not combination.fitted:
-        if combination.uses_filter:
-            return (f"MCF ranks by the filter's own score, its P(Yes) normalised over Yes "
-                    f"and No (no fitted calibration): {where} holds no fitted combination with "
-                    "BM25 and dense; fit one with `sieverag filter fit-combination`")
-        return ("MCF ranks by BM25 + dense alone, z(BM25) + z(dense) uncalibrated, the "
-                f"filter's score unused: {where}")
-    fit = combination.report.get("fit") or {}
-    questions = f"{fit['questions']} question(s)" if fit.get("questions") else "held-out questions"
-    if not combination.uses_filter:
-        added = ("nothing over them" if fit.get("filter_gain_auroc") is None
-                 else _gain_words(fit))
-        return (f"MCF ranks by BM25 + dense alone, the combination of {where}: its fit on "
-                f"{questions} left the filter's score out (it added {added})")
-    if fit.get(FILTER_ALONE_FIT):
-        return (f"MCF ranks by the filter's own score, Platt-calibrated on {questions} "
-                f"({where}: {fit[FILTER_ALONE_FIT]}); fit its combination with BM25 and dense "
-                "on more with `sieverag filter fit-combination`")
-    return (f"MCF ranks by the filter's score combined with BM25 and dense, calibrated, as "
-            f"fitted on {questions} in {where}")

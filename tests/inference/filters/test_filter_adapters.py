@@ -13,18 +13,14 @@ from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (auto
 
 from sieverag.cli import main
 from sieverag.inference.filters import adapter_store
-from sieverag.inference.filters.adapter_store import (
-    CARD_FILE,
+from sieverag.inference.filters.adapter_files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     AdapterError,
-    check_card,
-    filter_template_hashes,
-    find_adapter,
-    install_adapter,
-    resolve_filter,
     weights_sha256,
 )
+from sieverag.inference.filters.adapter_store import find_adapter, install_adapter, resolve_filter
+from sieverag.inference.filters.card.card_file import CARD_FILE, check_card, filter_template_hashes
 from sieverag.inference.filters.filter_format import chunk_record
 
 

@@ -15,7 +15,8 @@ from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.types import Document
-from sieverag.inference.filters.adapter_store import CARD_FILE, AdapterError
+from sieverag.inference.filters.adapter_files import AdapterError
+from sieverag.inference.filters.card.card_file import CARD_FILE
 from sieverag.inference.filters.card.combination import (
     FEATURES,
     FILTER_ALONE,
@@ -74,7 +75,7 @@ def synthetic_rounds(count: int, seed: int, weights=TRUE, bias=TRUE_BIAS,
 def test_fitting_recovers_the_weights_that_made_the_labels():
     rounds = synthetic_rounds(300, seed=1)
     fitted = fit_combination([r.scores for r in rounds], [r.labels for r in rounds], l2=0.01)
-    assert fitted.fitted and fitted.uses_filter
+    assert fitted.fitted and fitted.reads_filter()
     for feature, weight in TRUE.items():  # the cosine varies little: its weight, loosely
         assert fitted.weights[feature] == pytest.approx(
             weight, abs=1.0 if feature == "dense" else 0.35), feature
@@ -92,7 +93,7 @@ def test_measured_fit_is_calibrated_and_records_the_filters_gain():
     assert fit["filter_gain_auroc"] > 0.01 and not fit["filter_adds_nothing"]
     assert fit["auroc"]["combination"] >= max(fit["auroc"]["bm25"], fit["auroc"]["dense"])
     assert set(fit["by_source"]) == {"src-a", "src-b"}
-    assert 0 < combination.bar < 1 and combination.uses_filter and fit["questions"] == 200
+    assert 0 < combination.bar < 1 and combination.reads_filter() and fit["questions"] == 200
 
 
 def test_the_bar_is_chosen_where_the_default_loses_to_retrieval_first():
@@ -117,9 +118,9 @@ def test_a_filter_that_adds_nothing_is_left_out_and_says_so():
                                       folds=3, min_gain=0.005)
     fit = combination.report["fit"]
     assert fit["filter_adds_nothing"] and fit["filter_gain_auroc"] < 0.005
-    assert not combination.uses_filter
+    assert not combination.reads_filter()
     assert combination.weights["bm25_z"] > 0
-    from sieverag.inference.filters.card.combination import describe_combination
+    from sieverag.inference.filters.card.filter_card import describe_combination
 
     assert "the filter adds nothing" in describe_combination(combination)
 
@@ -206,8 +207,11 @@ def test_a_card_without_a_fit_ranks_by_the_filters_own_score_where_no_card_ranks
 
 
 def test_every_start_says_which_score_ranks_and_why(tmp_path):
-    from sieverag.inference.agents.roles import RETRIEVAL_ONLY_SOURCE, FilterCard
-    from sieverag.inference.filters.card.combination import ranking_statement
+    from sieverag.inference.filters.card.filter_card import (
+        RETRIEVAL_ONLY_SOURCE,
+        FilterCard,
+        ranking_statement,
+    )
 
     fitted = measure_combination(synthetic_rounds(60, seed=4), folds=3)
     useless = measure_combination(synthetic_rounds(60, seed=6, filter_noise=True), folds=3,
@@ -286,11 +290,12 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
     that shows no card, the filter brings its card's fitted combination to MCF, as
     in-process; under another name with no card named, it is one error naming both
     remedies."""
-    from sieverag.inference.agents.roles import filter_card
     from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
-    monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
+    monkeypatch.setattr("sieverag.inference.filters.card.filter_card.served_card",
+                        lambda spec: None)
     shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model=DEFAULT_FILTER_NAME)
     assert filter_card(served).folder == shipped
@@ -309,11 +314,13 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
 
 def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.MonkeyPatch
                                                 ) -> None:
-    from sieverag.inference.agents.roles import ModelRoles, filter_card
-    from sieverag.inference.filters.adapter_store import CONFIG_FILE
+    from sieverag.inference.agents.roles import ModelRoles
+    from sieverag.inference.filters.adapter_files import CONFIG_FILE
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
-    monkeypatch.setattr("sieverag.inference.agents.roles.served_card", lambda spec: None)
+    monkeypatch.setattr("sieverag.inference.filters.card.filter_card.served_card",
+                        lambda spec: None)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
     with pytest.raises(ConfigError, match="models.filter_card: adapter 'no-such-filter'"):
         filter_card(served, "no-such-filter")
@@ -329,7 +336,7 @@ def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.Mo
 def test_a_server_that_cannot_be_reached_is_named() -> None:
     import socket
 
-    from sieverag.inference.agents.roles import filter_card
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     with socket.socket() as sock:  # a port nothing listens on
@@ -344,7 +351,7 @@ def test_the_card_is_asked_for_with_the_key_the_role_sends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The model list is read with the role's own key (`openai_backend.server_key`): a key
     variable named but unset is refused by name before anything is sent."""
-    from sieverag.inference.agents.roles import filter_card
+    from sieverag.inference.filters.card.filter_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.delenv("SIEVERAG_TEST_NO_SUCH_KEY", raising=False)
@@ -394,12 +401,12 @@ def test_leaving_each_source_out_measures_what_an_unseen_source_gets():
         table, "priors_alone")
     combination = measure_combination(rounds, folds=3, by_left_out_source=True,
                                       candidates=FEW_RULES)
-    assert combination.uses_filter
+    assert combination.reads_filter()
     left_out = combination.report["fit"]["leave_one_source_out"]
     assert {s: {k: v for k, v in row.items() if k != "default"}
             for s, row in left_out.items()} == table
     assert all(row["default"]["rule"] == row["with_filter"]["rule"] for row in left_out.values())
-    from sieverag.inference.filters.card.combination import describe_combination
+    from sieverag.inference.filters.card.filter_card import describe_combination
 
     assert "src-a left out of the fit (60 q" in describe_combination(combination)
     with pytest.raises(DatasetError, match="at least 2 sources"):
@@ -422,21 +429,21 @@ def test_a_filter_that_only_helps_the_sources_it_was_fitted_on_is_left_out():
     assert worst_left_out_margin(table, "with_filter") < worst_left_out_margin(table,
                                                                              "priors_alone")
     pooled = measure_combination(rounds, folds=3, min_gain=0.0)
-    assert pooled.uses_filter  # pooled cross-validation alone keeps it
+    assert pooled.reads_filter()  # pooled cross-validation alone keeps it
     combination = measure_combination(rounds, folds=3, min_gain=0.0, by_left_out_source=True,
                                       candidates=FEW_RULES)
-    assert not combination.uses_filter
+    assert not combination.reads_filter()
     assert combination.report["fit"]["filter_adds_nothing"]
 
 
 def test_mcf_runs_the_cards_priors_only_fit_by_name(tmp_path):
     combination = measure_combination(synthetic_rounds(80, seed=10), folds=3)
-    assert combination.uses_filter
+    assert combination.reads_filter()
     (tmp_path / CARD_FILE).write_text(json.dumps(
         {"base_model": "tiny", "combination": combination.as_card()}), encoding="utf-8")
     read = adapter_combination(tmp_path)
     priors = read.priors_only_fit()
-    assert priors.fitted and not priors.uses_filter and 0 < priors.bar < 1
+    assert priors.fitted and not priors.reads_filter() and 0 < priors.bar < 1
     assert set(w for w, v in priors.weights.items() if v) <= set(PRIOR_FEATURES)
     backend = ScriptedBackend(labels=lambda text: {"Yes": -0.1, "No": -2.3})
     documents = [Document(id=str(i), text=f"passage {i} about bridges") for i in range(4)]
@@ -444,7 +451,8 @@ def test_mcf_runs_the_cards_priors_only_fit_by_name(tmp_path):
     assert by_name.combination.weights == priors.weights
     result = by_name.select("Who built the bridge?", documents)
     # The priors-only fit does not read the filter: no chunk is sent to it, s is unknown.
-    assert backend.calls == [] and not by_name.reads_filter
+    assert backend.calls == [] and not by_name.combination.reads_filter(
+        by_name.config.score_rule, by_name.config.always_score_chunks)
     assert all(s.details["filter_score"] is None and s.details["p_yes"] is None
                for s in result.scored)
     probabilities = priors.probabilities(RoundScores(

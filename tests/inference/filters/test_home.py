@@ -14,18 +14,19 @@ import pytest
 from fake_backend import ScriptedBackend
 
 from sieverag.inference.core.types import Document, Example
-from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.adapter_files import AdapterError
 from sieverag.inference.filters.card.combination import (
     Combination,
     RoundScores,
     card_combination,
     card_home_rule,
+    home_section,
 )
+from sieverag.inference.filters.card.filter_card import describe_home
 from sieverag.inference.filters.home import (
     HomeRule,
     HomeTest,
     dataset_decision,
-    describe_home,
     home_features,
     home_reading,
 )
@@ -126,7 +127,8 @@ def test_rerank_says_which_rule_ranked():
 
 def test_the_card_keeps_the_home_rule_and_refuses_a_malformed_one():
     card = {"base_model": "tiny", "combination": AWAY.as_card(),
-            "home": HomeRule(TEST, HOME, 3, ("castles",), {"fit": {"questions": 40}}).as_card()}
+            "home": home_section(HomeRule(TEST, HOME, 3, ("castles",),
+                                          {"fit": {"questions": 40}}))}
     read = card_combination(json.loads(json.dumps(card)))
     assert read.home is not None
     assert read.home.test == TEST and read.home.read == 3 and read.home.sources == ("castles",)
@@ -190,7 +192,7 @@ def test_the_home_fit_uses_the_filter_at_home_and_keeps_every_away_source_whole(
             away.append(AwayRound(source, features, example, score))
     rule = fit_home_rule(home, away, AWAY, sources=(HOME_WORD,), read=4, folds=4)
     fit = rule.report["fit"]
-    assert rule.combination.uses_filter and rule.read == 4
+    assert rule.combination.reads_filter() and rule.read == 4
     chosen = next(row for row in fit["bars"] if row["bar"] == rule.test.bar)
     assert chosen["meets"] and all(row["f1_loss"] <= 1e-9 for row in chosen["sources"].values())
     assert chosen["home"]["f1"] > chosen["home"]["f1_away_only"]

@@ -162,7 +162,7 @@ def test_the_default_is_the_rule_whose_worst_left_out_source_is_best():
     for row in fit["leave_one_source_out"].values():
         assert row["default"]["rule"] == best.name
     priors = combination.priors_only_fit()  # always in the card, with its own settings
-    assert not priors.uses_filter and priors.bar is not None
+    assert not priors.reads_filter() and priors.bar is not None
 
 
 def test_a_filter_below_min_gain_never_becomes_the_default():
@@ -170,7 +170,7 @@ def test_a_filter_below_min_gain_never_becomes_the_default():
     combination = measure_combination(rounds, folds=3, by_left_out_source=True,
                                       candidates=SMALL, min_gain=0.99)
     fit = combination.report["fit"]
-    assert not combination.uses_filter and fit["filter_adds_nothing"]
+    assert not combination.reads_filter() and fit["filter_adds_nothing"]
     assert fit["rule"]["features"] == "priors_alone"
     assert not any(c["allowed"] for c in fit["candidates"] if c["features"] == "with_filter")
 
@@ -211,7 +211,8 @@ def test_scored_rounds_are_kept_and_read_back(tmp_path, monkeypatch):
 
 
 def test_the_closing_line_says_plainly_what_ranks_and_what_the_filter_does():
-    from sieverag.inference.filters.card.combination import FILTER_ALONE, PRIORS_ONLY, filter_role
+    from sieverag.inference.filters.card.combination import FILTER_ALONE, PRIORS_ONLY
+    from sieverag.inference.filters.card.filter_card import filter_role
 
     rounds = _shifted_rounds()
     left_out = measure_combination(rounds, folds=3, by_left_out_source=True,

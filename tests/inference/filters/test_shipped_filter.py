@@ -12,15 +12,9 @@ from repo_paths import TEST_DATA
 
 from sieverag.inference.core.types import Document
 from sieverag.inference.filters import adapter_store
-from sieverag.inference.filters.adapter_store import (
-    CARD_FILE,
-    CONFIG_FILE,
-    DEFAULT_FILTER_NAME,
-    WEIGHTS_FILE,
-    AdapterError,
-    read_card,
-    resolve_filter,
-)
+from sieverag.inference.filters.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, resolve_filter
+from sieverag.inference.filters.card.card_file import CARD_FILE, read_card
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL, EMBEDDED_MODELS
 

@@ -12,7 +12,7 @@ import pytest
 from tiny_adapter import make_lora_adapter, one_torch_thread  # noqa: F401 (autouse)
 
 from sieverag.inference.core.errors import ConfigError
-from sieverag.inference.filters.adapter_store import AdapterError
+from sieverag.inference.filters.adapter_files import AdapterError
 from sieverag.inference.filters.mcf import MCFConfig
 from sieverag.inference.filters.ranking import as_documents, rank_by_filter
 from sieverag.inference.integrations.in_process import InProcessFilter

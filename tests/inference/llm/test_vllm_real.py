@@ -291,7 +291,7 @@ def test_a_server_that_refuses_the_log_probs_asked_for_is_one_clear_error(
 
 def run_config(dataset: Path, models: ModelRoles) -> RunConfig:
     # The filter is served as FILTER, a name no installed filter has and vLLM shows no card
-    # for, so the served role names its card (`models.filter_card`, `roles.filter_card`).
+    # for, so the served role names its card (`models.filter_card`, `filter_card.filter_card`).
     return comparison_config(dataset, models, ("main-rag", "amber-mcf"), limit=1,
                              max_new_tokens=16)
 

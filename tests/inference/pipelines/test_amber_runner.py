@@ -17,11 +17,8 @@ from sieverag.inference.composition.config import ModelRoles, RunConfig, TrustCo
 from sieverag.inference.data.demo import write_demo_dataset
 from sieverag.inference.eval import runner
 from sieverag.inference.filters import adapter_store
-from sieverag.inference.filters.adapter_store import (
-    DEFAULT_FILTER_NAME,
-    AdapterError,
-    install_adapter,
-)
+from sieverag.inference.filters.adapter_files import AdapterError
+from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, install_adapter
 from sieverag.inference.llm.backend_registry import BackendSpec
 from sieverag.inference.pipelines.amber.config import AmberConfig
 from sieverag.inference.pipelines.amber.loop_trace import STOP_REASONS
