@@ -24,6 +24,7 @@ from sieverag.inference.core.types import Example
 from sieverag.inference.metrics.retrieval import evaluate_retrieval, format_table, spread_subset
 from sieverag.inference.retrieval.bm25 import BM25Config
 from sieverag.inference.retrieval.cache import cache_key
+from sieverag.inference.retrieval.chooser import open_backend
 from sieverag.inference.retrieval.chunking import ChunkingConfig, ChunkStrategy
 from sieverag.inference.retrieval.config import IndexConfig, SearchConfig
 from sieverag.inference.retrieval.corpus import CorpusFormat, load_squad
@@ -31,14 +32,19 @@ from sieverag.inference.retrieval.dense import DenseConfig
 from sieverag.inference.retrieval.hygiene import HygienePreset, search_with_hygiene
 from sieverag.inference.retrieval.index_folder import (
     SEARCH_MODES,
-    Index,
     SearchMode,
     build_index,
     convert_index,
     ensure_index,
 )
 from sieverag.inference.retrieval.rerank import CrossEncoderReranker
-from sieverag.inference.retrieval.search_backend import DEFAULT_COLLECTION, BackendKind, read_secret
+from sieverag.inference.retrieval.search_backend import (
+    DEFAULT_COLLECTION,
+    DEFAULT_TIMEOUT_S,
+    BackendKind,
+    IndexSource,
+    read_secret,
+)
 
 DATA_DIR_ENV = "SIEVERAG_DATA_DIR"
 Retriever = Literal["bm25", "dense"]
@@ -102,10 +108,26 @@ class IndexBuildCommand:
 
 @settings
 class IndexSearchCommand:
-    """Search an index folder (`sieverag index build`) and print a ranked list of chunks."""
+    """Search an index and print a ranked list of chunks: an index folder (`sieverag index
+    build`), `sieverag index serve` at its URL, or a Milvus collection (--backend milvus),
+    opened as `sieverag eval` opens them."""
 
-    index_dir: CliPositionalArg[str] = field(metadata={"help": "index folder"})
+    index: CliPositionalArg[str] = field(metadata={
+        "help": "index folder, the URL of a `sieverag index serve` server (http://host:port), "
+                "or with --backend milvus a Milvus URI (http://host:19530) or Milvus Lite file"})
     query: CliPositionalArg[str] = field(metadata={"help": "the query text"})
+    backend: BackendKind = field(default="sieverag", metadata={
+        "help": "sieverag: INDEX is an index folder or a served index's URL; milvus: INDEX is "
+                "a Milvus URI"})
+    collection: str | None = field(default=None, metadata={
+        "help": f"--backend milvus: the collection `sieverag index build --backend milvus` "
+                f"filled (unset: {DEFAULT_COLLECTION})"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "a served index or Milvus: environment variable holding the server's API key "
+                "or Milvus's token (user:password)"})
+    timeout: float | None = field(default=None, metadata={
+        "help": f"a served index or Milvus: seconds it gets to answer the search (unset: "
+                f"{DEFAULT_TIMEOUT_S:g})"})
     mode: SearchMode = field(default="hybrid", metadata={
         "help": "bm25, dense, hybrid (weighted min-max fusion) or rrf (reciprocal-rank fusion)"})
     k: int = field(default=10, metadata={"help": "hits to show"})
@@ -113,13 +135,40 @@ class IndexSearchCommand:
         "help": "drop non-informative chunks and list them"})
     reranker: str | None = field(default=None, metadata={
         "help": "local cross-encoder folder to re-score the hits"})
-    cache: bool = field(default=True, metadata={
-        "help": "use the index folder's retrieval cache"})
+    cache: bool | None = field(default=None, metadata={
+        "help": "use the index folder's retrieval cache (unset: on); a folder's only: a served "
+                "index caches as `sieverag index serve` was started, Milvus keeps none"})
     search: SearchConfig = field(default_factory=SearchConfig, metadata={
-        "help": "how searches fuse and rerank"})
+        "help": "how searches fuse and rerank (a served index's fusion must be the server's)"})
 
     def __post_init__(self) -> None:
         at_least(1, k=self.k)
+        if self.collection == "":
+            raise ConfigError("--collection must name a Milvus collection")
+        if self.api_key_env == "":
+            raise ConfigError("--api-key-env must name an environment variable")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        source = self.index_source()
+        folder = source.index is not None
+        # An option INDEX cannot use is refused, not ignored.
+        applies = {"--collection": (self.collection, source.backend == "milvus"),
+                   "--api-key-env": (self.api_key_env, not folder),
+                   "--timeout": (self.timeout, not folder),
+                   "--cache/--no-cache": (self.cache, folder)}
+        for flag, (value, usable) in applies.items():
+            if value is not None and not usable:
+                raise ConfigError(f"{flag} does not apply to {source.location}: drop it")
+
+    def index_source(self) -> IndexSource:
+        """The index searched: INDEX as a folder, a served index's URL or a Milvus URI."""
+        place = {"collection": self.collection or DEFAULT_COLLECTION,
+                 "api_key_env": self.api_key_env, "timeout": self.timeout or DEFAULT_TIMEOUT_S}
+        if self.backend == "milvus":
+            return IndexSource(backend="milvus", uri=self.index, **place)
+        if self.index.startswith(("http://", "https://")):
+            return IndexSource(endpoint=self.index, **place)
+        return IndexSource(index=self.index, **place)
 
 
 @settings
@@ -268,8 +317,8 @@ def _print_hit(rank: int, hit_id: str, score: float, title: str, text: str) -> N
 
 
 def run_index_search(command: IndexSearchCommand) -> int:
-    index = Index.load(command.index_dir, search_config=command.search,
-                       use_cache=command.cache)
+    index = open_backend(command.index_source(), command.search,
+                         use_cache=command.cache is not False)
     reranker = CrossEncoderReranker(command.reranker) if command.reranker else None
     report = search_with_hygiene(index, command.query, command.k, command.mode,
                                  command.hygiene, reranker)

@@ -13,7 +13,7 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import field, replace
+from dataclasses import asdict, field, replace
 from pathlib import Path
 
 from pydantic_settings import CliPositionalArg
@@ -39,6 +39,7 @@ from sieverag.inference.pipelines.pipeline_registry import (
 )
 from sieverag.inference.retrieval.config import IndexConfig
 from sieverag.inference.retrieval.index_folder import SearchMode
+from sieverag.inference.retrieval.search_backend import IndexAddress, IndexSource
 
 DEMO_PIPELINES = ("direct", "vanilla", "main-rag", "amber-mcf")
 
@@ -72,11 +73,14 @@ class DemoCommand:
 @settings
 @with_pipeline_sections
 class AskCommand:
-    """Answer one question from an index (`sieverag index build`) and print the answer with
-    the evidence it read."""
+    """Answer one question from an index and print the answer with the evidence it read: an
+    index folder (`--index DIR`, `sieverag index build`), `sieverag index serve`
+    (`--retrieval.endpoint URL`) or a Milvus collection (`--retrieval.backend milvus
+    --retrieval.uri URI`), as `sieverag eval` reads them."""
 
     question: CliPositionalArg[str] = field(metadata={"help": "the question"})
-    index: str = field(metadata={"help": "index folder"})
+    index: str | None = field(default=None, metadata={
+        "help": "index folder (or name a served or Milvus index in retrieval.*)"})
     pipeline: str = field(default="amber", metadata={
         "help": "the pipeline: " + ", ".join(sorted(PIPELINES))})
     mode: SearchMode = field(default="hybrid", metadata={"help": "retrieval mode"})
@@ -84,6 +88,15 @@ class AskCommand:
     trace: bool = field(default=False, metadata={
         "help": "also show the pipeline's trace (amber: its rounds)"})
     models: ModelRoles = models_field()
+    retrieval: IndexAddress = field(default_factory=IndexAddress, metadata={
+        "help": "the index, when it is not a folder (--index): served or in Milvus"})
+
+    def __post_init__(self) -> None:
+        self.index_source()
+
+    def index_source(self) -> IndexSource:
+        """The index asked: the folder `--index`, or the one `retrieval` names."""
+        return self.retrieval.source(self.index, "--index")
 
 
 @settings
@@ -298,13 +311,14 @@ def run_ask(command: AskCommand) -> int:
     from sieverag.inference.eval.trace_rendering import render_trace
     from sieverag.inference.pipelines import build_pipeline
 
-    if not Path(command.index).is_dir():
+    if command.index is not None and not Path(command.index).is_dir():
         raise ConfigError(f"index folder {command.index} not found; build one with "
                           "`sieverag index build`")
     # A one-question run: the same config and context as `sieverag eval`, without a dataset.
+    retrieval = RetrievalConfig(**asdict(command.index_source()), mode=command.mode,
+                                k=command.k)
     plan = plan_run(RunConfig(
-        dataset="", pipelines=(command.pipeline,),
-        retrieval=RetrievalConfig(index=command.index, mode=command.mode, k=command.k),
+        dataset="", pipelines=(command.pipeline,), retrieval=retrieval,
         models=command.models, **section_values(command)))
     if plan.ranking is not None:
         print(plan.ranking, file=sys.stderr)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import field
+from dataclasses import field, fields
 from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 from sieverag.inference.core.errors import ConfigError
@@ -92,6 +92,40 @@ def reranked(queries: Sequence[str], hits: Sequence[list[RetrievedDocument]], k:
     return [reranker.rerank(q, h)[:k] for q, h in zip(queries, hits, strict=True)]
 
 
+_ENDPOINT_HELP = ("URL of a `sieverag index serve` server holding the index (http://host:port), "
+                  "instead of a local folder")
+_URI_HELP = "Milvus: a cluster's URI (http://host:19530) or a Milvus Lite file path"
+_COLLECTION_HELP = "Milvus: the collection `sieverag index build --backend milvus` filled"
+_API_KEY_ENV_HELP = ("environment variable holding the endpoint's API key (sent as a bearer "
+                     "token) or Milvus's token (user:password)")
+_TIMEOUT_HELP = "seconds a served index or Milvus gets to answer one search request"
+
+
+def check_one_index(index: str | None, endpoint: str | None, backend: str, uri: str | None,
+                    folder: str = "retrieval.index") -> None:
+    """Refuse a source naming no index, or more than one: a folder (the setting `folder`
+    names it, for messages), a served index's `endpoint`, or Milvus at `uri`."""
+    given = [value for value in (index, endpoint, uri) if value]
+    if backend == "milvus":
+        if uri is None:
+            raise ConfigError("retrieval.backend milvus needs retrieval.uri: a cluster's "
+                              "http://host:19530 or a Milvus Lite file path")
+        if len(given) > 1:
+            raise ConfigError(f"retrieval.backend milvus searches retrieval.uri only: drop "
+                              f"{folder} and retrieval.endpoint")
+        return
+    if uri is not None:
+        raise ConfigError("retrieval.uri names a Milvus server: add --retrieval.backend "
+                          "milvus, or drop retrieval.uri")
+    if len(given) != 1:
+        raise ConfigError(f"retrieval needs one index: an index folder ({folder}) or a "
+                          "`sieverag index serve` URL (retrieval.endpoint), not both and not "
+                          "neither")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"retrieval.endpoint must be an http:// or https:// URL, got "
+                          f"{endpoint!r}")
+
+
 @settings
 class IndexSource:
     """Which index a run searches: a local folder (`index`), `sieverag index serve` at
@@ -99,43 +133,17 @@ class IndexSource:
 
     index: str | None = field(default=None, metadata={
         "help": "index folder built by `sieverag index build` (searched in this process)"})
-    endpoint: str | None = field(default=None, metadata={
-        "help": "URL of a `sieverag index serve` server holding the index (http://host:port), "
-                "instead of a local folder"})
+    endpoint: str | None = field(default=None, metadata={"help": _ENDPOINT_HELP})
     backend: BackendKind = field(default="sieverag", metadata={
         "help": "sieverag: an index folder, here (index) or served (endpoint); milvus: a "
                 "Milvus collection (uri)"})
-    uri: str | None = field(default=None, metadata={
-        "help": "Milvus: a cluster's URI (http://host:19530) or a Milvus Lite file path"})
-    collection: str = field(default=DEFAULT_COLLECTION, metadata={
-        "help": "Milvus: the collection `sieverag index build --backend milvus` filled"})
-    api_key_env: str | None = field(default=None, metadata={
-        "help": "environment variable holding the endpoint's API key (sent as a bearer token) "
-                "or Milvus's token (user:password)"})
-    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={
-        "help": "seconds a served index or Milvus gets to answer one search request"})
+    uri: str | None = field(default=None, metadata={"help": _URI_HELP})
+    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
+    api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
+    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
 
     def __post_init__(self) -> None:
-        given = [name for name in ("index", "endpoint", "uri") if getattr(self, name)]
-        if self.backend == "milvus":
-            if self.uri is None:
-                raise ConfigError("retrieval.backend milvus needs retrieval.uri: a cluster's "
-                                  "http://host:19530 or a Milvus Lite file path")
-            if len(given) > 1:
-                raise ConfigError("retrieval.backend milvus searches retrieval.uri only: drop "
-                                  "retrieval.index and retrieval.endpoint")
-        else:
-            if self.uri is not None:
-                raise ConfigError("retrieval.uri names a Milvus server: add "
-                                  "--retrieval.backend milvus, or drop retrieval.uri")
-            if len(given) != 1:
-                raise ConfigError("retrieval needs one index: an index folder "
-                                  "(retrieval.index) or a `sieverag index serve` URL "
-                                  "(retrieval.endpoint), not both and not neither")
-            if self.endpoint is not None and not self.endpoint.startswith(("http://",
-                                                                            "https://")):
-                raise ConfigError(f"retrieval.endpoint must be an http:// or https:// URL, "
-                                  f"got {self.endpoint!r}")
+        check_one_index(self.index, self.endpoint, self.backend, self.uri)
         if not self.collection:
             raise ConfigError("retrieval.collection must name a Milvus collection")
         if self.api_key_env == "":
@@ -149,6 +157,29 @@ class IndexSource:
         if self.backend == "milvus":
             return f"Milvus collection {self.collection!r} at {self.uri}"
         return f"index server {self.endpoint}" if self.endpoint else f"index {self.index}"
+
+
+@settings
+class IndexAddress:
+    """Where a command's index is when it is not the folder the command names itself (`ask
+    --index`): `sieverag index serve` at `endpoint`, or a Milvus collection (`backend: milvus`,
+    `uri`); the `IndexSource` fields but `index`, under the same names as `eval`'s."""
+
+    endpoint: str | None = field(default=None, metadata={"help": _ENDPOINT_HELP})
+    backend: BackendKind = field(default="sieverag", metadata={
+        "help": "sieverag: an index folder, here (--index) or served (endpoint); milvus: a "
+                "Milvus collection (uri)"})
+    uri: str | None = field(default=None, metadata={"help": _URI_HELP})
+    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
+    api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
+    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
+
+    def source(self, index: str | None, folder: str) -> IndexSource:
+        """The index source of the folder `index` (given as the setting `folder`, named in
+        messages) or of these settings: exactly one of them names an index."""
+        check_one_index(index, self.endpoint, self.backend, self.uri, folder)
+        return IndexSource(index=index, **{spec.name: getattr(self, spec.name)
+                                           for spec in fields(self)})
 
 
 def read_secret(env_var: str | None, setting: str = "retrieval.api_key_env") -> str | None:
