@@ -20,6 +20,7 @@ from fake_backend import ScriptedBackend, serve_every_role
 from fake_dense import FAKE_DENSE, fake_encoder
 from repo_paths import REPO, TEST_DATA
 
+from sieverag.cli import main
 from sieverag.inference.composition.config import RetrievalConfig, RunConfig, TrustConfig
 from sieverag.inference.core.errors import BackendUnavailableError, ConfigError
 from sieverag.inference.core.io_utils import JsonlLog
@@ -233,6 +234,30 @@ def test_eval_reads_the_same_documents_through_the_server(
         served = documents_read(RetrievalConfig(endpoint=running.url, mode="bm25", k=3),
                                 tmp_path / "served")
     assert served == local and all(len(docs) == 3 for docs in local["vanilla"])
+
+
+def printed(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """What a `sieverag` command that must succeed printed."""
+    assert main(argv) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_index_search_and_ask_read_the_served_index_as_the_folder(
+        index_dir: Path, server: RetrievalServer, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # bm25: the command's own folder search loads no encoder (the fixture's dense is a fake).
+    for query in QUERIES[:3]:
+        options = [query, "--mode", "bm25", "-k", "5", "--hygiene", "loose"]
+        here = printed(capsys, ["index", "search", str(index_dir), *options, "--no-cache"])
+        assert here.startswith("  1. ") and "  5. " in here
+        assert printed(capsys, ["index", "search", server.url, *options]) == here
+    assert main(["index", "search", server.url, "fiber", "--search.alpha", "0.7"]) == 2
+    assert "fuses with alpha 0.5 (here 0.7)" in capsys.readouterr().err
+    serve_every_role(monkeypatch, ScriptedBackend(reply=lambda text: "fiber"))
+    ask = [QUERIES[2], "--pipeline", "vanilla", "--mode", "bm25", "-k", "3"]
+    here = printed(capsys, ["ask", *ask, "--index", str(index_dir)])
+    assert here.startswith("Answer: fiber") and "Evidence read (3):" in here
+    assert printed(capsys, ["ask", *ask, "--retrieval.endpoint", server.url]) == here
 
 
 def test_sieverag_index_serve_serves_until_sigterm(tmp_path: Path) -> None:

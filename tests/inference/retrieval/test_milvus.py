@@ -6,6 +6,7 @@ from it through `--retrieval.backend milvus`."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,41 @@ def test_eval_reads_its_documents_from_milvus(built, tmp_path: Path,
     records = JsonlLog(tmp_path / "run" / "results" / "vanilla.jsonl").read_records(EvalRecord)
     assert [r.documents_read for r in records] == [
         [h.document.id for h in hits] for hits in milvus.search_many(QUERIES[:3], 3, "hybrid")]
+
+
+def ranked(printed: str) -> list[tuple[str, float]]:
+    """(chunk id, score) of each hit `sieverag index search` printed, best first."""
+    return [(line.split()[2], float(line.split()[1])) for line in printed.splitlines()
+            if re.match(r"\s*\d+\. ", line)]
+
+
+def test_index_search_and_ask_read_milvus_from_the_command_line(
+        built, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    local, milvus, folder = built
+    uri = str(folder / "milvus.db")
+    query = QUERIES[2]
+    # Dense: the same chunks and vectors, so the best hit and its cosine agree (as above).
+    assert main(["index", "search", str(folder / "index"), query, "--mode", "dense", "-k", "5",
+                 "--no-cache"]) == 0
+    here = ranked(capsys.readouterr().out)
+    assert main(["index", "search", uri, query, "--backend", "milvus", "--mode", "dense",
+                 "-k", "5"]) == 0
+    there = ranked(capsys.readouterr().out)
+    assert len(here) == len(there) == 5 and here[0][0] == there[0][0]
+    assert abs(here[0][1] - there[0][1]) <= 2e-4  # printed to 4 places
+    # Any mode: the command prints Milvus's own ranking.
+    assert main(["index", "search", uri, query, "--backend", "milvus", "--mode", "bm25",
+                 "-k", "5"]) == 0
+    assert [hit for hit, _ in ranked(capsys.readouterr().out)] == [
+        h.document.id for h in milvus.search(query, 5, "bm25")]
+    serve_every_role(monkeypatch, ScriptedBackend(reply=lambda text: "fiber"))
+    assert main(["ask", query, "--pipeline", "vanilla", "--mode", "hybrid", "-k", "3",
+                 "--retrieval.backend", "milvus", "--retrieval.uri", uri]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Answer: fiber") and "Evidence read (3):" in shown
+    assert [line for line in shown.splitlines() if line.startswith("[")] == [
+        f"[{n}] {h.document.title or h.document.id}: {h.document.text}"
+        for n, h in enumerate(milvus.search(query, 3, "hybrid"), start=1)]
 
 
 def test_index_build_backend_milvus_from_the_command_line(tmp_path: Path,

@@ -97,6 +97,33 @@ def test_index_build_and_search(tmp_path: Path, corpus: Path,
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    # ask: --index, or the served / Milvus index of retrieval.*, exactly one
+    (["ask", "q?"], "retrieval needs one index: an index folder (--index) or"),
+    (["ask", "q?", "--index", "idx", "--retrieval.endpoint", "http://127.0.0.1:9"],
+     "not both and not neither"),
+    (["ask", "q?", "--retrieval.endpoint", "127.0.0.1:9"], "must be an http:// or https://"),
+    (["ask", "q?", "--retrieval.uri", "m.db"], "add --retrieval.backend milvus"),
+    (["ask", "q?", "--retrieval.backend", "milvus"], "milvus needs retrieval.uri"),
+    (["ask", "q?", "--index", "idx", "--retrieval.backend", "milvus", "--retrieval.uri",
+      "m.db"], "searches retrieval.uri only: drop --index and retrieval.endpoint"),
+    (["ask", "q?", "--index", str(Path("no") / "such")], "index folder no"),
+    # index search: an option INDEX cannot use is refused, naming it
+    (["index", "search", "http://127.0.0.1:9", "q", "--no-cache"],
+     "--cache/--no-cache does not apply to index server http://127.0.0.1:9"),
+    (["index", "search", "m.db", "q", "--backend", "milvus", "--cache"],
+     "--cache/--no-cache does not apply to Milvus collection 'sieverag' at m.db"),
+    (["index", "search", "idx", "q", "--timeout", "5"], "--timeout does not apply to index idx"),
+    (["index", "search", "idx", "q", "--api-key-env", "KEY"], "--api-key-env does not apply"),
+    (["index", "search", "http://127.0.0.1:9", "q", "--collection", "c"],
+     "--collection does not apply to index server"),
+    (["index", "search", "http://127.0.0.1:9", "q", "--timeout", "0"], "--timeout must be > 0"),
+])
+def test_ask_and_index_search_refuse_an_index_named_wrongly(
+        argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert words in failure(capsys, argv)
+
+
 def test_a_yaml_config_gives_defaults_and_flags_override_it(tmp_path: Path, corpus: Path,
                                                              capsys) -> None:
     config = tmp_path / "index.yaml"
