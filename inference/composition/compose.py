@@ -31,7 +31,9 @@ from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
 from sieverag.inference.filters.card.filter_card import FilterCard, filter_card
-from sieverag.inference.filters.mcf import MCFConfig
+from sieverag.inference.filters.embeddings import round_vectors
+from sieverag.inference.filters.home import RoundVectors
+from sieverag.inference.filters.mcf import MCFConfig, dataset_home
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.call_batching import CallBatcher, on_batcher
@@ -124,6 +126,24 @@ def plan_run(config: RunConfig) -> RunPlan:
                    role_specs=role_specs, grader=_grader(config),
                    reads_given_documents=(config.retrieval is None
                                           and any(e.reads_documents for e in entries)))
+
+
+def with_dataset_home(plan: RunPlan, examples: Sequence[Example], name: str,
+                      vectors: RoundVectors = round_vectors) -> tuple[RunPlan, str | None]:
+    """The plan with MCF's `home` decided once for the whole dataset (`mcf.dataset_home`:
+    home where its questions' mean P(home) reaches the card's dataset bar), where the run
+    ranks by a trained filter's card with a home rule, `mcf.home` is auto and the run reads
+    the dataset's own passages; and the line that says why (None: nothing decided). A run
+    that retrieves its passages tests each round on its own."""
+    card = plan.filter_card
+    if card is None or not plan.reads_given_documents:
+        return plan, None
+    mcf = plan.settings(MCFConfig)
+    mode, line = dataset_home(mcf, card.combination,
+                              [(e.question, e.documents) for e in examples], name, vectors)
+    if mode == mcf.home:
+        return plan, line
+    return replace(plan, settings=plan.settings.with_section(replace(mcf, home=mode))), line
 
 
 def _grader(config: RunConfig) -> BackendSpec | None:

@@ -18,7 +18,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sieverag.inference.composition.compose import Roles, RunPlan, build_context, plan_run
+from sieverag.inference.composition.compose import (
+    Roles,
+    RunPlan,
+    build_context,
+    plan_run,
+    with_dataset_home,
+)
 from sieverag.inference.composition.config import RunConfig, load_run_config
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.in_flight import default_concurrency, run_in_flight
@@ -83,9 +89,10 @@ def selected_examples(plan: RunPlan) -> list[Example]:
     return examples[:config.limit]
 
 
-def provenance(plan: RunPlan) -> dict:
+def provenance(plan: RunPlan, home_line: str | None = None) -> dict:
     """Where and with what a run was made: prompt hashes, data fingerprint, the card the
-    filter ranked by (`RunPlan.filter_card`), versions."""
+    filter ranked by (`RunPlan.filter_card`), what ranked and why (with the dataset's home
+    decision, `home_line`, where one was made), versions."""
     config = plan.config
     versions = {}
     for package in ("sieverag", "torch", "transformers"):
@@ -102,7 +109,8 @@ def provenance(plan: RunPlan) -> dict:
                                 if config.question_ids else None),
         "filter_adapter": dict(card) if card is not None else None,
         # What ranked and why (the line the run printed at start): report.html shows it.
-        "ranking": plan.ranking,
+        "ranking": (plan.ranking if home_line is None
+                    else f"{plan.ranking}\n{home_line}"),
         "prompt_sha256": {
             p.stem: load_template(p.stem).sha256[:16] for p in sorted(PROMPTS_DIR.glob("*.yaml"))
         },
@@ -174,16 +182,20 @@ def run_plan(plan: RunPlan, out_dir: str | Path, *, progress: bool = True,
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise DatasetError(f"{config.dataset}: example id {duplicate!r} appears more than once")
     _check_same_run(config, out_dir)
+    # A dataset of the filter's home text ranks every round at home (said at start).
+    plan, home_line = with_dataset_home(plan, examples, Path(config.dataset).stem)
     # Finished results are read before any model loads: a bad line fails at once.
     logs = {name: JsonlLog(out_dir / "results" / f"{name}.jsonl") for name in config.pipelines}
     wanted = set(ids)
     finished = {name: [r for r in log.read_records(EvalRecord) if r.id in wanted]
                 for name, log in logs.items()}
     write_atomic(out_dir / "config.yaml",
-                 replace(config, provenance=provenance(plan)).to_yaml())
+                 replace(config, provenance=provenance(plan, home_line)).to_yaml())
     warn_capped_requests(plan.model_specs, concurrency)
     if announce and plan.ranking is not None:
         print(plan.ranking, file=sys.stderr)
+    if announce and home_line is not None:
+        print(home_line, file=sys.stderr)
 
     random.seed(config.seed)
     import torch

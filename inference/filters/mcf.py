@@ -71,7 +71,9 @@ from sieverag.inference.filters.filter_format import (
 from sieverag.inference.filters.home import (
     HomeDecision,
     HomeMode,
+    HomeRule,
     RoundVectors,
+    dataset_decision,
     home_reading,
 )
 from sieverag.inference.filters.judge import judge_bar
@@ -215,6 +217,34 @@ def window_rule(backend: LLMBackend, config: MCFConfig, combination: Combination
                       config.max_windows_per_doc, token_offsets_of(backend))
 
 
+def home_rule_of(config: MCFConfig, combination: Combination) -> HomeRule | None:
+    """The home rule MCF tests its rounds with under `config`: the card's, where the chunk
+    score is the card's combination (`score_rule` combined; priors_only's fit has none)."""
+    if config.score_rule != "combined" or config.combination == "priors_only":
+        return None
+    return combination.home
+
+
+def home_texts(documents: Sequence[Document]) -> list[str]:
+    """What the home test reads of a round's passages: each non-blank one as the filter's
+    context shows it."""
+    return [d.as_context() for d in documents if d.text.strip()]
+
+
+def dataset_home(config: MCFConfig, combination: Combination | None,
+                 rounds: Sequence[tuple[str, Sequence[Document]]], name: str,
+                 vectors: RoundVectors = round_vectors) -> tuple[HomeMode, str | None]:
+    """The `home` mode every round of a dataset (`rounds`: question and passages each, named
+    `name`) runs with: `config.home` as set; where it is auto and MCF tests rounds with a home
+    rule (`home_rule_of`), the decision for the whole dataset (`home.dataset_decision`: home
+    where its rounds' mean P(home) reaches the card's dataset bar, else each round on its
+    own). Also the line that says why (None where nothing was decided)."""
+    rule = home_rule_of(config, combination) if combination is not None else None
+    if rule is None or config.home != "auto":
+        return config.home, None
+    return dataset_decision(rule, [(q, home_texts(docs)) for q, docs in rounds], name, vectors)
+
+
 def with_prior(scores: Sequence[float], prior: Sequence[float], weight: float) -> list[float]:
     """z(scores) + weight·z(prior), both z-normalised over the same chunks."""
     return [s + weight * p for s, p in zip(z_scores(scores), z_scores(prior), strict=True)]
@@ -352,10 +382,10 @@ class MultiGranularFilter:
         """Whether the round is the filter's home text (`filters.home`), tested on retrieval's
         features before any filter call; None where no home rule applies (the card has none,
         or the chunk score is not the card's combination)."""
-        rule = self.combination.home
-        if rule is None or self.config.score_rule != "combined":
+        rule = home_rule_of(self.config, self.combination)
+        if rule is None:
             return None
-        texts = [d.as_context() for d in documents if d.text.strip()]
+        texts = home_texts(documents)
         return rule.decide(question, texts, self.config.home, self.vectors) if texts else None
 
     def chunk_stage(self, question: str, documents: Sequence[Document]) -> FilterResult:

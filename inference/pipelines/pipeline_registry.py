@@ -77,6 +77,10 @@ class PipelineSettings:
         found = self._by_class.get(cls)
         return found if found is not None else cls()
 
+    def with_section(self, section: object) -> PipelineSettings:
+        """These settings with `section` in place of the run's section of its class."""
+        return PipelineSettings({**self._by_class, type(section): section}.values())
+
 
 @dataclass(frozen=True)
 class PipelineContext:

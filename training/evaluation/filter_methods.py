@@ -32,8 +32,12 @@ from sieverag.inference.core.types import Example
 from sieverag.inference.data import example_source
 from sieverag.inference.filters.card.combination import Combination
 from sieverag.inference.filters.document_filter import FilterResult, ScoredDocument
-from sieverag.inference.filters.home import dataset_decision
-from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter, source_positions
+from sieverag.inference.filters.mcf import (
+    MCFConfig,
+    MultiGranularFilter,
+    dataset_home,
+    source_positions,
+)
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.metrics.filter import top_k_indices
 from sieverag.training.evaluation.questions_in_flight import by_question
@@ -128,25 +132,25 @@ def mcf_results(backend: LLMBackend, examples: Sequence[Example], config: MCFCon
 
 def dataset_modes(examples: Sequence[Example], config: MCFConfig,
                   combination: Combination | None) -> dict[str, str]:
-    """Source → the `mcf.home` its questions run with: `config.home`, or where that is auto
-    and the card has a home rule, the dataset decision (said in one line per source)."""
-    sources = sorted({example_source(e) for e in examples})
-    rule = None if combination is None else combination.home
-    if rule is None or config.home != "auto" or config.score_rule != "combined":
-        return {source: config.home for source in sources}
+    """Source → the `mcf.home` its questions run with (`mcf.dataset_home`: `config.home`, or
+    where that is auto and the card has a home rule, the dataset decision, said in one line
+    per source)."""
     modes = {}
-    for source in sources:
-        rounds = tuple((e.question, tuple(d.as_context() for d in e.documents if d.text.strip()))
-                       for e in examples if example_source(e) == source)
-        key = (source, rounds, rule.test)
+    for source in sorted({example_source(e) for e in examples}):
+        mine = [e for e in examples if example_source(e) == source]
+        # The same questions, home setting and card: decided (and said) once.
+        key = (source, tuple(e.id for e in mine), config.home, config.score_rule,
+               config.combination, id(combination))
         if key not in _DECIDED:  # one line per dataset, however many rows run it
-            _DECIDED[key] = dataset_decision(rule, rounds, source)
-            print(_DECIDED[key][1], flush=True)
+            _DECIDED[key] = dataset_home(config, combination,
+                                         [(e.question, e.documents) for e in mine], source)
+            if _DECIDED[key][1] is not None:
+                print(_DECIDED[key][1], flush=True)
         modes[source] = _DECIDED[key][0]
     return modes
 
 
-_DECIDED: dict[tuple, tuple[str, str]] = {}
+_DECIDED: dict[tuple, tuple[str, str | None]] = {}
 
 
 def decisions_of(method: str, results: Mapping[str, FilterResult],

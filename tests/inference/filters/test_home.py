@@ -221,3 +221,47 @@ def test_a_dataset_is_decided_as_a_whole_by_its_mean_p_home(capsys):
     combination = Combination(**{**AWAY.__dict__, "home": rule})
     forced = dataset_modes(examples, MCFConfig(home="away"), combination)
     assert forced == {"s": "away"} and capsys.readouterr().out == ""  # nothing to decide
+
+
+def test_eval_decides_a_dataset_of_the_filters_home_text_once_for_every_round():
+    """`sieverag eval` on a dataset with its own passages (`compose.with_dataset_home`, the
+    rule eval-filter's `dataset_modes` also follows: `mcf.dataset_home`): a dataset of the
+    filter's home text runs every round with mcf.home home, and says why; a mixed one, a
+    run that retrieves its passages, or an mcf.home set by hand is left as it is."""
+    from types import SimpleNamespace
+
+    from sieverag.inference.composition.compose import RunPlan, with_dataset_home
+    from sieverag.inference.composition.config import RunConfig
+    from sieverag.inference.filters.mcf import dataset_home
+    from sieverag.inference.pipelines.pipeline_registry import PipelineSettings
+
+    rule = HomeRule(HomeTest(TEST.weights, 0.0, 0.9, dataset_bar=0.6), HOME, 3, ("castles",))
+    combination = Combination(**{**AWAY.__dict__, "home": rule})
+
+    def example(number: int, about: str) -> Example:
+        return Example(id=str(number), question=f"which {about}?", answers=("a",),
+                       documents=tuple(documents(about)))
+
+    castles = [example(i, HOME_WORD) for i in range(3)]
+    mixed = [castles[0], example(7, "river"), example(8, "song")]
+
+    def plan(given: bool, settings: PipelineSettings | None = None) -> RunPlan:
+        made = RunPlan(config=RunConfig(dataset="castles.jsonl"), pipelines=frozenset({"mcf"}),
+                       settings=settings or PipelineSettings(), roles=frozenset({"filter"}),
+                       role_specs={}, grader=None, reads_given_documents=given)
+        made.__dict__["filter_card"] = SimpleNamespace(combination=combination)
+        return made
+
+    decided, line = with_dataset_home(plan(True), castles, "castles", vectors)
+    assert decided.settings(MCFConfig).home == "home"
+    assert line is not None and "mean P(home) 0.982 >= 0.6 over 3 questions" in line
+    kept, line = with_dataset_home(plan(True), mixed, "mixed", vectors)
+    assert kept.settings(MCFConfig).home == "auto" and "< 0.6" in line
+    retrieved = plan(False)
+    assert with_dataset_home(retrieved, castles, "castles", vectors) == (retrieved, None)
+    by_hand = plan(True, PipelineSettings([MCFConfig(home="away")]))
+    assert with_dataset_home(by_hand, castles, "castles", vectors) == (by_hand, None)
+    # The filter's own score, not the card's combination, ranks: no home rule applies.
+    rounds = [(e.question, e.documents) for e in castles]
+    assert dataset_home(MCFConfig(lexical_weight=1.0), combination, rounds, "castles",
+                        vectors) == ("auto", None)
