@@ -127,20 +127,35 @@ def check_one_index(index: str | None, endpoint: str | None, backend: str, uri: 
 
 
 @settings
-class IndexSource:
+class IndexAddress:
+    """Where an index is served: `sieverag index serve` at `endpoint`, or a Milvus collection
+    (`backend: milvus`, `uri`). `ask` takes these beside its own `--index` folder
+    (`source`); `IndexSource` adds the folder, for `eval`'s `retrieval` section."""
+
+    endpoint: str | None = field(default=None, metadata={"help": _ENDPOINT_HELP})
+    backend: BackendKind = field(default="sieverag", metadata={
+        "help": "sieverag: an index folder, here or served (endpoint); milvus: a Milvus "
+                "collection (uri)"})
+    uri: str | None = field(default=None, metadata={"help": _URI_HELP})
+    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
+    api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
+    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
+
+    def source(self, index: str | None, folder: str) -> IndexSource:
+        """The index source of the folder `index` (given as the setting `folder`, named in
+        messages) or of these settings: exactly one of them names an index."""
+        check_one_index(index, self.endpoint, self.backend, self.uri, folder)
+        return IndexSource(index=index, **{spec.name: getattr(self, spec.name)
+                                           for spec in fields(IndexAddress)})
+
+
+@settings
+class IndexSource(IndexAddress):
     """Which index a run searches: a local folder (`index`), `sieverag index serve` at
     `endpoint`, or a Milvus collection (`backend: milvus`, `uri`)."""
 
     index: str | None = field(default=None, metadata={
         "help": "index folder built by `sieverag index build` (searched in this process)"})
-    endpoint: str | None = field(default=None, metadata={"help": _ENDPOINT_HELP})
-    backend: BackendKind = field(default="sieverag", metadata={
-        "help": "sieverag: an index folder, here (index) or served (endpoint); milvus: a "
-                "Milvus collection (uri)"})
-    uri: str | None = field(default=None, metadata={"help": _URI_HELP})
-    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
-    api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
-    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
 
     def __post_init__(self) -> None:
         check_one_index(self.index, self.endpoint, self.backend, self.uri)
@@ -157,29 +172,6 @@ class IndexSource:
         if self.backend == "milvus":
             return f"Milvus collection {self.collection!r} at {self.uri}"
         return f"index server {self.endpoint}" if self.endpoint else f"index {self.index}"
-
-
-@settings
-class IndexAddress:
-    """Where a command's index is when it is not the folder the command names itself (`ask
-    --index`): `sieverag index serve` at `endpoint`, or a Milvus collection (`backend: milvus`,
-    `uri`); the `IndexSource` fields but `index`, under the same names as `eval`'s."""
-
-    endpoint: str | None = field(default=None, metadata={"help": _ENDPOINT_HELP})
-    backend: BackendKind = field(default="sieverag", metadata={
-        "help": "sieverag: an index folder, here (--index) or served (endpoint); milvus: a "
-                "Milvus collection (uri)"})
-    uri: str | None = field(default=None, metadata={"help": _URI_HELP})
-    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
-    api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
-    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
-
-    def source(self, index: str | None, folder: str) -> IndexSource:
-        """The index source of the folder `index` (given as the setting `folder`, named in
-        messages) or of these settings: exactly one of them names an index."""
-        check_one_index(index, self.endpoint, self.backend, self.uri, folder)
-        return IndexSource(index=index, **{spec.name: getattr(self, spec.name)
-                                           for spec in fields(self)})
 
 
 def read_secret(env_var: str | None, setting: str = "retrieval.api_key_env") -> str | None:
