@@ -8,13 +8,21 @@ a module that defines its own `server` (other settings, adapters) still gets `cl
 * `model(server)` — the served base model's name;
 * `fail_next_decode_step` — the engine's next decode step raises (a batch failing);
 * `keyed_filter_server(...)` / `keyed_http(...)` — a server with one adapter served as
-  "filter", every chunk scored by it, behind an API key (the rerank and metrics tests').
+  "filter", every chunk scored by it, behind an API key (the rerank and metrics tests');
+* `ServeProcess` — `sieverag serve` in a process of its own, its output read as it comes:
+  `announced()` waits for the line that says where it serves.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,3 +97,51 @@ def keyed_http(server: LocalServer, key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=120,
                       headers={"Authorization": f"Bearer {key}"}) as client:
         yield client
+
+
+# What `sieverag serve` prints once it takes requests.
+ANNOUNCED = re.compile(
+    r"serving (?P<names>.+) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)")
+
+
+class ServeProcess:
+    """`sieverag serve ARGS` in a process of its own (stdout and stderr together), every line
+    it prints kept in `seen`."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sieverag", "serve", *args], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.seen: list[str] = []
+        self._lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        stream = self.process.stdout
+        self._reader = threading.Thread(
+            target=lambda: [self._lines.put(line) for line in stream], daemon=True)
+        self._reader.start()
+
+    def announced(self, timeout_s: float) -> re.Match[str]:
+        """The line saying where it serves; it must come within `timeout_s` (its output so
+        far is the failure's message)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log
+            try:
+                self.seen.append(self._lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            found = ANNOUNCED.search(self.seen[-1])
+            if found is not None:
+                return found
+
+    @property
+    def log(self) -> str:
+        """Everything it printed so far."""
+        while not self._lines.empty():
+            self.seen.append(self._lines.get())
+        return "".join(self.seen)
+
+    def kill(self) -> None:
+        """Stop it if it still runs, and read the rest of what it printed."""
+        self.process.kill()
+        self.process.wait(timeout=30)
+        self._reader.join(timeout=10)

@@ -5,12 +5,7 @@ server started in a thread (`LocalServer.drain`), and its timeout."""
 
 from __future__ import annotations
 
-import os
-import queue
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +14,11 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_adapter import one_torch_thread  # noqa: F401 (autouse)
+from tiny_server import ServeProcess
 
 from sieverag.serving.config import LocalServerConfig
 from sieverag.serving.local_server import LocalServer
 
-ANNOUNCED = re.compile(r"serving .+ at (?P<url>http://127\.0\.0\.1:\d+/v1)")
 IN_FLIGHT = 16
 # Long generations (the tiny model's context is 1,024 tokens), so the 16 are still running
 # while the test checks what the draining server answers others.
@@ -49,26 +44,11 @@ def completion(model: str, max_tokens: int = MAX_TOKENS) -> dict:
 
 
 def test_sigterm_during_16_requests_answers_all_16_and_exits_0(tiny_model_dir: Path) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sieverag", "serve", "--engine", "local", "--model",
-         str(tiny_model_dir), "--port", "0", "--no-local.access-log", "--drain-timeout-s",
-         "300"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    seen: list[str] = []
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],
-                     daemon=True).start()
+    served = ServeProcess(["--engine", "local", "--model", str(tiny_model_dir), "--port", "0",
+                           "--no-local.access-log", "--drain-timeout-s", "300"])
+    process = served.process
     try:
-        announced = None
-        deadline = time.monotonic() + 600  # loading is slow on a busy machine
-        while announced is None:
-            assert process.poll() is None and time.monotonic() < deadline, "".join(seen)
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                continue
-            announced = ANNOUNCED.search(seen[-1])
+        announced = served.announced(timeout_s=600)  # loading is slow on a busy machine
         url = announced["url"]
         base = url.removesuffix("/v1")
         model = str(tiny_model_dir)
@@ -92,11 +72,8 @@ def test_sigterm_during_16_requests_answers_all_16_and_exits_0(tiny_model_dir: P
         assert len(texts) == 1 and texts != {""}  # the same greedy answer, whole
         assert process.wait(timeout=120) == 0
     finally:
-        process.kill()
-        process.wait(timeout=30)
-    while not lines.empty():
-        seen.append(lines.get())
-    log = "".join(seen)
+        served.kill()
+    log = served.log
     assert "draining: new requests get 503; 16 request(s) in flight" in log, log
     assert "drained: every request in flight was answered" in log, log
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import queue
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +15,7 @@ import httpx
 import openai
 import pytest
 import torch
-from tiny_server import fail_next_decode_step
+from tiny_server import ServeProcess, fail_next_decode_step
 
 from sieverag.inference.llm.backend_protocol import GenerationSettings
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig
@@ -399,9 +393,6 @@ def test_missing_key_variable_is_a_clear_error(tiny_model_dir: Path,
 
 # ----- the command line -----
 
-ANNOUNCED = re.compile(r"serving (?P<names>.+) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)")
-
-
 def test_a_bound_socket_accepts_connections_before_uvicorn_serves() -> None:
     """The port announced by `run()` takes connections at once (they wait for uvicorn)."""
     with listening_socket("127.0.0.1", 0) as sock:
@@ -414,39 +405,20 @@ def test_a_bound_socket_accepts_connections_before_uvicorn_serves() -> None:
 def test_cli_serves_model_with_adapter_on_the_port_it_reports_and_stops_on_sigint(
     tiny_model_dir: Path, tiny_adapter_dir: Path
 ) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sieverag", "serve", "--engine", "local", "--model",
-         str(tiny_model_dir), "--adapters", f"filter={tiny_adapter_dir}", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],
-                              daemon=True)
-    reader.start()
-    seen: list[str] = []
+    served = ServeProcess(["--engine", "local", "--model", str(tiny_model_dir), "--adapters",
+                           f"filter={tiny_adapter_dir}", "--port", "0"])
     try:
-        announced = None
-        deadline = time.monotonic() + 60
-        while announced is None:
-            assert process.poll() is None and time.monotonic() < deadline, "".join(seen)
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                continue
-            announced = ANNOUNCED.search(seen[-1])
+        announced = served.announced(timeout_s=60)
         url = announced["url"]
         assert int(announced["port"]) > 0
         models = httpx.get(f"{url}/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == [str(tiny_model_dir), "filter"]
         assert announced["names"] == f"{tiny_model_dir}, filter"
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
+        served.process.send_signal(signal.SIGINT)
+        served.process.wait(timeout=30)
     finally:
-        process.kill()
-    reader.join(timeout=10)
-    while not lines.empty():
-        seen.append(lines.get())
-    assert process.returncode == 0, "".join(seen)
+        served.kill()
+    assert served.process.returncode == 0, served.log
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/models", timeout=1)
 
