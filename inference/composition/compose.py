@@ -76,8 +76,8 @@ class RunPlan:
 
     @functools.cached_property
     def filter_card(self) -> FilterCard | None:
-        """The card the trained filter's scores are read by (`roles.filter_card`; None: the
-        run calls no filter), read once on first use, before the run writes anything: a
+        """The card the trained filter's scores are read by (`filter_card.filter_card`; None:
+        the run calls no filter), read once on first use, before the run writes anything: a
         served filter with no card fails there, and its corrected command reruns in the same
         folder."""
         spec = self.trained_filter

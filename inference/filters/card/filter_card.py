@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -36,8 +36,18 @@ from sieverag.inference.filters.card.combination import (
 from sieverag.inference.filters.home import HomeRule
 from sieverag.inference.llm.backend_registry import BackendSpec
 
-if TYPE_CHECKING:
-    from sieverag.inference.filters.mcf import MCFConfig
+
+class RankingSettings(Protocol):
+    """What a ranking statement reads of MCF's settings (`mcf.MCFConfig` has them): the card
+    asks nothing else of MCF, and the card package stays below it."""
+
+    combination: str
+    lexical_weight: float | None
+    always_score_chunks: bool
+    home: str
+
+    @property
+    def score_rule(self) -> str: ...
 
 # The `models.filter_card` that ranks a served filter's documents by BM25 + dense alone.
 RETRIEVAL_ONLY = "retrieval-only"
@@ -65,7 +75,7 @@ class FilterCard:
             return PRIORS_ONLY
         return card_combination(self.card, self.source)
 
-    def ranking_statement(self, mcf: MCFConfig) -> str:
+    def ranking_statement(self, mcf: RankingSettings) -> str:
         """Which score MCF ranks by with this card under `mcf`, and why: the line `eval`,
         `ask` and `demo` print at start (`combination.ranking_statement`)."""
         if self.card is not None:
