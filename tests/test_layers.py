@@ -575,7 +575,6 @@ ROLE_STEMS = {
     "cli": "a part's commands",
     "config": "a package's own settings",
     "errors": "a part's own error types",
-    "filter": "moving in issue 68 (other change): the `filter` command module is being unified",
 }
 # Stems an HTTP endpoint's folder holds, each endpoint its own: its routes, its bodies, its work.
 ENDPOINT_STEMS = ("router", "protocol", "serving")

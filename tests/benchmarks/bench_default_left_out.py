@@ -31,7 +31,7 @@ import results_json
 
 from sieverag.inference.filters.adapter_store import find_adapter, resolve_filter
 from sieverag.inference.filters.card.card_file import read_card
-from sieverag.inference.metrics.filter import top_k_indices
+from sieverag.inference.metrics.filter_scores import top_k_indices
 from sieverag.training.evaluation.card_fit import score_fitting_rounds
 from sieverag.training.evaluation.combination_fit import (
     TOP_K,

@@ -41,7 +41,7 @@ from sieverag.inference.filters.adapter_store import find_adapter, resolve_filte
 from sieverag.inference.filters.card.card_file import read_card
 from sieverag.inference.filters.card.combination import card_combination
 from sieverag.inference.filters.document_filter import z_scores
-from sieverag.inference.metrics.filter import top_k_indices
+from sieverag.inference.metrics.filter_scores import top_k_indices
 from sieverag.training.evaluation.card_fit import (
     fit_card_home,
     home_sources_of,

@@ -68,7 +68,7 @@ from sieverag.inference.filters.mcf import (  # noqa: E402
 )
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.metrics.filter import auroc, decision_quality  # noqa: E402
+from sieverag.inference.metrics.filter_scores import auroc, decision_quality  # noqa: E402
 
 # The one-pass sentence rules measured: (sentence_p_min, sentence_min_keep).
 SENTENCE_RULES = ((0.5, 0), (0.5, 1), (0.3, 1), (0.2, 1), (0.1, 1), (0.05, 1))

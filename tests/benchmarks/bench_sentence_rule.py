@@ -14,7 +14,7 @@ sentence rule alone is measured. On them, per source:
                   module's FIRST_SENTENCE_PRIOR, the rule's own functions for other w.
 
 Figures: sentence-level precision, recall and F1 (per question, averaged over questions:
-`metrics.filter.decision_quality`) against the sentence gold, and the tokens (the filter's
+`metrics.filter_scores.decision_quality`) against the sentence gold, and the tokens (the filter's
 tokenizer) of the kept sentences as a share of the whole gold passages'. Sentence gold: HotpotQA's
 supporting facts (the rows that carry them); elsewhere the sentences of a gold passage that
 hold a gold answer alias (STRINC), gold passages without one left out. Questions of the
@@ -85,7 +85,7 @@ from sieverag.inference.filters.sentence_priors import (  # noqa: E402
 from sieverag.inference.filters.windows import token_offsets_of  # noqa: E402
 from sieverag.inference.llm.hf import HFBackend, HFBackendConfig  # noqa: E402
 from sieverag.inference.llm.model_resolution import DEFAULT_MODEL  # noqa: E402
-from sieverag.inference.metrics.filter import decision_quality  # noqa: E402
+from sieverag.inference.metrics.filter_scores import decision_quality  # noqa: E402
 from sieverag.training.evaluation.caching_backend import CachingBackend  # noqa: E402
 from sieverag.training.evaluation.filter_eval_config import FilterEvalConfig  # noqa: E402
 from sieverag.training.evaluation.held_out_questions import (  # noqa: E402

@@ -335,7 +335,7 @@ def test_a_corrupt_cache_entry_is_a_miss_recomputed_and_overwritten(
 
 
 def test_chunk_quality_definitions() -> None:
-    from sieverag.inference.metrics.filter import chunk_quality
+    from sieverag.inference.metrics.filter_scores import chunk_quality
 
     example = _example([True, True, False, False])
     scores = {"q/0": 0.9, "q/1": 0.2, "q/2": 0.8, "q/3": 0.1}
@@ -346,7 +346,7 @@ def test_chunk_quality_definitions() -> None:
 
 
 def test_sentence_quality_definitions() -> None:
-    from sieverag.inference.metrics.filter import sentence_quality, supporting_facts
+    from sieverag.inference.metrics.filter_scores import sentence_quality, supporting_facts
 
     example = _example([True, False], supporting=[(0, 2), ()])
     assert supporting_facts(example) == {("q/0", 0), ("q/0", 2)}

@@ -39,7 +39,7 @@ from sieverag.inference.filters.filter_format import card_format
 from sieverag.inference.filters.home import DEFAULT_HOME_READ, HomeRule
 from sieverag.inference.filters.windows import DEFAULT_MAX_WINDOWS, WindowRule, card_window_tokens
 from sieverag.inference.llm.call_batching import on_batcher, question_batcher
-from sieverag.inference.metrics.filter import auroc
+from sieverag.inference.metrics.filter_scores import auroc
 from sieverag.training.evaluation.combination_fit import (
     LabelledRound,
     best_bar,

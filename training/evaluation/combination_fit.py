@@ -70,7 +70,7 @@ from sieverag.inference.filters.card.combination import (
 )
 from sieverag.inference.filters.filter_format import FilterFormat, p_relevant
 from sieverag.inference.filters.mcf import MCFConfig
-from sieverag.inference.metrics.filter import (
+from sieverag.inference.metrics.filter_scores import (
     auroc,
     calibration_error,
     decision_quality,

@@ -10,7 +10,7 @@ minus the questions any training split was built from, matched by (source, quest
 source left out of training is evaluated whole; questions without a gold passage left out, counted).
 The command's settings are `training.evaluation.filter_eval_config.FilterEvalConfig`.
 
-Metrics (defined in `inference.metrics.filter`, with every other metric):
+Metrics (defined in `inference.metrics.filter_scores`, with every other metric):
 
 * chunk level, against the gold passages (`is_gold`): per-question precision / recall / F1
   of the kept passage ids, averaged over questions (macro); the same pooled over all
@@ -60,7 +60,7 @@ from sieverag.inference.llm.call_batching import (
     question_batcher,
     warn_capped_requests,
 )
-from sieverag.inference.metrics.filter import (
+from sieverag.inference.metrics.filter_scores import (
     chunk_quality,
     has_supporting_facts,
     paired_f1_difference,

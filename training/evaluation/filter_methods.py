@@ -39,7 +39,7 @@ from sieverag.inference.filters.mcf import (
     source_positions,
 )
 from sieverag.inference.llm.backend_protocol import LLMBackend
-from sieverag.inference.metrics.filter import top_k_indices
+from sieverag.inference.metrics.filter_scores import top_k_indices
 from sieverag.training.evaluation.questions_in_flight import by_question
 
 SentenceIds = set[tuple[str, int]]

@@ -49,7 +49,7 @@ from sieverag.inference.filters.home import (
     home_features,
     home_reading,
 )
-from sieverag.inference.metrics.filter import auroc, decision_quality
+from sieverag.inference.metrics.filter_scores import auroc, decision_quality
 from sieverag.training.evaluation.combination_fit import (
     CANDIDATES,
     LabelledRound,

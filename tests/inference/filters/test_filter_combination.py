@@ -31,7 +31,7 @@ from sieverag.inference.filters.card.combination import (
     round_features,
 )
 from sieverag.inference.filters.mcf import MCFConfig, MultiGranularFilter
-from sieverag.inference.metrics.filter import calibration_error, paired_f1_difference
+from sieverag.inference.metrics.filter_scores import calibration_error, paired_f1_difference
 from sieverag.training.evaluation.combination_fit import (
     LabelledRound,
     SelectionRule,
