@@ -57,7 +57,13 @@ from sieverag.data_gen.ledger import progress_ticker
 from sieverag.data_gen.passages import with_borrowed_negatives
 from sieverag.data_gen.shards import SHARD_HELP, in_shard, parse_shard
 from sieverag.data_gen.strinc import strinc
-from sieverag.data_gen.teacher import TeacherClient, TeacherConfig, TeacherRequest, TeacherVerdict
+from sieverag.data_gen.teacher import (
+    TeacherClient,
+    TeacherConfig,
+    TeacherRequest,
+    TeacherVerdict,
+    steps_in_flight,
+)
 from sieverag.data_gen.templates import load_data_gen_template
 from sieverag.inference.core.errors import ConfigError, DatasetError
 from sieverag.inference.core.in_flight import InFlightProgress, question_failure
@@ -442,20 +448,20 @@ def served_scorer(config: LabelRunConfig) -> CXMIScorer:
     return BatchedCXMI(*backends)
 
 
-# Steps whose teacher requests are out at once: the next step's go out while a step's last
-# requests wait out a timeout or a backoff, so the teacher keeps its pace.
-_TEACHER_STEPS_AHEAD = 2
-
-
 def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
                summary: LabelRunSummary, bar: tqdm) -> None:
-    """Label in steps; the teacher works on the next steps (`_TEACHER_STEPS_AHEAD`) while
-    the scorer runs this one, `concurrency` questions of it at a time (one scorer call
-    each)."""
+    """Label in steps; the teacher works on the next steps while the scorer runs this one,
+    `concurrency` questions of it at a time (one scorer call each). Enough steps' requests
+    are out at once (`teacher.steps_in_flight`) that the teacher keeps its pace while a
+    step's last request waits out a timeout or a backoff."""
     concurrency = labeller.config.concurrency
     size = max(labeller.config.questions_per_step, concurrency)
     steps = [todo[i:i + size] for i in range(0, len(todo), size)]
     progress = InFlightProgress(bar)
+    ahead = 2
+    if labeller.teacher is not None and steps:
+        first = sum(len(labeller.teacher_requests(e)) for e in steps[0])
+        ahead = steps_in_flight(labeller.teacher.config, first)
 
     def keep(record: LabelRecord) -> None:
         writer.append(record.to_json())
@@ -464,16 +470,13 @@ def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
         progress.done += 1
         bar.update(1)
 
-    with bar, ThreadPoolExecutor(_TEACHER_STEPS_AHEAD,
-                                 thread_name_prefix="teacher-step") as background:
-        upcoming = deque(_ask_teacher(labeller, s, background)
-                         for s in steps[:_TEACHER_STEPS_AHEAD])
+    with bar, ThreadPoolExecutor(ahead, thread_name_prefix="teacher-step") as background:
+        upcoming = deque(_ask_teacher(labeller, s, background) for s in steps[:ahead])
         for number, step in enumerate(steps):
             asked = upcoming.popleft()
             verdicts = asked.result() if asked is not None else [None] * len(step)
-            if number + _TEACHER_STEPS_AHEAD < len(steps):
-                upcoming.append(_ask_teacher(labeller, steps[number + _TEACHER_STEPS_AHEAD],
-                                             background))
+            if number + ahead < len(steps):
+                upcoming.append(_ask_teacher(labeller, steps[number + ahead], background))
             for start in range(0, len(step), concurrency):
                 group = step[start:start + concurrency]
                 progress.show(len(group))

@@ -17,6 +17,7 @@ from sieverag.data_gen.teacher import (
     TeacherRequest,
     cache_key,
     parse_teacher_reply,
+    steps_in_flight,
 )
 from sieverag.inference.core.errors import BackendUnavailableError, SieveragError
 
@@ -187,3 +188,18 @@ def test_concurrency_is_bounded(tmp_path: Path) -> None:
     assert server.max_in_flight <= 3
     assert [v.key_sentences for v in verdicts] == [(1,)] * 9
     assert teacher.stats.asked == 9 and teacher.stats.usage.calls == 9
+
+
+def test_enough_steps_are_out_that_a_hung_request_does_not_stall_the_pace():
+    """The labelling run keeps out enough steps of requests that, while a step waits out a
+    timeout and a backoff, the others hold the set pace's worth: 600 rpm x (10 s + 1 s) =
+    110 requests, two steps of 64, besides the oldest and one more; without rpm, 2; at most
+    16."""
+    def config(**settings: object) -> TeacherConfig:
+        return TeacherConfig(endpoint="http://127.0.0.1:9/v1", model="m", **settings)
+
+    assert steps_in_flight(config(rpm=600, timeout_s=10, backoff_s=1), 64) == 4
+    assert steps_in_flight(config(rpm=600, timeout_s=60, backoff_s=1), 160) == 6
+    assert steps_in_flight(config(rpm=60, timeout_s=10, backoff_s=1), 64) == 3
+    assert steps_in_flight(config(), 64) == 2  # no rpm: the server's pace, unknown
+    assert steps_in_flight(config(rpm=100_000, timeout_s=60), 8) == 16
