@@ -458,10 +458,18 @@ def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
     size = max(labeller.config.questions_per_step, concurrency)
     steps = [todo[i:i + size] for i in range(0, len(todo), size)]
     progress = InFlightProgress(bar)
-    ahead = 2
-    if labeller.teacher is not None and steps:
-        first = sum(len(labeller.teacher_requests(e)) for e in steps[0])
-        ahead = steps_in_flight(labeller.teacher.config, first)
+    teacher = labeller.teacher
+    # The first step's requests size how many steps go out at once; built once.
+    first = ([labeller.teacher_requests(e) for e in steps[0]]
+             if teacher is not None and steps else None)
+    ahead = 2 if first is None else steps_in_flight(teacher.config, sum(map(len, first)))
+
+    def ask(number: int) -> Future | None:
+        if teacher is None:
+            return None
+        requests = (first if number == 0 and first is not None
+                    else [labeller.teacher_requests(e) for e in steps[number]])
+        return _ask_teacher(teacher, requests, background)
 
     def keep(record: LabelRecord) -> None:
         writer.append(record.to_json())
@@ -471,12 +479,12 @@ def _label_all(labeller: Labeller, todo: list[Example], writer: JsonlLog,
         bar.update(1)
 
     with bar, ThreadPoolExecutor(ahead, thread_name_prefix="teacher-step") as background:
-        upcoming = deque(_ask_teacher(labeller, s, background) for s in steps[:ahead])
+        upcoming = deque(ask(number) for number in range(min(ahead, len(steps))))
         for number, step in enumerate(steps):
             asked = upcoming.popleft()
             verdicts = asked.result() if asked is not None else [None] * len(step)
             if number + ahead < len(steps):
-                upcoming.append(_ask_teacher(labeller, steps[number + ahead], background))
+                upcoming.append(ask(number + ahead))
             for start in range(0, len(step), concurrency):
                 group = step[start:start + concurrency]
                 progress.show(len(group))
@@ -510,13 +518,10 @@ def _label_group(labeller: Labeller, group: list[Example],
         keep(record)
 
 
-def _ask_teacher(labeller: Labeller, step: list[Example],
-                 background: ThreadPoolExecutor) -> Future | None:
-    """Start the teacher on a step's chunks; the future gives one verdict list per question."""
-    teacher = labeller.teacher
-    if teacher is None:
-        return None
-    requests = [labeller.teacher_requests(e) for e in step]
+def _ask_teacher(teacher: TeacherClient, requests: list[list[TeacherRequest]],
+                 background: ThreadPoolExecutor) -> Future:
+    """Start the teacher on a step's requests (a list per question); the future gives one
+    verdict list per question."""
 
     def ask() -> list[list[TeacherVerdict]]:
         flat = teacher.label([r for rs in requests for r in rs])

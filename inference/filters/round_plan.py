@@ -47,8 +47,12 @@ def prompt_tokens(mcf: MultiGranularFilter, conversation: Conversation) -> int:
     """The tokens the filter's model reads for `conversation`, as its backend renders it (a
     one-pass prompt's label marks are not read: `marked_prompt_ids`). The backend is one
     with its model's tokenizer at hand (`tokenizer`, `render`: in process, or the server's
-    engine)."""
+    engine); one that remembers what it tokenised (`read_ids`: the server's engine) is
+    asked through that, so the round it then runs does not tokenise the prompt again."""
     backend = mcf.backend
+    read_ids = getattr(backend, "read_ids", None)
+    if read_ids is not None:
+        return len(read_ids(conversation)[1])
     ids, _ = marked_prompt_ids(backend.tokenizer, backend.render(conversation))
     return len(ids)
 

@@ -25,6 +25,7 @@ from concurrent.futures import CancelledError, Future
 
 from sieverag.inference.core.types import Conversation
 from sieverag.inference.llm.backend_protocol import (
+    LABEL_MARK,
     GenerationSettings,
     UsageMeter,
     chat_prompt_text,
@@ -56,7 +57,8 @@ class EngineBackend:
         self.owner: Hashable = self if owner is None else owner
         self.tokenizer = engine.served.tokenizer
         self.meter = UsageMeter()
-        self._encoded: dict[str, tuple[int, ...]] = {}  # rendered prompt -> its token ids
+        # rendered prompt -> the ids the model reads and its label marks' positions
+        self._read: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._in_flight: list[Future[SequenceResult]] = []
         self._lock = threading.Lock()
         self._cancelled = False
@@ -69,15 +71,26 @@ class EngineBackend:
         """The chat-templated prompt text, ending with the assistant prefix."""
         return chat_prompt_text(self.tokenizer, conversation)
 
-    def encode(self, conversation: Conversation) -> tuple[str, tuple[int, ...]]:
-        """The prompt's text and token ids (the template holds its own special tokens);
-        remembered, so checking a prompt's size and then running it tokenise it once."""
+    def read_ids(self, conversation: Conversation
+                 ) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        """The prompt's text, the token ids the model reads for it and the positions of its
+        label marks (`marked_prompt_ids`: none in a prompt without marks); remembered, so
+        planning a round (`round_plan`), checking a prompt's size and then running it
+        tokenise it once."""
         text = self.render(conversation)
-        ids = self._encoded.get(text)
-        if ids is None:
-            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            self._encoded[text] = ids
-        return text, ids
+        read = self._read.get(text)
+        if read is None:
+            ids, positions = marked_prompt_ids(self.tokenizer, text)
+            read = self._read[text] = (tuple(ids), tuple(positions))
+        return text, *read
+
+    def encode(self, conversation: Conversation) -> tuple[str, tuple[int, ...]]:
+        """The prompt's text and token ids (the template holds its own special tokens). A
+        prompt without label marks is tokenised as `read_ids` tokenises it, and remembered."""
+        text = self.render(conversation)
+        if LABEL_MARK in text:
+            return text, tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return text, self.read_ids(conversation)[1]
 
     @metered
     def generate(
@@ -124,12 +137,12 @@ class EngineBackend:
         prefill of the ids `marked_prompt_ids` gives. Labels must be one token each
         (`ValueError`)."""
         check_labels("marked_label_logprobs", labels)
-        texts = [self.render(prompt) for prompt in prompts]
-        marked = [marked_prompt_ids(self.tokenizer, text) for text in texts]
+        read = [self.read_ids(prompt) for prompt in prompts]
+        marked = [(ids, positions) for _, ids, positions in read]
         if not marked:
             return []
         # Tokenised as HFBackend tokenises them: after the first prompt.
-        label_ids = [reply_token_ids(self.tokenizer, texts[0], marked[0][0], label)
+        label_ids = [reply_token_ids(self.tokenizer, read[0][0], list(marked[0][0]), label)
                      for label in labels]
         check_single_token_labels(labels, label_ids)
         wanted = tuple(ids[0] for ids in label_ids)

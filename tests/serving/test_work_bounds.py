@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -335,3 +336,32 @@ def test_the_plan_counts_what_mcf_then_asks(server: LocalServer) -> None:
     assert planned == used + 2 and used > 0
     planned, used = asked([Document(id="0", text=LONG), Document(id="1", text=OTHER)])
     assert planned >= used > 0
+
+
+class CountingTokenizer:
+    """The served tokenizer, counting the texts it is called on."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.texts: Counter[str] = Counter()
+
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        self.texts[text] += 1
+        return self.tokenizer(text, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+def test_a_planned_round_tokenises_each_prompt_once(server: LocalServer) -> None:
+    """Planning a round and then running it tokenise each prompt once: the plan asks the
+    engine's backend (`read_ids`), which remembers what it tokenised for the round."""
+    backend = EngineBackend(server.engine, "filter")
+    counting = CountingTokenizer(backend.tokenizer)
+    backend.tokenizer = counting
+    mcf = MultiGranularFilter(backend, server.config.rerank, card_combination(CARD))
+    documents = [Document(id="0", text=OTHER), Document(id="1", text=ANSWER)]
+    plan_round(mcf, QUERY, documents)
+    mcf.select(QUERY, documents)
+    prompts = {text: n for text, n in counting.texts.items() if QUERY in text}
+    assert prompts and max(prompts.values()) == 1, prompts

@@ -138,19 +138,21 @@ def dataset_modes(examples: Sequence[Example], config: MCFConfig,
     modes = {}
     for source in sorted({example_source(e) for e in examples}):
         mine = [e for e in examples if example_source(e) == source]
-        # The same questions, home setting and card: decided (and said) once.
+        # The same questions, home setting and card: decided (and said) once. The entry
+        # holds its combination, so the id in its key is that combination's while it lasts.
         key = (source, tuple(e.id for e in mine), config.home, config.score_rule,
                config.combination, id(combination))
         if key not in _DECIDED:  # one line per dataset, however many rows run it
-            _DECIDED[key] = dataset_home(config, combination,
-                                         [(e.question, e.documents) for e in mine], source)
-            if _DECIDED[key][1] is not None:
-                print(_DECIDED[key][1], flush=True)
-        modes[source] = _DECIDED[key][0]
+            decided = dataset_home(config, combination,
+                                   [(e.question, e.documents) for e in mine], source)
+            _DECIDED[key] = (combination, decided[0])
+            if decided[1] is not None:
+                print(decided[1], flush=True)
+        modes[source] = _DECIDED[key][1]
     return modes
 
 
-_DECIDED: dict[tuple, tuple[str, str | None]] = {}
+_DECIDED: dict[tuple, tuple[Combination | None, str]] = {}
 
 
 def decisions_of(method: str, results: Mapping[str, FilterResult],
