@@ -30,10 +30,11 @@ from sieverag.inference.composition.config import RetrievalConfig, RunConfig
 from sieverag.inference.core.errors import ConfigError, ModelNotFoundError
 from sieverag.inference.core.types import Document, Example, check_device_present
 from sieverag.inference.data.gold_match import mark_gold
-from sieverag.inference.filters.card.filter_card import FilterCard, filter_card
+from sieverag.inference.filters.card.filter_card import FilterCard
 from sieverag.inference.filters.embeddings import round_vectors
 from sieverag.inference.filters.home import RoundVectors
 from sieverag.inference.filters.mcf import MCFConfig, dataset_home
+from sieverag.inference.filters.role_card import filter_card
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.call_batching import CallBatcher, on_batcher

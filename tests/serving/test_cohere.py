@@ -212,7 +212,7 @@ def test_a_served_filter_role_named_filter_ranks_with_the_shipped_card(
     import openai
 
     from sieverag.inference.filters.card.card_file import read_card
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     shipped_folder = resolve_filter(DEFAULT_FILTER_NAME, DEFAULT_MODEL)

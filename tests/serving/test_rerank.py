@@ -279,7 +279,7 @@ def test_a_served_filter_role_without_a_card_is_one_error(server: LocalServer) -
     name, so a run's filter role on it is refused, naming both remedies; the model list
     itself needs the server's key."""
     from sieverag.inference.core.errors import ConfigError
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     role = BackendSpec(endpoint=server.base_url, model="filter", api_key_env=KEY_ENV)

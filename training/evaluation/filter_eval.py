@@ -50,8 +50,8 @@ from sieverag.inference.core.settings import settings_to_data
 from sieverag.inference.core.types import Example
 from sieverag.inference.data import PassageHandling, example_source, odd_passages_line
 from sieverag.inference.filters.card.combination import Combination
-from sieverag.inference.filters.card.filter_card import filter_card
 from sieverag.inference.filters.mcf import MCFConfig, window_rule
+from sieverag.inference.filters.role_card import filter_card
 from sieverag.inference.llm.backend_protocol import LLMBackend
 from sieverag.inference.llm.backend_registry import BackendSpec, build_backend
 from sieverag.inference.llm.call_batching import (

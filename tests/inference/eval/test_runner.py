@@ -192,7 +192,7 @@ def test_a_served_filter_without_a_card_fails_before_the_run_writes_anything(
     """No card named, none shown by its server, no filter of its served name: one clear
     message naming both remedies, before config.yaml is written, so the command it gives
     runs in the same folder."""
-    monkeypatch.setattr("sieverag.inference.filters.card.filter_card.served_card",
+    monkeypatch.setattr("sieverag.inference.filters.role_card.served_card",
                         lambda spec: None)
     out = tmp_path / "o"
     args = ["eval", "--pipelines", "amber-mcf", "--dataset", str(demo_file), "--limit", "1",

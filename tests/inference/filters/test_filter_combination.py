@@ -291,10 +291,10 @@ def test_a_served_filter_reads_the_card_of_the_filter_it_is_served_as(
     in-process; under another name with no card named, it is one error naming both
     remedies."""
     from sieverag.inference.filters.adapter_store import DEFAULT_FILTER_NAME, find_adapter
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
-    monkeypatch.setattr("sieverag.inference.filters.card.filter_card.served_card",
+    monkeypatch.setattr("sieverag.inference.filters.role_card.served_card",
                         lambda spec: None)
     shipped = str(find_adapter(DEFAULT_FILTER_NAME).path)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model=DEFAULT_FILTER_NAME)
@@ -316,10 +316,10 @@ def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.Mo
                                                 ) -> None:
     from sieverag.inference.agents.roles import ModelRoles
     from sieverag.inference.filters.adapter_files import CONFIG_FILE
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
-    monkeypatch.setattr("sieverag.inference.filters.card.filter_card.served_card",
+    monkeypatch.setattr("sieverag.inference.filters.role_card.served_card",
                         lambda spec: None)
     served = BackendSpec(endpoint="http://127.0.0.1:8000/v1", model="filter")
     with pytest.raises(ConfigError, match="models.filter_card: adapter 'no-such-filter'"):
@@ -336,7 +336,7 @@ def test_a_named_card_must_be_a_filter_with_one(tmp_path, monkeypatch: pytest.Mo
 def test_a_server_that_cannot_be_reached_is_named() -> None:
     import socket
 
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     with socket.socket() as sock:  # a port nothing listens on
@@ -351,7 +351,7 @@ def test_the_card_is_asked_for_with_the_key_the_role_sends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The model list is read with the role's own key (`openai_backend.server_key`): a key
     variable named but unset is refused by name before anything is sent."""
-    from sieverag.inference.filters.card.filter_card import filter_card
+    from sieverag.inference.filters.role_card import filter_card
     from sieverag.inference.llm.backend_registry import BackendSpec
 
     monkeypatch.delenv("SIEVERAG_TEST_NO_SUCH_KEY", raising=False)
