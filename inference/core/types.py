@@ -146,6 +146,10 @@ class RerankResult:
     * `bar_rule` — sieverag's filter: the rule that set the bar of the request's round and
       why (`calibrated: ...`, or `shift_guard: ...` where the round's scores were unlike
       those the bar was fitted on and retrieval's top-k was kept);
+    * `calibrated` — sieverag's filter: whether `relevance_score` is a calibrated P(relevant)
+      (the card's fitted combination, on a round its shift guard finds like the rounds it
+      was fitted on); false: a relevance score in [0, 1] that ranks as P(relevant) would, but
+      is not a probability there (`bar_rule` says what was unlike);
     * `document` — `{"text": ...}` where the request asked for the texts back.
     """
 
@@ -156,6 +160,7 @@ class RerankResult:
     pruned_text: StrictStr | None = None
     spans: tuple[SentenceSpan, ...] | None = None
     bar_rule: StrictStr | None = None
+    calibrated: StrictBool | None = None
     document: dict[str, Any] | None = None
 
     @classmethod

@@ -47,7 +47,11 @@ class ScoredDocumentRecord(JsonlRecord):
     dense: float | None = Field(None, description="MCF: cosine of question and passage "
                                                   "embeddings")
     p_relevant: float | None = Field(None, description="MCF: P(relevant) of the combination "
-                                                       "(calibrated where fitted)")
+                                                       "(calibrated where `calibrated`)")
+    calibrated: bool | None = Field(None, description=(
+        "MCF: whether p_relevant is a calibrated probability (the card's fitted combination, "
+        "on a round its shift guard finds like the fitting rounds); false: a relevance score "
+        "in [0, 1], not a probability"))
     mcf_score: float | None = Field(None, description="stack: MCF's score")
     mcf_kept: bool | None = Field(None, description="stack: MCF's verdict")
     mcf_threshold: float | None = Field(None, description="stack: MCF's bar")
@@ -84,6 +88,11 @@ class FilterResult:
     rule_reason: str | None = None
     """Why, in words (MCF's calibrated bar: the P(relevant) bar, or what the shift guard
     found unlike the fitting rounds)."""
+    calibrated: bool | None = None
+    """MCF: whether the round's P(relevant) (each score's `p_relevant`) is a calibrated
+    probability (`Combination.calibrated_on`: the card's fitted combination, on a round its
+    shift guard finds like the fitting rounds); False: a relevance score only (`rule_reason`
+    says what was unlike). None: the filter gives no P(relevant)."""
 
     @property
     def kept_documents(self) -> list[Document]:

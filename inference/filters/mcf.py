@@ -440,7 +440,8 @@ class MultiGranularFilter:
         scored = tuple(by_position.get(i) or ScoredDocument(
             d, away[i], False, {"p_yes": None, "filter_score": None, "bm25": round(bm25[i], 4),
                                 "dense": round(dense[i], 4),
-                                "p_relevant": round(p_relevant(away[i]), 6)})
+                                "p_relevant": round(p_relevant(away[i]), 6),
+                                "calibrated": read.calibrated})
             for i, d in enumerate(documents))
         unread = len(documents) - len(chosen)
         reason = (f"{decision.reason}; the filter read the priors' best {len(chosen)} of "
@@ -473,13 +474,22 @@ class MultiGranularFilter:
         rule = self.config.score_rule
         values = (combined if rule == "combined" else log_odds if rule == "filter"
                   else with_prior(log_odds, bm25, self.config.prior_weight))
-        decided = self.bar(values, RoundScores(tuple(log_odds), tuple(bm25), tuple(dense)),
-                           combination)
+        round_scores = RoundScores(tuple(log_odds), tuple(bm25), tuple(dense))
+        decided = self.bar(values, round_scores, combination)
+        calibrated = combination.calibrated_on(round_scores)
+        for detail in details:
+            detail["calibrated"] = calibrated
+        if combination.fitted and not calibrated and "unlike" not in decided.reason:
+            # the guard left off the bar (mcf.shift_guard false): still said
+            decided = replace(decided, reason=f"{decided.reason}; P(relevant) not calibrated "
+                              "here: unlike the fitting rounds in "
+                              f"{'; '.join(combination.unlike(round_scores))}")
         scored = tuple(ScoredDocument(d, value, value >= decided.bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
         return FilterResult(kept=kept, scored=scored, threshold=decided.bar,
-                            rule=decided.rule, rule_reason=decided.reason)
+                            rule=decided.rule, rule_reason=decided.reason,
+                            calibrated=calibrated)
 
     def bar(self, scores: Sequence[float], round_scores: RoundScores,
             combination: Combination | None = None) -> RoundBar:

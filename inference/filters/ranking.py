@@ -67,7 +67,7 @@ def rank_with(mcf: MultiGranularFilter, query: str, documents: Sequence[Document
     ranked = []
     for document, judged in zip(documents, result.scored, strict=True):
         ranking = RerankResult(int(document.id), judged.details["p_relevant"], judged.kept,
-                               bar_rule=bar_rule)
+                               bar_rule=bar_rule, calibrated=result.calibrated)
         if mcf.config.sentence_stage:
             ranking = sentence_view(ranking, document, judged, spans=spans, rule=mcf.windows)
         ranked.append(ranking)
@@ -100,7 +100,7 @@ def sentence_view(result: RerankResult, document: Document, judged: ScoredDocume
                                  None if i >= len(scores) or scores[i] is None
                                  else p_relevant(scores[i]))
                     for i, (start, end) in enumerate(located))
-        if spans else None)
+        if spans else None, bar_rule=result.bar_rule, calibrated=result.calibrated)
 
 
 def best_first(ranked: Sequence[RerankResult]) -> list[RerankResult]:

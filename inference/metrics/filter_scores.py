@@ -25,14 +25,19 @@ def chunk_quality(examples: Sequence[Example], kept: Mapping[str, Iterable[str]]
     kept_per_question: mean number of passages kept;
     auroc: area under the ROC curve of the method's score over all passages (gold = positive),
     average_precision: area under its precision–recall curve (None without a score);
-    ece: `calibration_error` of the method's P(relevant) per passage id (None without one).
+    ece: `calibration_error` of the method's P(relevant) over the passages that have one
+    (None without any); calibrated_share: the share of passages that have one (MCF gives none
+    on a round it does not call calibrated; None for a method without probabilities).
     """
     result = decision_quality([(set(kept[e.id]), {d.id for d in e.documents if d.is_gold})
                                for e in examples])
     result.update(ranking_quality(examples, scores))
+    passages = [d for e in examples for d in e.documents]
+    given = [d for d in passages if probabilities is not None and d.id in probabilities]
     result["ece"] = None if probabilities is None else calibration_error(
-        [bool(d.is_gold) for e in examples for d in e.documents],
-        [probabilities[d.id] for e in examples for d in e.documents])
+        [bool(d.is_gold) for d in given], [probabilities[d.id] for d in given])
+    result["calibrated_share"] = (None if probabilities is None
+                                  else len(given) / max(len(passages), 1))
     return result
 
 

@@ -156,7 +156,8 @@ def scored_document_lines(entry: ScoredDocumentRecord, indent: int = 4) -> list[
             extras.append(f"filter s {entry.filter_score:+.2f}")
         extras.append(f"BM25 {entry.bm25:.2f}")
     if entry.p_yes is None and entry.p_relevant is not None:  # the filter was not asked
-        extras.append(f"P(relevant) {entry.p_relevant:.2f}")
+        extras.append(f"relevance {entry.p_relevant:.2f} (not calibrated here)"
+                      if entry.calibrated is False else f"P(relevant) {entry.p_relevant:.2f}")
     if entry.mcf_score is not None:
         extras.append(f"mcf {entry.mcf_score:+.2f}{'✓' if entry.mcf_kept else '✗'}")
     if entry.judge_score is not None:

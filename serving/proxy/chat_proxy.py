@@ -180,6 +180,7 @@ class ChatProxy:
                     "granularity": "sentence" if rules.sentence_stage else "chunk",
                     "bar_rule": (f"{result.rule}: {result.rule_reason}" if result.rule
                                  else None),
+                    "calibrated": result.calibrated,
                     "prompt_tokens_saved": saved, **fitted}
             tracing.record(tracing.current(), {"sieverag.prompt_tokens_saved": saved,
                                                "sieverag.documents.forwarded": len(kept)})

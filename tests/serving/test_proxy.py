@@ -133,7 +133,7 @@ def test_documents_field_is_filtered_to_what_mcf_keeps(server: LocalServer, http
         "documents_in": 5, "documents_kept": 2, "granularity": "chunk",
         "bar_rule": "top_k: the 2 best kept: the card holds no fitted combination, so no "
                     "calibrated bar",
-        "prompt_tokens_saved": saved}
+        "calibrated": False, "prompt_tokens_saved": saved}
     assert saved > 0
     assert json.loads(reply.headers["x-sieverag"]) == body["sieverag"]
     # The upstream's answer, with the field added.
@@ -220,7 +220,8 @@ def test_no_documents_is_no_work(http: httpx.Client, upstream: FakeOpenAIServer)
     assert reply.status_code == 200, reply.text
     assert reply.json()["sieverag"] == {"kept": [], "dropped": [], "documents_in": 0,
                                         "documents_kept": 0, "granularity": "chunk",
-                                        "bar_rule": None, "prompt_tokens_saved": 0}
+                                        "bar_rule": None, "calibrated": None,
+                                        "prompt_tokens_saved": 0}
     sent = last_received(upstream)["messages"][-1]["content"]
     assert sent == f"<documents>\n</documents>\n\n{QUESTION}"
 

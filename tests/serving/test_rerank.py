@@ -98,6 +98,8 @@ def test_scores_and_verdicts_are_in_process_mcf(server: LocalServer, http: httpx
     # Each result says which rule set the round's bar, and why.
     assert {r["bar_rule"] for r in results} == {
         "top_k: the 2 best kept: the card holds no fitted combination, so no calibrated bar"}
+    # An unfitted combination's score is not called a calibrated probability.
+    assert {r["calibrated"] for r in results} == {False}
     # Not asked for, the documents are left out (not sent as null: LiteLLM refuses a null).
     assert all("document" not in r and "key_sentences" not in r for r in results)
     assert body["usage"] == {"total_tokens": prompt_tokens}
@@ -122,7 +124,8 @@ def test_top_n_return_documents_and_the_rerank_alias(http: httpx.Client) -> None
     assert [r["document"] for r in full] == [{"text": TEXTS[r["index"]]} for r in full]
     top = rerank(http, {**body, "top_n": 2, "return_documents": False}).json()["results"]
     assert [r["index"] for r in top] == [r["index"] for r in full[:2]]
-    assert all(set(r) == {"index", "relevance_score", "kept", "bar_rule"} for r in top)
+    assert all(set(r) == {"index", "relevance_score", "kept", "bar_rule", "calibrated"}
+               for r in top)
     assert len(rerank(http, {**body, "top_n": 0}).json()["results"]) == len(DOCUMENTS)
     assert len(rerank(http, {**body, "top_n": 50}).json()["results"]) == len(DOCUMENTS)
     # Strings and {text} objects are the same documents; /rerank is /v1/rerank.

@@ -128,4 +128,4 @@ def test_each_answer_sends_its_own_fields_before_the_filters() -> None:
     assert answers["Voyage"]["usage"] == {"total_tokens": 7}
     assert [r["document"] for r in answers["Infinity"]["results"]] == [TEXTS[1], TEXTS[0]]
     assert set(FilterFields.model_fields) == {"kept", "key_sentences", "pruned_text", "spans",
-                                              "bar_rule"}
+                                              "bar_rule", "calibrated"}

@@ -343,6 +343,12 @@ def test_chunk_quality_definitions() -> None:
     assert figures["precision"] == 0.5 and figures["recall"] == 0.5 and figures["f1"] == 0.5
     assert figures["kept_per_question"] == 2
     assert figures["auroc"] == pytest.approx(0.75)  # 3 of the 4 gold/non-gold pairs ordered
+    assert figures["ece"] is None and figures["calibrated_share"] is None
+    # ECE over the passages given a probability (MCF gives none on a round it does not call
+    # calibrated), and the share that have one.
+    given = chunk_quality([example], {"q": ("q/0",)}, scores,
+                          {"q/0": 1.0, "q/1": 1.0, "q/2": 0.0})
+    assert given["ece"] == pytest.approx(0.0) and given["calibrated_share"] == 0.75
 
 
 def test_sentence_quality_definitions() -> None:

@@ -342,18 +342,25 @@ def fit_rule(rule: SelectionRule, rounds: Sequence[LabelledRound],
 def measured_on(combination: Combination, rounds: Sequence[LabelledRound],
                 top_k: int = TOP_K) -> dict[str, Any]:
     """What `combination` (fitted elsewhere) keeps on `rounds` under MCF's calibrated bar:
-    F1, its margin over the better of BM25's and dense's top-k F1, AUROC, ECE, passages kept
-    a question and the share of rounds the shift guard decided."""
-    probabilities, kept, guarded = [], [], 0
+    F1, its margin over the better of BM25's and dense's top-k F1, AUROC, ECE over every
+    round and over the rounds MCF calls calibrated (`Combination.calibrated_on`) with their
+    share, passages kept a question and the share of rounds the shift guard decided."""
+    probabilities, kept, guarded, calibrated = [], [], 0, []
     for r in rounds:
         logits = combination.logits(r.scores)
         decided = combination.round_bar(r.scores)
         guarded += decided.rule == "shift_guard"
         probabilities.append([p_relevant(v) for v in logits])
         kept.append({i for i, v in enumerate(logits) if v >= decided.bar})
+        calibrated.append(combination.calibrated_on(r.scores))
     f1 = rounds_f1(rounds, kept)
+    called = [i for i, c in enumerate(calibrated) if c]
     return {"auroc": _auroc(rounds, probabilities),
             "ece": calibration_error(_labels(rounds), [p for ps in probabilities for p in ps]),
+            "ece_calibrated": calibration_error(
+                [v for i in called for v in rounds[i].labels],
+                [p for i in called for p in probabilities[i]]),
+            "calibrated": len(called) / max(len(rounds), 1),
             "bar": combination.bar, "f1": f1, "margin": f1 - retrieval_f1(rounds, top_k),
             "kept_per_question": sum(map(len, kept)) / max(len(rounds), 1),
             "guarded": guarded / max(len(rounds), 1)}

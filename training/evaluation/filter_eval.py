@@ -298,6 +298,7 @@ def dataset_summary(section: Mapping[str, Any], top_k: int) -> dict[str, Any]:
         "amber_default_f1": default.get("f1"),
         "default_kept_per_question": default.get("kept_per_question"),
         "default_ece": default.get("ece"),
+        "default_calibrated_share": default.get("calibrated_share"),
         "filter_ece": chunk[top].get("ece"),
         "fixed_bar_f1": chunk[fixed]["f1"],
         "fixed_bar_kept_per_question": chunk[fixed]["kept_per_question"],

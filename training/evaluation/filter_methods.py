@@ -158,14 +158,16 @@ _DECIDED: dict[tuple, tuple[Combination | None, str]] = {}
 def decisions_of(method: str, results: Mapping[str, FilterResult],
                  probability: str | None = None) -> ChunkDecisions:
     """A filter's results as `ChunkDecisions`: kept ids best first, every passage's score, and
-    its P(relevant) where the detail `probability` holds one."""
+    its P(relevant) where the detail `probability` holds one and MCF calls it a calibrated
+    probability on its round."""
     kept = {example_id: tuple(s.document.id for s in result.kept)
             for example_id, result in results.items()}
     scores = {s.document.id: s.score for result in results.values() for s in result.scored}
-    # A blank passage is not read: MCF gives it P(relevant) 0 and no other detail.
+    # A blank passage is not read: MCF gives it P(relevant) 0 and no other detail. A passage
+    # of a round where MCF does not call it a probability (`calibrated` false) has none.
     probabilities = None if probability is None else {
         s.document.id: s.details.get(probability, 0.0) for result in results.values()
-        for s in result.scored}
+        for s in result.scored if s.details.get("calibrated") is not False}
     return ChunkDecisions(method, kept, scores, probabilities)
 
 

@@ -15,7 +15,8 @@ from sieverag.inference.core.types import Example
 from sieverag.training.evaluation.filter_methods import ChunkDecisions
 
 CHUNK_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"), ("auroc", "AUROC"),
-                 ("average_precision", "AP"), ("ece", "ECE"), ("kept_per_question", "kept/q"))
+                 ("average_precision", "AP"), ("ece", "ECE"),
+                 ("calibrated_share", "P calibrated"), ("kept_per_question", "kept/q"))
 SENTENCE_COLUMNS = (("precision", "P"), ("recall", "R"), ("f1", "F1"),
                     ("kept_per_question", "kept/q"))
 PLOT_FILE = "pr_curve.png"
@@ -90,7 +91,9 @@ SUMMARY_COLUMNS = (("questions", "questions"), ("passages", "passages"),
                    ("default_minus_retrieval_f1", "default − better top-k F1"),
                    ("default_minus_retrieval_interval", "95 % interval"),
                    ("default_kept_per_question", "default kept/q"),
-                   ("default_ece", "default ECE"), ("filter_ece", "filter alone ECE"),
+                   ("default_ece", "default ECE"),
+                   ("default_calibrated_share", "default P calibrated"),
+                   ("filter_ece", "filter alone ECE"),
                    ("fixed_bar_f1", "fixed bar F1"),
                    ("fixed_bar_kept_per_question", "fixed bar kept/q"),
                    ("sentence_stage_f1", "sentence stage F1"))
@@ -223,8 +226,11 @@ def _by_dataset(report: Mapping[str, Any]) -> list[str]:
              "P(Yes)). Priors alone: BM25 and dense on the same passages. Default: amber's "
              "default MCF rule, the combination of s with BM25 and dense from the filter's "
              "card (AUROC; F1 and passages kept at its own calibrated bar; ECE of its "
-             "P(relevant); F1 of its top-k). F1 per question, averaged. Fixed bar: MCF keeps a "
-             "passage when P(Yes) > P(No).", "", summary_table(report["by_dataset"]), ""]
+             "P(relevant) on the rounds it calls calibrated, and the share of passages on "
+             "them: a round the card's shift guard finds unlike its fitting rounds gets a "
+             "relevance score, not a probability; F1 of its top-k). F1 per question, "
+             "averaged. Fixed bar: MCF keeps a passage when P(Yes) > P(No).", "",
+             summary_table(report["by_dataset"]), ""]
     for name, section in list(report["datasets"].items())[1:]:
         questions = section["questions"]
         lines += [f"### {name} — {questions['evaluated']} questions "

@@ -14,7 +14,8 @@ dialect a /v1/rerank request speaks.
 * `RawScores` — TEI's and Infinity's `raw_scores`.
 * `FilterFields` — the filter's own fields of a result, in every dialect's answer: `kept`
   and, at sentence granularity (`granularity: "sentence"` or `return_spans: true`),
-  `key_sentences`, `pruned_text` and `spans`, and `bar_rule`. A field left out is left out
+  `key_sentences`, `pruned_text` and `spans`, and `bar_rule` and `calibrated` (whether
+  the score is a calibrated P(relevant) on this round). A field left out is left out
   (never sent as null: a rerank answer is a `SparseBody`).
 """
 
@@ -167,6 +168,7 @@ class FilterFields(SparseBody):
     pruned_text: str | None = None
     spans: tuple[SentenceSpan, ...] | None = None
     bar_rule: str | None = None
+    calibrated: bool | None = None
 
     @staticmethod
     def of(result: RerankResult) -> dict[str, Any]:

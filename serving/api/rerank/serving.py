@@ -11,8 +11,10 @@ construction; each result is a `RerankResult` (inference/core/types.py), the sha
 read:
 
 * `relevance_score` — MCF's P(relevant): the filter's score combined with the request's BM25
-  and dense scores by the filter card's fitted combination, a calibrated probability
-  (inference/filters/ranking.py); results are sorted by it, best first.
+  and dense scores by the filter card's fitted combination (inference/filters/ranking.py);
+  results are sorted by it, best first. `calibrated` says whether it is a calibrated
+  probability on the request's round (`Combination.calibrated_on`: false where the shift
+  guard finds the round unlike the fitting rounds).
 * `kept` — MCF's verdict under the server's rules (`--local.rerank.*`, an `MCFConfig`). The
   default is MCF's default bar: P(relevant) at or above the card's calibrated bar, and at
   least the best document; `--local.rerank.bar fixed` keeps log P(Yes) − log P(No) >=

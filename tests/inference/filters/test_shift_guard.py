@@ -111,8 +111,16 @@ def test_mcf_says_which_rule_set_each_rounds_bar():
     assert alone.rule == "calibrated" and len(alone.kept) == 1
     like = guarded.select("q?", documents[:6])
     assert like.rule == "calibrated" and len(like.kept) == 1
+    # P(relevant) is called a calibrated probability only on a round like the fitting ones;
+    # without the guard on the bar, the round is still unlike them, and it says so.
+    assert (result.calibrated, alone.calibrated, like.calibrated) == (False, False, True)
+    assert "P(relevant) not calibrated here: unlike the fitting rounds in passages 10" in (
+        alone.rule_reason)
     ranked = rank_by_filter(backend, MCFConfig(), "q?", documents, combination)
     assert {r.bar_rule.split(":")[0] for r in ranked} == {"shift_guard"}
+    assert {r.calibrated for r in ranked} == {False}
+    assert {r.calibrated for r in rank_by_filter(backend, MCFConfig(), "q?", documents[:6],
+                                                 combination)} == {True}
     assert sum(bool(r.kept) for r in ranked) == 3
 
 
