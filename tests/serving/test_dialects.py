@@ -69,7 +69,7 @@ def test_tei_texts_get_a_bare_array_of_the_filters_scores(http: httpx.Client) ->
     assert {r["index"]: r["score"] for r in answer} == pytest.approx(expected, abs=1e-6)
     assert all(r["text"] == TEXTS[r["index"]] and isinstance(r["kept"], bool) for r in answer)
     plain = post(http, "/rerank", {"query": QUERY, "texts": TEXTS})
-    assert all(set(r) == {"index", "score", "kept", "bar_rule"} for r in plain)
+    assert all(set(r) == {"index", "score", "kept", "bar_rule", "calibrated"} for r in plain)
 
 
 def test_raw_scores_are_the_logits_of_the_probabilities(http: httpx.Client) -> None:
