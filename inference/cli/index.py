@@ -9,6 +9,7 @@ Each command is a settings class, its fields the command's flags and YAML keys, 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import field
@@ -149,21 +150,20 @@ class IndexSearchCommand:
             raise ConfigError("--api-key-env must name an environment variable")
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout}")
-        source = self.index_source()
-        folder = source.index is not None
-        # An option INDEX cannot use is refused, not ignored.
-        applies = {"--collection": (self.collection, source.backend == "milvus"),
-                   "--api-key-env": (self.api_key_env, not folder),
-                   "--timeout": (self.timeout, not folder),
-                   "--cache/--no-cache": (self.cache, folder)}
-        for flag, (value, usable) in applies.items():
-            if value is not None and not usable:
-                raise ConfigError(f"{flag} does not apply to {source.location}: drop it")
+        try:  # an option INDEX cannot use is refused, not ignored (`IndexSource`)
+            source = self.index_source()
+        except ConfigError as refused:  # named as this command's flag
+            said = re.sub(r"^retrieval\.(\w+)",
+                          lambda m: "--" + m.group(1).replace("_", "-"), str(refused))
+            raise ConfigError(said) from None
+        if self.cache is not None and source.index is None:
+            raise ConfigError(f"--cache/--no-cache does not apply to {source.location}: "
+                              "drop it")
 
     def index_source(self) -> IndexSource:
         """The index searched: INDEX as a folder, a served index's URL or a Milvus URI."""
-        place = {"collection": self.collection or DEFAULT_COLLECTION,
-                 "api_key_env": self.api_key_env, "timeout": self.timeout or DEFAULT_TIMEOUT_S}
+        place = {"collection": self.collection, "api_key_env": self.api_key_env,
+                 "timeout": self.timeout}
         if self.backend == "milvus":
             return IndexSource(backend="milvus", uri=self.index, **place)
         if self.index.startswith(("http://", "https://")):

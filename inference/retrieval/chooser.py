@@ -20,15 +20,15 @@ def open_backend(source: IndexSource, search_config: SearchConfig | None = None,
     if source.backend == "milvus":
         from sieverag.inference.retrieval.milvus import MilvusIndex
 
-        return MilvusIndex.connect(source.uri or "", source.collection,
+        return MilvusIndex.connect(source.uri or "", source.collection_name,
                                    search_config=search_config,
                                    token=read_secret(source.api_key_env),
-                                   timeout=source.timeout)
+                                   timeout=source.timeout_s)
     if source.endpoint is not None:
         from sieverag.inference.retrieval.remote import RemoteIndex
 
         return RemoteIndex(source.endpoint, search_config=search_config,
-                           api_key=read_secret(source.api_key_env), timeout=source.timeout)
+                           api_key=read_secret(source.api_key_env), timeout=source.timeout_s)
     from sieverag.inference.retrieval.index_folder import Index
 
     return Index.load(source.index or "", search_config=search_config, use_cache=use_cache)

@@ -95,10 +95,12 @@ def reranked(queries: Sequence[str], hits: Sequence[list[RetrievedDocument]], k:
 _ENDPOINT_HELP = ("URL of a `sieverag index serve` server holding the index (http://host:port), "
                   "instead of a local folder")
 _URI_HELP = "Milvus: a cluster's URI (http://host:19530) or a Milvus Lite file path"
-_COLLECTION_HELP = "Milvus: the collection `sieverag index build --backend milvus` filled"
+_COLLECTION_HELP = (f"Milvus: the collection `sieverag index build --backend milvus` filled "
+                    f"(unset: {DEFAULT_COLLECTION})")
 _API_KEY_ENV_HELP = ("environment variable holding the endpoint's API key (sent as a bearer "
                      "token) or Milvus's token (user:password)")
-_TIMEOUT_HELP = "seconds a served index or Milvus gets to answer one search request"
+_TIMEOUT_HELP = (f"seconds a served index or Milvus gets to answer one search request "
+                 f"(unset: {DEFAULT_TIMEOUT_S:g})")
 
 
 def check_one_index(index: str | None, endpoint: str | None, backend: str, uri: str | None,
@@ -137,9 +139,9 @@ class IndexAddress:
         "help": "sieverag: an index folder, here or served (endpoint); milvus: a Milvus "
                 "collection (uri)"})
     uri: str | None = field(default=None, metadata={"help": _URI_HELP})
-    collection: str = field(default=DEFAULT_COLLECTION, metadata={"help": _COLLECTION_HELP})
+    collection: str | None = field(default=None, metadata={"help": _COLLECTION_HELP})
     api_key_env: str | None = field(default=None, metadata={"help": _API_KEY_ENV_HELP})
-    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata={"help": _TIMEOUT_HELP})
+    timeout: float | None = field(default=None, metadata={"help": _TIMEOUT_HELP})
 
     def source(self, index: str | None, folder: str) -> IndexSource:
         """The index source of the folder `index` (given as the setting `folder`, named in
@@ -159,18 +161,36 @@ class IndexSource(IndexAddress):
 
     def __post_init__(self) -> None:
         check_one_index(self.index, self.endpoint, self.backend, self.uri)
-        if not self.collection:
+        if self.collection == "":
             raise ConfigError("retrieval.collection must name a Milvus collection")
         if self.api_key_env == "":
             raise ConfigError("retrieval.api_key_env must name an environment variable")
-        if not self.timeout > 0:
+        if self.timeout is not None and not self.timeout > 0:
             raise ConfigError(f"retrieval.timeout must be > 0 seconds, got {self.timeout}")
+        # A setting the index cannot use is refused, not ignored.
+        folder = self.index is not None
+        applies = {"collection": (self.collection, self.backend == "milvus"),
+                   "api_key_env": (self.api_key_env, not folder),
+                   "timeout": (self.timeout, not folder)}
+        for name, (value, usable) in applies.items():
+            if value is not None and not usable:
+                raise ConfigError(f"retrieval.{name} does not apply to {self.location}: drop it")
+
+    @property
+    def collection_name(self) -> str:
+        """The Milvus collection searched (`collection`, else the default)."""
+        return self.collection or DEFAULT_COLLECTION
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds a served index or Milvus gets per search (`timeout`, else the default)."""
+        return self.timeout if self.timeout is not None else DEFAULT_TIMEOUT_S
 
     @property
     def location(self) -> str:
         """Where the index is, in words (for messages)."""
         if self.backend == "milvus":
-            return f"Milvus collection {self.collection!r} at {self.uri}"
+            return f"Milvus collection {self.collection_name!r} at {self.uri}"
         return f"index server {self.endpoint}" if self.endpoint else f"index {self.index}"
 
 

@@ -269,6 +269,10 @@ def test_a_preset_s_retrieval_takes_the_ablation_s_settings_from_flags() -> None
     (["--retrieval.hygiene", "medium"], "retrieval.hygiene"),
     (["--retrieval.search.alpha", "1.5"], "search.alpha must be in [0, 1]"),
     (["--retrieval.search.rerank-depth", "0"], "search.rerank_depth must be >= 1"),
+    # a setting the index folder cannot use is refused, not ignored
+    (["--retrieval.collection", "c"], "retrieval.collection does not apply to index idx"),
+    (["--retrieval.timeout", "5"], "retrieval.timeout does not apply to index idx"),
+    (["--retrieval.api-key-env", "KEY"], "retrieval.api_key_env does not apply to index idx"),
 ])
 def test_bad_retrieval_flags_are_one_error_naming_the_field(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],

@@ -108,6 +108,8 @@ def test_index_build_and_search(tmp_path: Path, corpus: Path,
     (["ask", "q?", "--index", "idx", "--retrieval.backend", "milvus", "--retrieval.uri",
       "m.db"], "searches retrieval.uri only: drop --index and retrieval.endpoint"),
     (["ask", "q?", "--index", str(Path("no") / "such")], "index folder no"),
+    (["ask", "q?", "--retrieval.endpoint", "http://127.0.0.1:9", "--retrieval.collection", "c"],
+     "retrieval.collection does not apply to index server http://127.0.0.1:9: drop it"),
     # index search: an option INDEX cannot use is refused, naming it
     (["index", "search", "http://127.0.0.1:9", "q", "--no-cache"],
      "--cache/--no-cache does not apply to index server http://127.0.0.1:9"),
