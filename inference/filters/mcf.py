@@ -435,13 +435,14 @@ class MultiGranularFilter:
                                    self.chunk_scores(question, [documents[i] for i in chosen]),
                                    rule.combination)
         by_position = dict(zip(chosen, read.scored, strict=True))
-        away = self.combination.logits(RoundScores((0.0,) * len(documents), tuple(bm25),
-                                                   tuple(dense)))
+        away_scores = RoundScores((0.0,) * len(documents), tuple(bm25), tuple(dense))
+        away = self.combination.logits(away_scores)
+        away_calibrated = self.combination.calibrated_on(away_scores)
         scored = tuple(by_position.get(i) or ScoredDocument(
             d, away[i], False, {"p_yes": None, "filter_score": None, "bm25": round(bm25[i], 4),
                                 "dense": round(dense[i], 4),
                                 "p_relevant": round(p_relevant(away[i]), 6),
-                                "calibrated": read.calibrated})
+                                "calibrated": away_calibrated})
             for i, d in enumerate(documents))
         unread = len(documents) - len(chosen)
         reason = (f"{decision.reason}; the filter read the priors' best {len(chosen)} of "
@@ -475,15 +476,15 @@ class MultiGranularFilter:
         values = (combined if rule == "combined" else log_odds if rule == "filter"
                   else with_prior(log_odds, bm25, self.config.prior_weight))
         round_scores = RoundScores(tuple(log_odds), tuple(bm25), tuple(dense))
-        decided = self.bar(values, round_scores, combination)
-        calibrated = combination.calibrated_on(round_scores)
+        unlike = combination.unlike(round_scores)  # the shift guard's findings, read once
+        decided = self.bar(values, round_scores, combination, unlike)
+        calibrated = combination.calibrated_given(unlike)
         for detail in details:
             detail["calibrated"] = calibrated
-        if combination.fitted and not calibrated and "unlike" not in decided.reason:
-            # the guard left off the bar (mcf.shift_guard false): still said
+        if unlike and combination.fitted and not self.config.shift_guard:
+            # the guard is off the bar (mcf.shift_guard false), not off what the score is called
             decided = replace(decided, reason=f"{decided.reason}; P(relevant) not calibrated "
-                              "here: unlike the fitting rounds in "
-                              f"{'; '.join(combination.unlike(round_scores))}")
+                              f"here: unlike the fitting rounds in {'; '.join(unlike)}")
         scored = tuple(ScoredDocument(d, value, value >= decided.bar, detail)
                        for d, value, detail in zip(documents, values, details, strict=True))
         kept = tuple(sorted((s for s in scored if s.kept), key=lambda s: -s.score))
@@ -492,12 +493,13 @@ class MultiGranularFilter:
                             calibrated=calibrated)
 
     def bar(self, scores: Sequence[float], round_scores: RoundScores,
-            combination: Combination | None = None) -> RoundBar:
+            combination: Combination | None = None, unlike: Sequence[str] | None = None
+            ) -> RoundBar:
         """The round's bar on the scores, and the rule that set it. top_k: the k-th best
         score (ties at it are kept too); calibrated: the combination's `round_bar` (P(relevant)
         >= p_min, at least min_keep, and at least the card's top_k where its shift guard finds
-        the round unlike the fitting rounds) when the score is a fitted combination, else
-        top_k's."""
+        the round unlike the fitting rounds: `unlike`, its findings where the caller has them)
+        when the score is a fitted combination, else top_k's."""
         config = self.config
         combination = combination if combination is not None else self.combination
         if config.bar == "fixed":
@@ -507,9 +509,8 @@ class MultiGranularFilter:
                             f"score >= mean - {config.bar_n:g}·std over the round")
         if (config.bar == "calibrated" and combination.fitted
                 and config.score_rule == "combined"):
-            if not config.shift_guard:
-                combination = replace(combination, guard=None)
-            return combination.round_bar(round_scores, config.p_min, config.min_keep)
+            return combination.round_bar(round_scores, config.p_min, config.min_keep,
+                                         unlike=unlike if config.shift_guard else [])
         k = config.top_k
         why = ("the top_k bar" if config.bar == "top_k" else
                "the card holds no fitted combination, so no calibrated bar")

@@ -86,9 +86,10 @@ class TracedFilter(MultiGranularFilter):
             return super().chunk_scores(question, documents)
 
     def bar(self, scores: Sequence[float], round_scores: RoundScores,
-            combination: Combination | None = None) -> RoundBar:
+            combination: Combination | None = None, unlike: Sequence[str] | None = None
+            ) -> RoundBar:
         with tracing.span("sieverag.filter.bar", {"sieverag.bar.scores": len(scores)}) as span:
-            decided = super().bar(scores, round_scores, combination)
+            decided = super().bar(scores, round_scores, combination, unlike)
             tracing.record(span, {"sieverag.bar.rule": decided.rule,
                                   "sieverag.bar.reason": decided.reason,
                                   "sieverag.bar.threshold": decided.bar})

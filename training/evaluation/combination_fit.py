@@ -348,11 +348,12 @@ def measured_on(combination: Combination, rounds: Sequence[LabelledRound],
     probabilities, kept, guarded, calibrated = [], [], 0, []
     for r in rounds:
         logits = combination.logits(r.scores)
-        decided = combination.round_bar(r.scores)
+        unlike = combination.unlike(r.scores)
+        decided = combination.round_bar(r.scores, unlike=unlike)
         guarded += decided.rule == "shift_guard"
         probabilities.append([p_relevant(v) for v in logits])
         kept.append({i for i, v in enumerate(logits) if v >= decided.bar})
-        calibrated.append(combination.calibrated_on(r.scores))
+        calibrated.append(combination.calibrated_given(unlike))
     f1 = rounds_f1(rounds, kept)
     called = [i for i, c in enumerate(calibrated) if c]
     return {"auroc": _auroc(rounds, probabilities),

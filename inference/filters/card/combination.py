@@ -264,13 +264,16 @@ class Combination:
         return [p_relevant(v) for v in self.logits(scores)]
 
     def round_bar(self, scores: RoundScores, probability: float | None = None,
-                  min_keep: int | None = None, top_k: int | None = None) -> RoundBar:
+                  min_keep: int | None = None, top_k: int | None = None,
+                  unlike: Sequence[str] | None = None) -> RoundBar:
         """The calibrated bar of one round at P(relevant) `probability` (default the fitted
         bar), keeping at least `min_keep` and, where the shift guard finds the round unlike
-        the fitting rounds, `top_k` (defaults: the fitted ones)."""
+        the fitting rounds, `top_k` (defaults: the fitted ones). `unlike`: the guard's
+        findings where the caller has them already (`unlike`; [] to leave the guard off)."""
         return round_bar(self.logits(scores), probability or self.bar or DEFAULT_P_MIN,
                          self.min_keep if min_keep is None else min_keep,
-                         self.top_k if top_k is None else top_k, self.unlike(scores))
+                         self.top_k if top_k is None else top_k,
+                         self.unlike(scores) if unlike is None else unlike)
 
     def unlike(self, scores: RoundScores) -> list[str]:
         """What the shift guard finds unlike the fitting rounds in a round (nothing without a
@@ -287,7 +290,12 @@ class Combination:
         P(relevant) would, not a probability: measured left out, the fitting sources keep
         ECE <= 0.12, but rounds whose base rate moved (web snippets, 3.8 relevant in 10
         against about 2) do not (docs/results/filter.md, "Calibration")."""
-        return self.fitted and not self.unlike(scores)
+        return self.calibrated_given(self.unlike(scores))
+
+    def calibrated_given(self, unlike: Sequence[str]) -> bool:
+        """`calibrated_on` from the guard's findings on the round (`unlike`), where the
+        caller has them already."""
+        return self.fitted and not unlike
 
     def priors_only_fit(self, where: str = "the card") -> Combination:
         """The fit of BM25 and dense alone stored beside this one (same questions, its own

@@ -111,6 +111,10 @@ def test_an_away_round_ranks_by_the_away_default_without_calling_the_filter():
     forced = MultiGranularFilter(backend, MCFConfig(home="home"), combination, priors=priors,
                                  vectors=vectors).select("which river?", documents("rivers"))
     assert forced.rule == "home_calibrated" and "mcf.home home" in forced.rule_reason
+    # The passages the home filter did not read carry the away combination's P(relevant),
+    # called calibrated as the away combination is on the round.
+    unread = [s for s in forced.scored if s.details["p_yes"] is None]
+    assert unread and {s.details["calibrated"] for s in unread} == {AWAY.fitted}
     never = MultiGranularFilter(ScriptedBackend(labels=filter_says), MCFConfig(home="away"),
                                 combination, priors=priors, vectors=vectors)
     assert never.select(f"which {HOME_WORD}?", documents(HOME_WORD)).rule == "calibrated"
